@@ -1,0 +1,288 @@
+//! The HTTP API on `[http] listen`: intake, the read API, operations routes and health.
+//!
+//! Operations routes (`/v1/claims`, `/v1/report`) need `Authorization: Bearer <admin_token>`
+//! when a token is configured; the comparison is constant-time.
+
+use crate::claim::{Claim, ClaimState};
+use crate::claimer::Claimer;
+use crate::config::Config;
+use crate::duration::Dur;
+use crate::intake;
+use crate::report;
+use crate::store::ClaimFilter;
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What every route can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// The claimer (and through it the store and consumers).
+    pub claimer: Arc<Claimer>,
+    /// The configuration in force.
+    pub config: Arc<Config>,
+    /// The sweeper's schedule period, for readiness.
+    pub sweep_period: Duration,
+}
+
+/// An `application/problem+json` answer.
+pub fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    r
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn bearer_ok(expected: &str, req: &Request) -> bool {
+    if expected.is_empty() {
+        return true;
+    }
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|got| constant_time_eq(got, expected.as_bytes()))
+}
+
+async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if bearer_ok(&state.config.http.admin_token, &req) {
+        next.run(req).await
+    } else {
+        unauthorized()
+    }
+}
+
+async fn require_intake(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if bearer_ok(&state.config.http.intake_token, &req) {
+        next.run(req).await
+    } else {
+        unauthorized()
+    }
+}
+
+fn unauthorized() -> Response {
+    let mut r = problem(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "this route needs Authorization: Bearer <token>",
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+/// Builds the router.
+pub fn router(state: AppState) -> Router {
+    let intake = Router::new()
+        .route("/v1/messages/{consumer}", post(intake::http::post_message))
+        .route(
+            "/v1/messages/{consumer}/{message_id}",
+            get(intake::http::get_message),
+        )
+        .layer(DefaultBodyLimit::max(state.config.http.max_body_bytes))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_intake,
+        ));
+    let admin = Router::new()
+        .route("/v1/claims", get(list_claims))
+        .route("/v1/report", get(get_report))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
+    Router::new()
+        .merge(intake)
+        .merge(admin)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { problem(StatusCode::NOT_FOUND, "not found", "no such route") })
+        .with_state(state)
+}
+
+/// A claim in operator views (no payload).
+#[derive(Debug, Serialize)]
+pub struct ClaimView<'a> {
+    /// The claim.
+    #[serde(flatten)]
+    pub claim: &'a Claim,
+    /// Started and past its lease.
+    pub stuck: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct ClaimsQuery {
+    state: Option<String>,
+    consumer: Option<String>,
+    stuck: Option<bool>,
+    limit: Option<u32>,
+}
+
+async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimsQuery>) -> Response {
+    let st = match q.state.as_deref().map(str::parse::<ClaimState>).transpose() {
+        Ok(s) => s,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad state", &e.to_string()),
+    };
+    let filter = ClaimFilter {
+        state: st,
+        consumer: q.consumer,
+        stuck: q.stuck.unwrap_or(false),
+        since: None,
+        limit: q.limit.unwrap_or(100).min(10_000),
+    };
+    let store = state.claimer.store();
+    let (claims, now) = match (store.list(&filter).await, store.now().await) {
+        (Ok(c), Ok(n)) => (c, n),
+        (Err(e), _) | (_, Err(e)) => return store_down(e),
+    };
+    let views: Vec<ClaimView> = claims
+        .iter()
+        .map(|c| ClaimView {
+            claim: c,
+            stuck: c.is_stuck(now),
+        })
+        .collect();
+    Json(serde_json::json!({ "claims": views })).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ReportQuery {
+    consumer: Option<String>,
+    since: Option<String>,
+}
+
+async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQuery>) -> Response {
+    let since = match q.since.as_deref().map(str::parse::<Dur>).transpose() {
+        Ok(d) => d,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
+    };
+    let store = state.claimer.store();
+    let since_utc = match since {
+        Some(d) => match store.now().await {
+            Ok(now) => Some(now - chrono::Duration::from_std(d.0).unwrap_or(chrono::Duration::MAX)),
+            Err(e) => return store_down(e),
+        },
+        None => None,
+    };
+    let names: Vec<String> = state
+        .config
+        .consumers
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    match report::build(
+        store,
+        &names,
+        q.consumer.as_deref(),
+        since_utc,
+        state.sweep_period,
+    )
+    .await
+    {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => store_down(e),
+    }
+}
+
+fn store_down(e: crate::store::StoreError) -> Response {
+    tracing::warn!(error = %e, "store read failed");
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store unavailable",
+        "the claim store could not be read; retry",
+    )
+}
+
+async fn healthz() -> Response {
+    Json(serde_json::json!({ "status": "ok" })).into_response()
+}
+
+/// The readiness checks, each `"ok"` or what is wrong.
+#[derive(Debug, Serialize)]
+pub struct Readiness {
+    /// All checks passed.
+    pub ready: bool,
+    /// Store reachable.
+    pub store: String,
+    /// Sweeper ran within three periods.
+    pub sweeper: String,
+    /// Last sweeper pass.
+    pub sweeper_last_run_utc: Option<DateTime<Utc>>,
+    /// Taking new work.
+    pub accepting: bool,
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let store = state.claimer.store();
+    let store_check = tokio::time::timeout(Duration::from_secs(2), store.ping()).await;
+    let (store_msg, last, sweeper_msg) = match store_check {
+        Ok(Ok(())) => match (store.last_sweep().await, store.now().await) {
+            (Ok(last), Ok(now)) => {
+                let ok = report::sweeper_healthy(last, now, state.sweep_period);
+                let msg = if ok {
+                    "ok".to_string()
+                } else {
+                    format!(
+                        "no sweeper pass within 3 schedule periods ({}s)",
+                        (state.sweep_period * 3).as_secs()
+                    )
+                };
+                ("ok".to_string(), last, msg)
+            }
+            (Err(e), _) | (_, Err(e)) => (e.to_string(), None, "unknown".into()),
+        },
+        Ok(Err(e)) => (e.to_string(), None, "unknown (store down)".into()),
+        Err(_) => (
+            "store did not answer within 2s".into(),
+            None,
+            "unknown".into(),
+        ),
+    };
+    let accepting = state.claimer.is_accepting();
+    let ready = store_msg == "ok" && sweeper_msg == "ok" && accepting;
+    let body = Readiness {
+        ready,
+        store: store_msg,
+        sweeper: sweeper_msg,
+        sweeper_last_run_utc: last,
+        accepting,
+    };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_exactly() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secre"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

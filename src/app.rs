@@ -1,0 +1,118 @@
+//! Wiring: from a loaded configuration to a store, consumers with their effects, and a claimer.
+//! Every command starts here; `claimd run` then starts the long-running parts (see [`crate::run`]).
+
+use crate::claimer::{Claimer, Consumer};
+use crate::config::{Config, EffectConfig};
+use crate::effect::Effect;
+use crate::effect::http::HttpEffect;
+use crate::store::{self, Store, StoreError};
+use crate::sweeper::schedule_period;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why the application could not be assembled.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The store could not be opened or migrated.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A consumer's effect could not be built from its configuration.
+    #[error("consumer {consumer}: effect: {message}")]
+    Effect {
+        /// Consumer name.
+        consumer: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The assembled application.
+#[derive(Clone)]
+pub struct App {
+    /// Configuration in force.
+    pub config: Arc<Config>,
+    /// The claim store.
+    pub store: Store,
+    /// The claimer, holding the consumers.
+    pub claimer: Arc<Claimer>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("claimer", &self.claimer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// This instance's name: `[run] instance`, else `host-pid`.
+pub fn instance_name(config: &Config) -> String {
+    if !config.run.instance.is_empty() {
+        return config.run.instance.clone();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "claimd".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Builds the effect a consumer's configuration describes.
+pub fn build_effect(consumer: &str, effect: &EffectConfig) -> Result<Arc<dyn Effect>, AppError> {
+    let bad = |message: String| AppError::Effect {
+        consumer: consumer.to_string(),
+        message,
+    };
+    match effect {
+        EffectConfig::Http(h) => Ok(Arc::new(
+            HttpEffect::new(h).map_err(|e| bad(e.to_string()))?,
+        )),
+        EffectConfig::Smtp(_) => Err(bad("the SMTP effect is not built yet".into())),
+    }
+}
+
+impl App {
+    /// Opens the store, applies migrations when `migrate`, and builds the consumers.
+    pub async fn open(config: Config, migrate: bool) -> Result<App, AppError> {
+        let store = store::open(&config.store.url, config.store.max_connections).await?;
+        if migrate {
+            store.migrate().await?;
+        }
+        let mut consumers = Vec::new();
+        for c in &config.consumers {
+            let effect = build_effect(&c.name, &c.effect)?;
+            let consumer =
+                Consumer::new(c.clone(), effect).map_err(|message| AppError::Effect {
+                    consumer: c.name.clone(),
+                    message,
+                })?;
+            consumers.push(Arc::new(consumer));
+        }
+        let claimer = Arc::new(Claimer::new(
+            store.clone(),
+            consumers,
+            instance_name(&config),
+            config.http.intake_wait.0,
+        ));
+        Ok(App {
+            config: Arc::new(config),
+            store,
+            claimer,
+        })
+    }
+
+    /// The sweeper's schedule period (readiness allows three).
+    pub fn sweep_period(&self) -> Duration {
+        schedule_period(&self.config.sweeper.schedule).unwrap_or(Duration::from_secs(10))
+    }
+
+    /// Names of the configured consumers.
+    pub fn consumer_names(&self) -> Vec<String> {
+        self.config
+            .consumers
+            .iter()
+            .map(|c| c.name.clone())
+            .collect()
+    }
+}

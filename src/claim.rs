@@ -1,0 +1,392 @@
+//! The claim model: states, idempotency keys and payload fingerprints.
+//!
+//! Everything here is pure: no I/O, no clock. The store persists these values; the claimer,
+//! sweeper and operator commands decide with them.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::str::FromStr;
+
+/// Longest message id (and rendered idempotency key) claimd accepts.
+pub const MAX_MESSAGE_ID_LEN: usize = 255;
+
+/// The life-cycle state of a claim (see `shared/DESIGN.md`, "States").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimState {
+    /// Claimed; the effect may or may not have happened yet.
+    Started,
+    /// The provider accepted the effect (`processed_utc` is set).
+    Completed,
+    /// The provider rejected the effect permanently, or an operator said so.
+    Failed,
+    /// The outcome could not be decided automatically; a person must look.
+    NeedsAttention,
+}
+
+impl ClaimState {
+    /// Every state, in the order reports list them.
+    pub const ALL: [ClaimState; 4] = [
+        ClaimState::Started,
+        ClaimState::Completed,
+        ClaimState::Failed,
+        ClaimState::NeedsAttention,
+    ];
+
+    /// The name stored in the database and shown to operators.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimState::Started => "started",
+            ClaimState::Completed => "completed",
+            ClaimState::Failed => "failed",
+            ClaimState::NeedsAttention => "needs_attention",
+        }
+    }
+
+    /// Terminal states are the only ones retention may delete.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, ClaimState::Completed | ClaimState::Failed)
+    }
+
+    /// Whether the state machine allows `self -> to`.
+    ///
+    /// `started` moves to any other state (settle, park) and to itself (a sweeper takeover);
+    /// `needs_attention` and `failed` move back to `started` (operator redrive) or to a
+    /// terminal state (operator resolve); `completed` is final.
+    pub fn can_move_to(self, to: ClaimState) -> bool {
+        use ClaimState::*;
+        match (self, to) {
+            (Started, _) => true,
+            (NeedsAttention, Started | Completed | Failed) => true,
+            (Failed, Started | Completed) => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for ClaimState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A state name that is not one of claimd's four.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("unknown claim state {0:?} (expected started, completed, failed or needs_attention)")]
+pub struct UnknownState(pub String);
+
+impl FromStr for ClaimState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "started" => Ok(ClaimState::Started),
+            "completed" => Ok(ClaimState::Completed),
+            "failed" => Ok(ClaimState::Failed),
+            "needs_attention" => Ok(ClaimState::NeedsAttention),
+            other => Err(UnknownState(other.to_string())),
+        }
+    }
+}
+
+/// Why a message id (or tenant) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    /// No id at all.
+    #[error("missing {0}")]
+    Missing(&'static str),
+    /// Longer than [`MAX_MESSAGE_ID_LEN`].
+    #[error("{what} is {len} characters long; the limit is {max}", max = MAX_MESSAGE_ID_LEN)]
+    TooLong {
+        /// Which field.
+        what: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Contains a byte outside visible ASCII (0x21..=0x7E).
+    #[error("{what} contains a character that is not visible ASCII at position {position}")]
+    NotVisibleAscii {
+        /// Which field.
+        what: &'static str,
+        /// Zero-based byte position of the first offending byte.
+        position: usize,
+    },
+}
+
+/// Checks a message id: 1–255 visible ASCII characters (CONTRACT.md, HTTP intake).
+pub fn validate_message_id(id: &[u8]) -> Result<&str, IdError> {
+    validate_token("Idempotency-Key", id, false)
+}
+
+/// Checks a tenant: empty (no tenant) or up to 255 visible ASCII characters.
+pub fn validate_tenant(tenant: &[u8]) -> Result<&str, IdError> {
+    validate_token("Tenant-Id", tenant, true)
+}
+
+fn validate_token<'a>(
+    what: &'static str,
+    value: &'a [u8],
+    empty_ok: bool,
+) -> Result<&'a str, IdError> {
+    if value.is_empty() && !empty_ok {
+        return Err(IdError::Missing(what));
+    }
+    if value.len() > MAX_MESSAGE_ID_LEN {
+        return Err(IdError::TooLong {
+            what,
+            len: value.len(),
+        });
+    }
+    if let Some(position) = value.iter().position(|b| !(0x21..=0x7e).contains(b)) {
+        return Err(IdError::NotVisibleAscii { what, position });
+    }
+    // All bytes are ASCII, so this cannot fail.
+    Ok(std::str::from_utf8(value).unwrap_or_default())
+}
+
+/// SHA-256 of the payload, lower-case hex: two deliveries are "the same message" only when
+/// their fingerprints match (invariant I5).
+pub fn fingerprint(payload: &[u8]) -> String {
+    hex::encode(Sha256::digest(payload))
+}
+
+/// An idempotency-key template such as `{consumer}:{tenant}:{message_id}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyTemplate {
+    parts: Vec<KeyPart>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyPart {
+    Literal(String),
+    MessageId,
+    Consumer,
+    Tenant,
+}
+
+/// A key template that cannot be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyTemplateError {
+    /// `{something}` that is not one of the three placeholders.
+    #[error("unknown placeholder {{{0}}} (use {{message_id}}, {{consumer}} or {{tenant}})")]
+    UnknownPlaceholder(String),
+    /// A `{` without its `}`.
+    #[error("unclosed '{{' in key template")]
+    Unclosed,
+    /// The template never mentions `{message_id}`, so every message would share one key.
+    #[error("key template must contain {{message_id}}")]
+    NoMessageId,
+}
+
+impl FromStr for KeyTemplate {
+    type Err = KeyTemplateError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = Vec::new();
+        let mut rest = s;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(KeyPart::Literal(rest[..open].to_string()));
+            }
+            let after = &rest[open + 1..];
+            let close = after.find('}').ok_or(KeyTemplateError::Unclosed)?;
+            parts.push(match &after[..close] {
+                "message_id" => KeyPart::MessageId,
+                "consumer" => KeyPart::Consumer,
+                "tenant" => KeyPart::Tenant,
+                other => return Err(KeyTemplateError::UnknownPlaceholder(other.to_string())),
+            });
+            rest = &after[close + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(KeyPart::Literal(rest.to_string()));
+        }
+        if !parts.contains(&KeyPart::MessageId) {
+            return Err(KeyTemplateError::NoMessageId);
+        }
+        Ok(KeyTemplate { parts })
+    }
+}
+
+impl KeyTemplate {
+    /// Renders the key from the claim's stored identity (invariant I3: nothing else goes in).
+    pub fn render(&self, consumer: &str, tenant: &str, message_id: &str) -> String {
+        let mut key = String::with_capacity(message_id.len() + 16);
+        for part in &self.parts {
+            match part {
+                KeyPart::Literal(s) => key.push_str(s),
+                KeyPart::MessageId => key.push_str(message_id),
+                KeyPart::Consumer => key.push_str(consumer),
+                KeyPart::Tenant => key.push_str(tenant),
+            }
+        }
+        key
+    }
+
+    /// Whether the key includes the consumer name.
+    pub fn mentions_consumer(&self) -> bool {
+        self.parts.contains(&KeyPart::Consumer)
+    }
+
+    /// Whether the key includes the tenant.
+    pub fn mentions_tenant(&self) -> bool {
+        self.parts.contains(&KeyPart::Tenant)
+    }
+}
+
+/// What intake hands the store to claim.
+#[derive(Debug, Clone)]
+pub struct NewClaim {
+    /// Consumer name from the configuration.
+    pub consumer: String,
+    /// Tenant, `""` when none (never NULL: see DESIGN.md).
+    pub tenant: String,
+    /// The message id from the client or broker.
+    pub message_id: String,
+    /// The idempotency key sent to the provider, rendered once at claim time.
+    pub idem_key: String,
+    /// SHA-256 of the payload.
+    pub fingerprint: String,
+    /// The payload, verbatim.
+    pub payload: Vec<u8>,
+    /// The payload's content type, verbatim.
+    pub content_type: String,
+    /// Who claims it (written as lease owner).
+    pub worker: String,
+    /// How long the claimer may work before the sweeper may take over.
+    pub lease: std::time::Duration,
+}
+
+/// A claim as stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct Claim {
+    /// Row id.
+    pub id: i64,
+    /// Consumer name.
+    pub consumer: String,
+    /// Tenant (`""` when none).
+    pub tenant: String,
+    /// Message id.
+    pub message_id: String,
+    /// The idempotency key sent to the provider on every attempt.
+    pub idem_key: String,
+    /// SHA-256 of the payload.
+    pub fingerprint: String,
+    /// The payload.
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+    /// The payload's content type.
+    pub content_type: String,
+    /// Current state.
+    pub state: ClaimState,
+    /// Fencing token: bumped by every takeover.
+    pub attempt: i32,
+    /// Who holds the lease.
+    pub lease_owner: Option<String>,
+    /// When the lease ends (database clock).
+    pub lease_until: Option<DateTime<Utc>>,
+    /// When the claim was first committed.
+    pub received_utc: DateTime<Utc>,
+    /// When the current attempt started.
+    pub started_utc: DateTime<Utc>,
+    /// When the effect was confirmed.
+    pub processed_utc: Option<DateTime<Utc>>,
+    /// Last error, or the reason the claim needs attention.
+    pub last_error: Option<String>,
+    /// Provider's HTTP status (or SMTP reply code) of the deciding answer.
+    pub provider_status: Option<i32>,
+    /// Up to 4 KiB of the provider's answer.
+    pub provider_response: Option<String>,
+    /// How many duplicate deliveries (same fingerprint) were recognised.
+    pub duplicate_count: i64,
+    /// How many deliveries reused the key with another payload.
+    pub mismatch_count: i64,
+    /// Whether the outcome was learnt from the provider's status endpoint.
+    pub reconciled: bool,
+    /// How many times the effect was sent again after an unknown outcome.
+    pub resent_count: i32,
+}
+
+impl Claim {
+    /// A `started` claim whose lease has expired at `now` (database time).
+    pub fn is_stuck(&self, now: DateTime<Utc>) -> bool {
+        self.state == ClaimState::Started && self.lease_until.is_none_or(|until| until < now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_through_their_names() {
+        for state in ClaimState::ALL {
+            assert_eq!(state.as_str().parse::<ClaimState>().unwrap(), state);
+        }
+        assert!("done".parse::<ClaimState>().is_err());
+    }
+
+    #[test]
+    fn completed_is_final_and_only_terminal_states_are_terminal() {
+        for to in ClaimState::ALL {
+            assert!(!ClaimState::Completed.can_move_to(to));
+        }
+        assert!(ClaimState::Completed.is_terminal());
+        assert!(ClaimState::Failed.is_terminal());
+        assert!(!ClaimState::Started.is_terminal());
+        assert!(!ClaimState::NeedsAttention.is_terminal());
+        assert!(ClaimState::NeedsAttention.can_move_to(ClaimState::Started));
+        assert!(!ClaimState::NeedsAttention.can_move_to(ClaimState::NeedsAttention));
+    }
+
+    #[test]
+    fn message_ids_must_be_visible_ascii_and_bounded() {
+        assert_eq!(validate_message_id(b"order-1").unwrap(), "order-1");
+        assert_eq!(
+            validate_message_id(b""),
+            Err(IdError::Missing("Idempotency-Key"))
+        );
+        assert!(matches!(
+            validate_message_id(&[b'a'; 256]),
+            Err(IdError::TooLong { len: 256, .. })
+        ));
+        assert!(validate_message_id(&[b'a'; 255]).is_ok());
+        assert!(matches!(
+            validate_message_id(b"a\x07b"),
+            Err(IdError::NotVisibleAscii { position: 1, .. })
+        ));
+        assert!(validate_message_id(b"a b").is_err());
+        assert!(validate_message_id("é".as_bytes()).is_err());
+        assert_eq!(validate_tenant(b"").unwrap(), "");
+    }
+
+    #[test]
+    fn fingerprint_is_sha256_hex() {
+        assert_eq!(
+            fingerprint(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn key_templates_render_from_stored_fields() {
+        let t: KeyTemplate = "{consumer}:{tenant}:{message_id}".parse().unwrap();
+        assert_eq!(t.render("pay", "acme", "m1"), "pay:acme:m1");
+        assert!(t.mentions_consumer() && t.mentions_tenant());
+        let plain: KeyTemplate = "{message_id}".parse().unwrap();
+        assert_eq!(plain.render("pay", "acme", "m1"), "m1");
+        assert!(!plain.mentions_tenant());
+        assert_eq!(
+            "{msg}".parse::<KeyTemplate>(),
+            Err(KeyTemplateError::UnknownPlaceholder("msg".into()))
+        );
+        assert_eq!(
+            "x-{consumer}".parse::<KeyTemplate>(),
+            Err(KeyTemplateError::NoMessageId)
+        );
+        assert_eq!(
+            "{message_id".parse::<KeyTemplate>(),
+            Err(KeyTemplateError::Unclosed)
+        );
+    }
+}

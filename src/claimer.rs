@@ -1,0 +1,544 @@
+//! The claimer: claim (committed alone) → perform → settle.
+//!
+//! Intake hands a [`Delivery`] to [`Claimer::submit`]. The claim row commits before anything
+//! else happens (I1); the caller acknowledges; a task then drives the effect under the claim's
+//! attempt number, retrying transient failures with backoff while the lease lasts, and settles
+//! fenced on that attempt (I2). What it cannot finish stays `started` for the sweeper.
+
+use crate::claim::{
+    Claim, ClaimState, IdError, KeyTemplate, NewClaim, fingerprint, validate_message_id,
+    validate_tenant,
+};
+use crate::config::{ConsumerConfig, OnUnknown};
+use crate::effect::{Effect, Lookup, Outcome};
+use crate::policy::{self, Step};
+use crate::store::{ClaimOutcome, NewEvent, Settlement, Store, StoreError};
+use backon::BackoffBuilder;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tracing::{debug, info, instrument, warn};
+
+/// A consumer at run time: its configuration, key template, effect and in-flight limit.
+pub struct Consumer {
+    /// `[[consumers]]` entry.
+    pub config: ConsumerConfig,
+    /// Parsed `key` template.
+    pub template: KeyTemplate,
+    /// The side effect.
+    pub effect: Arc<dyn Effect>,
+    slots: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("name", &self.config.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// Builds a consumer; the template must already have been validated by the config.
+    pub fn new(config: ConsumerConfig, effect: Arc<dyn Effect>) -> Result<Self, String> {
+        let template: KeyTemplate = config
+            .key
+            .parse()
+            .map_err(|e| format!("consumer {}: key: {e}", config.name))?;
+        let slots = Arc::new(Semaphore::new(config.concurrency as usize));
+        Ok(Consumer {
+            config,
+            template,
+            effect,
+            slots,
+        })
+    }
+
+    /// The consumer's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Waits for an in-flight slot.
+    pub async fn slot(&self) -> OwnedSemaphorePermit {
+        // The semaphore is never closed.
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("consumer semaphore closed")
+    }
+
+    /// Effects in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.config.concurrency as usize - self.slots.available_permits()
+    }
+}
+
+/// One message as intake received it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Consumer name (URL path or broker binding).
+    pub consumer: String,
+    /// Tenant bytes (`b""` for none).
+    pub tenant: Vec<u8>,
+    /// Message id bytes, as received.
+    pub message_id: Vec<u8>,
+    /// Payload, verbatim.
+    pub payload: Vec<u8>,
+    /// Content type, verbatim.
+    pub content_type: String,
+}
+
+/// The claim was accepted: acknowledge.
+#[derive(Debug, Clone)]
+pub enum Accepted {
+    /// A new claim committed; the effect is under way.
+    New(Claim),
+    /// A duplicate of an existing claim with the same payload.
+    Duplicate(Claim),
+}
+
+impl Accepted {
+    /// The claim, new or existing.
+    pub fn claim(&self) -> &Claim {
+        match self {
+            Accepted::New(c) | Accepted::Duplicate(c) => c,
+        }
+    }
+}
+
+/// Why a delivery was not accepted. Nothing was committed except for `Conflict`, which only
+/// counted the mismatch on the existing claim.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// No consumer of that name takes this source.
+    #[error("unknown consumer {0:?}")]
+    UnknownConsumer(String),
+    /// The message id or tenant is unusable.
+    #[error("{0}")]
+    BadId(#[from] IdError),
+    /// The same key was used with another payload (I5).
+    #[error("message id {message_id:?} was already used with a different payload")]
+    Conflict {
+        /// The existing claim.
+        claim: Box<Claim>,
+        /// The id in question.
+        message_id: String,
+    },
+    /// Every in-flight slot stayed busy for `intake_wait`: try again later.
+    #[error("consumer {0:?} is at its concurrency limit; retry later")]
+    Busy(String),
+    /// The worker is shutting down and takes no new work.
+    #[error("claimd is shutting down; retry against another instance or later")]
+    ShuttingDown,
+    /// The store failed; nothing was committed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptEnd {
+    /// Settled in this state.
+    Settled(ClaimState),
+    /// Left `started` for the sweeper (lease budget spent, store down, or reconcile undecided).
+    LeftStarted(String),
+    /// Another worker took the claim over; nothing was changed.
+    Lost,
+}
+
+/// Claims deliveries and drives their effects.
+pub struct Claimer {
+    store: Store,
+    consumers: BTreeMap<String, Arc<Consumer>>,
+    instance: String,
+    intake_wait: Duration,
+    accepting: AtomicBool,
+}
+
+impl std::fmt::Debug for Claimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimer")
+            .field("instance", &self.instance)
+            .field("consumers", &self.consumers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Claimer {
+    /// A claimer over `store` for `consumers`, named `instance` in leases and history.
+    pub fn new(
+        store: Store,
+        consumers: Vec<Arc<Consumer>>,
+        instance: String,
+        intake_wait: Duration,
+    ) -> Self {
+        Claimer {
+            store,
+            consumers: consumers
+                .into_iter()
+                .map(|c| (c.name().to_string(), c))
+                .collect(),
+            instance,
+            intake_wait,
+            accepting: AtomicBool::new(true),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// This instance's name.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// A consumer by name.
+    pub fn consumer(&self, name: &str) -> Option<&Arc<Consumer>> {
+        self.consumers.get(name)
+    }
+
+    /// Every consumer.
+    pub fn consumers(&self) -> impl Iterator<Item = &Arc<Consumer>> {
+        self.consumers.values()
+    }
+
+    /// Whether new deliveries are taken.
+    pub fn is_accepting(&self) -> bool {
+        self.accepting.load(Ordering::SeqCst)
+    }
+
+    /// Stops taking deliveries (graceful shutdown).
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits until no effect is in flight, or `grace` passes. Returns how many were still
+    /// running (they stay `started`; the sweeper owns them).
+    pub async fn drain(&self, grace: Duration) -> usize {
+        let deadline = Instant::now() + grace;
+        loop {
+            let busy: usize = self.consumers.values().map(|c| c.in_flight()).sum();
+            if busy == 0 || Instant::now() >= deadline {
+                return busy;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Claims a delivery and, when it is new, starts its effect in the background.
+    ///
+    /// Returns once the claim is committed (or recognised as a duplicate): the caller may
+    /// acknowledge then, and not before.
+    pub async fn submit(self: &Arc<Self>, d: Delivery) -> Result<Accepted, SubmitError> {
+        if !self.is_accepting() {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let consumer = self
+            .consumers
+            .get(&d.consumer)
+            .ok_or_else(|| SubmitError::UnknownConsumer(d.consumer.clone()))?
+            .clone();
+        let message_id = validate_message_id(&d.message_id)?.to_string();
+        let tenant = validate_tenant(&d.tenant)?.to_string();
+        // Backpressure: a slot first, so the backlog waits in the client or the broker, never
+        // in memory here.
+        let permit = tokio::time::timeout(self.intake_wait, consumer.slot())
+            .await
+            .map_err(|_| SubmitError::Busy(d.consumer.clone()))?;
+        let idem_key = consumer
+            .template
+            .render(&consumer.config.name, &tenant, &message_id);
+        let new = NewClaim {
+            consumer: d.consumer,
+            tenant,
+            message_id,
+            idem_key,
+            fingerprint: fingerprint(&d.payload),
+            payload: d.payload,
+            content_type: d.content_type,
+            worker: self.instance.clone(),
+            lease: consumer.config.lease.0,
+        };
+        match self.store.claim(&new).await? {
+            ClaimOutcome::Created(claim) => {
+                let started = Instant::now();
+                let this = self.clone();
+                let for_task = claim.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    this.drive(&consumer, &for_task, started, false).await;
+                });
+                Ok(Accepted::New(claim))
+            }
+            ClaimOutcome::Duplicate(claim) => Ok(Accepted::Duplicate(claim)),
+            ClaimOutcome::Mismatch(claim) => Err(SubmitError::Conflict {
+                message_id: new.message_id,
+                claim: Box::new(claim),
+            }),
+        }
+    }
+
+    /// Drives one attempt of `claim` (whose `attempt` this worker holds): calls the provider,
+    /// retries while the lease allows, settles fenced. `lease_start` is when the lease was
+    /// (re)newed, measured on this machine's monotonic clock. `resend` marks the first call
+    /// as a re-send after an unknown outcome.
+    #[instrument(skip_all, fields(consumer = %claim.consumer, tenant = %claim.tenant, message_id = %claim.message_id, attempt = claim.attempt))]
+    pub async fn drive(
+        &self,
+        consumer: &Consumer,
+        claim: &Claim,
+        lease_start: Instant,
+        resend: bool,
+    ) -> AttemptEnd {
+        let cfg = &consumer.config;
+        // Last moment a call may start and still end before the lease does.
+        let deadline = lease_start + cfg.lease.0.saturating_sub(cfg.effect.timeout());
+        let mut delays = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(5))
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        if resend {
+            self.count_resend(claim).await;
+        }
+        loop {
+            let outcome = consumer.effect.perform(claim).await;
+            debug!(outcome = outcome.name(), status = ?outcome.status(), "provider answered");
+            let step =
+                policy::after_outcome(&outcome, cfg.on_unknown, consumer.effect.can_reconcile());
+            let (retry_after, not_applied) = match step {
+                Step::Complete => {
+                    let (status, response) = match &outcome {
+                        Outcome::Applied { status, response } => (*status, response.clone()),
+                        _ => unreachable!("Complete follows Applied"),
+                    };
+                    return self
+                        .finish(
+                            claim,
+                            deadline,
+                            completed(status, response, false),
+                            "perform",
+                            "applied",
+                        )
+                        .await;
+                }
+                Step::Fail => {
+                    let (status, response) = match &outcome {
+                        Outcome::Rejected { status, response } => (*status, response.clone()),
+                        _ => unreachable!("Fail follows Rejected"),
+                    };
+                    let s = Settlement {
+                        state: Some(ClaimState::Failed),
+                        provider_status: Some(status),
+                        error: Some(format!("provider rejected the request with {status}")),
+                        provider_response: Some(response),
+                        ..Default::default()
+                    };
+                    return self.finish(claim, deadline, s, "perform", "rejected").await;
+                }
+                Step::Park(reason) => {
+                    return self
+                        .finish(
+                            claim,
+                            deadline,
+                            park(reason, outcome.status()),
+                            "perform",
+                            "unknown",
+                        )
+                        .await;
+                }
+                Step::Retry { retry_after } => (retry_after, true),
+                Step::Resend => (None, false),
+                Step::Reconcile => match consumer.effect.lookup(claim).await {
+                    Some(Lookup::Found { status, response }) => {
+                        return self
+                            .finish(
+                                claim,
+                                deadline,
+                                completed(status, response, true),
+                                "reconcile",
+                                "found",
+                            )
+                            .await;
+                    }
+                    Some(Lookup::NotFound) => (None, true),
+                    Some(Lookup::Unknown { error }) => {
+                        let why = format!("{}; reconcile undecided: {error}", error_of(&outcome));
+                        return self.leave(claim, &why, outcome.status(), false).await;
+                    }
+                    None => {
+                        let why = format!("{}; no status endpoint", error_of(&outcome));
+                        return self
+                            .finish(
+                                claim,
+                                deadline,
+                                park(why, outcome.status()),
+                                "perform",
+                                "unknown",
+                            )
+                            .await;
+                    }
+                },
+            };
+            let error = error_of(&outcome);
+            let delay = delays
+                .next()
+                .unwrap_or(Duration::from_secs(5))
+                .max(retry_after.unwrap_or_default());
+            if Instant::now() + delay >= deadline {
+                // Lease budget spent: let the sweeper take it from here.
+                return self
+                    .leave(claim, &error, outcome.status(), not_applied)
+                    .await;
+            }
+            if let Err(e) = self
+                .store
+                .record_event(
+                    claim.id,
+                    claim.attempt,
+                    &NewEvent {
+                        actor: &self.instance,
+                        action: "perform",
+                        outcome: outcome.name(),
+                        provider_status: outcome.status(),
+                        detail: Some(&error),
+                    },
+                )
+                .await
+            {
+                warn!(error = %e, "could not record attempt history");
+            }
+            tokio::time::sleep(delay).await;
+            if !not_applied && cfg.on_unknown == OnUnknown::Redrive {
+                self.count_resend(claim).await;
+            }
+        }
+    }
+
+    async fn count_resend(&self, claim: &Claim) {
+        if let Err(e) = self.store.note_resent(claim.id, claim.attempt).await {
+            warn!(error = %e, "could not count a re-send");
+        }
+    }
+
+    /// Leaves the claim `started`, releasing the lease so the sweeper need not wait it out.
+    async fn leave(
+        &self,
+        claim: &Claim,
+        error: &str,
+        status: Option<i32>,
+        not_applied: bool,
+    ) -> AttemptEnd {
+        let s = Settlement {
+            state: None,
+            provider_status: status,
+            error: Some(error.to_string()),
+            handoff_not_applied: not_applied,
+            release_lease: true,
+            ..Default::default()
+        };
+        let outcome = if not_applied {
+            "not_applied"
+        } else {
+            "unknown"
+        };
+        let event = NewEvent {
+            actor: &self.instance,
+            action: "handoff",
+            outcome,
+            provider_status: status,
+            detail: Some(error),
+        };
+        match self.store.settle(claim.id, claim.attempt, &s, &event).await {
+            Ok(true) => AttemptEnd::LeftStarted(error.to_string()),
+            Ok(false) => {
+                info!("claim was taken over by another worker; left it alone");
+                AttemptEnd::Lost
+            }
+            Err(e) => {
+                warn!(error = %e, "could not hand the claim off; its lease will expire");
+                AttemptEnd::LeftStarted(error.to_string())
+            }
+        }
+    }
+
+    /// Settles, retrying store errors until `deadline`; after that the lease expires and the
+    /// sweeper decides again (the effect's outcome is then unknown to it: it reconciles).
+    async fn finish(
+        &self,
+        claim: &Claim,
+        deadline: Instant,
+        s: Settlement,
+        action: &str,
+        outcome: &str,
+    ) -> AttemptEnd {
+        let event = NewEvent {
+            actor: &self.instance,
+            action,
+            outcome,
+            provider_status: s.provider_status,
+            detail: s.error.as_deref(),
+        };
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.store.settle(claim.id, claim.attempt, &s, &event).await {
+                Ok(true) => {
+                    let state = s.state.unwrap_or(ClaimState::Started);
+                    debug!(%state, "settled");
+                    return AttemptEnd::Settled(state);
+                }
+                Ok(false) => {
+                    info!("claim was taken over by another worker before settle; changed nothing");
+                    return AttemptEnd::Lost;
+                }
+                Err(e) if Instant::now() + delay < deadline + Duration::from_secs(30) => {
+                    warn!(error = %e, "settle failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    warn!(error = %e, "settle failed for good; the sweeper will reconcile this claim");
+                    return AttemptEnd::LeftStarted(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+fn completed(status: i32, response: String, reconciled: bool) -> Settlement {
+    Settlement {
+        state: Some(ClaimState::Completed),
+        provider_status: Some(status),
+        provider_response: Some(response),
+        reconciled,
+        ..Default::default()
+    }
+}
+
+fn park(reason: String, status: Option<i32>) -> Settlement {
+    Settlement {
+        state: Some(ClaimState::NeedsAttention),
+        provider_status: status,
+        error: Some(reason),
+        ..Default::default()
+    }
+}
+
+fn error_of(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::NotApplied { error, .. } | Outcome::Unknown { error, .. } => error.clone(),
+        Outcome::InProgress { status } => format!("provider answered {status}: still in progress"),
+        Outcome::Applied { status, .. } | Outcome::Rejected { status, .. } => {
+            format!("provider answered {status}")
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! HTTP intake: `POST /v1/messages/{consumer}` and `GET /v1/messages/{consumer}/{message_id}`.
+//!
+//! `202` new claim committed, `200` duplicate, `422` same key with another payload, `400` bad
+//! key, `404` unknown consumer, `413` body too large, `503` store unavailable or saturated
+//! (nothing committed; `Retry-After` says when to retry). Errors are `application/problem+json`.
+
+use crate::api::{AppState, problem};
+use crate::claim::Claim;
+use crate::claimer::{Accepted, Delivery, SubmitError};
+use crate::config::Source;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// The claim as intake clients see it.
+#[derive(Debug, Serialize)]
+pub struct MessageView<'a> {
+    /// Consumer name.
+    pub consumer: &'a str,
+    /// Tenant (`""` when none).
+    pub tenant: &'a str,
+    /// Message id.
+    pub message_id: &'a str,
+    /// Claim state.
+    pub state: &'static str,
+    /// Attempt number.
+    pub attempt: i32,
+    /// Whether this request was a duplicate.
+    pub duplicate: bool,
+    /// When the claim was first committed.
+    pub received_utc: DateTime<Utc>,
+    /// When the effect was confirmed.
+    pub processed_utc: Option<DateTime<Utc>>,
+}
+
+impl<'a> MessageView<'a> {
+    /// The view of `claim`.
+    pub fn of(claim: &'a Claim, duplicate: bool) -> Self {
+        MessageView {
+            consumer: &claim.consumer,
+            tenant: &claim.tenant,
+            message_id: &claim.message_id,
+            state: claim.state.as_str(),
+            attempt: claim.attempt,
+            duplicate,
+            received_utc: claim.received_utc,
+            processed_utc: claim.processed_utc,
+        }
+    }
+}
+
+/// Tenant header name for `consumer` (configurable, `Tenant-Id` by default).
+fn tenant_of<'h>(state: &AppState, consumer: &str, headers: &'h HeaderMap) -> &'h [u8] {
+    let name = state
+        .claimer
+        .consumer(consumer)
+        .map(|c| c.config.tenant_header.as_str())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("Tenant-Id");
+    headers.get(name).map(|v| v.as_bytes()).unwrap_or(b"")
+}
+
+fn http_consumer_exists(state: &AppState, consumer: &str) -> bool {
+    state
+        .claimer
+        .consumer(consumer)
+        .is_some_and(|c| c.config.source == Source::Http)
+}
+
+/// `POST /v1/messages/{consumer}`
+pub async fn post_message(
+    State(state): State<AppState>,
+    Path(consumer): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if !http_consumer_exists(&state, &consumer) {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "unknown consumer",
+            &format!("no consumer named {consumer:?} takes HTTP intake"),
+        );
+    }
+    let Some(key) = headers.get("Idempotency-Key") else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "missing idempotency key",
+            "the Idempotency-Key header is required: 1-255 visible ASCII characters",
+        );
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body too large",
+                &format!(
+                    "the body is over the limit of {} bytes ([http] max_body_bytes)",
+                    state.config.http.max_body_bytes
+                ),
+            );
+        }
+        Err(rejection) => {
+            return problem(
+                rejection.status(),
+                "unreadable body",
+                &rejection.body_text(),
+            );
+        }
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let delivery = Delivery {
+        tenant: tenant_of(&state, &consumer, &headers).to_vec(),
+        consumer,
+        message_id: key.as_bytes().to_vec(),
+        payload: body.to_vec(),
+        content_type,
+    };
+    match state.claimer.submit(delivery).await {
+        Ok(Accepted::New(claim)) => {
+            (StatusCode::ACCEPTED, Json(MessageView::of(&claim, false))).into_response()
+        }
+        Ok(Accepted::Duplicate(claim)) => {
+            (StatusCode::OK, Json(MessageView::of(&claim, true))).into_response()
+        }
+        Err(e) => submit_error(e),
+    }
+}
+
+/// Maps a refused delivery to its HTTP answer.
+pub fn submit_error(e: SubmitError) -> Response {
+    match e {
+        SubmitError::UnknownConsumer(_) => {
+            problem(StatusCode::NOT_FOUND, "unknown consumer", &e.to_string())
+        }
+        SubmitError::BadId(_) => problem(
+            StatusCode::BAD_REQUEST,
+            "invalid idempotency key or tenant",
+            &e.to_string(),
+        ),
+        SubmitError::Conflict { .. } => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "payload mismatch",
+            &format!("{e}; use a new Idempotency-Key for a new message"),
+        ),
+        SubmitError::Busy(_) | SubmitError::ShuttingDown => {
+            let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "busy", &e.to_string());
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            r
+        }
+        SubmitError::Store(ref inner) => {
+            tracing::warn!(error = %inner, "claim not committed");
+            let mut r = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store unavailable",
+                "the claim store did not commit the message; nothing was recorded: retry",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            r
+        }
+    }
+}
+
+/// `GET /v1/messages/{consumer}/{message_id}`
+pub async fn get_message(
+    State(state): State<AppState>,
+    Path((consumer, message_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let tenant = String::from_utf8_lossy(tenant_of(&state, &consumer, &headers)).into_owned();
+    match state
+        .claimer
+        .store()
+        .get(&consumer, &tenant, &message_id)
+        .await
+    {
+        Ok(Some(claim)) => Json(MessageView::of(&claim, false)).into_response(),
+        Ok(None) => problem(
+            StatusCode::NOT_FOUND,
+            "no such message",
+            &format!("no claim for {consumer}/{message_id} (tenant {tenant:?})"),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "read failed");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store unavailable",
+                "the claim store could not be read; retry",
+            )
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! Intake: where messages come in. Each source turns a message into a
+//! [`Delivery`](crate::claimer::Delivery) and acknowledges only after
+//! [`Claimer::submit`](crate::claimer::Claimer::submit) returns.
+
+pub mod http;

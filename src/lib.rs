@@ -1,0 +1,26 @@
+//! claimd makes external side effects (payments, emails, webhooks) happen exactly once in
+//! effect, although the messages asking for them arrive at least once.
+//!
+//! A message is claimed (a row committed alone, unique on consumer, tenant and message id),
+//! acknowledged, then performed with the message's idempotency key and settled. A sweeper
+//! finishes what a crash or a timeout left `started`. See `docs/architecture.md`.
+
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod app;
+pub mod claim;
+pub mod claimer;
+pub mod cli;
+pub mod config;
+pub mod duration;
+pub mod effect;
+pub mod intake;
+pub mod policy;
+pub mod reconcile;
+pub mod report;
+pub mod retention;
+pub mod run;
+pub mod sandbox;
+pub mod store;
+pub mod sweeper;

@@ -1,0 +1,14 @@
+//! The `claimd` binary: parses arguments, calls the library, prints what it returns.
+
+use clap::Parser;
+use std::io::Write;
+
+#[tokio::main]
+async fn main() {
+    let cli = claimd::cli::Cli::parse();
+    claimd::cli::init_logging(cli.log_format);
+    let out = claimd::cli::execute(cli).await;
+    let _ = std::io::stdout().write_all(out.stdout.as_bytes());
+    let _ = std::io::stderr().write_all(out.stderr.as_bytes());
+    std::process::exit(out.code);
+}

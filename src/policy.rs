@@ -1,0 +1,268 @@
+//! What to do next, decided from facts alone: the provider's outcome, the consumer's
+//! `on_unknown`, attempts and age. Pure, so every branch is tested here; the claimer and the
+//! sweeper only carry the decisions out.
+
+use crate::config::OnUnknown;
+use crate::effect::Outcome;
+use crate::store::Handoff;
+use std::time::Duration;
+
+/// The next step after one call to the provider, within an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Settle `completed`.
+    Complete,
+    /// Settle `failed`: a permanent rejection.
+    Fail,
+    /// Try again later with the same key: nothing was applied (or the provider is busy on it).
+    Retry {
+        /// The provider's wish, if it said one.
+        retry_after: Option<Duration>,
+    },
+    /// The outcome is unknown and the consumer allows re-sending with the same key.
+    Resend,
+    /// The outcome is unknown: ask the status endpoint.
+    Reconcile,
+    /// The outcome is unknown and nothing may decide it: hand it to a person.
+    Park(String),
+}
+
+/// Decides the step after `outcome` (invariant I6 for unknown outcomes).
+pub fn after_outcome(outcome: &Outcome, on_unknown: OnUnknown, can_reconcile: bool) -> Step {
+    match outcome {
+        Outcome::Applied { .. } => Step::Complete,
+        Outcome::Rejected { .. } => Step::Fail,
+        Outcome::InProgress { .. } => Step::Retry { retry_after: None },
+        Outcome::NotApplied { retry_after, .. } => Step::Retry {
+            retry_after: *retry_after,
+        },
+        Outcome::Unknown { error, .. } => match on_unknown {
+            OnUnknown::Redrive => Step::Resend,
+            OnUnknown::Reconcile if can_reconcile => Step::Reconcile,
+            OnUnknown::Reconcile => Step::Park(format!(
+                "outcome unknown ({error}) and the effect has no status endpoint to reconcile with"
+            )),
+            OnUnknown::Park => {
+                Step::Park(format!("outcome unknown ({error}); on_unknown = \"park\""))
+            }
+        },
+    }
+}
+
+/// What the sweeper does with a claim it took over.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Takeover {
+    /// Perform again with the same key. `resend` when the previous attempt's outcome is
+    /// unknown (counted as a re-send in the report).
+    Perform {
+        /// The previous attempt may have applied the effect.
+        resend: bool,
+    },
+    /// Ask the status endpoint before anything else.
+    Reconcile,
+    /// Hand it to a person, with the reason.
+    Park(String),
+}
+
+/// Facts about a claim the sweeper just took over.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeoverFacts {
+    /// The attempt number after the takeover.
+    pub attempt: i32,
+    /// The consumer's `max_attempts`.
+    pub max_attempts: u32,
+    /// Time since the claim was received (database clock).
+    pub age: Duration,
+    /// The consumer's `redrive_within`.
+    pub redrive_within: Duration,
+    /// The consumer's `on_unknown`.
+    pub on_unknown: OnUnknown,
+    /// How the previous attempt let go, if on purpose.
+    pub handoff: Option<Handoff>,
+    /// The effect has a status endpoint.
+    pub can_reconcile: bool,
+}
+
+/// Decides a takeover. A stale claim's last attempt may have been cut anywhere (crash,
+/// timeout), so its outcome is unknown unless the previous holder handed it off on purpose.
+pub fn on_takeover(f: TakeoverFacts) -> Takeover {
+    if f.handoff == Some(Handoff::OperatorRedrive) {
+        return Takeover::Perform { resend: false };
+    }
+    if i64::from(f.attempt) > i64::from(f.max_attempts) {
+        return Takeover::Park(format!(
+            "attempts exhausted: attempt {} of max_attempts {}",
+            f.attempt, f.max_attempts
+        ));
+    }
+    let within = f.age <= f.redrive_within;
+    if within && f.handoff == Some(Handoff::NotApplied) {
+        return Takeover::Perform { resend: false };
+    }
+    match f.on_unknown {
+        OnUnknown::Redrive if within => Takeover::Perform { resend: true },
+        OnUnknown::Park => Takeover::Park(
+            "previous attempt ended without an answer (crash or timeout); on_unknown = \"park\""
+                .into(),
+        ),
+        _ if f.can_reconcile => Takeover::Reconcile,
+        OnUnknown::Reconcile => Takeover::Park(
+            "outcome unknown and the effect has no status endpoint to reconcile with".into(),
+        ),
+        OnUnknown::Redrive => Takeover::Park(format!(
+            "outcome unknown and the claim is older than redrive_within ({}s): the provider may have forgotten the key",
+            f.redrive_within.as_secs()
+        )),
+    }
+}
+
+/// After a status lookup said "not found": perform again only within `redrive_within`.
+pub fn after_not_found(age: Duration, redrive_within: Duration) -> Takeover {
+    if age <= redrive_within {
+        Takeover::Perform { resend: false }
+    } else {
+        Takeover::Park(format!(
+            "provider has no record of the key, but the claim is older than redrive_within ({}s); a person must decide",
+            redrive_within.as_secs()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unknown() -> Outcome {
+        Outcome::Unknown {
+            status: Some(500),
+            error: "boom".into(),
+        }
+    }
+
+    #[test]
+    fn outcomes_map_to_steps() {
+        let ok = Outcome::Applied {
+            status: 200,
+            response: String::new(),
+        };
+        assert_eq!(after_outcome(&ok, OnUnknown::Park, false), Step::Complete);
+        let no = Outcome::Rejected {
+            status: 400,
+            response: String::new(),
+        };
+        assert_eq!(after_outcome(&no, OnUnknown::Redrive, true), Step::Fail);
+        let busy = Outcome::NotApplied {
+            status: Some(429),
+            retry_after: Some(Duration::from_secs(2)),
+            error: String::new(),
+        };
+        assert_eq!(
+            after_outcome(&busy, OnUnknown::Park, false),
+            Step::Retry {
+                retry_after: Some(Duration::from_secs(2))
+            }
+        );
+        assert_eq!(
+            after_outcome(&Outcome::InProgress { status: 409 }, OnUnknown::Park, false),
+            Step::Retry { retry_after: None }
+        );
+    }
+
+    #[test]
+    fn unknown_outcomes_are_never_guessed() {
+        assert_eq!(
+            after_outcome(&unknown(), OnUnknown::Redrive, false),
+            Step::Resend
+        );
+        assert_eq!(
+            after_outcome(&unknown(), OnUnknown::Reconcile, true),
+            Step::Reconcile
+        );
+        assert!(matches!(
+            after_outcome(&unknown(), OnUnknown::Reconcile, false),
+            Step::Park(_)
+        ));
+        assert!(matches!(
+            after_outcome(&unknown(), OnUnknown::Park, true),
+            Step::Park(_)
+        ));
+    }
+
+    fn facts() -> TakeoverFacts {
+        TakeoverFacts {
+            attempt: 2,
+            max_attempts: 8,
+            age: Duration::from_secs(60),
+            redrive_within: Duration::from_secs(3600),
+            on_unknown: OnUnknown::Reconcile,
+            handoff: None,
+            can_reconcile: true,
+        }
+    }
+
+    #[test]
+    fn takeover_respects_policy_window_and_attempts() {
+        assert_eq!(on_takeover(facts()), Takeover::Reconcile);
+        let redrive = TakeoverFacts {
+            on_unknown: OnUnknown::Redrive,
+            ..facts()
+        };
+        assert_eq!(on_takeover(redrive), Takeover::Perform { resend: true });
+        let late = TakeoverFacts {
+            age: Duration::from_secs(7200),
+            ..redrive
+        };
+        assert_eq!(on_takeover(late), Takeover::Reconcile);
+        let late_no_status = TakeoverFacts {
+            can_reconcile: false,
+            ..late
+        };
+        assert!(
+            matches!(on_takeover(late_no_status), Takeover::Park(r) if r.contains("redrive_within"))
+        );
+        let park = TakeoverFacts {
+            on_unknown: OnUnknown::Park,
+            ..facts()
+        };
+        assert!(matches!(on_takeover(park), Takeover::Park(_)));
+        let exhausted = TakeoverFacts {
+            attempt: 9,
+            ..facts()
+        };
+        assert!(matches!(on_takeover(exhausted), Takeover::Park(r) if r.contains("exhausted")));
+    }
+
+    #[test]
+    fn a_clean_hand_off_may_be_performed_even_under_park() {
+        let f = TakeoverFacts {
+            on_unknown: OnUnknown::Park,
+            handoff: Some(Handoff::NotApplied),
+            ..facts()
+        };
+        assert_eq!(on_takeover(f), Takeover::Perform { resend: false });
+        let late = TakeoverFacts {
+            age: Duration::from_secs(7200),
+            ..f
+        };
+        assert!(matches!(on_takeover(late), Takeover::Park(_)));
+        let operator = TakeoverFacts {
+            handoff: Some(Handoff::OperatorRedrive),
+            attempt: 20,
+            ..late
+        };
+        assert_eq!(on_takeover(operator), Takeover::Perform { resend: false });
+    }
+
+    #[test]
+    fn not_found_is_redriven_only_within_the_window() {
+        let w = Duration::from_secs(10);
+        assert_eq!(
+            after_not_found(Duration::from_secs(5), w),
+            Takeover::Perform { resend: false }
+        );
+        assert!(matches!(
+            after_not_found(Duration::from_secs(11), w),
+            Takeover::Park(_)
+        ));
+    }
+}

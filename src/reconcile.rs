@@ -1,0 +1,191 @@
+//! `claimd reconcile`: audits claims against the provider's status endpoint and lists where
+//! the two disagree, worst first, each with the command that settles it.
+
+use crate::claim::{Claim, ClaimState};
+use crate::claimer::Claimer;
+use crate::effect::Lookup;
+use crate::store::{ClaimFilter, StoreResult};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::sync::Arc;
+use tokio::task::JoinSet;
+
+/// Most claims one audit reads.
+pub const AUDIT_LIMIT: u32 = 100_000;
+
+/// How local state and provider disagree, worst first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MismatchKind {
+    /// `completed` here, unknown to the provider: money may not have moved.
+    CompletedUnknownToProvider,
+    /// `failed` here, but the provider has the effect.
+    FailedButApplied,
+    /// `started` or `needs_attention` here, but the provider has the effect.
+    OpenButApplied,
+}
+
+/// Pure: the mismatch, if any, between a local state and whether the provider has the effect.
+pub fn compare(state: ClaimState, provider_has_it: bool) -> Option<MismatchKind> {
+    match (state, provider_has_it) {
+        (ClaimState::Completed, false) => Some(MismatchKind::CompletedUnknownToProvider),
+        (ClaimState::Failed, true) => Some(MismatchKind::FailedButApplied),
+        (ClaimState::Started | ClaimState::NeedsAttention, true) => {
+            Some(MismatchKind::OpenButApplied)
+        }
+        _ => None,
+    }
+}
+
+/// One disagreement.
+#[derive(Debug, Clone, Serialize)]
+pub struct Mismatch {
+    /// Kind, which orders the list.
+    pub kind: MismatchKind,
+    /// Consumer.
+    pub consumer: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Message id.
+    pub message_id: String,
+    /// Local state.
+    pub state: String,
+    /// What to run.
+    pub suggestion: String,
+}
+
+/// The audit's result.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Audit {
+    /// Claims compared with the provider.
+    pub checked: u64,
+    /// Claims whose provider answer was neither found nor not-found.
+    pub undecided: u64,
+    /// Consumers without a status endpoint (not auditable).
+    pub skipped_consumers: Vec<String>,
+    /// The read hit [`AUDIT_LIMIT`]; narrow the window.
+    pub truncated: bool,
+    /// Disagreements, worst first.
+    pub mismatches: Vec<Mismatch>,
+}
+
+fn tenant_flag(tenant: &str) -> String {
+    if tenant.is_empty() {
+        String::new()
+    } else {
+        format!(" --tenant {tenant}")
+    }
+}
+
+fn suggestion(kind: MismatchKind, c: &Claim) -> String {
+    let who = format!("{} {}{}", c.consumer, c.message_id, tenant_flag(&c.tenant));
+    match (kind, c.state) {
+        (MismatchKind::CompletedUnknownToProvider, _) => format!(
+            "investigate with the provider; if the effect never happened: claimd claims show {who}, then repair by hand"
+        ),
+        (MismatchKind::FailedButApplied, _) => format!(
+            "claimd claims resolve {who} --as completed --note \"provider has the effect (reconcile)\""
+        ),
+        (_, ClaimState::NeedsAttention) => format!(
+            "claimd claims resolve {who} --as completed --note \"provider has the effect (reconcile)\""
+        ),
+        _ => "claimd sweep (the sweeper reconciles stuck claims when on_unknown = \"reconcile\")"
+            .into(),
+    }
+}
+
+/// Audits claims received since `since` (of `only`, or every consumer).
+pub async fn audit(
+    claimer: &Arc<Claimer>,
+    only: Option<&str>,
+    since: Option<DateTime<Utc>>,
+) -> StoreResult<Audit> {
+    let mut result = Audit::default();
+    let mut jobs = JoinSet::new();
+    let limit = Arc::new(tokio::sync::Semaphore::new(16));
+    for consumer in claimer.consumers() {
+        if only.is_some_and(|o| o != consumer.name()) {
+            continue;
+        }
+        if !consumer.effect.can_reconcile() {
+            result.skipped_consumers.push(consumer.name().to_string());
+            continue;
+        }
+        let claims = claimer
+            .store()
+            .list(&ClaimFilter {
+                consumer: Some(consumer.name().to_string()),
+                since,
+                limit: AUDIT_LIMIT,
+                ..Default::default()
+            })
+            .await?;
+        result.truncated |= claims.len() as u32 >= AUDIT_LIMIT;
+        for claim in claims {
+            let consumer = consumer.clone();
+            let limit = limit.clone();
+            jobs.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let lookup = consumer.effect.lookup(&claim).await;
+                (claim, lookup)
+            });
+        }
+    }
+    while let Some(joined) = jobs.join_next().await {
+        let Ok((claim, lookup)) = joined else {
+            continue;
+        };
+        let has_it = match lookup {
+            Some(Lookup::Found { .. }) => true,
+            Some(Lookup::NotFound) => false,
+            _ => {
+                result.undecided += 1;
+                continue;
+            }
+        };
+        result.checked += 1;
+        if let Some(kind) = compare(claim.state, has_it) {
+            result.mismatches.push(Mismatch {
+                kind,
+                suggestion: suggestion(kind, &claim),
+                consumer: claim.consumer,
+                tenant: claim.tenant,
+                message_id: claim.message_id,
+                state: claim.state.as_str().to_string(),
+            });
+        }
+    }
+    result.mismatches.sort_by(|a, b| {
+        (a.kind, &a.consumer, &a.message_id).cmp(&(b.kind, &b.consumer, &b.message_id))
+    });
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_flags_each_disagreement() {
+        assert_eq!(
+            compare(ClaimState::Completed, false),
+            Some(MismatchKind::CompletedUnknownToProvider)
+        );
+        assert_eq!(compare(ClaimState::Completed, true), None);
+        assert_eq!(
+            compare(ClaimState::Failed, true),
+            Some(MismatchKind::FailedButApplied)
+        );
+        assert_eq!(compare(ClaimState::Failed, false), None);
+        assert_eq!(
+            compare(ClaimState::Started, true),
+            Some(MismatchKind::OpenButApplied)
+        );
+        assert_eq!(compare(ClaimState::Started, false), None);
+        assert_eq!(
+            compare(ClaimState::NeedsAttention, true),
+            Some(MismatchKind::OpenButApplied)
+        );
+        assert!(MismatchKind::CompletedUnknownToProvider < MismatchKind::OpenButApplied);
+    }
+}

@@ -1,0 +1,321 @@
+//! The reconciliation report: exact counts per consumer, the sweeper's health and the claims a
+//! person should look at. Built from the store; rendered as table, JSON or CSV by pure functions.
+
+use crate::claim::ClaimState;
+use crate::store::{ClaimFilter, ConsumerCounts, Store, StoreResult};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// Most claims listed under `attention`.
+pub const ATTENTION_LIMIT: u32 = 200;
+
+/// The sweeper's health as every instance sees it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SweeperHealth {
+    /// End of the last pass by any instance.
+    pub last_run_utc: Option<DateTime<Utc>>,
+    /// It ran within three schedule periods.
+    pub healthy: bool,
+}
+
+/// A claim that needs a person, or is stuck.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AttentionItem {
+    /// Consumer.
+    pub consumer: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Message id.
+    pub message_id: String,
+    /// `needs_attention`, or `started` for a stuck claim.
+    pub state: String,
+    /// Attempt number.
+    pub attempt: i32,
+    /// Why (the recorded reason or last error).
+    pub reason: String,
+    /// Seconds since it was received.
+    pub age_s: i64,
+}
+
+/// `report --format json` and `GET /v1/report`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// When the report was made (database time).
+    pub generated_utc: DateTime<Utc>,
+    /// Sweeper health.
+    pub sweeper: SweeperHealth,
+    /// Counts per consumer.
+    pub consumers: Vec<ConsumerCounts>,
+    /// Claims needing attention, then stuck claims.
+    pub attention: Vec<AttentionItem>,
+}
+
+impl Report {
+    /// Whether anything is stuck or needs attention (`report --check` exits 3 then).
+    pub fn has_problems(&self) -> bool {
+        self.consumers
+            .iter()
+            .any(|c| c.stuck > 0 || c.needs_attention > 0)
+            || !self.sweeper.healthy
+    }
+}
+
+/// Whether a sweeper that last ran at `last` is healthy at `now` with schedule `period`.
+pub fn sweeper_healthy(last: Option<DateTime<Utc>>, now: DateTime<Utc>, period: Duration) -> bool {
+    let limit = chrono::Duration::from_std(period * 3).unwrap_or(chrono::Duration::MAX);
+    last.is_some_and(|t| now - t <= limit)
+}
+
+/// Builds the report. `consumers` lists configured consumers so idle ones show zeros;
+/// `since` bounds the throughput figures (open work is always counted in full).
+pub async fn build(
+    store: &Store,
+    consumers: &[String],
+    only: Option<&str>,
+    since: Option<DateTime<Utc>>,
+    sweep_period: Duration,
+) -> StoreResult<Report> {
+    let now = store.now().await?;
+    let mut counts = store.counts(since).await?;
+    for name in consumers {
+        if !counts.iter().any(|c| &c.consumer == name) {
+            counts.push(ConsumerCounts {
+                consumer: name.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    counts.sort_by(|a, b| a.consumer.cmp(&b.consumer));
+    if let Some(only) = only {
+        counts.retain(|c| c.consumer == only);
+    }
+    let mut attention = Vec::new();
+    for (state, stuck) in [
+        (ClaimState::NeedsAttention, false),
+        (ClaimState::Started, true),
+    ] {
+        let claims = store
+            .list(&ClaimFilter {
+                state: Some(state),
+                consumer: only.map(str::to_string),
+                stuck,
+                since: None,
+                limit: ATTENTION_LIMIT,
+            })
+            .await?;
+        attention.extend(claims.into_iter().map(|c| AttentionItem {
+            reason: c.last_error.clone().unwrap_or_else(|| {
+                if stuck {
+                    "lease expired; waiting for the sweeper".into()
+                } else {
+                    String::new()
+                }
+            }),
+            age_s: (now - c.received_utc).num_seconds(),
+            consumer: c.consumer,
+            tenant: c.tenant,
+            message_id: c.message_id,
+            state: c.state.as_str().to_string(),
+            attempt: c.attempt,
+        }));
+    }
+    let last = store.last_sweep().await?;
+    Ok(Report {
+        generated_utc: now,
+        sweeper: SweeperHealth {
+            last_run_utc: last,
+            healthy: sweeper_healthy(last, now, sweep_period),
+        },
+        consumers: counts,
+        attention,
+    })
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into())
+}
+
+/// The report as an aligned text table.
+pub fn render_table(r: &Report) -> String {
+    let mut out = String::new();
+    let last = r
+        .sweeper
+        .last_run_utc
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_else(|| "never".into());
+    let _ = writeln!(
+        out,
+        "generated {}   sweeper last run {} ({})",
+        r.generated_utc.to_rfc3339(),
+        last,
+        if r.sweeper.healthy {
+            "healthy"
+        } else {
+            "NOT RUNNING"
+        }
+    );
+    let header = [
+        "consumer",
+        "received",
+        "dups",
+        "mismatch",
+        "started",
+        "stuck",
+        "completed",
+        "failed",
+        "attention",
+        "resent",
+        "oldest_s",
+        "p50_s",
+        "p95_s",
+    ];
+    let rows: Vec<Vec<String>> = r
+        .consumers
+        .iter()
+        .map(|c| {
+            vec![
+                c.consumer.clone(),
+                c.received.to_string(),
+                c.duplicates.to_string(),
+                c.payload_mismatches.to_string(),
+                c.started.to_string(),
+                c.stuck.to_string(),
+                c.completed.to_string(),
+                c.failed.to_string(),
+                c.needs_attention.to_string(),
+                c.resent.to_string(),
+                opt(c.oldest_started_age_s),
+                opt(c.p50_complete_s),
+                opt(c.p95_complete_s),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&header, &rows));
+    if !r.attention.is_empty() {
+        out.push_str("\nneeds a look:\n");
+        let header = [
+            "consumer",
+            "tenant",
+            "message_id",
+            "state",
+            "attempt",
+            "age_s",
+            "reason",
+        ];
+        let rows: Vec<Vec<String>> = r
+            .attention
+            .iter()
+            .map(|a| {
+                vec![
+                    a.consumer.clone(),
+                    a.tenant.clone(),
+                    a.message_id.clone(),
+                    a.state.clone(),
+                    a.attempt.to_string(),
+                    a.age_s.to_string(),
+                    a.reason.clone(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&header, &rows));
+    }
+    out
+}
+
+/// The per-consumer counts as CSV (one header line).
+pub fn render_csv(r: &Report) -> String {
+    let mut out = String::from(
+        "consumer,received,duplicates,payload_mismatches,started,stuck,completed,failed,needs_attention,resent,oldest_started_age_s,p50_complete_s,p95_complete_s\n",
+    );
+    let o = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
+    for c in &r.consumers {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            csv_field(&c.consumer),
+            c.received,
+            c.duplicates,
+            c.payload_mismatches,
+            c.started,
+            c.stuck,
+            c.completed,
+            c.failed,
+            c.needs_attention,
+            c.resent,
+            o(c.oldest_started_age_s),
+            o(c.p50_complete_s),
+            o(c.p95_complete_s)
+        );
+    }
+    out
+}
+
+/// Quotes a CSV field when it needs it.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Lays rows out under a header, columns padded to their widest cell.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let n = cells.len();
+        for (i, cell) in cells.into_iter().enumerate() {
+            if i + 1 == n {
+                out.push_str(cell);
+            } else {
+                let _ = write!(out, "{:<w$}  ", cell, w = widths[i]);
+            }
+        }
+        out.push('\n');
+    };
+    line(header.to_vec(), &mut out);
+    for row in rows {
+        line(row.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweeper_health_allows_three_periods() {
+        let now = Utc::now();
+        let p = Duration::from_secs(10);
+        assert!(sweeper_healthy(
+            Some(now - chrono::Duration::seconds(29)),
+            now,
+            p
+        ));
+        assert!(!sweeper_healthy(
+            Some(now - chrono::Duration::seconds(31)),
+            now,
+            p
+        ));
+        assert!(!sweeper_healthy(None, now, p));
+    }
+
+    #[test]
+    fn tables_align_and_csv_quotes() {
+        let t = table(&["a", "bb"], &[vec!["xxx".into(), "y".into()]]);
+        assert_eq!(t, "a    bb\nxxx  y\n");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("plain"), "plain");
+    }
+}

@@ -1,0 +1,265 @@
+//! `claimd run`: the HTTP API and intake, the claimer, the scheduled sweeper (with a watchdog,
+//! because interval jobs of the scheduler can stop firing under load), retention, and the
+//! sandbox provider when enabled. [`start`] returns a handle so tests can run it in-process.
+
+use crate::api::{self, AppState};
+use crate::app::App;
+use crate::retention;
+use crate::sandbox::{Sandbox, SandboxOptions};
+use crate::sweeper::Sweeper;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_cron_scheduler::{Job, JobScheduler};
+use tracing::{error, info, warn};
+
+/// Why the worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The admin API would be open to the network.
+    #[error(
+        "[http] listen = {0:?} is not a loopback address and [http] admin_token is empty: set a token, or allow_insecure_admin = true"
+    )]
+    InsecureAdmin(String),
+    /// The scheduler refused a job.
+    #[error("scheduler: {0}")]
+    Scheduler(String),
+}
+
+/// A running worker.
+pub struct Running {
+    /// Where the HTTP API listens.
+    pub http_addr: SocketAddr,
+    /// Where the sandbox provider listens, when enabled.
+    pub sandbox_addr: Option<SocketAddr>,
+    /// The sweeper (tests call passes directly).
+    pub sweeper: Sweeper,
+    app: App,
+    stop: watch::Sender<bool>,
+    http: JoinHandle<()>,
+    scheduler: JobScheduler,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("http_addr", &self.http_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_loopback(listen: &str) -> bool {
+    listen
+        .parse::<SocketAddr>()
+        .map(|a| a.ip().is_loopback())
+        .unwrap_or_else(|_| listen.starts_with("localhost:"))
+}
+
+async fn bind(addr: &str) -> Result<TcpListener, RunError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Starts everything `claimd run` runs.
+pub async fn start(app: App) -> Result<Running, RunError> {
+    let config = app.config.clone();
+    if !is_loopback(&config.http.listen)
+        && config.http.admin_token.is_empty()
+        && !config.http.allow_insecure_admin
+    {
+        return Err(RunError::InsecureAdmin(config.http.listen.clone()));
+    }
+    let (stop, stopped) = watch::channel(false);
+    let mut background = Vec::new();
+
+    let sandbox_addr = if config.sandbox.enabled {
+        let listener = bind(&config.sandbox.listen).await?;
+        let addr = listener.local_addr().ok();
+        let sandbox = Sandbox::new(SandboxOptions {
+            latency: Duration::from_millis(config.sandbox.latency_ms),
+            fail_rate: config.sandbox.fail_rate,
+            ambiguous_rate: config.sandbox.ambiguous_rate,
+            ignore_keys: config.sandbox.ignore_keys,
+        });
+        let mut rx = stopped.clone();
+        background.push(tokio::spawn(async move {
+            // The sandbox outlives intake so in-flight effects can finish during shutdown.
+            let wait = async move {
+                let _ = rx.wait_for(|s| *s).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            if let Err(e) = sandbox.serve(listener, wait).await {
+                error!(error = %e, "sandbox provider stopped");
+            }
+        }));
+        info!(?addr, "sandbox provider listening");
+        addr
+    } else {
+        None
+    };
+
+    let sweep_period = app.sweep_period();
+    let state = AppState {
+        claimer: app.claimer.clone(),
+        config: config.clone(),
+        sweep_period,
+    };
+    let listener = bind(&config.http.listen).await?;
+    let http_addr = listener.local_addr().map_err(|source| RunError::Listen {
+        addr: config.http.listen.clone(),
+        source,
+    })?;
+    let router = api::router(state);
+    let mut rx = stopped.clone();
+    let http = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            error!(error = %e, "HTTP server stopped");
+        }
+    });
+    info!(%http_addr, instance = app.claimer.instance(), store = app.store.dialect(), "claimd listening");
+
+    let sweeper = Sweeper::new(app.claimer.clone(), config.sweeper.batch_size);
+    let last_pass = Arc::new(AtomicI64::new(unix_now()));
+    let scheduler = JobScheduler::new()
+        .await
+        .map_err(|e| RunError::Scheduler(e.to_string()))?;
+    {
+        let sweeper = sweeper.clone();
+        let last_pass = last_pass.clone();
+        let job = Job::new_async(config.sweeper.schedule.as_str(), move |_id, _l| {
+            let sweeper = sweeper.clone();
+            let last_pass = last_pass.clone();
+            Box::pin(async move {
+                run_pass(&sweeper, &last_pass).await;
+            })
+        })
+        .map_err(|e| RunError::Scheduler(format!("sweeper.schedule: {e}")))?;
+        scheduler
+            .add(job)
+            .await
+            .map_err(|e| RunError::Scheduler(e.to_string()))?;
+    }
+    {
+        let store = app.store.clone();
+        let retention_cfg = config.retention.clone();
+        let job = Job::new_async(config.retention.schedule.as_str(), move |_id, _l| {
+            let store = store.clone();
+            let cfg = retention_cfg.clone();
+            Box::pin(async move {
+                if let Err(e) = retention::prune(&store, &cfg, false).await {
+                    warn!(error = %e, "retention pass failed");
+                }
+            })
+        })
+        .map_err(|e| RunError::Scheduler(format!("retention.schedule: {e}")))?;
+        scheduler
+            .add(job)
+            .await
+            .map_err(|e| RunError::Scheduler(e.to_string()))?;
+    }
+    scheduler
+        .start()
+        .await
+        .map_err(|e| RunError::Scheduler(e.to_string()))?;
+
+    // Watchdog: if the scheduler has not fired for three periods, sweep anyway.
+    {
+        let sweeper = sweeper.clone();
+        let last_pass = last_pass.clone();
+        let mut rx = stopped.clone();
+        background.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(sweep_period.max(Duration::from_secs(1)));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = rx.wait_for(|s| *s) => return,
+                }
+                let silent = unix_now() - last_pass.load(Ordering::SeqCst);
+                if silent as u64 > (sweep_period * 3).as_secs().max(3) {
+                    warn!(
+                        silent_s = silent,
+                        "sweeper schedule has not fired; running a pass from the watchdog"
+                    );
+                    run_pass(&sweeper, &last_pass).await;
+                }
+            }
+        }));
+    }
+
+    Ok(Running {
+        http_addr,
+        sandbox_addr,
+        sweeper,
+        app,
+        stop,
+        http,
+        scheduler,
+        background,
+    })
+}
+
+async fn run_pass(sweeper: &Sweeper, last_pass: &AtomicI64) {
+    last_pass.store(unix_now(), Ordering::SeqCst);
+    match sweeper.try_pass().await {
+        Ok(Some(_)) | Ok(None) => {}
+        Err(e) => warn!(error = %e, "sweeper pass failed"),
+    }
+}
+
+impl Running {
+    /// The application (store, claimer) behind this worker.
+    pub fn app(&self) -> &App {
+        &self.app
+    }
+
+    /// Graceful stop: refuse new work (`503`), let in-flight effects finish within `grace`,
+    /// leave the rest `started` for the sweeper, stop the listeners. Returns how many effects
+    /// were still in flight when the grace period ended.
+    pub async fn shutdown(mut self, grace: Duration) -> usize {
+        self.app.claimer.stop_accepting();
+        let _ = self.scheduler.shutdown().await;
+        let left = self.app.claimer.drain(grace).await;
+        if left > 0 {
+            warn!(
+                left,
+                "grace period over; in-flight claims stay started for the sweeper"
+            );
+        }
+        let _ = self.stop.send(true);
+        let _ = self.http.await;
+        for b in self.background {
+            let _ = b.await;
+        }
+        left
+    }
+}

@@ -1,0 +1,365 @@
+//! The claim store: one trait, [`ClaimStore`], and a driver per database
+//! ([`postgres::PgStore`], [`sqlite::SqliteStore`]).
+//!
+//! Every state change is a conditional update fenced on `attempt` and `state = 'started'`
+//! (invariant I2); every time is the database's clock, never the worker's. SQL lives next to
+//! its driver, one named constant per statement.
+
+pub mod postgres;
+pub mod sqlite;
+
+use crate::claim::{Claim, ClaimState, NewClaim};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What can go wrong talking to the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached (connection refused, pool timed out, I/O).
+    #[error("store unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// A statement failed for another reason.
+    #[error("store query {query} failed: {source}")]
+    Query {
+        /// The named statement.
+        query: &'static str,
+        /// The driver's error.
+        source: sqlx::Error,
+    },
+    /// Migrations could not be applied.
+    #[error("migrations failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored value makes no sense (an unknown state name, say).
+    #[error("corrupt row in claims: {0}")]
+    Corrupt(String),
+    /// The store URL is not one claimd knows.
+    #[error("store url {0:?}: expected sqlite:... or postgres://...")]
+    BadUrl(String),
+}
+
+impl StoreError {
+    /// Wraps a driver error from the named statement, telling outages apart from bugs.
+    pub fn from_sqlx(query: &'static str, source: sqlx::Error) -> Self {
+        match source {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(source),
+            sqlx::Error::Database(ref db)
+                if db.code().is_some_and(|c| {
+                    // 57P01 admin shutdown, 57P03 cannot connect now, 08xxx connection errors,
+                    // SQLITE_BUSY (5) and SQLITE_LOCKED (6).
+                    c.starts_with("08") || c == "57P01" || c == "57P03" || c == "5" || c == "6"
+                }) =>
+            {
+                StoreError::Unavailable(source)
+            }
+            source => StoreError::Query { query, source },
+        }
+    }
+
+    /// Whether retrying later may succeed.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+/// Result alias for store calls.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The answer to a claim attempt.
+#[derive(Debug, Clone)]
+pub enum ClaimOutcome {
+    /// A new claim was committed: the caller now owns attempt 1.
+    Created(Claim),
+    /// The same key with the same fingerprint: a success that performs nothing (I5).
+    Duplicate(Claim),
+    /// The same key with another payload: refused, counted (I5).
+    Mismatch(Claim),
+}
+
+/// How a claim leaves `started` (or stays there, with a note).
+#[derive(Debug, Clone, Default)]
+pub struct Settlement {
+    /// The new state. `Started` keeps the claim for the sweeper.
+    pub state: Option<ClaimState>,
+    /// Provider status (HTTP status or SMTP reply code).
+    pub provider_status: Option<i32>,
+    /// Up to 4 KiB of the provider's answer.
+    pub provider_response: Option<String>,
+    /// Error or reason (required for `needs_attention`).
+    pub error: Option<String>,
+    /// The outcome came from the status endpoint.
+    pub reconciled: bool,
+    /// The claimer stopped after an answer that proves nothing was applied (503, 429,
+    /// connection refused), so the sweeper may send again even under `on_unknown = "park"`.
+    pub handoff_not_applied: bool,
+    /// Release the lease now instead of letting it run out (hand-off to the sweeper).
+    pub release_lease: bool,
+}
+
+/// One line of a claim's history: an attempt's outcome, a sweeper decision or an operator note.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClaimEvent {
+    /// The claim's `attempt` when it happened.
+    pub attempt: i32,
+    /// When (database time).
+    pub at_utc: DateTime<Utc>,
+    /// Worker instance or operator.
+    pub actor: String,
+    /// `perform`, `reconcile`, `sweep`, `park`, `resolve`, `redrive`.
+    pub action: String,
+    /// What came of it (`completed`, `transient`, `unknown`, `rejected`, `found`, ...).
+    pub outcome: String,
+    /// Provider status, when there was an answer.
+    pub provider_status: Option<i32>,
+    /// Error text or operator note.
+    pub detail: Option<String>,
+}
+
+/// A new history line (the time is the database's).
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    /// Worker instance or operator.
+    pub actor: &'a str,
+    /// See [`ClaimEvent::action`].
+    pub action: &'a str,
+    /// See [`ClaimEvent::outcome`].
+    pub outcome: &'a str,
+    /// Provider status.
+    pub provider_status: Option<i32>,
+    /// Error text or note.
+    pub detail: Option<&'a str>,
+}
+
+/// Which claims `claims list` and `GET /v1/claims` show.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimFilter {
+    /// Only this state.
+    pub state: Option<ClaimState>,
+    /// Only this consumer.
+    pub consumer: Option<String>,
+    /// Only `started` claims whose lease has expired.
+    pub stuck: bool,
+    /// Only claims received at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// At most this many (newest first).
+    pub limit: u32,
+}
+
+/// A claim the sweeper took over: attempt already bumped, lease renewed.
+#[derive(Debug, Clone)]
+pub struct TakenClaim {
+    /// The claim after takeover.
+    pub claim: Claim,
+    /// How the previous attempt let go, when it let go cleanly (not a crash or a timeout).
+    pub handoff: Option<Handoff>,
+    /// Seconds since it was received (database time).
+    pub age: Duration,
+}
+
+/// How the previous holder of a claim let go of it, when it did so on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// The provider's answer proved nothing was applied (503, 429, connection refused).
+    NotApplied,
+    /// An operator asked for the claim to be performed again.
+    OperatorRedrive,
+}
+
+impl Handoff {
+    /// Reads the stored name; unknown names count as no hand-off (the safe reading).
+    pub fn parse(s: &str) -> Option<Handoff> {
+        match s {
+            "not_applied" => Some(Handoff::NotApplied),
+            "operator_redrive" => Some(Handoff::OperatorRedrive),
+            _ => None,
+        }
+    }
+}
+
+/// Per-consumer counts for the report.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ConsumerCounts {
+    /// Consumer name.
+    pub consumer: String,
+    /// Deliveries seen: claims + duplicates + mismatches.
+    pub received: i64,
+    /// Duplicate deliveries recognised.
+    pub duplicates: i64,
+    /// Deliveries that reused a key with another payload.
+    pub payload_mismatches: i64,
+    /// Claims in `started`.
+    pub started: i64,
+    /// `started` claims whose lease has expired.
+    pub stuck: i64,
+    /// Claims in `completed`.
+    pub completed: i64,
+    /// Claims in `failed`.
+    pub failed: i64,
+    /// Claims in `needs_attention`.
+    pub needs_attention: i64,
+    /// Claims whose effect was sent again after an unknown outcome.
+    pub resent: i64,
+    /// Age of the oldest `started` claim, in seconds.
+    pub oldest_started_age_s: Option<f64>,
+    /// Median receive-to-complete time, seconds.
+    pub p50_complete_s: Option<f64>,
+    /// 95th percentile receive-to-complete time, seconds.
+    pub p95_complete_s: Option<f64>,
+}
+
+/// What retention did (or would do).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PruneResult {
+    /// Rows deleted (or eligible, on a dry run).
+    pub deleted: u64,
+    /// Statements issued.
+    pub batches: u32,
+    /// Another instance held the retention lock; nothing was done.
+    pub skipped_locked: bool,
+}
+
+/// The claim store. Implementations: [`postgres::PgStore`], [`sqlite::SqliteStore`].
+#[async_trait]
+pub trait ClaimStore: Send + Sync + 'static {
+    /// `postgres` or `sqlite`.
+    fn dialect(&self) -> &'static str;
+
+    /// Applies the embedded migrations.
+    async fn migrate(&self) -> StoreResult<()>;
+
+    /// Checks the store answers.
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// The database's clock.
+    async fn now(&self) -> StoreResult<DateTime<Utc>>;
+
+    /// Inserts the claim in a transaction of its own and commits it, or recognises a duplicate
+    /// or a mismatch (counting it). Only the unique key decides "duplicate".
+    async fn claim(&self, new: &NewClaim) -> StoreResult<ClaimOutcome>;
+
+    /// Claims many at once (one round trip where the driver can); same answers as [`claim`].
+    ///
+    /// [`claim`]: ClaimStore::claim
+    async fn claim_many(&self, new: &[NewClaim]) -> StoreResult<Vec<ClaimOutcome>> {
+        let mut out = Vec::with_capacity(new.len());
+        for n in new {
+            out.push(self.claim(n).await?);
+        }
+        Ok(out)
+    }
+
+    /// One claim by its identity.
+    async fn get(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+    ) -> StoreResult<Option<Claim>>;
+
+    /// Settles (or annotates) a claim and records the event, fenced on `attempt` and
+    /// `state = 'started'`. Returns `false` when the claim was taken over: nothing changed.
+    async fn settle(
+        &self,
+        id: i64,
+        attempt: i32,
+        settlement: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool>;
+
+    /// Records a history line without changing the claim.
+    async fn record_event(&self, id: i64, attempt: i32, event: &NewEvent<'_>) -> StoreResult<()>;
+
+    /// Counts one re-send after an unknown outcome (for `report`), fenced like `settle`.
+    async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool>;
+
+    /// Claims matching the filter, newest first.
+    async fn list(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>>;
+
+    /// The claim's history, oldest first.
+    async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>>;
+
+    /// Takes up to `limit` stuck claims of `consumer`: bumps `attempt`, sets the lease to
+    /// `owner` for `lease`, all in one statement, skipping rows other sweepers hold.
+    async fn take_stale(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Stuck claims of `consumer` the sweeper would take (dry run), oldest lease first,
+    /// shown with the attempt number a takeover would give them. Changes nothing.
+    async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Operator decision on a `needs_attention` or `failed` claim. Returns the claim after
+    /// the change, or `None` when no such claim exists. Refuses other states.
+    async fn resolve(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+        to: ClaimState,
+        actor: &str,
+        note: &str,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
+
+    /// Puts a `needs_attention` or `failed` claim back to `started` with an expired lease
+    /// (and a new attempt number) so the next sweep performs it with the same key.
+    async fn redrive(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+        actor: &str,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
+
+    /// Per-consumer counts, over claims received since `since` (all when `None`).
+    async fn counts(&self, since: Option<DateTime<Utc>>) -> StoreResult<Vec<ConsumerCounts>>;
+
+    /// Records that a sweeper pass ended now.
+    async fn mark_sweep(&self, instance: &str) -> StoreResult<()>;
+
+    /// When the last sweeper pass (any instance) ended.
+    async fn last_sweep(&self) -> StoreResult<Option<DateTime<Utc>>>;
+
+    /// Deletes terminal claims last changed before `now - keep`, `batch` rows per statement,
+    /// under a lock so one instance prunes at a time. `dry_run` only counts.
+    async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult>;
+}
+
+/// A shared store handle.
+pub type Store = Arc<dyn ClaimStore>;
+
+/// Opens the store named by `url`.
+pub async fn open(url: &str, max_connections: u32) -> StoreResult<Store> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(
+            postgres::PgStore::connect(url, max_connections).await?,
+        ))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(
+            sqlite::SqliteStore::connect(url, max_connections).await?,
+        ))
+    } else {
+        Err(StoreError::BadUrl(url.to_string()))
+    }
+}
+
+/// Cuts text to at most `max` bytes on a character boundary.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}

@@ -1,0 +1,300 @@
+//! The sweeper: finds `started` claims whose lease expired (crash, timeout, lost hand-off),
+//! takes them over (attempt + 1, new lease, one statement) and re-drives, reconciles or parks
+//! each, as [`policy::on_takeover`] decides. No claim stays stuck (I4); no outcome is guessed (I6).
+
+use crate::claim::{Claim, ClaimState};
+use crate::claimer::{AttemptEnd, Claimer, Consumer};
+use crate::effect::Lookup;
+use crate::policy::{self, Takeover, TakeoverFacts};
+use crate::store::{NewEvent, Settlement, StoreError, TakenClaim};
+use chrono::Utc;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tracing::{info, instrument, warn};
+
+/// What one claim in a pass came to.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepItem {
+    /// Consumer.
+    pub consumer: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Message id.
+    pub message_id: String,
+    /// Attempt the sweeper made (or would make).
+    pub attempt: i32,
+    /// `redrive`, `resend`, `reconcile` or `park`.
+    pub action: String,
+    /// What came of it (on a dry run: `would ...`).
+    pub result: String,
+}
+
+/// One pass.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SweepReport {
+    /// Each claim taken (or that would be).
+    pub items: Vec<SweepItem>,
+    /// A dry run changed nothing.
+    pub dry_run: bool,
+}
+
+/// The sweeper. Cheap to clone; passes never overlap within one process.
+#[derive(Clone)]
+pub struct Sweeper {
+    claimer: Arc<Claimer>,
+    batch_size: u32,
+    running: Arc<Mutex<()>>,
+}
+
+impl std::fmt::Debug for Sweeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweeper")
+            .field("batch_size", &self.batch_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sweeper {
+    /// A sweeper taking up to `batch_size` claims per consumer per pass.
+    pub fn new(claimer: Arc<Claimer>, batch_size: u32) -> Self {
+        Sweeper {
+            claimer,
+            batch_size,
+            running: Arc::new(Mutex::new(())),
+        }
+    }
+
+    /// Runs one pass unless one is already running in this process (then `None`).
+    pub async fn try_pass(&self) -> Result<Option<SweepReport>, StoreError> {
+        let Ok(_guard) = self.running.try_lock() else {
+            return Ok(None);
+        };
+        self.pass_locked(false).await.map(Some)
+    }
+
+    /// Runs one pass, waiting for a running one to end. `dry_run` only reports.
+    pub async fn pass(&self, dry_run: bool) -> Result<SweepReport, StoreError> {
+        let _guard = self.running.lock().await;
+        self.pass_locked(dry_run).await
+    }
+
+    #[instrument(skip(self), fields(instance = %self.claimer.instance()))]
+    async fn pass_locked(&self, dry_run: bool) -> Result<SweepReport, StoreError> {
+        let store = self.claimer.store().clone();
+        let mut report = SweepReport {
+            dry_run,
+            ..Default::default()
+        };
+        let mut work = Vec::new();
+        for consumer in self.claimer.consumers() {
+            let cfg = &consumer.config;
+            if dry_run {
+                for t in store.peek_stale(&cfg.name, self.batch_size).await? {
+                    let decision = decide(consumer, &t);
+                    report
+                        .items
+                        .push(item(&t.claim, &decision, "would do this".into()));
+                }
+                continue;
+            }
+            let taken = store
+                .take_stale(
+                    &cfg.name,
+                    self.batch_size,
+                    self.claimer.instance(),
+                    cfg.lease.0,
+                )
+                .await?;
+            let lease_start = Instant::now();
+            for t in taken {
+                work.push((consumer.clone(), t, lease_start));
+            }
+        }
+        if !dry_run {
+            // The pass has looked at every consumer: that is what readiness watches.
+            store.mark_sweep(self.claimer.instance()).await?;
+        }
+        let mut tasks = Vec::with_capacity(work.len());
+        for (consumer, taken, lease_start) in work {
+            let claimer = self.claimer.clone();
+            tasks.push(tokio::spawn(async move {
+                let _slot = consumer.slot().await;
+                handle(&claimer, &consumer, taken, lease_start).await
+            }));
+        }
+        for t in tasks {
+            match t.await {
+                Ok(i) => report.items.push(i),
+                Err(e) => warn!(error = %e, "sweeper task failed"),
+            }
+        }
+        if !report.items.is_empty() {
+            info!(claims = report.items.len(), "sweeper pass done");
+        }
+        Ok(report)
+    }
+}
+
+fn decide(consumer: &Consumer, t: &TakenClaim) -> Takeover {
+    let cfg = &consumer.config;
+    policy::on_takeover(TakeoverFacts {
+        attempt: t.claim.attempt,
+        max_attempts: cfg.max_attempts,
+        age: t.age,
+        redrive_within: cfg.redrive_within.0,
+        on_unknown: cfg.on_unknown,
+        handoff: t.handoff,
+        can_reconcile: consumer.effect.can_reconcile(),
+    })
+}
+
+fn item(claim: &Claim, decision: &Takeover, result: String) -> SweepItem {
+    let action = match decision {
+        Takeover::Perform { resend: false } => "redrive",
+        Takeover::Perform { resend: true } => "resend",
+        Takeover::Reconcile => "reconcile",
+        Takeover::Park(_) => "park",
+    };
+    SweepItem {
+        consumer: claim.consumer.clone(),
+        tenant: claim.tenant.clone(),
+        message_id: claim.message_id.clone(),
+        attempt: claim.attempt,
+        action: action.to_string(),
+        result,
+    }
+}
+
+fn end_name(end: &AttemptEnd) -> String {
+    match end {
+        AttemptEnd::Settled(s) => s.as_str().to_string(),
+        AttemptEnd::LeftStarted(why) => format!("still started: {why}"),
+        AttemptEnd::Lost => "taken over by another worker".into(),
+    }
+}
+
+/// Carries out the decision for one taken claim.
+#[instrument(skip_all, fields(consumer = %t.claim.consumer, tenant = %t.claim.tenant, message_id = %t.claim.message_id, attempt = t.claim.attempt))]
+async fn handle(
+    claimer: &Claimer,
+    consumer: &Consumer,
+    t: TakenClaim,
+    lease_start: Instant,
+) -> SweepItem {
+    let decision = decide(consumer, &t);
+    let claim = &t.claim;
+    let result = match &decision {
+        Takeover::Perform { resend } => {
+            end_name(&claimer.drive(consumer, claim, lease_start, *resend).await)
+        }
+        Takeover::Park(reason) => park(claimer, claim, reason).await,
+        Takeover::Reconcile => match consumer.effect.lookup(claim).await {
+            Some(Lookup::Found { status, response }) => {
+                let s = Settlement {
+                    state: Some(ClaimState::Completed),
+                    provider_status: Some(status),
+                    provider_response: Some(response),
+                    reconciled: true,
+                    ..Default::default()
+                };
+                settle(claimer, claim, &s, "reconcile", "found").await
+            }
+            Some(Lookup::NotFound) => {
+                match policy::after_not_found(t.age, consumer.config.redrive_within.0) {
+                    Takeover::Perform { .. } => {
+                        let end = claimer.drive(consumer, claim, lease_start, false).await;
+                        format!("not found at provider; redriven: {}", end_name(&end))
+                    }
+                    Takeover::Park(reason) => park(claimer, claim, &reason).await,
+                    Takeover::Reconcile => unreachable!("after_not_found never reconciles"),
+                }
+            }
+            Some(Lookup::Unknown { error }) => {
+                // Keep the lease: the next pass after it expires asks again, and
+                // max_attempts parks it eventually.
+                let _ = claimer
+                    .store()
+                    .record_event(
+                        claim.id,
+                        claim.attempt,
+                        &NewEvent {
+                            actor: claimer.instance(),
+                            action: "reconcile",
+                            outcome: "unknown",
+                            provider_status: None,
+                            detail: Some(&error),
+                        },
+                    )
+                    .await;
+                format!("status unknown ({error}); will ask again")
+            }
+            None => park(claimer, claim, "no status endpoint to reconcile with").await,
+        },
+    };
+    item(claim, &decision, result)
+}
+
+async fn park(claimer: &Claimer, claim: &Claim, reason: &str) -> String {
+    let s = Settlement {
+        state: Some(ClaimState::NeedsAttention),
+        error: Some(reason.to_string()),
+        ..Default::default()
+    };
+    settle(claimer, claim, &s, "sweep", "parked").await
+}
+
+async fn settle(
+    claimer: &Claimer,
+    claim: &Claim,
+    s: &Settlement,
+    action: &str,
+    outcome: &str,
+) -> String {
+    let event = NewEvent {
+        actor: claimer.instance(),
+        action,
+        outcome,
+        provider_status: s.provider_status,
+        detail: s.error.as_deref(),
+    };
+    match claimer
+        .store()
+        .settle(claim.id, claim.attempt, s, &event)
+        .await
+    {
+        Ok(true) => s.state.map(|x| x.as_str()).unwrap_or("started").to_string(),
+        Ok(false) => "taken over by another worker".into(),
+        Err(e) => format!("store error, left for the next pass: {e}"),
+    }
+}
+
+/// The interval between two firings of a six-field cron `schedule` from now.
+pub fn schedule_period(schedule: &str) -> Option<Duration> {
+    let cron = crate::config::parse_cron(schedule).ok()?;
+    let now = Utc::now();
+    let a = cron.find_next_occurrence(&now, false).ok()?;
+    let b = cron.find_next_occurrence(&a, false).ok()?;
+    (b - a).to_std().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_come_from_the_cron_expression() {
+        assert_eq!(
+            schedule_period("*/10 * * * * *"),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(schedule_period("* * * * * *"), Some(Duration::from_secs(1)));
+        assert_eq!(
+            schedule_period("0 0 3 * * *"),
+            Some(Duration::from_secs(86_400))
+        );
+        assert_eq!(schedule_period("nonsense"), None);
+    }
+}

@@ -1,0 +1,202 @@
+//! HTTP intake as a client sees it: statuses, problem bodies, duplicates and conflicts, and
+//! that refused input leaves the store unchanged.
+
+mod common;
+
+use claimd::sandbox::SandboxOptions;
+use claimd::store::ClaimFilter;
+use common::*;
+use std::time::Duration;
+
+async fn claim_count(running: &claimd::run::Running) -> usize {
+    running
+        .app()
+        .store
+        .list(&ClaimFilter {
+            limit: 100_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .len()
+}
+
+async fn bad_input_matrix(store: TestStore) {
+    let (_sb, provider) = sandbox(SandboxOptions::default()).await;
+    let toml = config_toml_with(
+        &store.url(),
+        "max_body_bytes = 1024",
+        &consumer_toml("payments", &provider, ""),
+    );
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+    let c = client();
+
+    let cases: Vec<(&str, Option<Vec<u8>>, Vec<u8>, u16, &str)> = vec![
+        (
+            "payments",
+            None,
+            b"{}".to_vec(),
+            400,
+            "Idempotency-Key header is required",
+        ),
+        (
+            "payments",
+            Some(vec![b'k'; 300]),
+            b"{}".to_vec(),
+            400,
+            "300 characters long",
+        ),
+        (
+            "payments",
+            Some(b"a\x01b".to_vec()),
+            b"{}".to_vec(),
+            400,
+            "not visible ASCII",
+        ),
+        (
+            "payments",
+            Some(b"a b".to_vec()),
+            b"{}".to_vec(),
+            400,
+            "not visible ASCII",
+        ),
+        (
+            "payments",
+            Some(vec![b'a', 0xC3, 0xA9]),
+            b"{}".to_vec(),
+            400,
+            "not visible ASCII",
+        ),
+        (
+            "nosuch",
+            Some(b"k1".to_vec()),
+            b"{}".to_vec(),
+            404,
+            "no consumer named \\\"nosuch\\\"",
+        ),
+        (
+            "payments",
+            Some(b"k2".to_vec()),
+            vec![b'x'; 2048],
+            413,
+            "over the limit of 1024 bytes",
+        ),
+    ];
+    for (consumer, key, body, status, needle) in cases {
+        let mut req = c.post(format!("{base}/v1/messages/{consumer}")).body(body);
+        if let Some(k) = key {
+            req = req.header(
+                "Idempotency-Key",
+                reqwest::header::HeaderValue::from_bytes(&k).unwrap(),
+            );
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "case {needle}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/problem+json",
+            "case {needle}"
+        );
+        let text = r.text().await.unwrap();
+        assert!(text.contains(needle), "{needle:?} not in {text}");
+    }
+    assert_eq!(
+        claim_count(&running).await,
+        0,
+        "refused input must leave the store unchanged"
+    );
+
+    // New, duplicate, conflict.
+    let post = |key: &'static str, body: &'static str| {
+        c.post(format!("{base}/v1/messages/payments"))
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let r = post("order-1", r#"{"amount":10}"#).await.unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["duplicate"], false);
+    assert_eq!(v["message_id"], "order-1");
+    assert_eq!(v["consumer"], "payments");
+    assert_eq!(v["tenant"], "");
+    let r = post("order-1", r#"{"amount":10}"#).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["duplicate"], true);
+    let r = post("order-1", r#"{"amount":99}"#).await.unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    assert!(r.text().await.unwrap().contains("different payload"));
+    assert_eq!(claim_count(&running).await, 1);
+
+    let store = running.app().store.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            store
+                .get("payments", "", "order-1")
+                .await
+                .unwrap()
+                .unwrap()
+                .processed_utc
+                .is_some()
+        })
+        .await,
+        "claim should complete"
+    );
+    let claim = store.get("payments", "", "order-1").await.unwrap().unwrap();
+    assert_eq!(claim.duplicate_count, 1);
+    assert_eq!(claim.mismatch_count, 1);
+    assert_eq!(
+        claim.payload, br#"{"amount":10}"#,
+        "the first payload is kept verbatim"
+    );
+    assert_eq!(claim.content_type, "application/json");
+
+    // Read API.
+    let r = c
+        .get(format!("{base}/v1/messages/payments/order-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["state"], "completed");
+    assert!(v["processed_utc"].is_string());
+    let r = c
+        .get(format!("{base}/v1/messages/payments/nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+
+    // Tenants are separate keys.
+    let r = c
+        .post(format!("{base}/v1/messages/payments"))
+        .header("Idempotency-Key", "order-1")
+        .header("Tenant-Id", "acme")
+        .body(r#"{"amount":99}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        202,
+        "same id under another tenant is a new claim"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_clearly_on_sqlite() {
+    bad_input_matrix(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_clearly_on_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    bad_input_matrix(store).await;
+}
