@@ -204,3 +204,4 @@ pub fn client() -> reqwest::Client {
         .build()
         .unwrap()
 }
+pub mod provider;

@@ -1,0 +1,169 @@
+//! A provider of the user's own (not the sandbox): outages, permanent rejections, and proof
+//! that the provider is never called before the claim is committed (I1).
+
+mod common;
+
+use claimd::claim::ClaimState;
+use common::provider::{Script, TestProvider};
+use common::*;
+use std::time::Duration;
+
+async fn post(base: &str, key: &str, body: &str) -> u16 {
+    client()
+        .post(format!("{base}/v1/messages/payments"))
+        .header("Idempotency-Key", key)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+async fn outage_then_recovery(store: TestStore) {
+    let provider = TestProvider::start(Script {
+        fail_first: 12,
+        ..Default::default()
+    })
+    .await;
+    let toml = config_toml(&store.url(), &consumer_toml("payments", &provider.url, ""));
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+    for i in 0..5 {
+        assert_eq!(post(&base, &format!("m{i}"), "{}").await, 202);
+    }
+    let s = running.app().store.clone();
+    let done = eventually(Duration::from_secs(40), || async {
+        let mut all = true;
+        for i in 0..5 {
+            let c = s
+                .get("payments", "", &format!("m{i}"))
+                .await
+                .unwrap()
+                .unwrap();
+            all &= c.state == ClaimState::Completed;
+        }
+        all
+    })
+    .await;
+    assert!(done, "claims must complete after the provider recovers");
+    for i in 0..5 {
+        let key = format!("m{i}");
+        assert_eq!(provider.applied(&key), 1, "{key} applied once");
+        // Every request the provider saw for this claim carried the same key: it counts
+        // requests per key, and 12 refusals + 1 success all landed on this one key.
+        assert_eq!(
+            provider.requests(&key),
+            13,
+            "{key}: all attempts used the same key"
+        );
+        let c = s.get("payments", "", &key).await.unwrap().unwrap();
+        assert_eq!(c.idem_key, key);
+        assert!(c.processed_utc.is_some());
+        let history = s.events(c.id).await.unwrap();
+        assert!(
+            history.iter().any(|e| e.outcome == "not_applied"),
+            "history shows the 503s"
+        );
+    }
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_then_recovery_completes_with_the_same_key_sqlite() {
+    outage_then_recovery(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_then_recovery_completes_with_the_same_key_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    outage_then_recovery(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_rejection_fails_the_claim_and_is_not_retried() {
+    let store = TestStore::sqlite();
+    let provider = TestProvider::start(Script {
+        always: Some(400),
+        ..Default::default()
+    })
+    .await;
+    let toml = config_toml(&store.url(), &consumer_toml("payments", &provider.url, ""));
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+    assert_eq!(post(&base, "bad-1", "{}").await, 202);
+    let s = running.app().store.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            s.get("payments", "", "bad-1").await.unwrap().unwrap().state == ClaimState::Failed
+        })
+        .await
+    );
+    // Several sweeper passes later it is still failed and was called exactly once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let c = s.get("payments", "", "bad-1").await.unwrap().unwrap();
+    assert_eq!(c.state, ClaimState::Failed);
+    assert_eq!(c.provider_status, Some(400));
+    assert!(
+        c.last_error
+            .unwrap()
+            .contains("rejected the request with 400")
+    );
+    assert_eq!(provider.requests("bad-1"), 1);
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+async fn never_called_before_commit(store: TestStore) {
+    // A second, independent connection pool: it sees only committed rows.
+    let observer = claimd::store::open(&store.url(), 2).await.unwrap();
+    observer.migrate().await.unwrap();
+    let provider = TestProvider::start(Script {
+        check_committed_in: Some(observer),
+        ..Default::default()
+    })
+    .await;
+    let toml = config_toml(
+        &store.url(),
+        &consumer_toml("payments", &provider.url, "key = \"{message_id}\""),
+    );
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+    let mut handles = Vec::new();
+    for i in 0..100 {
+        let base = base.clone();
+        handles.push(tokio::spawn(async move {
+            post(&base, &format!("c{i}"), "{}").await
+        }));
+    }
+    for h in handles {
+        assert_eq!(h.await.unwrap(), 202);
+    }
+    let s = running.app().store.clone();
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            (0..100).all(|i| provider.applied(&format!("c{i}")) == 1)
+        })
+        .await
+    );
+    assert!(
+        provider.ledger.lock().unwrap().uncommitted_calls.is_empty(),
+        "provider was called for a claim not yet committed"
+    );
+    let _ = s;
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_is_never_called_before_the_claim_commits_sqlite() {
+    never_called_before_commit(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_is_never_called_before_the_claim_commits_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    never_called_before_commit(store).await;
+}
