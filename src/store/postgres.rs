@@ -580,7 +580,7 @@ impl ClaimStore for PgStore {
 
     async fn counts(&self, since: Option<DateTime<Utc>>) -> StoreResult<Vec<ConsumerCounts>> {
         let mut by: BTreeMap<String, ConsumerCounts> = BTreeMap::new();
-        let since = since.unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let since = since.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
         let rows = sqlx::query(COUNT_WINDOW)
             .bind(since)
             .fetch_all(&self.pool)

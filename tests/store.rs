@@ -1,0 +1,403 @@
+//! The store contract on both drivers: fencing (I2), takeover exclusivity, operator
+//! resolutions, and retention that never touches open claims (I7).
+
+mod common;
+
+use claimd::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::store::{ClaimOutcome, ClaimStore, NewEvent, Settlement, Store};
+use common::*;
+use std::collections::HashSet;
+use std::time::Duration;
+
+fn new_claim(id: &str, lease: Duration) -> NewClaim {
+    NewClaim {
+        consumer: "payments".into(),
+        tenant: String::new(),
+        message_id: id.into(),
+        idem_key: id.into(),
+        fingerprint: fingerprint(id.as_bytes()),
+        payload: id.as_bytes().to_vec(),
+        content_type: "text/plain".into(),
+        worker: "w1".into(),
+        lease,
+    }
+}
+
+fn ev() -> NewEvent<'static> {
+    NewEvent {
+        actor: "test",
+        action: "perform",
+        outcome: "applied",
+        provider_status: Some(200),
+        detail: None,
+    }
+}
+
+async fn open(store: &TestStore) -> Store {
+    let s = claimd::store::open(&store.url(), 8).await.unwrap();
+    s.migrate().await.unwrap();
+    s
+}
+
+async fn fencing(store: TestStore) {
+    let s = open(&store).await;
+    let ClaimOutcome::Created(c) = s.claim(&new_claim("f1", Duration::ZERO)).await.unwrap() else {
+        panic!("new claim")
+    };
+    assert_eq!(c.attempt, 1);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // A sweeper takes it over: attempt 2.
+    let taken = s
+        .take_stale("payments", 10, "sweeper", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].claim.attempt, 2);
+    assert_eq!(taken[0].claim.payload, b"f1");
+    // The original worker wakes up late and tries to settle with attempt 1: nothing changes.
+    let late = Settlement {
+        state: Some(ClaimState::Completed),
+        provider_status: Some(200),
+        ..Default::default()
+    };
+    assert!(
+        !s.settle(c.id, 1, &late, &ev()).await.unwrap(),
+        "a fenced-out settle must change nothing"
+    );
+    let now = s.get("payments", "", "f1").await.unwrap().unwrap();
+    assert_eq!(now.state, ClaimState::Started);
+    assert_eq!(now.attempt, 2);
+    assert!(now.processed_utc.is_none());
+    assert!(
+        s.events(c.id).await.unwrap().is_empty(),
+        "no history line for a fenced-out settle"
+    );
+    // The holder of attempt 2 settles.
+    assert!(s.settle(c.id, 2, &late, &ev()).await.unwrap());
+    let done = s.get("payments", "", "f1").await.unwrap().unwrap();
+    assert_eq!(done.state, ClaimState::Completed);
+    assert!(done.processed_utc.is_some());
+    // A settled claim cannot be settled again.
+    assert!(!s.settle(c.id, 2, &late, &ev()).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_late_worker_changes_nothing_sqlite() {
+    fencing(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn a_late_worker_changes_nothing_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    fencing(store).await;
+}
+
+async fn duplicates_and_mismatches(store: TestStore) {
+    let s = open(&store).await;
+    assert!(matches!(
+        s.claim(&new_claim("d1", Duration::from_secs(60)))
+            .await
+            .unwrap(),
+        ClaimOutcome::Created(_)
+    ));
+    assert!(matches!(
+        s.claim(&new_claim("d1", Duration::from_secs(60)))
+            .await
+            .unwrap(),
+        ClaimOutcome::Duplicate(_)
+    ));
+    let mut changed = new_claim("d1", Duration::from_secs(60));
+    changed.fingerprint = fingerprint(b"other");
+    assert!(matches!(
+        s.claim(&changed).await.unwrap(),
+        ClaimOutcome::Mismatch(_)
+    ));
+    let mut other_tenant = changed.clone();
+    other_tenant.tenant = "acme".into();
+    assert!(matches!(
+        s.claim(&other_tenant).await.unwrap(),
+        ClaimOutcome::Created(_)
+    ));
+    let c = s.get("payments", "", "d1").await.unwrap().unwrap();
+    assert_eq!((c.duplicate_count, c.mismatch_count), (1, 1));
+    let counts = s.counts(None).await.unwrap();
+    assert_eq!(counts.len(), 1);
+    assert_eq!(counts[0].received, 4);
+    assert_eq!(counts[0].duplicates, 1);
+    assert_eq!(counts[0].payload_mismatches, 1);
+    assert_eq!(counts[0].started, 2);
+}
+
+#[tokio::test]
+async fn duplicates_and_mismatches_are_counted_sqlite() {
+    duplicates_and_mismatches(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn duplicates_and_mismatches_are_counted_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    duplicates_and_mismatches(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sweepers_never_take_the_same_claim_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let a = open(&store).await;
+    let b = claimd::store::open(&store.url(), 8).await.unwrap();
+    for i in 0..400 {
+        a.claim(&new_claim(&format!("s{i}"), Duration::ZERO))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut seen_a = HashSet::new();
+    let mut seen_b = HashSet::new();
+    // Many small concurrent passes from two pools (two "processes").
+    for _ in 0..20 {
+        let (ra, rb) = tokio::join!(
+            a.take_stale("payments", 15, "A", Duration::from_secs(60)),
+            b.take_stale("payments", 15, "B", Duration::from_secs(60))
+        );
+        for t in ra.unwrap() {
+            assert!(seen_a.insert(t.claim.message_id.clone()));
+            assert_eq!(t.claim.attempt, 2);
+        }
+        for t in rb.unwrap() {
+            assert!(seen_b.insert(t.claim.message_id.clone()));
+            assert_eq!(t.claim.attempt, 2);
+        }
+    }
+    assert!(
+        seen_a.is_disjoint(&seen_b),
+        "a claim was taken by both sweepers"
+    );
+    assert_eq!(seen_a.len() + seen_b.len(), 400);
+    assert!(
+        !seen_a.is_empty() && !seen_b.is_empty(),
+        "both sweepers should get work"
+    );
+}
+
+async fn operator_actions(store: TestStore) {
+    let s = open(&store).await;
+    let ClaimOutcome::Created(c) = s
+        .claim(&new_claim("o1", Duration::from_secs(60)))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    // Started claims cannot be resolved or redriven by hand.
+    let r = s
+        .resolve("payments", "", "o1", ClaimState::Completed, "op", "n")
+        .await
+        .unwrap();
+    assert!(matches!(r, Some(Err(ClaimState::Started))));
+    assert!(matches!(
+        s.redrive("payments", "", "o1", "op").await.unwrap(),
+        Some(Err(ClaimState::Started))
+    ));
+    assert!(
+        s.resolve("payments", "", "nope", ClaimState::Completed, "op", "n")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let park = Settlement {
+        state: Some(ClaimState::NeedsAttention),
+        error: Some("outcome unknown".into()),
+        ..Default::default()
+    };
+    assert!(s.settle(c.id, 1, &park, &ev()).await.unwrap());
+    // Redrive: started again, new attempt, expired lease, operator hand-off.
+    let Some(Ok(r)) = s.redrive("payments", "", "o1", "op").await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(r.state, ClaimState::Started);
+    assert_eq!(r.attempt, 2);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let taken = s
+        .take_stale("payments", 10, "sw", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(
+        taken[0].handoff,
+        Some(claimd::store::Handoff::OperatorRedrive)
+    );
+    assert!(s.settle(c.id, 3, &park, &ev()).await.unwrap());
+    let Some(Ok(done)) = s
+        .resolve(
+            "payments",
+            "",
+            "o1",
+            ClaimState::Completed,
+            "operator:alice",
+            "paid per provider dashboard",
+        )
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(done.state, ClaimState::Completed);
+    assert!(done.processed_utc.is_some());
+    let history = s.events(c.id).await.unwrap();
+    let last = history.last().unwrap();
+    assert_eq!(last.action, "resolve");
+    assert_eq!(last.actor, "operator:alice");
+    assert_eq!(last.detail.as_deref(), Some("paid per provider dashboard"));
+    // Completed is final.
+    let again = s
+        .resolve("payments", "", "o1", ClaimState::Failed, "op", "n")
+        .await
+        .unwrap();
+    assert!(matches!(again, Some(Err(ClaimState::Completed))));
+}
+
+#[tokio::test]
+async fn operator_actions_are_checked_and_recorded_sqlite() {
+    operator_actions(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn operator_actions_are_checked_and_recorded_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    operator_actions(store).await;
+}
+
+async fn age_everything(store: &TestStore, s: &Store) {
+    // Make every row look two days old.
+    match store {
+        TestStore::Pg(_) => {
+            let pg = claimd::store::postgres::PgStore::connect(&store.url(), 1)
+                .await
+                .unwrap();
+            sqlx::query("UPDATE claims SET updated_utc = updated_utc - interval '2 days'")
+                .execute(pg.pool())
+                .await
+                .unwrap();
+        }
+        TestStore::Sqlite(_) => {
+            let lite = claimd::store::sqlite::SqliteStore::connect(&store.url(), 1)
+                .await
+                .unwrap();
+            sqlx::query("UPDATE claims SET updated_utc = updated_utc - 172800000")
+                .execute(lite.pool())
+                .await
+                .unwrap();
+        }
+    }
+    let _ = s;
+}
+
+async fn retention(store: TestStore) {
+    let s = open(&store).await;
+    let states = [
+        ClaimState::Completed,
+        ClaimState::Failed,
+        ClaimState::NeedsAttention,
+        ClaimState::Started,
+    ];
+    for i in 0..40 {
+        let ClaimOutcome::Created(c) = s
+            .claim(&new_claim(&format!("r{i}"), Duration::from_secs(60)))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        let st = states[i % 4];
+        if st != ClaimState::Started {
+            let set = Settlement {
+                state: Some(st),
+                error: Some("x".into()),
+                ..Default::default()
+            };
+            assert!(s.settle(c.id, 1, &set, &ev()).await.unwrap());
+        }
+    }
+    age_everything(&store, &s).await;
+    let dry = s.prune(Duration::from_secs(86_400), 3, true).await.unwrap();
+    assert_eq!(dry.deleted, 20);
+    assert_eq!(
+        s.list(&Default::default()).await.unwrap().len(),
+        0,
+        "limit 0 lists nothing"
+    );
+    let r = s
+        .prune(Duration::from_secs(86_400), 3, false)
+        .await
+        .unwrap();
+    assert_eq!(r.deleted, 20);
+    assert!(
+        r.batches >= 7,
+        "deleted in batches of 3: {} batches",
+        r.batches
+    );
+    let left = s
+        .list(&claimd::store::ClaimFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 20);
+    assert!(
+        left.iter()
+            .all(|c| matches!(c.state, ClaimState::Started | ClaimState::NeedsAttention))
+    );
+    // Nothing newer than the window is touched.
+    assert_eq!(
+        s.prune(Duration::from_secs(3 * 86_400), 100, false)
+            .await
+            .unwrap()
+            .deleted,
+        0
+    );
+}
+
+#[tokio::test]
+async fn retention_deletes_only_old_terminal_claims_sqlite() {
+    retention(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn retention_deletes_only_old_terminal_claims_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    retention(store).await;
+}
+
+#[tokio::test]
+async fn sql_in_ids_is_stored_verbatim() {
+    let store = TestStore::sqlite();
+    let s = open(&store).await;
+    let evil = "x'); DROP TABLE claims; --";
+    let mut n = new_claim(evil, Duration::from_secs(60));
+    n.tenant = "t' OR '1'='1".into();
+    assert!(matches!(
+        s.claim(&n).await.unwrap(),
+        ClaimOutcome::Created(_)
+    ));
+    let c = s
+        .get("payments", "t' OR '1'='1", evil)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.message_id, evil);
+    assert!(
+        s.get("payments", "", evil).await.unwrap().is_none(),
+        "tenants do not see each other"
+    );
+    let _: &dyn ClaimStore = s.as_ref();
+}
