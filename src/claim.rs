@@ -57,12 +57,12 @@ impl ClaimState {
     /// terminal state (operator resolve); `completed` is final.
     pub fn can_move_to(self, to: ClaimState) -> bool {
         use ClaimState::*;
-        match (self, to) {
-            (Started, _) => true,
-            (NeedsAttention, Started | Completed | Failed) => true,
-            (Failed, Started | Completed) => true,
-            _ => false,
-        }
+        matches!(
+            (self, to),
+            (Started, _)
+                | (NeedsAttention, Started | Completed | Failed)
+                | (Failed, Started | Completed)
+        )
     }
 }
 

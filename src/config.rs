@@ -903,7 +903,7 @@ headers = { Authorization = "Bearer ${PROVIDER_TOKEN}" }
 
     #[test]
     fn the_shipped_configs_load() {
-        for file in ["config/default.toml"] {
+        for file in ["config/default.toml", "config/postgres.toml"] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
             let text = std::fs::read_to_string(&path).unwrap();
             load(&text, &[]).unwrap_or_else(|e| panic!("{file}: {e}"));

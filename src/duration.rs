@@ -52,7 +52,7 @@ impl fmt::Display for Dur {
             ("m", 60_000),
             ("s", 1_000),
         ] {
-            if ms >= per && ms % per == 0 {
+            if ms >= per && ms.is_multiple_of(per) {
                 return write!(f, "{}{unit}", ms / per);
             }
         }

@@ -1,25 +1,649 @@
-//! Placeholder until the sandbox module lands (replaced by the real simulator).
-#![allow(missing_docs)]
+//! The sandbox provider: an in-process simulator of an external side-effect provider
+//! (a payments or messaging API) that honours idempotency keys.
+//!
+//! It is the test double for every test and benchmark, and what `claimd sandbox` (or
+//! `[sandbox] enabled = true` under `claimd run`) serves. Its behaviour is specified in
+//! `CONTRACT.md`, section "The sandbox provider":
+//!
+//! - `POST /v1/<anything>` (except under `/v1/effects`) needs an `Idempotency-Key` header of
+//!   1–255 visible ASCII characters, else `400`. After sleeping the configured latency (the key
+//!   is *in flight* meanwhile) the first request for a key applies the effect once and stores
+//!   the response. A repeat with the same body (compared by SHA-256) replays the stored
+//!   response with `Idempotent-Replayed: true`; the same key with a different body gets `422`;
+//!   a repeat while the first is still in flight gets `409`.
+//! - `fail_rate` P: with probability P a `POST` is answered `503` without applying anything.
+//! - `ambiguous_rate` P: with probability P the effect is applied and recorded, then the
+//!   provider either answers `500` or drops the connection without any response (50/50).
+//! - `ignore_keys`: a provider without idempotency — every `POST` applies (the key header is
+//!   optional; when present the effect is counted under it), nothing is replayed or refused.
+//! - `GET /v1/effects/{key}` returns the [`EffectRecord`] or `404 {"error":"not found"}`;
+//!   `GET /v1/effects` returns `{"effects":[...]}` sorted by key; `GET /healthz` returns `200`.
+//!
+//! Once the latency sleep has started, the effect is applied even if the client goes away
+//! (the work runs in its own task), just as a real provider keeps going after a client
+//! timeout. State lives in memory only, in sharded maps whose locks are never held across an
+//! `.await`, so the simulator keeps up with a 100,000-message benchmark.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-#[derive(Debug, Clone, Default)]
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Name of the request header carrying the idempotency key.
+const KEY_HEADER: &str = "idempotency-key";
+/// Name of the response header marking a replayed response.
+const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// Largest request body accepted; larger bodies get `413`.
+const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Number of independently locked shards of the effect map.
+const SHARDS: usize = 32;
+/// How long `serve` waits, beyond the configured latency, for open connections to finish
+/// after shutdown was requested.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How the simulated provider behaves.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SandboxOptions {
+    /// How long applying an effect takes; the key is in flight (a repeat gets `409`) meanwhile.
     pub latency: Duration,
+    /// Probability (0.0–1.0) that a `POST` is answered `503` without applying anything.
     pub fail_rate: f64,
+    /// Probability (0.0–1.0) that a `POST` applies the effect and then answers `500` or drops
+    /// the connection without a response.
     pub ambiguous_rate: f64,
+    /// Behave like a provider without idempotency: apply every request, never replay.
     pub ignore_keys: bool,
 }
-#[derive(Clone)]
-pub struct Sandbox;
-impl Sandbox {
-    pub fn new(_o: SandboxOptions) -> Self {
-        Sandbox
+
+impl Default for SandboxOptions {
+    /// Zero latency, no failures, idempotency keys honoured.
+    fn default() -> Self {
+        Self {
+            latency: Duration::ZERO,
+            fail_rate: 0.0,
+            ambiguous_rate: 0.0,
+            ignore_keys: false,
+        }
     }
+}
+
+/// One idempotency key as the provider sees it: how often its effect was applied, and the
+/// response it stored the first time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EffectRecord {
+    /// The idempotency key (with `ignore_keys` and no key header: a generated `unkeyed-<n>`).
+    pub key: String,
+    /// How many times the effect was applied; stays `1` while keys are honoured.
+    pub applied: u64,
+    /// Request path of the first application, e.g. `/v1/payments`.
+    pub path: String,
+    /// Hex SHA-256 of the first request's body.
+    pub body_sha256: String,
+    /// When the effect was first applied.
+    pub first_applied_utc: DateTime<Utc>,
+    /// The JSON response body stored (and replayed) for this key.
+    pub response: Value,
+}
+
+/// The provider simulator. Cheap to clone: clones share the same state.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("options", &self.inner.options)
+            .field("requests", &self.requests())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    options: SandboxOptions,
+    shards: Vec<Mutex<HashMap<String, Slot>>>,
+    hasher: RandomState,
+    requests: AtomicU64,
+    next_id: AtomicU64,
+    unkeyed: AtomicU64,
+}
+
+/// The state of one key.
+enum Slot {
+    /// The first request is inside its latency sleep.
+    InFlight { body_sha256: String },
+    /// Applied; the stored response is replayed to repeats.
+    Done(Box<Stored>),
+}
+
+struct Stored {
+    record: EffectRecord,
+    status: StatusCode,
+    body: Bytes,
+}
+
+/// Returned by the service to make hyper close the connection without any response.
+#[derive(Debug)]
+struct DropConnection;
+
+impl fmt::Display for DropConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("sandbox dropped the connection (simulated ambiguous outcome)")
+    }
+}
+
+impl std::error::Error for DropConnection {}
+
+type Reply = Result<Response<Full<Bytes>>, DropConnection>;
+
+/// What happens after an effect was applied.
+enum Aftermath {
+    /// Answer with the stored response.
+    Respond,
+    /// Answer `500` (the effect was applied nevertheless).
+    Error500,
+    /// Drop the connection without a response (the effect was applied nevertheless).
+    Drop,
+}
+
+impl Sandbox {
+    /// Create a simulator with empty state. Rates are clamped to `0.0..=1.0`.
+    pub fn new(options: SandboxOptions) -> Self {
+        let clamp = |p: f64| if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
+        let options = SandboxOptions {
+            fail_rate: clamp(options.fail_rate),
+            ambiguous_rate: clamp(options.ambiguous_rate),
+            ..options
+        };
+        Self {
+            inner: Arc::new(Inner {
+                options,
+                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                hasher: RandomState::new(),
+                requests: AtomicU64::new(0),
+                next_id: AtomicU64::new(1),
+                unkeyed: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Serve on an already-bound listener until `shutdown` resolves.
+    ///
+    /// Each accepted connection is served with HTTP/1.1 keep-alive. When `shutdown` resolves
+    /// the listener stops accepting, idle connections are closed, and in-flight requests are
+    /// given the configured latency plus a few seconds to finish before this returns.
     pub async fn serve(
         self,
-        _l: tokio::net::TcpListener,
-        s: impl std::future::Future<Output = ()> + Send + 'static,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        s.await;
+        let (stop_tx, _) = watch::channel(false);
+        let mut shutdown = std::pin::pin!(shutdown);
+        if let Ok(addr) = listener.local_addr() {
+            tracing::debug!(%addr, "sandbox provider listening");
+        }
+        loop {
+            let accepted = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Usually transient (a reset before accept, out of descriptors): back off.
+                    tracing::debug!(%error, "sandbox accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let inner = Arc::clone(&self.inner);
+            let mut stop = stop_tx.subscribe();
+            tokio::spawn(async move {
+                let service = service_fn(move |request| handle(Arc::clone(&inner), request));
+                let mut builder = http1::Builder::new();
+                builder.timer(TokioTimer::new()).keep_alive(true);
+                let connection = builder.serve_connection(TokioIo::new(stream), service);
+                let mut connection = std::pin::pin!(connection);
+                let result = tokio::select! {
+                    result = connection.as_mut() => result,
+                    () = async { let _ = stop.wait_for(|stopping| *stopping).await; } => {
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                };
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "sandbox connection ended with an error");
+                }
+                drop(stop);
+            });
+        }
+        tracing::debug!("sandbox provider shutting down");
+        let _ = stop_tx.send(true);
+        let grace = self.inner.options.latency.saturating_add(SHUTDOWN_GRACE);
+        if tokio::time::timeout(grace, stop_tx.closed()).await.is_err() {
+            tracing::debug!("sandbox connections still open after the grace period; leaving them");
+        }
         Ok(())
     }
+
+    /// Snapshot of every key with its applied count (for tests and benchmarks in-process),
+    /// sorted by key. Keys still in their first latency sleep are not included.
+    pub fn effects(&self) -> Vec<EffectRecord> {
+        self.inner.effects()
+    }
+
+    /// Total requests that reached the apply path (including replays and rejections).
+    pub fn requests(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+}
+
+impl Inner {
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Slot>> {
+        let index = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
+        // A panic while holding the lock cannot leave a map half-updated; keep going.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn effects(&self) -> Vec<EffectRecord> {
+        let mut all = Vec::new();
+        for shard in &self.shards {
+            let map = shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            all.extend(map.values().filter_map(|slot| match slot {
+                Slot::Done(stored) => Some(stored.record.clone()),
+                Slot::InFlight { .. } => None,
+            }));
+        }
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        all
+    }
+
+    fn effect(&self, key: &str) -> Option<EffectRecord> {
+        match self.shard(key).get(key) {
+            Some(Slot::Done(stored)) => Some(stored.record.clone()),
+            _ => None,
+        }
+    }
+
+    fn roll(rate: f64) -> bool {
+        rate > 0.0 && fastrand::f64() < rate
+    }
+
+    fn aftermath(&self) -> Aftermath {
+        if Self::roll(self.options.ambiguous_rate) {
+            if fastrand::bool() {
+                Aftermath::Error500
+            } else {
+                Aftermath::Drop
+            }
+        } else {
+            Aftermath::Respond
+        }
+    }
+
+    /// Build the stored response for a newly applied effect.
+    fn new_stored(&self, key: String, path: String, body_sha256: String) -> Stored {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let response = json!({
+            "id": format!("eff_{id}"),
+            "key": key,
+            "status": "succeeded",
+            "path": path,
+        });
+        let body = Bytes::from(response.to_string());
+        Stored {
+            record: EffectRecord {
+                key,
+                applied: 1,
+                path,
+                body_sha256,
+                first_applied_utc: Utc::now(),
+                response,
+            },
+            status: StatusCode::OK,
+            body,
+        }
+    }
+
+    /// Apply an idempotent effect whose key was just marked in flight: wait out the latency,
+    /// record it, and decide what the client gets.
+    async fn apply_keyed(
+        self: Arc<Self>,
+        key: String,
+        path: String,
+        body_sha256: String,
+    ) -> (StatusCode, Bytes, Aftermath) {
+        tokio::time::sleep(self.options.latency).await;
+        let stored = self.new_stored(key.clone(), path, body_sha256);
+        let (status, body) = (stored.status, stored.body.clone());
+        self.shard(&key).insert(key, Slot::Done(Box::new(stored)));
+        (status, body, self.aftermath())
+    }
+
+    /// Apply an effect with idempotency ignored: every call counts.
+    async fn apply_unkeyed(
+        self: Arc<Self>,
+        key: Option<String>,
+        path: String,
+        body_sha256: String,
+    ) -> (StatusCode, Bytes, Aftermath) {
+        if !self.options.latency.is_zero() {
+            tokio::time::sleep(self.options.latency).await;
+        }
+        let key = key.unwrap_or_else(|| {
+            let n = self.unkeyed.fetch_add(1, Ordering::Relaxed);
+            format!("unkeyed-{n:012}")
+        });
+        let fresh = self.new_stored(key.clone(), path, body_sha256);
+        let (status, body) = (fresh.status, fresh.body.clone());
+        {
+            let mut map = self.shard(&key);
+            match map.get_mut(&key) {
+                Some(Slot::Done(stored)) => stored.record.applied += 1,
+                _ => {
+                    map.insert(key, Slot::Done(Box::new(fresh)));
+                }
+            }
+        }
+        (status, body, self.aftermath())
+    }
+}
+
+async fn handle(inner: Arc<Inner>, request: Request<Incoming>) -> Reply {
+    let path = request.uri().path().to_owned();
+    let method = request.method().clone();
+    if path == "/healthz" {
+        return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})));
+    }
+    if path == "/v1/effects" || path == "/v1/effects/" {
+        return Ok(match method {
+            Method::GET | Method::HEAD => {
+                json_response(StatusCode::OK, &json!({ "effects": inner.effects() }))
+            }
+            _ => method_not_allowed("GET"),
+        });
+    }
+    if let Some(raw_key) = path.strip_prefix("/v1/effects/") {
+        return Ok(match method {
+            Method::GET | Method::HEAD => {
+                let decoded = percent_decode(raw_key);
+                let found = decoded
+                    .as_deref()
+                    .and_then(|key| inner.effect(key))
+                    .or_else(|| inner.effect(raw_key));
+                match found {
+                    Some(record) => json_response(StatusCode::OK, &record),
+                    None => json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})),
+                }
+            }
+            _ => method_not_allowed("GET"),
+        });
+    }
+    if path.len() > "/v1/".len() && path.starts_with("/v1/") {
+        if method != Method::POST {
+            return Ok(method_not_allowed("POST"));
+        }
+        return apply(inner, path, request).await;
+    }
+    Ok(problem(
+        StatusCode::NOT_FOUND,
+        "Not Found",
+        format!("no sandbox route for {path}"),
+    ))
+}
+
+/// The `POST /v1/...` path.
+async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> Reply {
+    inner.requests.fetch_add(1, Ordering::Relaxed);
+    let key = request
+        .headers()
+        .get(KEY_HEADER)
+        .map(|value| valid_key(value).ok_or(()));
+
+    // Always read the body, so the connection stays usable for keep-alive.
+    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                return Ok(problem(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "Payload Too Large",
+                    format!("the sandbox accepts bodies up to {MAX_BODY_BYTES} bytes"),
+                ));
+            }
+            tracing::debug!(%error, "sandbox could not read a request body");
+            return Err(DropConnection);
+        }
+    };
+    let body_sha256 = hex::encode(Sha256::digest(&body));
+
+    let options = &inner.options;
+    let key = match key {
+        Some(Ok(key)) => Some(key),
+        Some(Err(())) if options.ignore_keys => None,
+        None if options.ignore_keys => None,
+        Some(Err(())) => {
+            return Ok(problem(
+                StatusCode::BAD_REQUEST,
+                "Invalid Idempotency-Key",
+                "Idempotency-Key must be 1-255 visible ASCII characters".into(),
+            ));
+        }
+        None => {
+            return Ok(problem(
+                StatusCode::BAD_REQUEST,
+                "Missing Idempotency-Key",
+                "this provider requires an Idempotency-Key header on every POST".into(),
+            ));
+        }
+    };
+
+    if Inner::roll(options.fail_rate) {
+        tracing::debug!(?key, "sandbox simulating 503 (nothing applied)");
+        return Ok(problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Service Unavailable",
+            "simulated outage; nothing was applied, retry later".into(),
+        ));
+    }
+
+    let work = if options.ignore_keys {
+        tokio::spawn(Arc::clone(&inner).apply_unkeyed(key, path, body_sha256))
+    } else {
+        let key = key.expect("keys are required unless ignore_keys");
+        {
+            let mut map = inner.shard(&key);
+            match map.get(&key) {
+                Some(Slot::Done(stored)) if stored.record.body_sha256 == body_sha256 => {
+                    tracing::debug!(%key, "sandbox replaying stored response");
+                    let mut response = bytes_response(stored.status, stored.body.clone());
+                    drop(map);
+                    response
+                        .headers_mut()
+                        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+                    return Ok(response);
+                }
+                Some(Slot::Done(_)) => {
+                    drop(map);
+                    return Ok(key_reused(&key));
+                }
+                Some(Slot::InFlight { body_sha256: first }) => {
+                    let same = *first == body_sha256;
+                    drop(map);
+                    if !same {
+                        return Ok(key_reused(&key));
+                    }
+                    return Ok(problem(
+                        StatusCode::CONFLICT,
+                        "Request In Progress",
+                        format!("a request with Idempotency-Key {key:?} is still being processed"),
+                    ));
+                }
+                None if options.latency.is_zero() => {
+                    // Fast path: nothing to wait for, so apply under the lock.
+                    let stored = inner.new_stored(key.clone(), path, body_sha256);
+                    let (status, body) = (stored.status, stored.body.clone());
+                    map.insert(key, Slot::Done(Box::new(stored)));
+                    drop(map);
+                    return finish(status, body, inner.aftermath());
+                }
+                None => {
+                    map.insert(
+                        key.clone(),
+                        Slot::InFlight {
+                            body_sha256: body_sha256.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        // Applied in its own task: a client that gives up mid-flight does not undo it.
+        tokio::spawn(Arc::clone(&inner).apply_keyed(key, path, body_sha256))
+    };
+    match work.await {
+        Ok((status, body, aftermath)) => finish(status, body, aftermath),
+        Err(error) => {
+            tracing::debug!(%error, "sandbox apply task failed");
+            Ok(problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal Server Error",
+                "the sandbox failed while applying".into(),
+            ))
+        }
+    }
+}
+
+fn finish(status: StatusCode, body: Bytes, aftermath: Aftermath) -> Reply {
+    match aftermath {
+        Aftermath::Respond => Ok(bytes_response(status, body)),
+        Aftermath::Error500 => {
+            tracing::debug!("sandbox simulating 500 after applying");
+            Ok(problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal Server Error",
+                "simulated failure after the effect was applied".into(),
+            ))
+        }
+        Aftermath::Drop => {
+            tracing::debug!("sandbox simulating a dropped connection after applying");
+            Err(DropConnection)
+        }
+    }
+}
+
+/// The key if the header is 1–255 visible ASCII characters.
+fn valid_key(value: &HeaderValue) -> Option<String> {
+    let bytes = value.as_bytes();
+    let ok = !bytes.is_empty() && bytes.len() <= 255 && bytes.iter().all(|b| b.is_ascii_graphic());
+    // Visible ASCII only, so the conversion cannot fail.
+    ok.then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
+fn key_reused(key: &str) -> Response<Full<Bytes>> {
+    problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Idempotency-Key Reused",
+        format!("Idempotency-Key {key:?} was already used with a different request body"),
+    )
+}
+
+/// Decode `%XX` escapes; `None` when the result is not valid UTF-8 or an escape is malformed.
+fn percent_decode(input: &str) -> Option<String> {
+    if !input.contains('%') {
+        return Some(input.to_owned());
+    }
+    let bytes = input.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn bytes_response(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn json_response<T: Serialize + ?Sized>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(value) {
+        Ok(body) => bytes_response(status, Bytes::from(body)),
+        Err(error) => {
+            tracing::debug!(%error, "sandbox could not serialize a response");
+            let mut response = bytes_response(StatusCode::INTERNAL_SERVER_ERROR, Bytes::new());
+            response.headers_mut().remove(header::CONTENT_TYPE);
+            response
+        }
+    }
+}
+
+fn problem(status: StatusCode, title: &str, detail: String) -> Response<Full<Bytes>> {
+    let body = json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = json_response(status, &body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+    let mut response = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method Not Allowed",
+        format!("use {allow}"),
+    );
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    response
 }

@@ -108,19 +108,33 @@ impl TestStore {
     }
 }
 
-/// A consumer section for tests.
+/// A consumer section for tests. Lines in `extra` (`key = value`) replace the defaults.
 pub fn consumer_toml(name: &str, provider_url: &str, extra: &str) -> String {
+    let mut settings = vec![
+        ("concurrency", "32".to_string()),
+        ("lease", "\"3s\"".to_string()),
+        ("max_attempts", "5".to_string()),
+        ("redrive_within", "\"1h\"".to_string()),
+        ("on_unknown", "\"reconcile\"".to_string()),
+    ];
+    for line in extra.lines().filter(|l| l.contains('=')) {
+        let (k, v) = line.split_once('=').unwrap();
+        let (k, v) = (k.trim(), v.trim().to_string());
+        match settings.iter_mut().find(|(name, _)| *name == k) {
+            Some(slot) => slot.1 = v,
+            None => settings.push((Box::leak(k.to_string().into_boxed_str()), v)),
+        }
+    }
+    let settings: String = settings
+        .iter()
+        .map(|(k, v)| format!("{k} = {v}\n"))
+        .collect();
     format!(
         r#"
 [[consumers]]
 name = "{name}"
 source = "http"
-concurrency = 32
-lease = "3s"
-max_attempts = 5
-redrive_within = "1h"
-on_unknown = "reconcile"
-{extra}
+{settings}
 [consumers.effect]
 kind = "http"
 url = "{provider_url}/v1/{name}"
@@ -205,3 +219,112 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 pub mod provider;
+
+/// A free loopback port (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `claimd` process run from the built binary.
+pub struct Worker {
+    pub child: std::process::Child,
+    pub base: String,
+}
+
+impl Worker {
+    /// Starts `claimd run` with `config` (a file path) and waits until it answers /healthz.
+    pub async fn spawn(config: &Path, port: u16, log: &Path) -> Worker {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_claimd"))
+            .args(["run", "--config"])
+            .arg(config)
+            .env("CLAIMD_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn claimd");
+        let base = format!("http://127.0.0.1:{port}");
+        let c = client();
+        let up = eventually(Duration::from_secs(20), || {
+            let c = c.clone();
+            let url = format!("{base}/healthz");
+            async move { c.get(url).send().await.is_ok() }
+        })
+        .await;
+        assert!(up, "claimd did not come up on port {port}");
+        Worker { child, base }
+    }
+
+    /// SIGKILL: no cleanup, no settle.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        unsafe_sigterm(self.child.id());
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unsafe_sigterm(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+}
+
+/// Runs a `claimd` CLI command to completion: (exit code, stdout, stderr).
+pub fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_claimd"))
+        .args(args)
+        .env("CLAIMD_LOG", "warn")
+        .output()
+        .expect("run claimd");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Sends a hand-written HTTP/1.1 POST (for header bytes no client library will send, like
+/// control characters) and returns the status and body.
+pub async fn raw_post(
+    addr: std::net::SocketAddr,
+    path: &str,
+    key: &[u8],
+    body: &[u8],
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\nIdempotency-Key: ", body.len()).into_bytes();
+    req.extend_from_slice(key);
+    req.extend_from_slice(b"\r\n\r\n");
+    req.extend_from_slice(body);
+    s.write_all(&req).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}

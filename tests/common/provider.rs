@@ -20,6 +20,11 @@ pub struct Script {
     pub always: Option<u16>,
     /// A store URL: before applying, check the claim for this key is committed there.
     pub check_committed_in: Option<claimd::store::Store>,
+    /// Sleep this long before applying (a kill then lands during the call).
+    pub delay_before_apply_ms: u64,
+    /// Apply, then sleep this long before answering (a kill then lands between the
+    /// provider's effect and the worker's settle).
+    pub delay_after_apply_ms: u64,
 }
 
 #[derive(Default)]
@@ -77,10 +82,24 @@ async fn apply(State(s): State<S>, headers: HeaderMap, body: Bytes) -> Response 
     if n <= s.script.fail_first {
         return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
     }
-    let mut l = s.ledger.lock().unwrap();
-    let applied = l.applied.entry(key.clone()).or_default();
-    if *applied == 0 {
-        *applied = 1;
+    if s.script.delay_before_apply_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(
+            s.script.delay_before_apply_ms,
+        ))
+        .await;
+    }
+    {
+        let mut l = s.ledger.lock().unwrap();
+        let applied = l.applied.entry(key.clone()).or_default();
+        if *applied == 0 {
+            *applied = 1;
+        }
+    }
+    if s.script.delay_after_apply_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(
+            s.script.delay_after_apply_ms,
+        ))
+        .await;
     }
     (StatusCode::OK, format!("{{\"key\":\"{key}\"}}")).into_response()
 }
@@ -119,6 +138,10 @@ impl TestProvider {
             .get(key)
             .copied()
             .unwrap_or(0)
+    }
+
+    pub fn applied_total(&self) -> usize {
+        self.ledger.lock().unwrap().applied.len()
     }
 
     pub fn requests(&self, key: &str) -> u32 {
