@@ -4,7 +4,7 @@
 
 mod common;
 
-use claimd::claim::{fingerprint, ClaimState, NewClaim};
+use claimd::claim::{ClaimState, NewClaim, fingerprint};
 use claimd::sandbox::SandboxOptions;
 use claimd::store::{ClaimOutcome, NewEvent, Settlement};
 use common::provider::{Script, TestProvider};
@@ -23,10 +23,22 @@ fn bad_configuration_exits_2_with_one_line_naming_the_key() {
     let store = format!("sqlite://{}", dir.path().join("x.db").display());
     let good = config_toml(&store, &consumer_toml("payments", "http://127.0.0.1:1", ""));
     for (broken, needle) in [
-        (good.replace("max_attempts = 5", "max_attempts = 5\nmax_atempts = 6"), "max_atempts"),
-        (good.replace("lease = \"3s\"", "lease = \"3 seconds\""), "consumers[0].lease"),
-        (good.replace("lease = \"3s\"", "lease = \"500ms\""), "longer than the effect timeout"),
-        (good.replace("source = \"http\"", "source = \"kafka\""), "consumers[0].source"),
+        (
+            good.replace("max_attempts = 5", "max_attempts = 5\nmax_atempts = 6"),
+            "max_atempts",
+        ),
+        (
+            good.replace("lease = \"3s\"", "lease = \"3 seconds\""),
+            "consumers[0].lease",
+        ),
+        (
+            good.replace("lease = \"3s\"", "lease = \"500ms\""),
+            "longer than the effect timeout",
+        ),
+        (
+            good.replace("source = \"http\"", "source = \"kafka\""),
+            "consumers[0].source",
+        ),
         ("[store\nurl = 1".to_string(), "not valid TOML"),
     ] {
         let cfg = write_config(dir.path(), &broken);
@@ -34,12 +46,17 @@ fn bad_configuration_exits_2_with_one_line_naming_the_key() {
         assert_eq!(code, 2, "{needle}: {out}{err}");
         let line = err.trim_end();
         assert!(!line.contains('\n'), "one line: {line}");
-        assert!(line.contains(needle) && line.contains("c.toml"), "{needle:?} in {line}");
+        assert!(
+            line.contains(needle) && line.contains("c.toml"),
+            "{needle:?} in {line}"
+        );
     }
     let (code, _, err) = cli(&["report", "--config", "/nonexistent/claimd.toml"]);
     assert_eq!(code, 2);
     assert!(err.contains("cannot read"), "{err}");
-    let (code, _, err) = cli(&["claims", "resolve", "p", "m", "--as", "started", "--note", "x", "--config", "/x"]);
+    let (code, _, err) = cli(&[
+        "claims", "resolve", "p", "m", "--as", "started", "--note", "x", "--config", "/x",
+    ]);
     assert_eq!(code, 2, "bad usage is exit 2: {err}");
 }
 
@@ -66,7 +83,10 @@ async fn sweep_dry_run_report_formats_and_stuck_listing() {
     let store = TestStore::sqlite();
     let (_sb, provider) = sandbox(SandboxOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &config_toml(&store.url(), &consumer_toml("payments", &provider, "")));
+    let cfg = write_config(
+        dir.path(),
+        &config_toml(&store.url(), &consumer_toml("payments", &provider, "")),
+    );
     let s = claimd::store::open(&store.url(), 2).await.unwrap();
     s.migrate().await.unwrap();
     stuck_claim(&s, "stuck-1").await;
@@ -80,18 +100,35 @@ async fn sweep_dry_run_report_formats_and_stuck_listing() {
     assert!(out.contains("lease expired"), "{out}");
     let (code, out, _) = cli(&["report", "--format", "csv", "--config", &cfg]);
     assert_eq!(code, 0);
-    assert!(out.starts_with("consumer,received,duplicates,payload_mismatches,started,stuck,"), "{out}");
+    assert!(
+        out.starts_with("consumer,received,duplicates,payload_mismatches,started,stuck,"),
+        "{out}"
+    );
     assert!(out.contains("\npayments,1,0,0,1,1,0,0,0,"), "{out}");
 
     let (code, out, _) = cli(&["sweep", "--dry-run", "--config", &cfg]);
     assert_eq!(code, 0);
-    assert!(out.contains("stuck-1") && out.contains("reconcile") && out.contains("dry run"), "{out}");
-    assert_eq!(s.get("payments", "", "stuck-1").await.unwrap().unwrap().attempt, 1, "dry run changes nothing");
+    assert!(
+        out.contains("stuck-1") && out.contains("reconcile") && out.contains("dry run"),
+        "{out}"
+    );
+    assert_eq!(
+        s.get("payments", "", "stuck-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .attempt,
+        1,
+        "dry run changes nothing"
+    );
 
     // The real pass: the sandbox never saw the key, so reconcile says 404 and it is redriven.
     let (code, out, _) = cli(&["sweep", "--config", &cfg]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("not found at provider; redriven: completed"), "{out}");
+    assert!(
+        out.contains("not found at provider; redriven: completed"),
+        "{out}"
+    );
     let c = s.get("payments", "", "stuck-1").await.unwrap().unwrap();
     assert_eq!(c.state, ClaimState::Completed);
     assert_eq!(c.attempt, 2);
@@ -99,7 +136,10 @@ async fn sweep_dry_run_report_formats_and_stuck_listing() {
     assert_eq!(code, 0, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["consumers"][0]["completed"], 1);
-    assert_eq!(v["sweeper"]["healthy"], true, "the CLI pass counts as a sweeper run");
+    assert_eq!(
+        v["sweeper"]["healthy"], true,
+        "the CLI pass counts as a sweeper run"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,7 +147,10 @@ async fn reconcile_lists_disagreements_worst_first() {
     let store = TestStore::sqlite();
     let provider = TestProvider::start(Script::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), &config_toml(&store.url(), &consumer_toml("payments", &provider.url, "")));
+    let cfg = write_config(
+        dir.path(),
+        &config_toml(&store.url(), &consumer_toml("payments", &provider.url, "")),
+    );
     let s = claimd::store::open(&store.url(), 2).await.unwrap();
     s.migrate().await.unwrap();
     let settle = |state| Settlement {
@@ -124,19 +167,42 @@ async fn reconcile_lists_disagreements_worst_first() {
     };
     // completed here, unknown to the provider
     let a = stuck_claim(&s, "ghost").await;
-    s.settle(a, 1, &settle(ClaimState::Completed), &ev).await.unwrap();
+    s.settle(a, 1, &settle(ClaimState::Completed), &ev)
+        .await
+        .unwrap();
     // failed here, but the provider has it
     let b = stuck_claim(&s, "late-success").await;
-    s.settle(b, 1, &settle(ClaimState::Failed), &ev).await.unwrap();
-    provider.ledger.lock().unwrap().applied.insert("late-success".into(), 1);
+    s.settle(b, 1, &settle(ClaimState::Failed), &ev)
+        .await
+        .unwrap();
+    provider
+        .ledger
+        .lock()
+        .unwrap()
+        .applied
+        .insert("late-success".into(), 1);
     // needs_attention here, provider has it
     let c = stuck_claim(&s, "parked-but-paid").await;
-    s.settle(c, 1, &settle(ClaimState::NeedsAttention), &ev).await.unwrap();
-    provider.ledger.lock().unwrap().applied.insert("parked-but-paid".into(), 1);
+    s.settle(c, 1, &settle(ClaimState::NeedsAttention), &ev)
+        .await
+        .unwrap();
+    provider
+        .ledger
+        .lock()
+        .unwrap()
+        .applied
+        .insert("parked-but-paid".into(), 1);
     // agreeing
     let d = stuck_claim(&s, "fine").await;
-    s.settle(d, 1, &settle(ClaimState::Completed), &ev).await.unwrap();
-    provider.ledger.lock().unwrap().applied.insert("fine".into(), 1);
+    s.settle(d, 1, &settle(ClaimState::Completed), &ev)
+        .await
+        .unwrap();
+    provider
+        .ledger
+        .lock()
+        .unwrap()
+        .applied
+        .insert("fine".into(), 1);
 
     let (code, out, _) = cli(&["reconcile", "--config", &cfg]);
     assert_eq!(code, 3, "{out}");
@@ -146,7 +212,10 @@ async fn reconcile_lists_disagreements_worst_first() {
     let parked = out.find("parked-but-paid").unwrap();
     assert!(ghost < late && late < parked, "worst first:\n{out}");
     assert!(!out.contains("fine "), "{out}");
-    assert!(out.contains("claimd claims resolve payments parked-but-paid --as completed"), "{out}");
+    assert!(
+        out.contains("claimd claims resolve payments parked-but-paid --as completed"),
+        "{out}"
+    );
     let (code, out, _) = cli(&["reconcile", "--format", "json", "--config", &cfg]);
     assert_eq!(code, 3);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -163,7 +232,11 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
         ..Default::default()
     })
     .await;
-    let running = start(&config_toml(&store.url(), &consumer_toml("payments", &provider, ""))).await;
+    let running = start(&config_toml(
+        &store.url(),
+        &consumer_toml("payments", &provider, ""),
+    ))
+    .await;
     let base = format!("http://{}", running.http_addr);
     let s = running.app().store.clone();
     // Load: 8 clients posting for the whole observation.
@@ -202,15 +275,33 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
         sent += l.await.unwrap();
     }
     assert!(sent > 100, "the worker was busy ({sent} posts)");
-    assert!(beats.len() >= 5, "a 1-second schedule fired only {} times in 8s", beats.len());
-    let max_gap = beats.windows(2).map(|w| (w[1] - w[0]).num_milliseconds()).max().unwrap();
-    assert!(max_gap <= 3000, "no pass skipped for good: largest gap {max_gap} ms");
+    assert!(
+        beats.len() >= 5,
+        "a 1-second schedule fired only {} times in 8s",
+        beats.len()
+    );
+    let max_gap = beats
+        .windows(2)
+        .map(|w| (w[1] - w[0]).num_milliseconds())
+        .max()
+        .unwrap();
+    assert!(
+        max_gap <= 3000,
+        "no pass skipped for good: largest gap {max_gap} ms"
+    );
     let r = client().get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["sweeper"], "ok");
     assert!(v["sweeper_last_run_utc"].is_string());
-    let r: serde_json::Value = client().get(format!("{base}/v1/report")).send().await.unwrap().json().await.unwrap();
+    let r: serde_json::Value = client()
+        .get(format!("{base}/v1/report"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["sweeper"]["healthy"], true);
     // And everything the 503s delayed ends completed.
     assert!(
