@@ -263,10 +263,10 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
     let mut beats = Vec::new();
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        if let Some(t) = s.last_sweep().await.unwrap() {
-            if beats.last() != Some(&t) {
-                beats.push(t);
-            }
+        if let Some(t) = s.last_sweep().await.unwrap()
+            && beats.last() != Some(&t)
+        {
+            beats.push(t);
         }
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
