@@ -255,8 +255,9 @@ impl Output {
 /// Sets up `tracing` on stderr.
 pub fn init_logging(format: Option<LogFormat>) {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CLAIMD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CLAIMD_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,sqlx=warn,tokio_cron_scheduler=warn")
+    });
     let format = format.unwrap_or(if std::io::stderr().is_terminal() {
         LogFormat::Pretty
     } else {

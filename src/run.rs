@@ -116,7 +116,9 @@ pub async fn start(app: App) -> Result<Running, RunError> {
                 error!(error = %e, "sandbox provider stopped");
             }
         }));
-        info!(?addr, "sandbox provider listening");
+        if let Some(addr) = addr {
+            info!(%addr, "sandbox provider listening");
+        }
         addr
     } else {
         None

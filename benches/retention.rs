@@ -1,0 +1,141 @@
+//! Retention on a large table: prune 1,000,000 claims (PostgreSQL) in batches while new claims
+//! keep arriving, and show that claiming is not blocked and open claims are never deleted.
+//!
+//! `cargo bench --bench retention` (env: `BENCH_PG` admin URL, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`; `BENCH_ROWS`, default 1000000;
+//! `BENCH_BATCH`, default 5000).
+
+use claimd::claim::{NewClaim, fingerprint};
+use claimd::store::ClaimStore;
+use claimd::store::postgres::PgStore;
+use sqlx::Connection;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() {
+    let admin: String = env_or(
+        "BENCH_PG",
+        "postgres://postgres@127.0.0.1:5432/postgres".to_string(),
+    );
+    let rows: i64 = env_or("BENCH_ROWS", 1_000_000);
+    let batch: u32 = env_or("BENCH_BATCH", 5000);
+    let db = format!("claimd_bench_retention_{}", std::process::id());
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .expect("connect admin");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+    let store = PgStore::connect(&url, 8).await.unwrap();
+    store.migrate().await.unwrap();
+
+    let t = Instant::now();
+    // 92% completed, 4% failed (all 30 days old), 2% started, 2% needs_attention (also old).
+    sqlx::query(
+        "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, content_type, \
+           state, received_utc, started_utc, updated_utc, processed_utc, lease_until) \
+         SELECT 'payments', '', 'old-' || g, 'old-' || g, 'f', '\\x7b7d'::bytea, 'application/json', \
+           CASE WHEN g % 50 = 0 THEN 'started' WHEN g % 50 = 1 THEN 'needs_attention' \
+                WHEN g % 25 = 2 THEN 'failed' ELSE 'completed' END, \
+           now() - interval '30 days', now() - interval '30 days', now() - interval '30 days', \
+           now() - interval '30 days', now() + interval '1 hour' \
+         FROM generate_series(1, $1) g",
+    )
+    .bind(rows)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE claims")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let load_s = t.elapsed().as_secs_f64();
+    let open_before: i64 = sqlx::query_scalar("SELECT count(*) FROM claims WHERE state IN ('started','needs_attention') AND message_id LIKE 'old-%'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+
+    // New claims arrive during the prune; record each claim's latency.
+    let stop = Arc::new(AtomicBool::new(false));
+    let claimer = {
+        let store = store.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let id = format!("new-{i}");
+                let n = NewClaim {
+                    consumer: "payments".into(),
+                    tenant: String::new(),
+                    message_id: id.clone(),
+                    idem_key: id,
+                    fingerprint: fingerprint(b"{}"),
+                    payload: b"{}".to_vec(),
+                    content_type: "application/json".into(),
+                    worker: "bench".into(),
+                    lease: Duration::from_secs(60),
+                };
+                let t = Instant::now();
+                store.claim(&n).await.unwrap();
+                lat.push(t.elapsed());
+                i += 1;
+            }
+            lat
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let result = store
+        .prune(Duration::from_secs(14 * 86_400), batch, false)
+        .await
+        .unwrap();
+    let prune_s = t.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut lat = claimer.await.unwrap();
+    lat.sort();
+    let q =
+        |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1000.0;
+    let open_after: i64 = sqlx::query_scalar("SELECT count(*) FROM claims WHERE state IN ('started','needs_attention') AND message_id LIKE 'old-%'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+
+    println!(
+        "| rows | load_s | deleted | batches (of {batch}) | prune_s | rows/s | claims during prune | claim p50 ms | claim p99 ms | claim max ms | open before | open after |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {rows} | {load_s:.1} | {} | {} | {prune_s:.1} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {open_before} | {open_after} |",
+        result.deleted,
+        result.batches,
+        result.deleted as f64 / prune_s,
+        lat.len(),
+        q(0.5),
+        q(0.99),
+        lat.last().unwrap().as_secs_f64() * 1000.0,
+    );
+    assert_eq!(
+        open_before, open_after,
+        "retention must never delete open claims"
+    );
+    drop(store);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {db} WITH (FORCE)"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+}
