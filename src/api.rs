@@ -115,6 +115,7 @@ pub fn router(state: AppState) -> Router {
         .merge(admin)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not found", "no such route") })
         .with_state(state)
 }
@@ -210,6 +211,31 @@ fn store_down(e: crate::store::StoreError) -> Response {
         "store unavailable",
         "the claim store could not be read; retry",
     )
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let names: Vec<String> = state
+        .config
+        .consumers
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    match state
+        .claimer
+        .metrics()
+        .render(state.claimer.store(), &names)
+        .await
+    {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => store_down(e),
+    }
 }
 
 async fn healthz() -> Response {

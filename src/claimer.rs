@@ -11,6 +11,7 @@ use crate::claim::{
 };
 use crate::config::{ConsumerConfig, OnUnknown};
 use crate::effect::{Effect, Lookup, Outcome};
+use crate::metrics::Metrics;
 use crate::policy::{self, Step};
 use crate::store::{ClaimOutcome, NewEvent, Settlement, Store, StoreError};
 use backon::BackoffBuilder;
@@ -158,6 +159,7 @@ pub struct Claimer {
     instance: String,
     intake_wait: Duration,
     accepting: AtomicBool,
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Claimer {
@@ -186,7 +188,13 @@ impl Claimer {
             instance,
             intake_wait,
             accepting: AtomicBool::new(true),
+            metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// This instance's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The store.
@@ -245,13 +253,24 @@ impl Claimer {
             .get(&d.consumer)
             .ok_or_else(|| SubmitError::UnknownConsumer(d.consumer.clone()))?
             .clone();
-        let message_id = validate_message_id(&d.message_id)?.to_string();
-        let tenant = validate_tenant(&d.tenant)?.to_string();
+        let m = &self.metrics;
+        m.received(&d.consumer);
+        let (message_id, tenant) = match (
+            validate_message_id(&d.message_id),
+            validate_tenant(&d.tenant),
+        ) {
+            (Ok(id), Ok(t)) => (id.to_string(), t.to_string()),
+            (Err(e), _) | (_, Err(e)) => {
+                m.refused(&d.consumer, "bad_id");
+                return Err(e.into());
+            }
+        };
         // Backpressure: a slot first, so the backlog waits in the client or the broker, never
         // in memory here.
-        let permit = tokio::time::timeout(self.intake_wait, consumer.slot())
-            .await
-            .map_err(|_| SubmitError::Busy(d.consumer.clone()))?;
+        let Ok(permit) = tokio::time::timeout(self.intake_wait, consumer.slot()).await else {
+            m.refused(&d.consumer, "busy");
+            return Err(SubmitError::Busy(d.consumer.clone()));
+        };
         let idem_key = consumer
             .template
             .render(&consumer.config.name, &tenant, &message_id);
@@ -266,8 +285,12 @@ impl Claimer {
             worker: self.instance.clone(),
             lease: consumer.config.lease.0,
         };
-        match self.store.claim(&new).await? {
+        let outcome = self.store.claim(&new).await.inspect_err(|_| {
+            m.refused(&new.consumer, "store_unavailable");
+        })?;
+        match outcome {
             ClaimOutcome::Created(claim) => {
+                m.created(&new.consumer);
                 let started = Instant::now();
                 let this = self.clone();
                 let for_task = claim.clone();
@@ -277,11 +300,17 @@ impl Claimer {
                 });
                 Ok(Accepted::New(claim))
             }
-            ClaimOutcome::Duplicate(claim) => Ok(Accepted::Duplicate(claim)),
-            ClaimOutcome::Mismatch(claim) => Err(SubmitError::Conflict {
-                message_id: new.message_id,
-                claim: Box::new(claim),
-            }),
+            ClaimOutcome::Duplicate(claim) => {
+                m.duplicate(&new.consumer);
+                Ok(Accepted::Duplicate(claim))
+            }
+            ClaimOutcome::Mismatch(claim) => {
+                m.mismatch(&new.consumer);
+                Err(SubmitError::Conflict {
+                    message_id: new.message_id,
+                    claim: Box::new(claim),
+                })
+            }
         }
     }
 
@@ -311,7 +340,14 @@ impl Claimer {
             self.count_resend(claim).await;
         }
         loop {
+            let called = Instant::now();
             let outcome = consumer.effect.perform(claim).await;
+            self.metrics.attempt(
+                &cfg.name,
+                outcome.name(),
+                outcome.status(),
+                called.elapsed().as_secs_f64(),
+            );
             debug!(outcome = outcome.name(), status = ?outcome.status(), "provider answered");
             let step =
                 policy::after_outcome(&outcome, cfg.on_unknown, consumer.effect.can_reconcile());
@@ -358,7 +394,7 @@ impl Claimer {
                 }
                 Step::Retry { retry_after } => (retry_after, true),
                 Step::Resend => (None, false),
-                Step::Reconcile => match consumer.effect.lookup(claim).await {
+                Step::Reconcile => match self.lookup(consumer, claim).await {
                     Some(Lookup::Found { status, response }) => {
                         return self
                             .finish(
@@ -422,6 +458,19 @@ impl Claimer {
                 self.count_resend(claim).await;
             }
         }
+    }
+
+    /// Asks the status endpoint, counting the answer.
+    pub async fn lookup(&self, consumer: &Consumer, claim: &Claim) -> Option<Lookup> {
+        let answer = consumer.effect.lookup(claim).await;
+        let name = match &answer {
+            Some(Lookup::Found { .. }) => "found",
+            Some(Lookup::NotFound) => "not_found",
+            Some(Lookup::Unknown { .. }) => "unknown",
+            None => return None,
+        };
+        self.metrics.reconcile(consumer.name(), name);
+        answer
     }
 
     async fn count_resend(&self, claim: &Claim) {
@@ -493,6 +542,7 @@ impl Claimer {
             match self.store.settle(claim.id, claim.attempt, &s, &event).await {
                 Ok(true) => {
                     let state = s.state.unwrap_or(ClaimState::Started);
+                    self.metrics.settled(&claim.consumer, state.as_str());
                     debug!(%state, "settled");
                     return AttemptEnd::Settled(state);
                 }

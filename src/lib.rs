@@ -16,6 +16,7 @@ pub mod config;
 pub mod duration;
 pub mod effect;
 pub mod intake;
+pub mod metrics;
 pub mod policy;
 pub mod reconcile;
 pub mod report;

@@ -173,13 +173,16 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     }
     {
         let store = app.store.clone();
+        let metrics = app.claimer.metrics().clone();
         let retention_cfg = config.retention.clone();
         let job = Job::new_async(config.retention.schedule.as_str(), move |_id, _l| {
             let store = store.clone();
             let cfg = retention_cfg.clone();
+            let metrics = metrics.clone();
             Box::pin(async move {
-                if let Err(e) = retention::prune(&store, &cfg, false).await {
-                    warn!(error = %e, "retention pass failed");
+                match retention::prune(&store, &cfg, false).await {
+                    Ok(r) => metrics.pruned(r.deleted),
+                    Err(e) => warn!(error = %e, "retention pass failed"),
                 }
             })
         })

@@ -116,6 +116,7 @@ impl Sweeper {
         if !dry_run {
             // The pass has looked at every consumer: that is what readiness watches.
             store.mark_sweep(self.claimer.instance()).await?;
+            self.claimer.metrics().sweep_pass();
         }
         let mut tasks = Vec::with_capacity(work.len());
         for (consumer, taken, lease_start) in work {
@@ -151,13 +152,17 @@ fn decide(consumer: &Consumer, t: &TakenClaim) -> Takeover {
     })
 }
 
-fn item(claim: &Claim, decision: &Takeover, result: String) -> SweepItem {
-    let action = match decision {
+fn action_name(decision: &Takeover) -> &'static str {
+    match decision {
         Takeover::Perform { resend: false } => "redrive",
         Takeover::Perform { resend: true } => "resend",
         Takeover::Reconcile => "reconcile",
         Takeover::Park(_) => "park",
-    };
+    }
+}
+
+fn item(claim: &Claim, decision: &Takeover, result: String) -> SweepItem {
+    let action = action_name(decision);
     SweepItem {
         consumer: claim.consumer.clone(),
         tenant: claim.tenant.clone(),
@@ -186,12 +191,13 @@ async fn handle(
 ) -> SweepItem {
     let decision = decide(consumer, &t);
     let claim = &t.claim;
+    claimer.metrics().sweep_action(action_name(&decision));
     let result = match &decision {
         Takeover::Perform { resend } => {
             end_name(&claimer.drive(consumer, claim, lease_start, *resend).await)
         }
         Takeover::Park(reason) => park(claimer, claim, reason).await,
-        Takeover::Reconcile => match consumer.effect.lookup(claim).await {
+        Takeover::Reconcile => match claimer.lookup(consumer, claim).await {
             Some(Lookup::Found { status, response }) => {
                 let s = Settlement {
                     state: Some(ClaimState::Completed),

@@ -323,6 +323,10 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Per-consumer counts, over claims received since `since` (all when `None`).
     async fn counts(&self, since: Option<DateTime<Utc>>) -> StoreResult<Vec<ConsumerCounts>>;
 
+    /// Open work per consumer over the whole table (`started`, stuck, `needs_attention`,
+    /// oldest started age); the other fields stay zero. Cheap: partial indexes.
+    async fn open_counts(&self) -> StoreResult<Vec<ConsumerCounts>>;
+
     /// Records that a sweeper pass ended now.
     async fn mark_sweep(&self, instance: &str) -> StoreResult<()>;
 

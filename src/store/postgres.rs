@@ -601,6 +601,19 @@ impl ClaimStore for PgStore {
             c.p50_complete_s = r.try_get("p50").map_err(get)?;
             c.p95_complete_s = r.try_get("p95").map_err(get)?;
         }
+        for open in self.open_counts().await? {
+            let c = by.entry(open.consumer.clone()).or_default();
+            c.consumer = open.consumer;
+            c.started = open.started;
+            c.stuck = open.stuck;
+            c.needs_attention = open.needs_attention;
+            c.oldest_started_age_s = open.oldest_started_age_s;
+        }
+        Ok(by.into_values().collect())
+    }
+
+    async fn open_counts(&self) -> StoreResult<Vec<ConsumerCounts>> {
+        let mut by: BTreeMap<String, ConsumerCounts> = BTreeMap::new();
         let rows = sqlx::query(COUNT_OPEN)
             .fetch_all(&self.pool)
             .await

@@ -684,6 +684,19 @@ impl ClaimStore for SqliteStore {
                 c.p95_complete_s = self.complete_time_at(&c.consumer, since_ms, p95).await?;
             }
         }
+        for open in self.open_counts().await? {
+            let c = by.entry(open.consumer.clone()).or_default();
+            c.consumer = open.consumer;
+            c.started = open.started;
+            c.stuck = open.stuck;
+            c.needs_attention = open.needs_attention;
+            c.oldest_started_age_s = open.oldest_started_age_s;
+        }
+        Ok(by.into_values().collect())
+    }
+
+    async fn open_counts(&self) -> StoreResult<Vec<ConsumerCounts>> {
+        let mut by: BTreeMap<String, ConsumerCounts> = BTreeMap::new();
         let rows = sqlx::query(COUNT_OPEN)
             .fetch_all(&self.pool)
             .await
