@@ -263,6 +263,20 @@ impl Worker {
         Worker { child, base }
     }
 
+    /// Waits for an already spawned `claimd run` to answer /healthz on `port`.
+    pub async fn attach(child: std::process::Child, port: u16) -> Worker {
+        let base = format!("http://127.0.0.1:{port}");
+        let c = client();
+        let up = eventually(Duration::from_secs(20), || {
+            let c = c.clone();
+            let url = format!("{base}/healthz");
+            async move { c.get(url).send().await.is_ok() }
+        })
+        .await;
+        assert!(up, "claimd did not come up on port {port}");
+        Worker { child, base }
+    }
+
     /// SIGKILL: no cleanup, no settle.
     pub fn kill(mut self) {
         let _ = self.child.kill();
@@ -328,3 +342,4 @@ pub async fn raw_post(
         .unwrap_or_default();
     (status, body)
 }
+pub mod proxy;
