@@ -177,6 +177,30 @@ pub enum KeyTemplateError {
     /// The template never mentions `{message_id}`, so every message would share one key.
     #[error("key template must contain {{message_id}}")]
     NoMessageId,
+    /// Two placeholders touch (`{tenant}{message_id}`): tenant `a` + id `bc` and tenant `ab` +
+    /// id `c` would give one key.
+    #[error(
+        "placeholders must be separated by a character such as ':' (one outside letters, digits, '.', '_', '-', '%')"
+    )]
+    AdjacentPlaceholders,
+}
+
+/// Characters a tenant or consumer keeps in a rendered key; others are percent-encoded, so a
+/// separator like `:` can never come from a tenant and two tenants never share a key.
+fn is_key_safe(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+fn push_encoded(key: &mut String, value: &str) {
+    for c in value.chars() {
+        if is_key_safe(c) {
+            key.push(c);
+        } else {
+            for b in c.to_string().bytes() {
+                key.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
 }
 
 impl FromStr for KeyTemplate {
@@ -204,20 +228,38 @@ impl FromStr for KeyTemplate {
         if !parts.contains(&KeyPart::MessageId) {
             return Err(KeyTemplateError::NoMessageId);
         }
+        // Between two placeholders there must be a separator no encoded value can contain, so
+        // every key splits back into its parts one way only.
+        for pair in parts.windows(2) {
+            if !matches!(pair[0], KeyPart::Literal(_)) && !matches!(pair[1], KeyPart::Literal(_)) {
+                return Err(KeyTemplateError::AdjacentPlaceholders);
+            }
+        }
+        for triple in parts.windows(3) {
+            if let [a, KeyPart::Literal(sep), b] = triple
+                && !matches!(a, KeyPart::Literal(_))
+                && !matches!(b, KeyPart::Literal(_))
+                && sep.chars().all(|c| is_key_safe(c) || c == '%')
+            {
+                return Err(KeyTemplateError::AdjacentPlaceholders);
+            }
+        }
         Ok(KeyTemplate { parts })
     }
 }
 
 impl KeyTemplate {
     /// Renders the key from the claim's stored identity (invariant I3: nothing else goes in).
+    /// Tenant and consumer are percent-encoded outside letters, digits, `.`, `_` and `-`, so
+    /// distinct identities never render to one key.
     pub fn render(&self, consumer: &str, tenant: &str, message_id: &str) -> String {
         let mut key = String::with_capacity(message_id.len() + 16);
         for part in &self.parts {
             match part {
                 KeyPart::Literal(s) => key.push_str(s),
                 KeyPart::MessageId => key.push_str(message_id),
-                KeyPart::Consumer => key.push_str(consumer),
-                KeyPart::Tenant => key.push_str(tenant),
+                KeyPart::Consumer => push_encoded(&mut key, consumer),
+                KeyPart::Tenant => push_encoded(&mut key, tenant),
             }
         }
         key
@@ -388,5 +430,17 @@ mod tests {
             "{message_id".parse::<KeyTemplate>(),
             Err(KeyTemplateError::Unclosed)
         );
+        assert_eq!(
+            "{tenant}{message_id}".parse::<KeyTemplate>(),
+            Err(KeyTemplateError::AdjacentPlaceholders)
+        );
+        assert_eq!(
+            "{tenant}-{message_id}".parse::<KeyTemplate>(),
+            Err(KeyTemplateError::AdjacentPlaceholders)
+        );
+        // A tenant cannot smuggle the separator in.
+        let t: KeyTemplate = "{tenant}:{message_id}".parse().unwrap();
+        assert_eq!(t.render("p", "a:b", "c"), "a%3Ab:c");
+        assert_ne!(t.render("p", "a:b", "c"), t.render("p", "a", "b:c"));
     }
 }

@@ -47,11 +47,24 @@ proptest! {
         consumer in "[a-z]{1,8}", tenant in "[a-z0-9]{0,8}",
         a in "[!-~]{1,40}", b in "[!-~]{1,40}",
     ) {
-        for t in ["{message_id}", "{consumer}:{tenant}:{message_id}", "k-{tenant}-{message_id}"] {
+        for t in ["{message_id}", "{consumer}:{tenant}:{message_id}", "k-{tenant}/{message_id}"] {
             let t: KeyTemplate = t.parse().unwrap();
             prop_assert_eq!(t.render(&consumer, &tenant, &a), t.render(&consumer, &tenant, &a));
             if a != b {
                 prop_assert_ne!(t.render(&consumer, &tenant, &a), t.render(&consumer, &tenant, &b));
+            }
+        }
+    }
+
+    /// Two tenants never share a key, whatever bytes their ids and tenant names hold.
+    #[test]
+    fn distinct_identities_never_share_a_key(
+        ta in "[!-~]{0,6}", tb in "[!-~]{0,6}", ma in "[!-~]{1,6}", mb in "[!-~]{1,6}",
+    ) {
+        for t in ["{consumer}:{tenant}:{message_id}", "{message_id}:{tenant}", "{tenant}/{message_id}"] {
+            let t: KeyTemplate = t.parse().unwrap();
+            if (ta.as_str(), ma.as_str()) != (tb.as_str(), mb.as_str()) {
+                prop_assert_ne!(t.render("pay", &ta, &ma), t.render("pay", &tb, &mb));
             }
         }
     }
