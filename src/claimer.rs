@@ -336,6 +336,13 @@ impl Claimer {
             .with_jitter()
             .without_max_times()
             .build();
+        if Instant::now() >= deadline {
+            // Waited too long for a slot: a call now could outlive the lease and overlap
+            // another worker's takeover. Leave it; the lease runs out and a sweeper retries.
+            return AttemptEnd::LeftStarted(
+                "lease too short to start the call; left for the sweeper".into(),
+            );
+        }
         if resend {
             self.count_resend(claim).await;
         }
