@@ -88,55 +88,92 @@ impl Sweeper {
             dry_run,
             ..Default::default()
         };
-        let mut work = Vec::new();
-        for consumer in self.claimer.consumers() {
-            let cfg = &consumer.config;
-            if dry_run {
-                for t in store.peek_stale(&cfg.name, self.batch_size).await? {
+        if dry_run {
+            for consumer in self.claimer.consumers() {
+                for t in store.peek_stale(consumer.name(), self.batch_size).await? {
                     let decision = decide(consumer, &t);
                     report
                         .items
                         .push(item(&t.claim, &decision, "would do this".into()));
                 }
-                continue;
             }
-            let taken = store
-                .take_stale(
-                    &cfg.name,
-                    self.batch_size,
-                    self.claimer.instance(),
-                    cfg.lease.0,
-                )
-                .await?;
-            let lease_start = Instant::now();
-            for t in taken {
-                work.push((consumer.clone(), t, lease_start));
-            }
+            return Ok(report);
         }
-        if !dry_run {
-            // The pass has looked at every consumer: that is what readiness watches.
-            store.mark_sweep(self.claimer.instance()).await?;
-            self.claimer.metrics().sweep_pass();
-        }
-        let mut tasks = Vec::with_capacity(work.len());
-        for (consumer, taken, lease_start) in work {
+        // A pass that starts is what readiness and `report` watch.
+        store.mark_sweep(self.claimer.instance()).await?;
+        let cutoff = store.now().await?;
+        self.claimer.metrics().sweep_pass();
+        let mut per_consumer = Vec::new();
+        for consumer in self.claimer.consumers() {
             let claimer = self.claimer.clone();
-            tasks.push(tokio::spawn(async move {
-                let _slot = consumer.slot().await;
-                handle(&claimer, &consumer, taken, lease_start).await
+            let consumer = consumer.clone();
+            let batch = self.batch_size;
+            per_consumer.push(tokio::spawn(async move {
+                sweep_consumer(&claimer, &consumer, batch, cutoff).await
             }));
         }
-        for t in tasks {
-            match t.await {
-                Ok(i) => report.items.push(i),
+        let mut first_error = None;
+        for task in per_consumer {
+            match task.await {
+                Ok(Ok(items)) => report.items.extend(items),
+                Ok(Err(e)) => {
+                    warn!(error = %e, "sweeper could not take claims");
+                    first_error.get_or_insert(e);
+                }
                 Err(e) => warn!(error = %e, "sweeper task failed"),
             }
+        }
+        if let Some(e) = first_error
+            && report.items.is_empty()
+        {
+            return Err(e);
         }
         if !report.items.is_empty() {
             info!(claims = report.items.len(), "sweeper pass done");
         }
         Ok(report)
     }
+}
+
+/// Takes up to `batch` stale claims of one consumer, in chunks no larger than its
+/// concurrency, so a taken claim never waits for a slot longer than its lease allows.
+async fn sweep_consumer(
+    claimer: &Arc<Claimer>,
+    consumer: &Arc<Consumer>,
+    batch: u32,
+    cutoff: chrono::DateTime<Utc>,
+) -> Result<Vec<SweepItem>, StoreError> {
+    let cfg = &consumer.config;
+    let mut items = Vec::new();
+    let mut remaining = batch;
+    while remaining > 0 {
+        let chunk = remaining.min(cfg.concurrency);
+        let taken = claimer
+            .store()
+            .take_stale(&cfg.name, chunk, claimer.instance(), cfg.lease.0, cutoff)
+            .await?;
+        if taken.is_empty() {
+            break;
+        }
+        remaining = remaining.saturating_sub(taken.len() as u32);
+        let lease_start = Instant::now();
+        let mut tasks = Vec::with_capacity(taken.len());
+        for t in taken {
+            let claimer = claimer.clone();
+            let consumer = consumer.clone();
+            tasks.push(tokio::spawn(async move {
+                let _slot = consumer.slot().await;
+                handle(&claimer, &consumer, t, lease_start).await
+            }));
+        }
+        for t in tasks {
+            match t.await {
+                Ok(i) => items.push(i),
+                Err(e) => warn!(error = %e, "sweeper task failed"),
+            }
+        }
+    }
+    Ok(items)
 }
 
 fn decide(consumer: &Consumer, t: &TakenClaim) -> Takeover {

@@ -23,6 +23,10 @@ fn new_claim(id: &str, lease: Duration) -> NewClaim {
     }
 }
 
+fn far() -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now() + chrono::Duration::hours(1)
+}
+
 fn ev() -> NewEvent<'static> {
     NewEvent {
         actor: "test",
@@ -48,7 +52,7 @@ async fn fencing(store: TestStore) {
     tokio::time::sleep(Duration::from_millis(20)).await;
     // A sweeper takes it over: attempt 2.
     let taken = s
-        .take_stale("payments", 10, "sweeper", Duration::from_secs(60))
+        .take_stale("payments", 10, "sweeper", Duration::from_secs(60), far())
         .await
         .unwrap();
     assert_eq!(taken.len(), 1);
@@ -161,8 +165,8 @@ async fn two_sweepers_never_take_the_same_claim_postgres() {
     // Many small concurrent passes from two pools (two "processes").
     for _ in 0..20 {
         let (ra, rb) = tokio::join!(
-            a.take_stale("payments", 15, "A", Duration::from_secs(60)),
-            b.take_stale("payments", 15, "B", Duration::from_secs(60))
+            a.take_stale("payments", 15, "A", Duration::from_secs(60), far()),
+            b.take_stale("payments", 15, "B", Duration::from_secs(60), far())
         );
         for t in ra.unwrap() {
             assert!(seen_a.insert(t.claim.message_id.clone()));
@@ -223,7 +227,7 @@ async fn operator_actions(store: TestStore) {
     assert_eq!(r.attempt, 2);
     tokio::time::sleep(Duration::from_millis(10)).await;
     let taken = s
-        .take_stale("payments", 10, "sw", Duration::from_secs(60))
+        .take_stale("payments", 10, "sw", Duration::from_secs(60), far())
         .await
         .unwrap();
     assert_eq!(taken.len(), 1);

@@ -284,14 +284,17 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// The claim's history, oldest first.
     async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>>;
 
-    /// Takes up to `limit` stuck claims of `consumer`: bumps `attempt`, sets the lease to
-    /// `owner` for `lease`, all in one statement, skipping rows other sweepers hold.
+    /// Takes up to `limit` claims of `consumer` still `started` whose lease ended before
+    /// `expired_before` (database time; a pass passes its start so claims handed off during
+    /// the pass wait for the next one): bumps `attempt`, sets the lease to `owner` for `lease`,
+    /// all in one statement, skipping rows other sweepers hold.
     async fn take_stale(
         &self,
         consumer: &str,
         limit: u32,
         owner: &str,
         lease: Duration,
+        expired_before: DateTime<Utc>,
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Stuck claims of `consumer` the sweeper would take (dry run), oldest lease first,

@@ -99,7 +99,7 @@ const TAKE_STALE: &str = concat!(
        updated_utc = now() \
      WHERE id IN ( \
        SELECT id FROM claims \
-       WHERE consumer = $1 AND state = 'started' AND lease_until < now() \
+       WHERE consumer = $1 AND state = 'started' AND lease_until < LEAST(now(), $5) \
        ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
      RETURNING ",
     cols!(),
@@ -438,12 +438,14 @@ impl ClaimStore for PgStore {
         limit: u32,
         owner: &str,
         lease: Duration,
+        expired_before: DateTime<Utc>,
     ) -> StoreResult<Vec<TakenClaim>> {
         let rows = sqlx::query(TAKE_STALE)
             .bind(consumer)
             .bind(i64::from(limit))
             .bind(owner)
             .bind(ms(lease))
+            .bind(expired_before)
             .fetch_all(&self.pool)
             .await
             .map_err(err("take_stale"))?;

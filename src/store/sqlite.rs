@@ -122,9 +122,9 @@ const TAKE_STALE: &str = concat!(
     ", updated_utc = ",
     now_ms!(),
     " WHERE id IN (SELECT id FROM claims WHERE consumer = ?1 AND state = 'started' \
-       AND lease_until < ",
+       AND lease_until < MIN(?5, ",
     now_ms!(),
-    " ORDER BY lease_until LIMIT ?2) RETURNING ",
+    ") ORDER BY lease_until LIMIT ?2) RETURNING ",
     cols!(),
     ", payload, (",
     now_ms!(),
@@ -535,12 +535,14 @@ impl ClaimStore for SqliteStore {
         limit: u32,
         owner: &str,
         lease: Duration,
+        expired_before: DateTime<Utc>,
     ) -> StoreResult<Vec<TakenClaim>> {
         let rows = sqlx::query(TAKE_STALE)
             .bind(consumer)
             .bind(i64::from(limit))
             .bind(owner)
             .bind(ms(lease))
+            .bind(expired_before.timestamp_millis())
             .fetch_all(&self.pool)
             .await
             .map_err(err("take_stale"))?;
