@@ -154,7 +154,7 @@ async fn admin_routes_need_the_token_and_secrets_never_reach_the_logs() {
     // SAFETY of the test: the variables are read by the child process only.
     let admin = "adm-7f3c9e1d5b";
     let secret = "prov-a81d44c0e2";
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_claimd"))
+    let child = std::process::Command::new(common::claimd_bin())
         .args(["run", "--config"])
         .arg(&cfg)
         .env("TEST_ADMIN_TOKEN", admin)
@@ -207,7 +207,7 @@ async fn admin_routes_need_the_token_and_secrets_never_reach_the_logs() {
             "claims", "show", "payments", "s1", "--format", "json", "--config", cfg_s,
         ],
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_claimd"))
+        let out = std::process::Command::new(common::claimd_bin())
             .args(&args)
             .env("TEST_ADMIN_TOKEN", admin)
             .env("TEST_PROVIDER_TOKEN", secret)

@@ -243,7 +243,7 @@ impl Worker {
             .append(true)
             .open(log)
             .unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_claimd"))
+        let child = std::process::Command::new(claimd_bin())
             .args(["run", "--config"])
             .arg(config)
             .env("CLAIMD_LOG", "info")
@@ -305,7 +305,7 @@ fn unsafe_sigterm(pid: u32) {
 
 /// Runs a `claimd` CLI command to completion: (exit code, stdout, stderr).
 pub fn cli(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_claimd"))
+    let out = std::process::Command::new(claimd_bin())
         .args(args)
         .env("CLAIMD_LOG", "warn")
         .output()
@@ -343,3 +343,16 @@ pub async fn raw_post(
     (status, body)
 }
 pub mod proxy;
+
+/// The `claimd` binary: the one cargo built for this test, else `$CLAIMD_BIN`, else
+/// `target/release/claimd` (for the long-run example).
+pub fn claimd_bin() -> std::path::PathBuf {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_claimd") {
+        return p.into();
+    }
+    std::env::var("CLAIMD_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|_| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/claimd")
+        })
+}

@@ -1,0 +1,93 @@
+//! The reliability suite at CI size: every scenario of the fault-injection harness, short.
+//! The long run (100,000 messages, 50+ kills) is `examples/chaos.rs`; see docs/reliability.md.
+
+mod common;
+mod harness;
+
+use claimd::sandbox::SandboxOptions;
+use harness::{Outcome, Scenario, assert_invariants};
+use std::time::Duration;
+
+fn base(name: &str, seed: u64) -> Scenario {
+    Scenario {
+        name: name.into(),
+        messages: 300,
+        workers: 3,
+        kills: 6,
+        provider: SandboxOptions {
+            latency: Duration::from_millis(5),
+            ..Default::default()
+        },
+        on_unknown: "redrive",
+        db_outage: None,
+        real_db_restart: false,
+        clients: 12,
+        seed,
+        bad_input: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reliability_scenarios_hold_every_invariant() {
+    let seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..1_000_000));
+    eprintln!("CHAOS_SEED={seed}");
+    let scenarios = vec![
+        (
+            Scenario {
+                bad_input: true,
+                ..base("kills + duplicates + bad input", seed)
+            },
+            true,
+        ),
+        (
+            Scenario {
+                provider: SandboxOptions {
+                    latency: Duration::from_millis(5),
+                    fail_rate: 0.2,
+                    ambiguous_rate: 0.1,
+                    ..Default::default()
+                },
+                ..base("kills + flaky provider (503, ambiguous 500/drop)", seed + 1)
+            },
+            true,
+        ),
+        (
+            Scenario {
+                provider: SandboxOptions {
+                    latency: Duration::from_millis(5),
+                    ambiguous_rate: 0.1,
+                    ignore_keys: true,
+                    ..Default::default()
+                },
+                on_unknown: "reconcile",
+                ..base("provider ignores keys, reconcile", seed + 2)
+            },
+            true,
+        ),
+        (
+            Scenario {
+                db_outage: Some(Duration::from_secs(4)),
+                ..base("kills + database outage", seed + 3)
+            },
+            true,
+        ),
+    ];
+    let mut rows = vec![Outcome::header()];
+    let mut outcomes = Vec::new();
+    for (s, honours) in scenarios {
+        let Some(db) = common::PgDb::create().await else {
+            return;
+        };
+        let o = harness::run(&s, &db.url).await;
+        rows.push(o.row());
+        eprintln!("{}", o.row());
+        outcomes.push((o, honours));
+    }
+    eprintln!("{}", rows.join("\n"));
+    for (o, honours) in &outcomes {
+        assert_invariants(o, *honours);
+    }
+}
