@@ -214,3 +214,55 @@ async fn bad_input_is_refused_clearly_on_postgres() {
     };
     bad_input_matrix(store).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intake_token_guards_intake_when_configured() {
+    let store = TestStore::sqlite();
+    let (_sb, provider) = sandbox(SandboxOptions::default()).await;
+    let toml = config_toml_with(
+        &store.url(),
+        "intake_token = \"in-tok\"\nadmin_token = \"adm-tok\"",
+        &consumer_toml("payments", &provider, ""),
+    );
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+    let c = client();
+    let post = |token: Option<&'static str>| {
+        let mut r = c
+            .post(format!("{base}/v1/messages/payments"))
+            .header("Idempotency-Key", "t1")
+            .body("{}");
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    assert_eq!(post(None).await.unwrap().status().as_u16(), 401);
+    assert_eq!(
+        post(Some("adm-tok")).await.unwrap().status().as_u16(),
+        401,
+        "the admin token is not the intake token"
+    );
+    assert_eq!(post(Some("in-tok")).await.unwrap().status().as_u16(), 202);
+    let r = c
+        .get(format!("{base}/v1/claims"))
+        .bearer_auth("in-tok")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        401,
+        "the intake token does not open admin routes"
+    );
+    assert_eq!(
+        c.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
