@@ -109,6 +109,7 @@ pub fn router(state: AppState) -> Router {
     let admin = Router::new()
         .route("/v1/claims", get(list_claims))
         .route("/v1/report", get(get_report))
+        .route("/", get(crate::dashboard::page))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()
         .merge(intake)

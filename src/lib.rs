@@ -13,6 +13,7 @@ pub mod claim;
 pub mod claimer;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod duration;
 pub mod effect;
 pub mod intake;
