@@ -180,7 +180,7 @@ async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQuery>)
     let store = state.claimer.store();
     let since_utc = match since {
         Some(d) => match store.now().await {
-            Ok(now) => Some(now - chrono::Duration::from_std(d.0).unwrap_or(chrono::Duration::MAX)),
+            Ok(now) => d.before(now),
             Err(e) => return store_down(e),
         },
         None => None,

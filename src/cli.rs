@@ -355,9 +355,7 @@ async fn since_utc(
 ) -> Result<Option<chrono::DateTime<chrono::Utc>>, Output> {
     let Some(d) = since else { return Ok(None) };
     let now = app.store.now().await.map_err(|e| Output::fail(1, e))?;
-    Ok(Some(
-        now - chrono::Duration::from_std(d.0).unwrap_or(chrono::Duration::MAX),
-    ))
+    Ok(d.before(now))
 }
 
 async fn sandbox(

@@ -731,9 +731,7 @@ pub async fn gather(state: &AppState, window: Option<Dur>) -> StoreResult<Dashbo
     let since = match window {
         Some(w) => {
             let now = store.now().await?;
-            chrono::Duration::from_std(w.0)
-                .ok()
-                .and_then(|d| now.checked_sub_signed(d))
+            w.before(now)
         }
         None => None,
     };

@@ -73,6 +73,19 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
+impl Dur {
+    /// `now` minus this duration, or `None` when that is before any representable time (an
+    /// absurd window like `99999999d` then means "everything").
+    pub fn before(
+        self,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        chrono::Duration::from_std(self.0)
+            .ok()
+            .and_then(|d| now.checked_sub_signed(d))
+    }
+}
+
 impl From<Dur> for Duration {
     fn from(d: Dur) -> Duration {
         d.0
@@ -112,6 +125,16 @@ mod tests {
         ] {
             assert!(bad.parse::<Dur>().is_err(), "{bad:?} should be refused");
         }
+    }
+
+    #[test]
+    fn windows_never_overflow() {
+        let now = chrono::Utc::now();
+        assert!("99999999d".parse::<Dur>().unwrap().before(now).is_none());
+        assert_eq!(
+            "1h".parse::<Dur>().unwrap().before(now),
+            Some(now - chrono::Duration::hours(1))
+        );
     }
 
     #[test]
