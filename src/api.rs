@@ -1,6 +1,7 @@
 //! The HTTP API on `[http] listen`: intake, the read API, operations routes and health.
 //!
-//! Operations routes (`/v1/claims`, `/v1/report`) need `Authorization: Bearer <admin_token>`
+//! Operations routes (`/`, the operator page; `/v1/claims`, `/v1/report`) need
+//! `Authorization: Bearer <admin_token>`
 //! when a token is configured; the comparison is constant-time.
 
 use crate::claim::{Claim, ClaimState};
