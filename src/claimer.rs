@@ -138,6 +138,10 @@ pub enum SubmitError {
     /// The store failed; nothing was committed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The consumer's effect cannot use this payload (checked before claiming: nothing was
+    /// committed).
+    #[error("{0}")]
+    BadPayload(String),
 }
 
 /// How one attempt ended.
@@ -247,6 +251,10 @@ impl Claimer {
             .clone();
         let message_id = validate_message_id(&d.message_id)?.to_string();
         let tenant = validate_tenant(&d.tenant)?.to_string();
+        consumer
+            .effect
+            .validate(&d.payload, &d.content_type)
+            .map_err(SubmitError::BadPayload)?;
         // Backpressure: a slot first, so the backlog waits in the client or the broker, never
         // in memory here.
         let permit = tokio::time::timeout(self.intake_wait, consumer.slot())
