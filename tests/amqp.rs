@@ -161,11 +161,20 @@ async fn two_workers_apply_each_message_once_despite_redelivered_copies() {
 
     // Every copy was acknowledged as a duplicate: nothing is left ready or unacknowledged
     // (a graceful stop returns unacknowledged messages to the queue).
-    let drained = eventually(Duration::from_secs(10), || async {
-        q.ready(&q.queue).await == 0
+    let drained = eventually(Duration::from_secs(10), || {
+        let st = st.clone();
+        let q = &q;
+        async move {
+            counts_of(&st, "payments").await.duplicates == COPIES as i64
+                && q.ready(&q.queue).await == 0
+        }
     })
     .await;
-    assert!(drained, "work queue not drained");
+    assert!(
+        drained,
+        "work queue not drained: {:?}",
+        counts_of(&st, "payments").await
+    );
     w1.shutdown(Duration::from_secs(5)).await;
     w2.shutdown(Duration::from_secs(5)).await;
     assert_eq!(
@@ -340,7 +349,17 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_a_reason() {
     assert_eq!(pay.ready(&pay.queue).await, 0);
     assert_eq!(mail.ready(&mail.queue).await, 0);
 
-    // Counted per consumer and reason, in memory and in the store (report's dead_lettered).
+    // Counted per consumer and reason, in memory and in the store (report's dead_lettered),
+    // right after the original is acknowledged.
+    let counted = eventually(Duration::from_secs(5), || {
+        let st = st.clone();
+        async move {
+            counts_of(&st, "payments").await.dead_lettered == 6
+                && counts_of(&st, "email").await.dead_lettered == 2
+        }
+    })
+    .await;
+    assert!(counted);
     let pc = counts_of(&st, "payments").await;
     assert_eq!(pc.dead_lettered, 6, "{pc:?}");
     assert_eq!(pc.payload_mismatches, 1, "{pc:?}");
@@ -611,8 +630,15 @@ async fn emails_from_the_broker_are_sent_once_with_the_key_as_message_id() {
             c.provider_response
         );
     }
-    let counts = counts_of(&st, "email").await;
-    assert_eq!(counts.duplicates, 4, "{counts:?}");
+    // The copies are acknowledged as duplicates (they may still be in hand when the last
+    // claim completes).
+    let dups = eventually(Duration::from_secs(10), || {
+        let st = st.clone();
+        async move { counts_of(&st, "email").await.duplicates == 4 }
+    })
+    .await;
+    assert!(dups, "{:?}", counts_of(&st, "email").await);
+    assert_eq!(sink.received().len(), N, "no mail for a duplicate");
     running.shutdown(Duration::from_secs(5)).await;
     assert_eq!(q.ready(&q.queue).await, 0);
     q.delete().await;

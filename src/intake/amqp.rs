@@ -417,10 +417,14 @@ async fn session(
     let instance = ctx.claimer.instance().to_string();
     let props = ConnectionProperties::default()
         .with_connection_name(LongString::from(format!("claimd {instance} {}", c.name)));
-    let conn = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&c.amqp_url, props))
-        .await
-        .map_err(|_| AmqpError::ConnectTimeout(CONNECT_TIMEOUT))?
-        .map_err(AmqpError::Connect)?;
+    let connect = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&c.amqp_url, props));
+    // A stop while connecting (broker unreachable) does not wait for the connect timeout.
+    let conn = tokio::select! {
+        r = connect => r
+            .map_err(|_| AmqpError::ConnectTimeout(CONNECT_TIMEOUT))?
+            .map_err(AmqpError::Connect)?,
+        _ = stop.wait_for(|s| *s) => return Ok(SessionEnd::Stopped),
+    };
     let result = consume(ctx, &conn, &instance, stop, consumed).await;
     ctx.state.connected.store(false, Ordering::SeqCst);
     let _ = tokio::time::timeout(
