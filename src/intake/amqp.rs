@@ -427,11 +427,13 @@ async fn session(
     };
     let result = consume(ctx, &conn, &instance, stop, consumed).await;
     ctx.state.connected.store(false, Ordering::SeqCst);
-    let _ = tokio::time::timeout(
-        Duration::from_secs(2),
-        conn.close(200, ShortString::from("claimd consumer closing")),
-    )
-    .await;
+    if conn.status().connected() {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            conn.close(200, ShortString::from("claimd consumer closing")),
+        )
+        .await;
+    }
     result
 }
 
@@ -524,11 +526,16 @@ async fn consume(
             handlers.detach_all();
         }
     }
-    let _ = tokio::time::timeout(
-        Duration::from_secs(2),
-        channel.close(200, ShortString::from("claimd consumer closing")),
-    )
-    .await;
+    drop(consumer);
+    for ch in [&publisher, &channel] {
+        if ch.status().connected() {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                ch.close(200, ShortString::from("claimd consumer closing")),
+            )
+            .await;
+        }
+    }
     Ok(end)
 }
 

@@ -177,6 +177,39 @@ impl TestQueues {
     }
 }
 
+impl Drop for TestQueues {
+    /// Deletes the queues and the exchange even when the test panicked (from a plain thread:
+    /// the test's runtime may be shutting down). Deleting twice is harmless.
+    fn drop(&mut self) {
+        let (queue, dlx) = (self.queue.clone(), self.dlx.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let Ok(conn) =
+                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+                else {
+                    return;
+                };
+                if let Ok(ch) = conn.create_channel().await {
+                    for q in [queue.clone(), format!("{queue}.dead")] {
+                        let _ = ch
+                            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                            .await;
+                    }
+                    let _ = ch
+                        .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
+                }
+                let _ = conn.close(200, "ok".into()).await;
+            });
+        })
+        .join();
+    }
+}
+
 fn skip<T>(url: &str, why: &str) -> Option<T> {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("RabbitMQ at {url} is required under CI=true: {why}");
