@@ -646,6 +646,12 @@ impl Config {
                     if !["none", "starttls", "tls"].contains(&s.tls.as_str()) {
                         return Err((at("effect.tls"), "must be none, starttls or tls".into()));
                     }
+                    if s.tls == "none" && !s.username.is_empty() {
+                        warnings.push(format!(
+                            "consumers[{i}] ({}): effect.username is set with tls = \"none\": the SMTP password crosses the network in clear",
+                            c.name
+                        ));
+                    }
                     if c.on_unknown == OnUnknown::Reconcile {
                         return Err((
                             at("on_unknown"),

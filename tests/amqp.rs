@@ -643,3 +643,100 @@ async fn emails_from_the_broker_are_sent_once_with_the_key_as_message_id() {
     assert_eq!(q.ready(&q.queue).await, 0);
     q.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_message_is_kept_until_its_dead_letter_is_confirmed() {
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    let Some(q) = TestQueues::new("no-dlx").await else {
+        return;
+    };
+    let store = TestStore::sqlite();
+    let (_sandbox, provider) = sandbox(SandboxOptions::default()).await;
+    // declare = false: the operator owns the topology, and forgot the dead-letter exchange.
+    q.channel
+        .queue_declare(
+            q.queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let running = start(&config_toml(
+        &store.url(),
+        &q.consumer_toml("payments", "declare = false", &http_effect(&provider)),
+    ))
+    .await;
+    wait_connected(&running).await;
+    q.publish(
+        BasicProperties::default().with_content_type("application/json".into()),
+        br#"{"case":"no id, nowhere to go"}"#,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Not acknowledged, not dropped: it is back in the queue (or in hand again).
+    assert_eq!(
+        counts_of(&running.app().store, "payments")
+            .await
+            .dead_lettered,
+        0
+    );
+    let state = running.amqp.consumer("payments").unwrap().clone();
+    assert!(
+        state.sessions() >= 2,
+        "the session restarts after the broker closed the channel"
+    );
+
+    // The operator adds the exchange and its queue: the message lands there, with its reason.
+    q.channel
+        .exchange_declare(
+            q.dlx.as_str().into(),
+            lapin::ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    q.channel
+        .queue_declare(
+            q.dead().as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    q.channel
+        .queue_bind(
+            q.dead().as_str().into(),
+            q.dlx.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut dead = Vec::new();
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    while dead.is_empty() && tokio::time::Instant::now() < end {
+        dead = q.take_dead().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        dead.len(),
+        1,
+        "the bad message reached the dead-letter queue"
+    );
+    let reason = header(&dead[0].delivery.properties, "claimd-reason").unwrap();
+    assert!(reason.contains("has no message id"), "{reason}");
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            q.ready(&q.queue).await == 0
+        })
+        .await
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(q.ready(&q.queue).await, 0);
+    q.delete().await;
+}

@@ -486,7 +486,15 @@ async fn consume(
     let end = loop {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => break SessionEnd::Stopped,
-            Some(_) = handlers.join_next(), if !handlers.is_empty() => {}
+            Some(_) = handlers.join_next(), if !handlers.is_empty() => {
+                if !publisher.status().connected() {
+                    // The broker closed the dead-letter channel (say, the exchange does not
+                    // exist with declare = false): start over rather than requeue forever.
+                    break SessionEnd::Lost(
+                        "the dead-letter channel was closed by the broker".into(),
+                    );
+                }
+            }
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
                     // At most `prefetch` deliveries are unacknowledged, so at most that many
