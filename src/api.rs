@@ -31,6 +31,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The sweeper's schedule period, for readiness.
     pub sweep_period: Duration,
+    /// RabbitMQ intake, whose connection state readiness reports.
+    pub amqp: Option<Arc<crate::intake::amqp::AmqpIntake>>,
 }
 
 /// An `application/problem+json` answer.
@@ -257,6 +259,8 @@ pub struct Readiness {
     pub sweeper_last_run_utc: Option<DateTime<Utc>>,
     /// Taking new work.
     pub accepting: bool,
+    /// Every RabbitMQ consumer connected (`"ok"`), or which are not.
+    pub broker: String,
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
@@ -286,13 +290,18 @@ async fn readyz(State(state): State<AppState>) -> Response {
         ),
     };
     let accepting = state.claimer.is_accepting();
-    let ready = store_msg == "ok" && sweeper_msg == "ok" && accepting;
+    let broker = match state.amqp.as_ref().map(|a| a.check()) {
+        None | Some(Ok(())) => "ok".to_string(),
+        Some(Err(e)) => e,
+    };
+    let ready = store_msg == "ok" && sweeper_msg == "ok" && broker == "ok" && accepting;
     let body = Readiness {
         ready,
         store: store_msg,
         sweeper: sweeper_msg,
         sweeper_last_run_utc: last,
         accepting,
+        broker,
     };
     let status = if ready {
         StatusCode::OK

@@ -5,6 +5,7 @@ use crate::claimer::{Claimer, Consumer};
 use crate::config::{Config, EffectConfig};
 use crate::effect::Effect;
 use crate::effect::http::HttpEffect;
+use crate::effect::smtp::SmtpEffect;
 use crate::store::{self, Store, StoreError};
 use crate::sweeper::schedule_period;
 use std::sync::Arc;
@@ -68,7 +69,9 @@ pub fn build_effect(consumer: &str, effect: &EffectConfig) -> Result<Arc<dyn Eff
         EffectConfig::Http(h) => Ok(Arc::new(
             HttpEffect::new(h).map_err(|e| bad(e.to_string()))?,
         )),
-        EffectConfig::Smtp(_) => Err(bad("the SMTP effect is not built yet".into())),
+        EffectConfig::Smtp(s) => Ok(Arc::new(
+            SmtpEffect::new(s).map_err(|e| bad(e.to_string()))?,
+        )),
     }
 }
 

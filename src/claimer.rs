@@ -139,6 +139,10 @@ pub enum SubmitError {
     /// The store failed; nothing was committed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The consumer's effect cannot use this payload (checked before claiming: nothing was
+    /// committed).
+    #[error("{0}")]
+    BadPayload(String),
 }
 
 /// How one attempt ended.
@@ -265,6 +269,10 @@ impl Claimer {
                 return Err(e.into());
             }
         };
+        if let Err(why) = consumer.effect.validate(&d.payload, &d.content_type) {
+            m.refused(&d.consumer, "bad_payload");
+            return Err(SubmitError::BadPayload(why));
+        }
         // Backpressure: a slot first, so the backlog waits in the client or the broker, never
         // in memory here.
         let Ok(permit) = tokio::time::timeout(self.intake_wait, consumer.slot()).await else {

@@ -577,6 +577,35 @@ impl Config {
                         "required when source = \"amqp\": bad messages need a place to go".into(),
                     ));
                 }
+                if c.queue.len() > 250 {
+                    return Err((
+                        at("queue"),
+                        "at most 250 bytes (AMQP names are at most 255, and claimd adds \".dead\")"
+                            .into(),
+                    ));
+                }
+                if c.dead_letter_exchange.len() > 255 {
+                    return Err((at("dead_letter_exchange"), "at most 255 bytes".into()));
+                }
+                if let Some(other) = self.consumers[..i].iter().find(|o| {
+                    o.source == Source::Amqp
+                        && o.dead_letter_exchange == c.dead_letter_exchange
+                        && (o.declare || c.declare)
+                }) {
+                    return Err((
+                        at("dead_letter_exchange"),
+                        format!(
+                            "{:?} is also consumer {:?}'s: it is a fanout, so each <queue>.dead would receive the other's bad messages; give each consumer its own",
+                            c.dead_letter_exchange, other.name
+                        ),
+                    ));
+                }
+                if c.prefetch == 0 {
+                    return Err((
+                        at("prefetch"),
+                        "must be at least 1 (0 would let the broker push without limit)".into(),
+                    ));
+                }
             }
             if !c.tenant_header.is_empty() && !template.mentions_tenant() {
                 warnings.push(format!(
@@ -616,6 +645,12 @@ impl Config {
                 EffectConfig::Smtp(s) => {
                     if !["none", "starttls", "tls"].contains(&s.tls.as_str()) {
                         return Err((at("effect.tls"), "must be none, starttls or tls".into()));
+                    }
+                    if s.tls == "none" && !s.username.is_empty() {
+                        warnings.push(format!(
+                            "consumers[{i}] ({}): effect.username is set with tls = \"none\": the SMTP password crosses the network in clear",
+                            c.name
+                        ));
                     }
                     if c.on_unknown == OnUnknown::Reconcile {
                         return Err((
@@ -902,8 +937,66 @@ headers = { Authorization = "Bearer ${PROVIDER_TOKEN}" }
     }
 
     #[test]
+    fn amqp_consumers_need_prefetch_and_a_dead_letter_exchange_of_their_own() {
+        let amqp = |name: &str, dlx: &str, prefetch: u16| {
+            format!(
+                "\n[[consumers]]\nname = \"{name}\"\nsource = \"amqp\"\namqp_url = \"amqp://x\"\nqueue = \"q.{name}\"\ndead_letter_exchange = \"{dlx}\"\nprefetch = {prefetch}\n[consumers.effect]\nkind = \"http\"\nurl = \"http://127.0.0.1:8090/v1/{name}\"\n"
+            )
+        };
+        let base = "[store]\nurl = \"sqlite://x.db\"\n";
+        let e = error_of(&format!("{base}{}", amqp("a", "dlx.a", 0)));
+        assert!(e.contains("consumers[0].prefetch"), "{e}");
+        let e = error_of(&format!(
+            "{base}{}{}",
+            amqp("a", "dlx", 8),
+            amqp("b", "dlx", 8)
+        ));
+        assert!(
+            e.contains("consumers[1].dead_letter_exchange") && e.contains("\"a\""),
+            "{e}"
+        );
+        assert!(
+            load(
+                &format!("{base}{}{}", amqp("a", "dlx.a", 8), amqp("b", "dlx.b", 8)),
+                &[]
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_compose_overrides_reach_the_rabbitmq_config() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/postgres-rabbitmq.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let l = load(
+            &text,
+            &[
+                (
+                    "CLAIMD__CONSUMERS__0__AMQP_URL",
+                    "amqp://claimd:claimd@rabbitmq:5672/%2f",
+                ),
+                ("CLAIMD__CONSUMERS__1__EFFECT__HOST", "mailpit"),
+                ("CLAIMD__CONSUMERS__1__EFFECT__PORT", "1025"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            l.config.consumers[0].amqp_url,
+            "amqp://claimd:claimd@rabbitmq:5672/%2f"
+        );
+        let EffectConfig::Smtp(s) = &l.config.consumers[1].effect else {
+            panic!("consumers[1] is the email consumer")
+        };
+        assert_eq!((s.host.as_str(), s.port), ("mailpit", 1025));
+    }
+
+    #[test]
     fn the_shipped_configs_load() {
-        for file in ["config/default.toml", "config/postgres.toml"] {
+        for file in [
+            "config/default.toml",
+            "config/postgres.toml",
+            "config/postgres-rabbitmq.toml",
+        ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
             let text = std::fs::read_to_string(&path).unwrap();
             load(&text, &[]).unwrap_or_else(|e| panic!("{file}: {e}"));

@@ -450,6 +450,7 @@ pub fn render_counts(consumers: &[ConsumerCounts], window: Option<Dur>) -> Strin
             failed: sum(|c| c.failed),
             needs_attention: sum(|c| c.needs_attention),
             resent: sum(|c| c.resent),
+            dead_lettered: sum(|c| c.dead_lettered),
             oldest_started_age_s: consumers
                 .iter()
                 .filter_map(|c| c.oldest_started_age_s)

@@ -170,6 +170,7 @@ pub fn render_table(r: &Report) -> String {
         "failed",
         "attention",
         "resent",
+        "dead_lettered",
         "oldest_s",
         "p50_s",
         "p95_s",
@@ -189,6 +190,7 @@ pub fn render_table(r: &Report) -> String {
                 c.failed.to_string(),
                 c.needs_attention.to_string(),
                 c.resent.to_string(),
+                c.dead_lettered.to_string(),
                 opt(c.oldest_started_age_s),
                 opt(c.p50_complete_s),
                 opt(c.p95_complete_s),
@@ -230,13 +232,13 @@ pub fn render_table(r: &Report) -> String {
 /// The per-consumer counts as CSV (one header line).
 pub fn render_csv(r: &Report) -> String {
     let mut out = String::from(
-        "consumer,received,duplicates,payload_mismatches,started,stuck,completed,failed,needs_attention,resent,oldest_started_age_s,p50_complete_s,p95_complete_s\n",
+        "consumer,received,duplicates,payload_mismatches,started,stuck,completed,failed,needs_attention,resent,dead_lettered,oldest_started_age_s,p50_complete_s,p95_complete_s\n",
     );
     let o = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
     for c in &r.consumers {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&c.consumer),
             c.received,
             c.duplicates,
@@ -247,6 +249,7 @@ pub fn render_csv(r: &Report) -> String {
             c.failed,
             c.needs_attention,
             c.resent,
+            c.dead_lettered,
             o(c.oldest_started_age_s),
             o(c.p50_complete_s),
             o(c.p95_complete_s)

@@ -15,11 +15,12 @@ pub async fn prune(
     let result = store
         .prune(config.keep_terminal_for.0, config.batch_size, dry_run)
         .await?;
-    if !dry_run && result.deleted > 0 {
+    if !dry_run && (result.deleted > 0 || result.dead_letters_deleted > 0) {
         info!(
             deleted = result.deleted,
             batches = result.batches,
-            "pruned terminal claims"
+            dead_letters_deleted = result.dead_letters_deleted,
+            "pruned terminal claims and old dead-letter records"
         );
     }
     Ok(result)

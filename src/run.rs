@@ -4,6 +4,7 @@
 
 use crate::api::{self, AppState};
 use crate::app::App;
+use crate::intake::amqp::AmqpIntake;
 use crate::retention;
 use crate::sandbox::{Sandbox, SandboxOptions};
 use crate::sweeper::Sweeper;
@@ -46,6 +47,8 @@ pub struct Running {
     pub sandbox_addr: Option<SocketAddr>,
     /// The sweeper (tests call passes directly).
     pub sweeper: Sweeper,
+    /// RabbitMQ intake (`source = "amqp"` consumers): connection state and dead-letter counts.
+    pub amqp: Arc<AmqpIntake>,
     app: App,
     stop: watch::Sender<bool>,
     http: JoinHandle<()>,
@@ -124,11 +127,14 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         None
     };
 
+    // RabbitMQ intake: one task per `source = "amqp"` consumer; connects in the background.
+    let amqp = Arc::new(AmqpIntake::start(app.claimer.clone(), &config));
     let sweep_period = app.sweep_period();
     let state = AppState {
         claimer: app.claimer.clone(),
         config: config.clone(),
         sweep_period,
+        amqp: Some(amqp.clone()),
     };
     let listener = bind(&config.http.listen).await?;
     let http_addr = listener.local_addr().map_err(|source| RunError::Listen {
@@ -225,6 +231,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         http_addr,
         sandbox_addr,
         sweeper,
+        amqp,
         app,
         stop,
         http,
@@ -251,6 +258,8 @@ impl Running {
     /// leave the rest `started` for the sweeper, stop the listeners. Returns how many effects
     /// were still in flight when the grace period ended.
     pub async fn shutdown(mut self, grace: Duration) -> usize {
+        // Broker consumers first: no new deliveries; those in hand are acked or requeued.
+        self.amqp.stop().await;
         self.app.claimer.stop_accepting();
         let _ = self.scheduler.shutdown().await;
         let left = self.app.claimer.drain(grace).await;

@@ -1,7 +1,8 @@
-//! Effects: the external call a claim stands for ([`http::HttpEffect`], and SMTP later),
-//! and the pure classification of what the provider answered.
+//! Effects: the external call a claim stands for ([`http::HttpEffect`],
+//! [`smtp::SmtpEffect`]), and the pure classification of what the provider answered.
 
 pub mod http;
+pub mod smtp;
 
 use crate::claim::Claim;
 use async_trait::async_trait;
@@ -138,6 +139,14 @@ pub trait Effect: Send + Sync + 'static {
 
     /// Whether [`Effect::lookup`] can answer.
     fn can_reconcile(&self) -> bool;
+
+    /// Checks, before anything is claimed, that this effect can use the payload (an email
+    /// needs a recipient, say). `Err` carries a readable sentence; intake refuses the message
+    /// with it (HTTP `422`, broker dead-letter) and nothing is committed. Default: any payload.
+    fn validate(&self, payload: &[u8], content_type: &str) -> Result<(), String> {
+        let _ = (payload, content_type);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

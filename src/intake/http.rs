@@ -1,6 +1,7 @@
 //! HTTP intake: `POST /v1/messages/{consumer}` and `GET /v1/messages/{consumer}/{message_id}`.
 //!
-//! `202` new claim committed, `200` duplicate, `422` same key with another payload, `400` bad
+//! `202` new claim committed, `200` duplicate, `422` same key with another payload or a payload
+//! the consumer's effect cannot use (an email without a recipient), `400` bad
 //! key, `404` unknown consumer, `413` body too large, `503` store unavailable or saturated
 //! (nothing committed; `Retry-After` says when to retry). Errors are `application/problem+json`.
 
@@ -151,6 +152,11 @@ pub fn submit_error(e: SubmitError) -> Response {
             StatusCode::UNPROCESSABLE_ENTITY,
             "payload mismatch",
             &format!("{e}; use a new Idempotency-Key for a new message"),
+        ),
+        SubmitError::BadPayload(_) => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unusable payload",
+            &format!("{e}; nothing was recorded"),
         ),
         SubmitError::Busy(_) | SubmitError::ShuttingDown => {
             let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "busy", &e.to_string());

@@ -2,4 +2,5 @@
 //! [`Delivery`](crate::claimer::Delivery) and acknowledges only after
 //! [`Claimer::submit`](crate::claimer::Claimer::submit) returns.
 
+pub mod amqp;
 pub mod http;

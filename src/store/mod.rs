@@ -205,6 +205,9 @@ pub struct ConsumerCounts {
     pub needs_attention: i64,
     /// Claims whose effect was sent again after an unknown outcome.
     pub resent: i64,
+    /// Broker messages refused and published to the dead-letter exchange (bad id, body too
+    /// large, payload mismatch, unusable payload), within the report window.
+    pub dead_lettered: i64,
     /// Age of the oldest `started` claim, in seconds.
     pub oldest_started_age_s: Option<f64>,
     /// Median receive-to-complete time, seconds.
@@ -222,6 +225,9 @@ pub struct PruneResult {
     pub batches: u32,
     /// Another instance held the retention lock; nothing was done.
     pub skipped_locked: bool,
+    /// Dead-letter records (counts only; the messages live in the broker) deleted, or
+    /// eligible on a dry run, by the same window.
+    pub dead_letters_deleted: u64,
 }
 
 /// The claim store. Implementations: [`postgres::PgStore`], [`sqlite::SqliteStore`].
@@ -323,7 +329,17 @@ pub trait ClaimStore: Send + Sync + 'static {
         actor: &str,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
 
-    /// Per-consumer counts, over claims received since `since` (all when `None`).
+    /// Records that a broker message of `consumer` was dead-lettered for `reason` (a reason
+    /// class such as `payload_mismatch`). `message_id` is stored printable and cut to 255 bytes.
+    async fn record_dead_letter(
+        &self,
+        consumer: &str,
+        reason: &str,
+        message_id: Option<&str>,
+    ) -> StoreResult<()>;
+
+    /// Per-consumer counts, over claims received (and messages dead-lettered) since `since`
+    /// (all when `None`).
     async fn counts(&self, since: Option<DateTime<Utc>>) -> StoreResult<Vec<ConsumerCounts>>;
 
     /// Open work per consumer over the whole table (`started`, stuck, `needs_attention`,
@@ -357,6 +373,12 @@ pub async fn open(url: &str, max_connections: u32) -> StoreResult<Store> {
     } else {
         Err(StoreError::BadUrl(url.to_string()))
     }
+}
+
+/// A message id as a dead-letter record keeps it: control characters escaped, at most 255 bytes.
+pub fn printable_id(id: &str) -> String {
+    let escaped: String = id.chars().flat_map(char::escape_default).collect();
+    truncate(&escaped, 255)
 }
 
 /// Cuts text to at most `max` bytes on a character boundary.

@@ -159,6 +159,20 @@ const COUNT_WINDOW: &str = "\
         FILTER (WHERE state = 'completed') AS p95 \
     FROM claims WHERE received_utc >= $1 GROUP BY consumer";
 
+const INSERT_DEAD_LETTER: &str =
+    "INSERT INTO dead_letters (consumer, reason, message_id) VALUES ($1, $2, $3)";
+
+const COUNT_DEAD_LETTERS: &str = "\
+    SELECT consumer, COUNT(*) AS n FROM dead_letters WHERE at_utc >= $1 GROUP BY consumer";
+
+const PRUNE_DEAD_LETTERS: &str = "\
+    DELETE FROM dead_letters WHERE id IN ( \
+      SELECT id FROM dead_letters WHERE at_utc < now() - $1 * interval '1 millisecond' \
+      ORDER BY at_utc LIMIT $2)";
+
+const PRUNE_DEAD_LETTERS_COUNT: &str = "\
+    SELECT COUNT(*) FROM dead_letters WHERE at_utc < now() - $1 * interval '1 millisecond'";
+
 const MARK_SWEEP: &str = "\
     INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('sweeper', $1, now()) \
     ON CONFLICT (name) DO UPDATE SET instance = EXCLUDED.instance, at_utc = EXCLUDED.at_utc";
@@ -603,6 +617,18 @@ impl ClaimStore for PgStore {
             c.p50_complete_s = r.try_get("p50").map_err(get)?;
             c.p95_complete_s = r.try_get("p95").map_err(get)?;
         }
+        let rows = sqlx::query(COUNT_DEAD_LETTERS)
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err("count_dead_letters"))?;
+        for r in rows {
+            let get = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+            let consumer: String = r.try_get("consumer").map_err(get)?;
+            let c = by.entry(consumer.clone()).or_default();
+            c.consumer = consumer;
+            c.dead_lettered = r.try_get("n").map_err(get)?;
+        }
         for open in self.open_counts().await? {
             let c = by.entry(open.consumer.clone()).or_default();
             c.consumer = open.consumer;
@@ -638,6 +664,22 @@ impl ClaimStore for PgStore {
         Ok(by.into_values().collect())
     }
 
+    async fn record_dead_letter(
+        &self,
+        consumer: &str,
+        reason: &str,
+        message_id: Option<&str>,
+    ) -> StoreResult<()> {
+        sqlx::query(INSERT_DEAD_LETTER)
+            .bind(consumer)
+            .bind(reason)
+            .bind(message_id.map(super::printable_id))
+            .execute(&self.pool)
+            .await
+            .map_err(err("insert_dead_letter"))?;
+        Ok(())
+    }
+
     async fn mark_sweep(&self, instance: &str) -> StoreResult<()> {
         sqlx::query(MARK_SWEEP)
             .bind(instance)
@@ -661,8 +703,14 @@ impl ClaimStore for PgStore {
                 .fetch_one(&self.pool)
                 .await
                 .map_err(err("prune_count"))?;
+            let d: i64 = sqlx::query_scalar(PRUNE_DEAD_LETTERS_COUNT)
+                .bind(ms(keep))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(err("prune_dead_letters_count"))?;
             return Ok(PruneResult {
                 deleted: n.max(0) as u64,
+                dead_letters_deleted: d.max(0) as u64,
                 ..Default::default()
             });
         }
@@ -691,6 +739,18 @@ impl ClaimStore for PgStore {
                     .map_err(err("prune_batch"))?;
                 result.batches += 1;
                 result.deleted += done.rows_affected();
+                if done.rows_affected() < u64::from(batch) {
+                    break;
+                }
+            }
+            loop {
+                let done = sqlx::query(PRUNE_DEAD_LETTERS)
+                    .bind(ms(keep))
+                    .bind(i64::from(batch))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(err("prune_dead_letters"))?;
+                result.dead_letters_deleted += done.rows_affected();
                 if done.rows_affected() < u64::from(batch) {
                     return Ok::<(), StoreError>(());
                 }

@@ -193,6 +193,27 @@ const COMPLETE_TIME_AT: &str = "\
     WHERE consumer = ?1 AND state = 'completed' AND received_utc >= ?2 \
     ORDER BY 1 LIMIT 1 OFFSET ?3";
 
+const INSERT_DEAD_LETTER: &str = concat!(
+    "INSERT INTO dead_letters (consumer, reason, message_id, at_utc) VALUES (?1, ?2, ?3, ",
+    now_ms!(),
+    ")"
+);
+
+const COUNT_DEAD_LETTERS: &str =
+    "SELECT consumer, COUNT(*) AS n FROM dead_letters WHERE at_utc >= ?1 GROUP BY consumer";
+
+const PRUNE_DEAD_LETTERS: &str = concat!(
+    "DELETE FROM dead_letters WHERE id IN (SELECT id FROM dead_letters WHERE at_utc < ",
+    now_ms!(),
+    " - ?1 ORDER BY at_utc LIMIT ?2)"
+);
+
+const PRUNE_DEAD_LETTERS_COUNT: &str = concat!(
+    "SELECT COUNT(*) FROM dead_letters WHERE at_utc < ",
+    now_ms!(),
+    " - ?1"
+);
+
 const MARK_SWEEP: &str = concat!(
     "INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('sweeper', ?1, ",
     now_ms!(),
@@ -686,6 +707,18 @@ impl ClaimStore for SqliteStore {
                 c.p95_complete_s = self.complete_time_at(&c.consumer, since_ms, p95).await?;
             }
         }
+        let rows = sqlx::query(COUNT_DEAD_LETTERS)
+            .bind(since_ms)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err("count_dead_letters"))?;
+        for r in rows {
+            let get = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+            let consumer: String = r.try_get("consumer").map_err(get)?;
+            let c = by.entry(consumer.clone()).or_default();
+            c.consumer = consumer;
+            c.dead_lettered = r.try_get("n").map_err(get)?;
+        }
         for open in self.open_counts().await? {
             let c = by.entry(open.consumer.clone()).or_default();
             c.consumer = open.consumer;
@@ -722,6 +755,22 @@ impl ClaimStore for SqliteStore {
         Ok(by.into_values().collect())
     }
 
+    async fn record_dead_letter(
+        &self,
+        consumer: &str,
+        reason: &str,
+        message_id: Option<&str>,
+    ) -> StoreResult<()> {
+        sqlx::query(INSERT_DEAD_LETTER)
+            .bind(consumer)
+            .bind(reason)
+            .bind(message_id.map(super::printable_id))
+            .execute(&self.pool)
+            .await
+            .map_err(err("insert_dead_letter"))?;
+        Ok(())
+    }
+
     async fn mark_sweep(&self, instance: &str) -> StoreResult<()> {
         sqlx::query(MARK_SWEEP)
             .bind(instance)
@@ -746,8 +795,14 @@ impl ClaimStore for SqliteStore {
                 .fetch_one(&self.pool)
                 .await
                 .map_err(err("prune_count"))?;
+            let d: i64 = sqlx::query_scalar(PRUNE_DEAD_LETTERS_COUNT)
+                .bind(ms(keep))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(err("prune_dead_letters_count"))?;
             return Ok(PruneResult {
                 deleted: n.max(0) as u64,
+                dead_letters_deleted: d.max(0) as u64,
                 ..Default::default()
             });
         }
@@ -767,6 +822,18 @@ impl ClaimStore for SqliteStore {
                 .map_err(err("prune_batch"))?;
             result.batches += 1;
             result.deleted += done.rows_affected();
+            if done.rows_affected() < u64::from(batch) {
+                break;
+            }
+        }
+        loop {
+            let done = sqlx::query(PRUNE_DEAD_LETTERS)
+                .bind(ms(keep))
+                .bind(i64::from(batch))
+                .execute(&self.pool)
+                .await
+                .map_err(err("prune_dead_letters"))?;
+            result.dead_letters_deleted += done.rows_affected();
             if done.rows_affected() < u64::from(batch) {
                 return Ok(result);
             }

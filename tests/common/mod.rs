@@ -218,7 +218,9 @@ pub fn client() -> reqwest::Client {
         .build()
         .unwrap()
 }
+pub mod amqp;
 pub mod provider;
+pub mod smtp;
 
 /// A free loopback port (bound and released; good enough for tests).
 pub fn free_port() -> u16 {
