@@ -78,7 +78,12 @@ pub fn build_effect(consumer: &str, effect: &EffectConfig) -> Result<Arc<dyn Eff
 impl App {
     /// Opens the store, applies migrations when `migrate`, and builds the consumers.
     pub async fn open(config: Config, migrate: bool) -> Result<App, AppError> {
-        let store = store::open(&config.store.url, config.store.max_connections).await?;
+        let store = store::open_with(
+            &config.store.url,
+            config.store.max_connections,
+            config.store.batch_writes,
+        )
+        .await?;
         if migrate {
             store.migrate().await?;
         }

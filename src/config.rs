@@ -46,6 +46,10 @@ pub struct StoreConfig {
     /// Connection pool size.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
+    /// PostgreSQL: send concurrent claims and settles together, one statement per batch
+    /// (default `true`; each message still gets its answer only after its row committed).
+    #[serde(default = "default_true")]
+    pub batch_writes: bool,
 }
 
 fn default_max_connections() -> u32 {

@@ -189,7 +189,7 @@ async fn admin_routes_need_the_token_and_secrets_never_reach_the_logs() {
         let r = c
             .post(format!("{}/v1/messages/payments", w.base))
             .header("Idempotency-Key", format!("s{i}"))
-            .body("{\"card\":\"4111\"}")
+            .body("{\"card\":\"pan-zq81-marker\"}")
             .send()
             .await
             .unwrap();
@@ -224,7 +224,7 @@ async fn admin_routes_need_the_token_and_secrets_never_reach_the_logs() {
         assert!(!text.contains(admin), "admin token leaked:\n{text}");
         assert!(!text.contains(secret), "provider secret leaked:\n{text}");
         assert!(
-            !text.contains("4111"),
+            !text.contains("pan-zq81-marker"),
             "payload body at info/debug leaked:\n{text}"
         );
     }

@@ -405,3 +405,113 @@ async fn sql_in_ids_is_stored_verbatim() {
     );
     let _: &dyn ClaimStore = s.as_ref();
 }
+
+/// Batched claims and settles answer exactly like the one-by-one calls: duplicates (also
+/// within one batch) and mismatches are recognised and counted, and every settle is fenced on
+/// its own attempt (I2).
+async fn batches(store: TestStore) {
+    use claimd::store::SettleItem;
+    let s = open(&store).await;
+    let lease = Duration::from_secs(60);
+    assert!(matches!(
+        s.claim(&new_claim("b0", lease)).await.unwrap(),
+        ClaimOutcome::Created(_)
+    ));
+    let mut mismatch = new_claim("b0", lease);
+    mismatch.fingerprint = fingerprint(b"other");
+    let batch = vec![
+        new_claim("b1", lease),
+        new_claim("b0", lease),
+        new_claim("b2", lease),
+        new_claim("b1", lease),
+        mismatch,
+        new_claim("b3", lease),
+    ];
+    let out = s.claim_many(&batch).await.unwrap();
+    let kinds: Vec<&str> = out
+        .iter()
+        .map(|o| match o {
+            ClaimOutcome::Created(_) => "created",
+            ClaimOutcome::Duplicate(_) => "duplicate",
+            ClaimOutcome::Mismatch(_) => "mismatch",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "created",
+            "duplicate",
+            "created",
+            "duplicate",
+            "mismatch",
+            "created"
+        ]
+    );
+    let b0 = s.get("payments", "", "b0").await.unwrap().unwrap();
+    assert_eq!((b0.duplicate_count, b0.mismatch_count), (1, 1));
+    let ClaimOutcome::Created(b1) = &out[0] else {
+        unreachable!()
+    };
+    assert_eq!(b1.payload, b"b1");
+
+    // b2 is taken over by a sweeper (attempt 2) before the batch settles it with attempt 1.
+    take_over(&s, "b2").await;
+    let settled = |c: &ClaimOutcome| {
+        let ClaimOutcome::Created(c) = c else {
+            unreachable!()
+        };
+        SettleItem {
+            id: c.id,
+            attempt: c.attempt,
+            settlement: Settlement {
+                state: Some(ClaimState::Completed),
+                provider_status: Some(200),
+                provider_response: Some(format!("ok {}", c.message_id)),
+                ..Default::default()
+            },
+            event: ev(),
+        }
+    };
+    let items = vec![settled(&out[0]), settled(&out[2]), settled(&out[5])];
+    assert_eq!(s.settle_many(&items).await.unwrap(), [true, false, true]);
+    let b1 = s.get("payments", "", "b1").await.unwrap().unwrap();
+    assert_eq!(b1.state, ClaimState::Completed);
+    assert!(b1.processed_utc.is_some());
+    assert_eq!(b1.provider_response.as_deref(), Some("ok b1"));
+    let b2 = s.get("payments", "", "b2").await.unwrap().unwrap();
+    assert_eq!((b2.state, b2.attempt), (ClaimState::Started, 2));
+    assert_eq!(s.events(b1.id).await.unwrap().len(), 1);
+    // Only the hand-off line: the late batch recorded nothing for b2.
+    assert_eq!(s.events(b2.id).await.unwrap().len(), 1);
+    // Settling again changes nothing: the claims are no longer started.
+    assert_eq!(s.settle_many(&items).await.unwrap(), [false, false, false]);
+}
+
+/// Expires `id`'s lease and lets a sweeper take it (attempt + 1).
+async fn take_over(s: &Store, id: &str) {
+    let c = s.get("payments", "", id).await.unwrap().unwrap();
+    let released = Settlement {
+        release_lease: true,
+        ..Default::default()
+    };
+    assert!(s.settle(c.id, c.attempt, &released, &ev()).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let taken = s
+        .take_stale("payments", 10, "sweeper", Duration::from_secs(60), far())
+        .await
+        .unwrap();
+    assert!(taken.iter().any(|t| t.claim.message_id == id));
+}
+
+#[tokio::test]
+async fn batched_claims_and_settles_sqlite() {
+    batches(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn batched_claims_and_settles_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    batches(store).await;
+}

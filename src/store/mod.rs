@@ -136,6 +136,19 @@ pub struct NewEvent<'a> {
     pub detail: Option<&'a str>,
 }
 
+/// One claim to settle in [`ClaimStore::settle_many`].
+#[derive(Debug, Clone)]
+pub struct SettleItem<'a> {
+    /// Claim id.
+    pub id: i64,
+    /// The attempt this worker holds (the fence).
+    pub attempt: i32,
+    /// How it settles.
+    pub settlement: Settlement,
+    /// Its history line.
+    pub event: NewEvent<'a>,
+}
+
 /// Which claims `claims list` and `GET /v1/claims` show.
 #[derive(Debug, Clone, Default)]
 pub struct ClaimFilter {
@@ -278,6 +291,22 @@ pub trait ClaimStore: Send + Sync + 'static {
         event: &NewEvent<'_>,
     ) -> StoreResult<bool>;
 
+    /// Settles many claims in one round trip where the driver can, each fenced on its own
+    /// `attempt` and `state = 'started'` exactly like [`settle`] (I2), each with its history
+    /// line. Ids must be distinct. Returns, per item in order, whether it changed anything.
+    ///
+    /// [`settle`]: ClaimStore::settle
+    async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
+        let mut out = Vec::with_capacity(items.len());
+        for i in items {
+            out.push(
+                self.settle(i.id, i.attempt, &i.settlement, &i.event)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
     /// Records a history line without changing the claim.
     async fn record_event(&self, id: i64, attempt: i32, event: &NewEvent<'_>) -> StoreResult<()>;
 
@@ -360,12 +389,18 @@ pub trait ClaimStore: Send + Sync + 'static {
 /// A shared store handle.
 pub type Store = Arc<dyn ClaimStore>;
 
-/// Opens the store named by `url`.
+/// Opens the store named by `url` (PostgreSQL with batched writes: see [`open_with`]).
 pub async fn open(url: &str, max_connections: u32) -> StoreResult<Store> {
+    open_with(url, max_connections, true).await
+}
+
+/// Opens the store named by `url`. `batch_writes` lets the PostgreSQL driver send concurrent
+/// claims and settles together (see [`postgres::PgStore`]); SQLite ignores it (its writes are
+/// serialised anyway).
+pub async fn open_with(url: &str, max_connections: u32, batch_writes: bool) -> StoreResult<Store> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(
-            postgres::PgStore::connect(url, max_connections).await?,
-        ))
+        let pg = postgres::PgStore::connect(url, max_connections).await?;
+        Ok(Arc::new(if batch_writes { pg } else { pg.unbatched() }))
     } else if url.starts_with("sqlite:") {
         Ok(Arc::new(
             sqlite::SqliteStore::connect(url, max_connections).await?,

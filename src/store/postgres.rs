@@ -4,16 +4,18 @@
 
 use super::{
     ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, Handoff, NewEvent,
-    PruneResult, Settlement, StoreError, StoreResult, TakenClaim,
+    PruneResult, SettleItem, Settlement, StoreError, StoreResult, TakenClaim,
 };
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Row};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tracing::instrument;
 
 /// Columns of a claim, without the payload (lists and intake answers do not need it).
@@ -69,6 +71,46 @@ const SETTLE: &str = "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     SELECT id, $2, $10, $11, $12, $13, $14 FROM s";
 
+/// Many claims in one statement (committed together, before any effect: I1). Rows that
+/// conflict are skipped here and looked at one by one afterwards.
+const INSERT_CLAIMS: &str = concat!(
+    "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
+     content_type, lease_owner, lease_until) \
+     SELECT c, t, m, k, f, p, ct, w, now() + l * interval '1 millisecond' \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], \
+                 $7::text[], $8::text[], $9::bigint[]) AS u(c, t, m, k, f, p, ct, w, l) \
+     ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
+    cols!()
+);
+
+/// Many fenced settles and their history lines in one statement: each row is updated only
+/// `WHERE id = u.id AND attempt = u.attempt AND state = 'started'` (I2), as in [`SETTLE`].
+const SETTLE_MANY: &str = "\
+    WITH u AS ( \
+      SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::text[], \
+        $6::text[], $7::bool[], $8::bool[], $9::bool[], $10::text[], $11::text[], $12::text[], \
+        $13::int[], $14::text[]) \
+      AS u(id, attempt, st, pstatus, presp, err, rec, hoff, rel, actor, action, outcome, \
+           estatus, detail)), \
+    s AS ( \
+      UPDATE claims c SET \
+        state = COALESCE(u.st, c.state), \
+        provider_status = COALESCE(u.pstatus, c.provider_status), \
+        provider_response = COALESCE(u.presp, c.provider_response), \
+        last_error = COALESCE(u.err, c.last_error), \
+        reconciled = c.reconciled OR u.rec, \
+        handoff = CASE WHEN u.hoff THEN 'not_applied' ELSE c.handoff END, \
+        handoff_attempt = CASE WHEN u.hoff THEN c.attempt ELSE c.handoff_attempt END, \
+        processed_utc = CASE WHEN u.st = 'completed' THEN now() ELSE c.processed_utc END, \
+        lease_owner = CASE WHEN u.st IS NULL OR u.st = 'started' THEN c.lease_owner END, \
+        lease_until = CASE WHEN u.rel THEN now() \
+                           WHEN u.st IS NULL OR u.st = 'started' THEN c.lease_until END, \
+        updated_utc = now() \
+      FROM u WHERE c.id = u.id AND c.attempt = u.attempt AND c.state = 'started' \
+      RETURNING c.id, u.attempt, u.actor, u.action, u.outcome, u.estatus, u.detail) \
+    INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
+    SELECT id, attempt, actor, action, outcome, estatus, detail FROM s RETURNING claim_id";
+
 const INSERT_EVENT: &str = "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     VALUES ($1, $2, $3, $4, $5, $6, $7)";
@@ -93,7 +135,7 @@ const LIST_EVENTS: &str = "\
     FROM claim_events WHERE claim_id = $1 ORDER BY id";
 
 /// Takeover: bump the fencing token and renew the lease in the same statement.
-const TAKE_STALE: &str = concat!(
+pub const TAKE_STALE: &str = concat!(
     "UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
        lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
        updated_utc = now() \
@@ -138,7 +180,7 @@ const REDRIVE: &str = concat!(
 );
 
 /// Open work, over all time: small sets served by the partial indexes.
-const COUNT_OPEN: &str = "\
+pub const COUNT_OPEN: &str = "\
     SELECT consumer, state, COUNT(*) AS n, \
       COUNT(*) FILTER (WHERE lease_until < now()) AS stuck, \
       EXTRACT(EPOCH FROM now() - MIN(received_utc))::float8 AS oldest_s \
@@ -146,7 +188,7 @@ const COUNT_OPEN: &str = "\
     GROUP BY consumer, state";
 
 /// Throughput figures over the report window.
-const COUNT_WINDOW: &str = "\
+pub const COUNT_WINDOW: &str = "\
     SELECT consumer, COUNT(*) AS claims, \
       COALESCE(SUM(duplicate_count), 0)::bigint AS duplicates, \
       COALESCE(SUM(mismatch_count), 0)::bigint AS mismatches, \
@@ -197,13 +239,158 @@ const PRUNE_COUNT: &str = "\
     WHERE state IN ('completed', 'failed') AND updated_utc < now() - $1 * interval '1 millisecond'";
 
 /// The PostgreSQL claim store.
-#[derive(Debug, Clone)]
+///
+/// Unless built with [`PgStore::unbatched`], concurrent [`ClaimStore::claim`] and
+/// [`ClaimStore::settle`] calls are coalesced: a few background tasks take whatever calls are
+/// waiting and send them as one statement ([`INSERT_CLAIMS`], [`SETTLE_MANY`]), so under load
+/// one commit serves many messages. Each caller still gets its own answer only after the
+/// statement carrying its row has committed (I1), and each settle stays fenced on its own
+/// `attempt` (I2). With one call waiting, the one-row statement is used, so an idle worker
+/// adds no delay.
+#[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    batch: Option<Arc<Batcher>>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("pool", &self.pool)
+            .field("batched", &self.batch.is_some())
+            .finish()
+    }
+}
+
+/// Background tasks per kind of batched statement (each holds at most one connection).
+const BATCH_WORKERS: usize = 4;
+/// Most rows in one batched statement.
+const MAX_BATCH: usize = 256;
+
+/// Where `claim` and `settle` calls wait to be sent together.
+struct Batcher {
+    claims: mpsc::Sender<PendingClaim>,
+    settles: mpsc::Sender<PendingSettle>,
+}
+
+struct PendingClaim {
+    new: NewClaim,
+    done: oneshot::Sender<StoreResult<ClaimOutcome>>,
+}
+
+struct PendingSettle {
+    id: i64,
+    attempt: i32,
+    settlement: Settlement,
+    actor: String,
+    action: String,
+    outcome: String,
+    provider_status: Option<i32>,
+    detail: Option<String>,
+    done: oneshot::Sender<StoreResult<bool>>,
+}
+
+impl PendingSettle {
+    fn item(&self) -> SettleItem<'_> {
+        SettleItem {
+            id: self.id,
+            attempt: self.attempt,
+            settlement: self.settlement.clone(),
+            event: self.event(),
+        }
+    }
+
+    fn event(&self) -> NewEvent<'_> {
+        NewEvent {
+            actor: &self.actor,
+            action: &self.action,
+            outcome: &self.outcome,
+            provider_status: self.provider_status,
+            detail: self.detail.as_deref(),
+        }
+    }
+}
+
+/// Waits for one call, then takes every other call already waiting (up to [`MAX_BATCH`]).
+async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>) -> Option<Vec<T>> {
+    let mut rx = rx.lock().await;
+    let first = rx.recv().await?;
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(p) => batch.push(p),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
+async fn claim_worker(store: PgStore, rx: Arc<Mutex<mpsc::Receiver<PendingClaim>>>) {
+    while let Some(mut batch) = next_batch(&rx).await {
+        if batch.len() == 1 {
+            let p = batch.pop().expect("one");
+            let _ = p.done.send(store.claim_one(&p.new).await);
+            continue;
+        }
+        let news: Vec<&NewClaim> = batch.iter().map(|p| &p.new).collect();
+        match store.insert_batch(&news).await {
+            Ok(created) => {
+                for (p, c) in batch.into_iter().zip(created) {
+                    match c {
+                        Some(c) => {
+                            let _ = p.done.send(Ok(ClaimOutcome::Created(c)));
+                        }
+                        // A repeat: counted one by one, without holding up the others.
+                        None => {
+                            let s = store.clone();
+                            tokio::spawn(async move {
+                                let _ = p.done.send(s.claim_one(&p.new).await);
+                            });
+                        }
+                    }
+                }
+            }
+            // The statement failed as a whole, so nothing of it committed: one by one.
+            Err(_) => {
+                for p in batch {
+                    let _ = p.done.send(store.claim_one(&p.new).await);
+                }
+            }
+        }
+    }
+}
+
+async fn settle_worker(store: PgStore, rx: Arc<Mutex<mpsc::Receiver<PendingSettle>>>) {
+    while let Some(mut batch) = next_batch(&rx).await {
+        // One statement per round of distinct ids (a repeated id waits for the next round).
+        while !batch.is_empty() {
+            let mut seen = std::collections::HashSet::new();
+            let (round, rest): (Vec<_>, Vec<_>) =
+                batch.into_iter().partition(|p| seen.insert(p.id));
+            batch = rest;
+            if round.len() > 1 {
+                let items: Vec<SettleItem<'_>> = round.iter().map(PendingSettle::item).collect();
+                if let Ok(done) = store.settle_batch(&items).await {
+                    for (p, d) in round.into_iter().zip(done) {
+                        let _ = p.done.send(Ok(d));
+                    }
+                    continue;
+                }
+            }
+            // One call, or the batch failed as a whole (nothing committed): one by one.
+            for p in round {
+                let r = store
+                    .settle_one(p.id, p.attempt, &p.settlement, &p.event())
+                    .await;
+                let _ = p.done.send(r);
+            }
+        }
+    }
 }
 
 impl PgStore {
-    /// Connects a pool to `url`.
+    /// Connects a pool to `url`, with concurrent claims and settles coalesced (see
+    /// [`PgStore`]). Must be called inside a Tokio runtime (it starts the batching tasks).
     pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::from_sqlx("connect", e))?
@@ -212,12 +399,214 @@ impl PgStore {
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy_with(options);
-        Ok(PgStore { pool })
+        let plain = PgStore { pool, batch: None };
+        let (claims, claims_rx) = mpsc::channel(MAX_BATCH * BATCH_WORKERS);
+        let (settles, settles_rx) = mpsc::channel(MAX_BATCH * BATCH_WORKERS);
+        let (claims_rx, settles_rx) = (
+            Arc::new(Mutex::new(claims_rx)),
+            Arc::new(Mutex::new(settles_rx)),
+        );
+        for _ in 0..BATCH_WORKERS {
+            tokio::spawn(claim_worker(plain.clone(), claims_rx.clone()));
+            tokio::spawn(settle_worker(plain.clone(), settles_rx.clone()));
+        }
+        Ok(PgStore {
+            batch: Some(Arc::new(Batcher { claims, settles })),
+            ..plain
+        })
+    }
+
+    /// The same store with every call sent on its own (one statement per claim or settle).
+    pub fn unbatched(self) -> Self {
+        PgStore {
+            batch: None,
+            ..self
+        }
     }
 
     /// The pool, for tests and benchmarks that need raw SQL.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Inserts `new` in one statement; per item, the new claim, or `None` when the key was
+    /// already claimed (before, or earlier in this batch).
+    async fn insert_batch(&self, new: &[&NewClaim]) -> StoreResult<Vec<Option<Claim>>> {
+        let col = |f: fn(&NewClaim) -> &str| new.iter().map(|n| f(n)).collect::<Vec<&str>>();
+        let rows = sqlx::query(INSERT_CLAIMS)
+            .bind(col(|n| &n.consumer))
+            .bind(col(|n| &n.tenant))
+            .bind(col(|n| &n.message_id))
+            .bind(col(|n| &n.idem_key))
+            .bind(col(|n| &n.fingerprint))
+            .bind(
+                new.iter()
+                    .map(|n| n.payload.as_slice())
+                    .collect::<Vec<&[u8]>>(),
+            )
+            .bind(col(|n| &n.content_type))
+            .bind(col(|n| &n.worker))
+            .bind(new.iter().map(|n| ms(n.lease)).collect::<Vec<i64>>())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err("insert_claims"))?;
+        let mut created: HashMap<(String, String, String), Claim> = rows
+            .iter()
+            .map(|r| {
+                claim_from_row(r).map(|c| {
+                    (
+                        (c.consumer.clone(), c.tenant.clone(), c.message_id.clone()),
+                        c,
+                    )
+                })
+            })
+            .collect::<StoreResult<_>>()?;
+        Ok(new
+            .iter()
+            .map(|n| {
+                created
+                    .remove(&(n.consumer.clone(), n.tenant.clone(), n.message_id.clone()))
+                    .map(|mut c| {
+                        c.payload = n.payload.clone();
+                        c
+                    })
+            })
+            .collect())
+    }
+
+    /// One statement for many fenced settles (ids distinct).
+    async fn settle_batch(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
+        let state = |i: &SettleItem<'_>| i.settlement.state.map(|st| st.as_str());
+        let rows: Vec<i64> = sqlx::query_scalar(SETTLE_MANY)
+            .bind(items.iter().map(|i| i.id).collect::<Vec<_>>())
+            .bind(items.iter().map(|i| i.attempt).collect::<Vec<_>>())
+            .bind(items.iter().map(state).collect::<Vec<_>>())
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.settlement.provider_status)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.settlement.provider_response.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.settlement.error.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.settlement.reconciled)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.settlement.handoff_not_applied)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.settlement.release_lease)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(items.iter().map(|i| i.event.actor).collect::<Vec<_>>())
+            .bind(items.iter().map(|i| i.event.action).collect::<Vec<_>>())
+            .bind(items.iter().map(|i| i.event.outcome).collect::<Vec<_>>())
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.event.provider_status)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(items.iter().map(|i| i.event.detail).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err("settle_many"))?;
+        let done: std::collections::HashSet<i64> = rows.into_iter().collect();
+        Ok(items.iter().map(|i| done.contains(&i.id)).collect())
+    }
+
+    /// One claim, one statement (plus the repeat count for a duplicate).
+    async fn claim_one(&self, new: &NewClaim) -> StoreResult<ClaimOutcome> {
+        // Each statement autocommits: the claim is committed alone (I1). A row pruned between
+        // the two statements makes the repeat-count miss; the loop then claims it afresh.
+        for _ in 0..3 {
+            let inserted = sqlx::query(INSERT_CLAIM)
+                .bind(&new.consumer)
+                .bind(&new.tenant)
+                .bind(&new.message_id)
+                .bind(&new.idem_key)
+                .bind(&new.fingerprint)
+                .bind(&new.payload)
+                .bind(&new.content_type)
+                .bind(&new.worker)
+                .bind(ms(new.lease))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(err("insert_claim"))?;
+            if let Some(row) = inserted {
+                let mut claim = claim_from_row(&row)?;
+                claim.payload = new.payload.clone();
+                return Ok(ClaimOutcome::Created(claim));
+            }
+            let existing = sqlx::query(COUNT_REPEAT)
+                .bind(&new.consumer)
+                .bind(&new.tenant)
+                .bind(&new.message_id)
+                .bind(&new.fingerprint)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(err("count_repeat"))?;
+            if let Some(row) = existing {
+                let claim = claim_from_row(&row)?;
+                return Ok(if claim.fingerprint == new.fingerprint {
+                    ClaimOutcome::Duplicate(claim)
+                } else {
+                    ClaimOutcome::Mismatch(claim)
+                });
+            }
+        }
+        Err(StoreError::Corrupt(format!(
+            "claim {}/{} neither inserted nor found after 3 tries",
+            new.consumer, new.message_id
+        )))
+    }
+
+    /// One fenced settle, one statement.
+    async fn settle_one(
+        &self,
+        id: i64,
+        attempt: i32,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(SETTLE)
+            .bind(id)
+            .bind(attempt)
+            .bind(s.state.map(|st| st.as_str()))
+            .bind(s.provider_status)
+            .bind(s.provider_response.as_deref())
+            .bind(s.error.as_deref())
+            .bind(s.reconciled)
+            .bind(s.handoff_not_applied)
+            .bind(s.release_lease)
+            .bind(event.actor)
+            .bind(event.action)
+            .bind(event.outcome)
+            .bind(event.provider_status)
+            .bind(event.detail)
+            .execute(&self.pool)
+            .await
+            .map_err(err("settle"))?;
+        Ok(done.rows_affected() == 1)
     }
 }
 
@@ -296,48 +685,50 @@ impl ClaimStore for PgStore {
 
     #[instrument(skip_all, fields(consumer = %new.consumer, tenant = %new.tenant, message_id = %new.message_id))]
     async fn claim(&self, new: &NewClaim) -> StoreResult<ClaimOutcome> {
-        // Each statement autocommits: the claim is committed alone (I1). A row pruned between
-        // the two statements makes the repeat-count miss; the loop then claims it afresh.
-        for _ in 0..3 {
-            let inserted = sqlx::query(INSERT_CLAIM)
-                .bind(&new.consumer)
-                .bind(&new.tenant)
-                .bind(&new.message_id)
-                .bind(&new.idem_key)
-                .bind(&new.fingerprint)
-                .bind(&new.payload)
-                .bind(&new.content_type)
-                .bind(&new.worker)
-                .bind(ms(new.lease))
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(err("insert_claim"))?;
-            if let Some(row) = inserted {
-                let mut claim = claim_from_row(&row)?;
-                claim.payload = new.payload.clone();
-                return Ok(ClaimOutcome::Created(claim));
-            }
-            let existing = sqlx::query(COUNT_REPEAT)
-                .bind(&new.consumer)
-                .bind(&new.tenant)
-                .bind(&new.message_id)
-                .bind(&new.fingerprint)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(err("count_repeat"))?;
-            if let Some(row) = existing {
-                let claim = claim_from_row(&row)?;
-                return Ok(if claim.fingerprint == new.fingerprint {
-                    ClaimOutcome::Duplicate(claim)
-                } else {
-                    ClaimOutcome::Mismatch(claim)
-                });
+        if let Some(b) = &self.batch {
+            let (done, answer) = oneshot::channel();
+            let p = PendingClaim {
+                new: new.clone(),
+                done,
+            };
+            if b.claims.send(p).await.is_ok()
+                && let Ok(r) = answer.await
+            {
+                return r;
             }
         }
-        Err(StoreError::Corrupt(format!(
-            "claim {}/{} neither inserted nor found after 3 tries",
-            new.consumer, new.message_id
-        )))
+        self.claim_one(new).await
+    }
+
+    async fn claim_many(&self, new: &[NewClaim]) -> StoreResult<Vec<ClaimOutcome>> {
+        let refs: Vec<&NewClaim> = new.iter().collect();
+        let created = if new.len() > 1 {
+            self.insert_batch(&refs).await?
+        } else {
+            vec![None; new.len()]
+        };
+        let mut out = Vec::with_capacity(new.len());
+        for (n, c) in new.iter().zip(created) {
+            out.push(match c {
+                Some(c) => ClaimOutcome::Created(c),
+                None => self.claim_one(n).await?,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
+        if items.len() <= 1 {
+            let mut out = Vec::new();
+            for i in items {
+                out.push(
+                    self.settle_one(i.id, i.attempt, &i.settlement, &i.event)
+                        .await?,
+                );
+            }
+            return Ok(out);
+        }
+        self.settle_batch(items).await
     }
 
     async fn get(
@@ -364,25 +755,26 @@ impl ClaimStore for PgStore {
         s: &Settlement,
         event: &NewEvent<'_>,
     ) -> StoreResult<bool> {
-        let done = sqlx::query(SETTLE)
-            .bind(id)
-            .bind(attempt)
-            .bind(s.state.map(|st| st.as_str()))
-            .bind(s.provider_status)
-            .bind(s.provider_response.as_deref())
-            .bind(s.error.as_deref())
-            .bind(s.reconciled)
-            .bind(s.handoff_not_applied)
-            .bind(s.release_lease)
-            .bind(event.actor)
-            .bind(event.action)
-            .bind(event.outcome)
-            .bind(event.provider_status)
-            .bind(event.detail)
-            .execute(&self.pool)
-            .await
-            .map_err(err("settle"))?;
-        Ok(done.rows_affected() == 1)
+        if let Some(b) = &self.batch {
+            let (done, answer) = oneshot::channel();
+            let p = PendingSettle {
+                id,
+                attempt,
+                settlement: s.clone(),
+                actor: event.actor.to_string(),
+                action: event.action.to_string(),
+                outcome: event.outcome.to_string(),
+                provider_status: event.provider_status,
+                detail: event.detail.map(str::to_string),
+                done,
+            };
+            if b.settles.send(p).await.is_ok()
+                && let Ok(r) = answer.await
+            {
+                return r;
+            }
+        }
+        self.settle_one(id, attempt, s, event).await
     }
 
     async fn record_event(&self, id: i64, attempt: i32, e: &NewEvent<'_>) -> StoreResult<()> {
