@@ -515,3 +515,19 @@ async fn batched_claims_and_settles_postgres() {
     };
     batches(store).await;
 }
+
+/// Regression: two workers starting together on a fresh database both migrate; an index built
+/// CONCURRENTLY deadlocked against the other's migration lock and one worker exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_migrating_at_once_both_start_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    for _ in 0..3 {
+        let a = claimd::store::open(&store.url(), 2).await.unwrap();
+        let b = claimd::store::open(&store.url(), 2).await.unwrap();
+        let (ra, rb) = tokio::join!(a.migrate(), b.migrate());
+        ra.unwrap();
+        rb.unwrap();
+    }
+}
