@@ -17,7 +17,7 @@ use crate::store::{ClaimOutcome, NewEvent, Settlement, Store, StoreError};
 use backon::BackoffBuilder;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -31,7 +31,12 @@ pub struct Consumer {
     pub template: KeyTemplate,
     /// The side effect.
     pub effect: Arc<dyn Effect>,
+    /// Provider calls in flight (`concurrency`).
     slots: Arc<Semaphore>,
+    /// Deliveries being claimed, or claimed and waiting for a call slot (also `concurrency`):
+    /// intake's bound, so the next claims commit while the current calls run.
+    intake: Arc<Semaphore>,
+    settling: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -50,11 +55,14 @@ impl Consumer {
             .parse()
             .map_err(|e| format!("consumer {}: key: {e}", config.name))?;
         let slots = Arc::new(Semaphore::new(config.concurrency as usize));
+        let intake = Arc::new(Semaphore::new(config.concurrency as usize));
         Ok(Consumer {
             config,
             template,
             effect,
             slots,
+            intake,
+            settling: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -63,7 +71,7 @@ impl Consumer {
         &self.config.name
     }
 
-    /// Waits for an in-flight slot.
+    /// Waits for an in-flight slot (one provider call).
     pub async fn slot(&self) -> OwnedSemaphorePermit {
         // The semaphore is never closed.
         self.slots
@@ -73,9 +81,80 @@ impl Consumer {
             .expect("consumer semaphore closed")
     }
 
+    /// Waits for an intake place (one delivery being claimed or waiting for a call slot).
+    async fn intake_place(&self) -> OwnedSemaphorePermit {
+        self.intake
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("consumer semaphore closed")
+    }
+
+    /// Deliveries being claimed or waiting for a call slot now.
+    pub fn queued(&self) -> usize {
+        self.config.concurrency as usize - self.intake.available_permits()
+    }
+
     /// Effects in flight now.
     pub fn in_flight(&self) -> usize {
         self.config.concurrency as usize - self.slots.available_permits()
+    }
+
+    /// Effects whose provider call is over and whose outcome is being written.
+    pub fn settling(&self) -> usize {
+        self.settling.load(Ordering::SeqCst)
+    }
+}
+
+/// An effect's hold on its consumer's capacity: the in-flight slot while the provider is
+/// called, then a place in the consumer's settling count while the outcome
+/// is written. The slot is handed back before the settle so that a slow commit does not keep
+/// the next message from its call: `concurrency` bounds provider calls, as a handler that calls
+/// the provider directly would be bounded; the settles waiting behind it are bounded by the
+/// batcher and counted, so a graceful shutdown still waits for them.
+pub struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+    settling: Option<Arc<AtomicUsize>>,
+    counted: bool,
+}
+
+impl Slot {
+    /// A slot taken at intake.
+    pub fn held(permit: OwnedSemaphorePermit, consumer: &Consumer) -> Self {
+        Slot {
+            permit: Some(permit),
+            settling: Some(consumer.settling.clone()),
+            counted: false,
+        }
+    }
+
+    /// No slot of its own (the caller, e.g. the sweeper, bounds its work itself).
+    pub fn none() -> Self {
+        Slot {
+            permit: None,
+            settling: None,
+            counted: false,
+        }
+    }
+
+    /// The provider call is over: free the slot, count the settle.
+    fn release_for_settle(&mut self) {
+        if self.permit.take().is_some()
+            && let Some(s) = &self.settling
+        {
+            s.fetch_add(1, Ordering::SeqCst);
+            self.counted = true;
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.counted
+            && let Some(s) = &self.settling
+        {
+            s.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -236,7 +315,11 @@ impl Claimer {
     pub async fn drain(&self, grace: Duration) -> usize {
         let deadline = Instant::now() + grace;
         loop {
-            let busy: usize = self.consumers.values().map(|c| c.in_flight()).sum();
+            let busy: usize = self
+                .consumers
+                .values()
+                .map(|c| c.queued() + c.in_flight() + c.settling())
+                .sum();
             if busy == 0 || Instant::now() >= deadline {
                 return busy;
             }
@@ -273,9 +356,13 @@ impl Claimer {
             m.refused(&d.consumer, "bad_payload");
             return Err(SubmitError::BadPayload(why));
         }
-        // Backpressure: a slot first, so the backlog waits in the client or the broker, never
-        // in memory here.
-        let Ok(permit) = tokio::time::timeout(self.intake_wait, consumer.slot()).await else {
+        // Backpressure: an intake place first, so the backlog waits in the client or the broker,
+        // never in memory here. At most `concurrency` deliveries are being claimed or wait for
+        // a call slot, besides the `concurrency` calls in flight: claims for the next calls
+        // commit while the current ones run, so the claim's commit does not lengthen each
+        // slot's turn.
+        let Ok(place) = tokio::time::timeout(self.intake_wait, consumer.intake_place()).await
+        else {
             m.refused(&d.consumer, "busy");
             return Err(SubmitError::Busy(d.consumer.clone()));
         };
@@ -303,8 +390,9 @@ impl Claimer {
                 let this = self.clone();
                 let for_task = claim.clone();
                 tokio::spawn(async move {
-                    let _permit = permit;
-                    this.drive(&consumer, &for_task, started, false).await;
+                    let slot = Slot::held(consumer.slot().await, &consumer);
+                    drop(place);
+                    this.drive(&consumer, &for_task, started, false, slot).await;
                 });
                 Ok(Accepted::New(claim))
             }
@@ -325,7 +413,8 @@ impl Claimer {
     /// Drives one attempt of `claim` (whose `attempt` this worker holds): calls the provider,
     /// retries while the lease allows, settles fenced. `lease_start` is when the lease was
     /// (re)newed, measured on this machine's monotonic clock. `resend` marks the first call
-    /// as a re-send after an unknown outcome.
+    /// as a re-send after an unknown outcome. `slot` is released once the provider has
+    /// answered, before the settle.
     #[instrument(skip_all, fields(consumer = %claim.consumer, tenant = %claim.tenant, message_id = %claim.message_id, attempt = claim.attempt))]
     pub async fn drive(
         &self,
@@ -333,6 +422,7 @@ impl Claimer {
         claim: &Claim,
         lease_start: Instant,
         resend: bool,
+        mut slot: Slot,
     ) -> AttemptEnd {
         let cfg = &consumer.config;
         // Last moment a call may start and still end before the lease does.
@@ -374,6 +464,7 @@ impl Claimer {
                     };
                     return self
                         .finish(
+                            &mut slot,
                             claim,
                             deadline,
                             completed(status, response, false),
@@ -394,11 +485,14 @@ impl Claimer {
                         provider_response: Some(response),
                         ..Default::default()
                     };
-                    return self.finish(claim, deadline, s, "perform", "rejected").await;
+                    return self
+                        .finish(&mut slot, claim, deadline, s, "perform", "rejected")
+                        .await;
                 }
                 Step::Park(reason) => {
                     return self
                         .finish(
+                            &mut slot,
                             claim,
                             deadline,
                             park(reason, outcome.status()),
@@ -413,6 +507,7 @@ impl Claimer {
                     Some(Lookup::Found { status, response }) => {
                         return self
                             .finish(
+                                &mut slot,
                                 claim,
                                 deadline,
                                 completed(status, response, true),
@@ -424,12 +519,15 @@ impl Claimer {
                     Some(Lookup::NotFound) => (None, true),
                     Some(Lookup::Unknown { error }) => {
                         let why = format!("{}; reconcile undecided: {error}", error_of(&outcome));
-                        return self.leave(claim, &why, outcome.status(), false).await;
+                        return self
+                            .leave(&mut slot, claim, &why, outcome.status(), false)
+                            .await;
                     }
                     None => {
                         let why = format!("{}; no status endpoint", error_of(&outcome));
                         return self
                             .finish(
+                                &mut slot,
                                 claim,
                                 deadline,
                                 park(why, outcome.status()),
@@ -448,7 +546,7 @@ impl Claimer {
             if Instant::now() + delay >= deadline {
                 // Lease budget spent: let the sweeper take it from here.
                 return self
-                    .leave(claim, &error, outcome.status(), not_applied)
+                    .leave(&mut slot, claim, &error, outcome.status(), not_applied)
                     .await;
             }
             if let Err(e) = self
@@ -497,6 +595,7 @@ impl Claimer {
     /// Leaves the claim `started`, releasing the lease so the sweeper need not wait it out.
     async fn leave(
         &self,
+        slot: &mut Slot,
         claim: &Claim,
         error: &str,
         status: Option<i32>,
@@ -510,6 +609,7 @@ impl Claimer {
             release_lease: true,
             ..Default::default()
         };
+        slot.release_for_settle();
         let outcome = if not_applied {
             "not_applied"
         } else {
@@ -539,6 +639,7 @@ impl Claimer {
     /// sweeper decides again (the effect's outcome is then unknown to it: it reconciles).
     async fn finish(
         &self,
+        slot: &mut Slot,
         claim: &Claim,
         deadline: Instant,
         s: Settlement,
@@ -552,6 +653,7 @@ impl Claimer {
             provider_status: s.provider_status,
             detail: s.error.as_deref(),
         };
+        slot.release_for_settle();
         let mut delay = Duration::from_millis(100);
         loop {
             match self.store.settle(claim.id, claim.attempt, &s, &event).await {

@@ -3,7 +3,7 @@
 //! each, as [`policy::on_takeover`] decides. No claim stays stuck (I4); no outcome is guessed (I6).
 
 use crate::claim::{Claim, ClaimState};
-use crate::claimer::{AttemptEnd, Claimer, Consumer};
+use crate::claimer::{AttemptEnd, Claimer, Consumer, Slot};
 use crate::effect::Lookup;
 use crate::policy::{self, Takeover, TakeoverFacts};
 use crate::store::{NewEvent, Settlement, StoreError, TakenClaim};
@@ -230,9 +230,11 @@ async fn handle(
     let claim = &t.claim;
     claimer.metrics().sweep_action(action_name(&decision));
     let result = match &decision {
-        Takeover::Perform { resend } => {
-            end_name(&claimer.drive(consumer, claim, lease_start, *resend).await)
-        }
+        Takeover::Perform { resend } => end_name(
+            &claimer
+                .drive(consumer, claim, lease_start, *resend, Slot::none())
+                .await,
+        ),
         Takeover::Park(reason) => park(claimer, claim, reason).await,
         Takeover::Reconcile => match claimer.lookup(consumer, claim).await {
             Some(Lookup::Found { status, response }) => {
@@ -248,7 +250,9 @@ async fn handle(
             Some(Lookup::NotFound) => {
                 match policy::after_not_found(t.age, consumer.config.redrive_within.0) {
                     Takeover::Perform { .. } => {
-                        let end = claimer.drive(consumer, claim, lease_start, false).await;
+                        let end = claimer
+                            .drive(consumer, claim, lease_start, false, Slot::none())
+                            .await;
                         format!("not found at provider; redriven: {}", end_name(&end))
                     }
                     Takeover::Park(reason) => park(claimer, claim, &reason).await,

@@ -266,3 +266,82 @@ async fn an_intake_token_guards_intake_when_configured() {
     );
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// Saturation, as DESIGN.md asks it documented and tested: `concurrency` calls in flight plus
+/// `concurrency` claimed deliveries waiting for a slot; beyond that intake waits
+/// `intake_wait`, then answers `503` with `Retry-After` and commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_consumer_answers_503_and_commits_nothing() {
+    let store = TestStore::sqlite();
+    let (sb, provider) = sandbox(SandboxOptions {
+        latency: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await;
+    let consumer = format!(
+        r#"
+[[consumers]]
+name = "payments"
+source = "http"
+concurrency = 2
+lease = "20s"
+max_attempts = 5
+redrive_within = "1h"
+[consumers.effect]
+kind = "http"
+url = "{provider}/v1/payments"
+timeout = "5s"
+"#
+    );
+    let running = start(&config_toml_with(
+        &store.url(),
+        "intake_wait = \"300ms\"",
+        &consumer,
+    ))
+    .await;
+    let base = format!("http://{}", running.http_addr);
+    let c = client();
+    let post = |key: &str| {
+        c.post(format!("{base}/v1/messages/payments"))
+            .header("Idempotency-Key", key)
+            .body("{\"amount\":1}")
+            .send()
+    };
+    // Two calls in flight, then two claimed deliveries waiting for a call slot.
+    for key in ["s1", "s2"] {
+        assert_eq!(post(key).await.unwrap().status().as_u16(), 202);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for key in ["s3", "s4"] {
+        assert_eq!(post(key).await.unwrap().status().as_u16(), 202);
+    }
+    let r = post("s5").await.unwrap();
+    assert_eq!(r.status().as_u16(), 503, "the fifth delivery finds no room");
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert!(r.text().await.unwrap().contains("concurrency limit"));
+    assert_eq!(
+        claim_count(&running).await,
+        4,
+        "the refused one left no claim"
+    );
+    assert_eq!(sb.requests(), 2, "two calls at once, never more");
+
+    // The waiting ones get their turn; the refused one, sent again, is taken.
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            sb.effects().len() == 4
+        })
+        .await
+    );
+    assert_eq!(post("s5").await.unwrap().status().as_u16(), 202);
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            sb.effects().len() == 5
+        })
+        .await
+    );
+    running.shutdown(Duration::from_secs(3)).await;
+}
