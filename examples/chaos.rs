@@ -7,9 +7,13 @@
 //! ```sh
 //! cargo build --release && cargo run --release --example chaos
 //! CHAOS_MESSAGES=100000 CHAOS_KILLS=60 CHAOS_SEED=7 CHAOS_REAL_DB_RESTART=1 cargo run --release --example chaos
+//! CHAOS_INTAKE=amqp CHAOS_BROKER_OUTAGE_S=10 CHAOS_SEED=7 cargo run --release --example chaos
 //! ```
 //! `CHAOS_REAL_DB_RESTART=1` stops and starts the real PostgreSQL server (`pg_ctlcluster`, as
-//! root); without it the workers' connections are cut at a proxy instead.
+//! root); without it the workers' connections are cut at a proxy instead. `CHAOS_INTAKE=amqp`
+//! publishes the ledger to RabbitMQ instead of posting it, and `CHAOS_BROKER_OUTAGE_S` (default
+//! 10 with amqp, 0 to skip) stops RabbitMQ (`rabbitmqctl stop_app`) for that long a third of the
+//! way in. Nothing else should be using the broker or the database server meanwhile.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -29,8 +33,18 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 #[tokio::main]
 async fn main() {
     let seed: u64 = env_or("CHAOS_SEED", fastrand::u64(..1_000_000));
+    let amqp = std::env::var("CHAOS_INTAKE").is_ok_and(|v| v == "amqp");
+    let broker_outage_s: u64 = env_or("CHAOS_BROKER_OUTAGE_S", if amqp { 10 } else { 0 });
     let scenario = harness::Scenario {
-        name: format!("long run, seed {seed}"),
+        name: format!(
+            "long run, {}, seed {seed}",
+            if amqp { "RabbitMQ" } else { "HTTP" }
+        ),
+        intake: if amqp {
+            harness::Intake::Amqp
+        } else {
+            harness::Intake::Http
+        },
         messages: env_or("CHAOS_MESSAGES", 100_000),
         workers: env_or("CHAOS_WORKERS", 3),
         kills: env_or("CHAOS_KILLS", 60),
@@ -46,12 +60,16 @@ async fn main() {
         clients: env_or("CHAOS_CLIENTS", 32),
         seed,
         bad_input: true,
+        emails: env_or("CHAOS_EMAILS", 2_000),
+        broker_outage: (broker_outage_s > 0).then(|| Duration::from_secs(broker_outage_s)),
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()
         .await
         .expect("PostgreSQL is required");
-    let outcome = harness::run(&scenario, &db.url).await;
+    let outcome = harness::run(&scenario, &db.url)
+        .await
+        .expect("RabbitMQ is required for CHAOS_INTAKE=amqp");
     println!("{}\n{}", harness::Outcome::header(), outcome.row());
     harness::assert_invariants(&outcome, true);
     println!("all invariants hold");

@@ -5,12 +5,13 @@ mod common;
 mod harness;
 
 use claimd::sandbox::SandboxOptions;
-use harness::{Outcome, Scenario, assert_invariants};
+use harness::{Intake, Outcome, Scenario, assert_invariants};
 use std::time::Duration;
 
 fn base(name: &str, seed: u64) -> Scenario {
     Scenario {
         name: name.into(),
+        intake: Intake::Http,
         messages: 300,
         workers: 3,
         kills: 6,
@@ -24,6 +25,8 @@ fn base(name: &str, seed: u64) -> Scenario {
         clients: 12,
         seed,
         bad_input: false,
+        emails: 0,
+        broker_outage: None,
     }
 }
 
@@ -38,7 +41,21 @@ async fn reliability_scenarios_hold_every_invariant() {
         (
             Scenario {
                 bad_input: true,
-                ..base("kills + duplicates + bad input", seed)
+                emails: 30,
+                ..base("HTTP: kills + duplicates + bad input + emails", seed)
+            },
+            true,
+        ),
+        (
+            Scenario {
+                intake: Intake::Amqp,
+                bad_input: true,
+                emails: 30,
+                broker_outage: Some(Duration::from_secs(3)),
+                ..base(
+                    "RabbitMQ: kills + broker restart + duplicates + bad input + emails",
+                    seed + 4,
+                )
             },
             true,
         ),
@@ -81,7 +98,9 @@ async fn reliability_scenarios_hold_every_invariant() {
         let Some(db) = common::PgDb::create().await else {
             return;
         };
-        let o = harness::run(&s, &db.url).await;
+        let Some(o) = harness::run(&s, &db.url).await else {
+            continue;
+        };
         rows.push(o.row());
         eprintln!("{}", o.row());
         outcomes.push((o, honours));

@@ -1,16 +1,25 @@
 //! The fault-injection harness: real `claimd run` processes on one PostgreSQL database, the
-//! sandbox provider in this process, a client that sends a ledger of messages (new, duplicate,
-//! concurrent duplicate, changed payload, bad input) at least once, and a chaos loop that
-//! SIGKILLs and restarts workers and can stop PostgreSQL. At the end it checks the store and
-//! the provider against the ledger and prints the table.
+//! sandbox provider and an SMTP sink in this process, a client that sends a ledger of messages
+//! (new, duplicate, concurrent duplicate, changed payload, bad input, emails) at least once —
+//! over HTTP intake or through RabbitMQ — and a chaos loop that SIGKILLs and restarts workers
+//! and can stop PostgreSQL and RabbitMQ. At the end it checks the store, the provider, the SMTP
+//! sink and the dead-letter queues against the ledger and prints the table.
 //!
 //! Used by `tests/reliability.rs` (short, in CI) and `examples/chaos.rs` (long runs).
 #![allow(dead_code)]
 
-use crate::common::{claimd_bin, free_port, proxy};
+use crate::common::smtp::SmtpSink;
+use crate::common::{amqp::amqp_url, claimd_bin, free_port, proxy};
 
 use claimd::sandbox::{Sandbox, SandboxOptions};
 use claimd::store::{ClaimFilter, Store};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use reqwest::header::HeaderValue;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -18,11 +27,25 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// How the ledger reaches the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intake {
+    /// `POST /v1/messages/{consumer}` to any worker; 503 and connection errors are retried on
+    /// another worker. "Acknowledged" is a 202 or 200.
+    Http,
+    /// Published to the consumer's RabbitMQ queue (persistent, publisher confirms; an
+    /// unconfirmed publish is published again). "Acknowledged" is the broker's confirm: from
+    /// then on the message must not be lost.
+    Amqp,
+}
+
 /// What one run does.
 #[derive(Debug, Clone)]
 pub struct Scenario {
     /// Name in the table.
     pub name: String,
+    /// HTTP intake or RabbitMQ.
+    pub intake: Intake,
     /// Distinct messages.
     pub messages: usize,
     /// Worker processes.
@@ -44,12 +67,19 @@ pub struct Scenario {
     pub seed: u64,
     /// Also send the bad-input matrix and changed payloads.
     pub bad_input: bool,
+    /// Emails (SMTP effect to a sink on loopback, `on_unknown = "park"`) sent besides the
+    /// payments.
+    pub emails: usize,
+    /// Stop RabbitMQ (`rabbitmqctl stop_app`) for this long in the middle, then start it.
+    pub broker_outage: Option<Duration>,
 }
 
 /// The end-of-run checks.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub name: String,
+    /// The ledger went through RabbitMQ (bad input is dead-lettered, not answered).
+    pub via_broker: bool,
     pub sent: usize,
     pub acknowledged: usize,
     pub completed: usize,
@@ -65,17 +95,26 @@ pub struct Outcome {
     pub mismatches_counted: i64,
     pub bad_refused: usize,
     pub bad_sent: usize,
+    /// Changed payloads refused (HTTP 422, or dead-lettered as a mismatch).
+    pub mismatches_refused: usize,
+    /// Messages the workers dead-lettered, by the store's count (RabbitMQ only).
+    pub dead_lettered: i64,
+    /// Emails acknowledged; received by the SMTP sink (distinct Message-IDs); most copies of
+    /// one Message-ID the sink received.
+    pub emails_acked: usize,
+    pub emails_received: usize,
+    pub max_emails_per_id: usize,
     pub kills: usize,
     pub seconds: f64,
 }
 
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention | max applied/key | lost | stuck | dups sent/counted | mismatches sent/counted | bad refused/sent | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention | max applied/key | lost | stuck | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {}/{} | {}/{} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
@@ -89,8 +128,13 @@ impl Outcome {
             self.duplicates_counted,
             self.mismatches_sent,
             self.mismatches_counted,
+            self.mismatches_refused,
             self.bad_refused,
             self.bad_sent,
+            self.dead_lettered,
+            self.emails_acked,
+            self.emails_received,
+            self.max_emails_per_id,
             self.kills,
             self.seconds
         )
@@ -223,21 +267,123 @@ pub async fn postgres_outage(d: Duration) {
     panic!("PostgreSQL did not come back");
 }
 
+/// Stops RabbitMQ's application (`rabbitmqctl stop_app`; connections drop, durable queues and
+/// persistent messages stay) for `d`, then starts it and waits until it accepts connections.
+pub async fn broker_outage(d: Duration) {
+    let ctl = |arg: &'static str| async move {
+        tokio::process::Command::new("rabbitmqctl")
+            .args(["-q", arg])
+            .stdout(Stdio::null())
+            .status()
+            .await
+            .expect("rabbitmqctl (needed to restart RabbitMQ)")
+    };
+    assert!(ctl("stop_app").await.success(), "could not stop RabbitMQ");
+    tokio::time::sleep(d).await;
+    assert!(ctl("start_app").await.success(), "could not start RabbitMQ");
+    for _ in 0..200 {
+        if Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("RabbitMQ did not come back");
+}
+
+/// One case of the bad-input matrix. Each is sent over the scenario's intake and must be
+/// refused with a specific answer: an HTTP status, or a dead letter (RabbitMQ).
+#[derive(Clone, Copy, Debug)]
+enum BadCase {
+    /// No message id at all.
+    NoKey,
+    /// A 300-character message id.
+    LongKey,
+    /// A control character (HTTP: a space, which no client library lets through raw) in the id.
+    ControlChar,
+    /// A message id (HTTP) or tenant header (RabbitMQ) that is not UTF-8.
+    InvalidUtf8,
+    /// A consumer nobody configured (HTTP only: a queue has one consumer).
+    UnknownConsumer,
+    /// A body over `max_body_bytes` (4096 here).
+    Oversized,
+    /// An email whose JSON is cut short.
+    TruncatedEmail,
+}
+
+impl BadCase {
+    fn all(intake: Intake) -> Vec<BadCase> {
+        let mut v = vec![
+            BadCase::NoKey,
+            BadCase::LongKey,
+            BadCase::ControlChar,
+            BadCase::InvalidUtf8,
+            BadCase::Oversized,
+            BadCase::TruncatedEmail,
+        ];
+        if intake == Intake::Http {
+            v.push(BadCase::UnknownConsumer);
+        }
+        v
+    }
+
+    fn consumer(self) -> &'static str {
+        match self {
+            BadCase::TruncatedEmail => "email",
+            BadCase::UnknownConsumer => "nosuch",
+            _ => "payments",
+        }
+    }
+
+    fn body(self) -> Vec<u8> {
+        match self {
+            BadCase::Oversized => vec![b'x'; 8192],
+            BadCase::TruncatedEmail => br#"{"to":"a@example.com","subj"#.to_vec(),
+            _ => b"{}".to_vec(),
+        }
+    }
+
+    /// The message id bytes (HTTP `Idempotency-Key`, AMQP `message_id`).
+    fn key(self, seq: usize) -> Option<Vec<u8>> {
+        match self {
+            BadCase::NoKey => None,
+            BadCase::LongKey => Some("k".repeat(300).into_bytes()),
+            BadCase::ControlChar => Some(format!("ctl\u{1}{seq}").into_bytes()),
+            BadCase::InvalidUtf8 => Some(format!("bad{seq}\u{ff}").into_bytes()),
+            _ => Some(format!("bad-{seq}").into_bytes()),
+        }
+    }
+
+    fn http_status(self) -> u16 {
+        match self {
+            BadCase::UnknownConsumer => 404,
+            BadCase::Oversized => 413,
+            BadCase::TruncatedEmail => 422,
+            _ => 400,
+        }
+    }
+}
+
 #[derive(Clone)]
 enum Send_ {
     /// A message (or a duplicate of one): must end acknowledged.
-    Message { id: String, body: String },
-    /// The same key sent to two workers at the same instant.
-    Concurrent { id: String, body: String },
-    /// A used key with another body: must get 422.
-    Changed { id: String },
-    /// Bad input: must be refused with this status.
-    Bad {
-        key: Option<String>,
+    Message {
         consumer: &'static str,
-        body: Vec<u8>,
-        want: u16,
+        id: String,
+        body: String,
     },
+    /// The same key sent twice at the same instant (to two workers; or two publishes).
+    Concurrent {
+        consumer: &'static str,
+        id: String,
+        body: String,
+    },
+    /// A used key with another body: must get 422 (HTTP) or be dead-lettered (RabbitMQ).
+    Changed { seq: usize, id: String },
+    /// Bad input: must be refused.
+    Bad { seq: usize, case: BadCase },
 }
 
 struct Ledger {
@@ -250,12 +396,13 @@ struct Ledger {
 
 /// Sends until a definite answer: connection errors and 503s are retried on another worker
 /// (an at-least-once client). Returns the final status.
+#[allow(clippy::too_many_arguments)]
 async fn send(
     c: &reqwest::Client,
     ports: &[u16],
     start: usize,
     consumer: &str,
-    key: Option<&str>,
+    key: Option<&[u8]>,
     body: Vec<u8>,
     ledger: &Ledger,
 ) -> u16 {
@@ -266,7 +413,18 @@ async fn send(
             .post(format!("http://127.0.0.1:{port}/v1/messages/{consumer}"))
             .body(body.clone());
         if let Some(k) = key {
-            req = req.header("Idempotency-Key", k);
+            // Raw bytes: obs-text (0x80-0xff) goes out as is; control characters, which no
+            // client library sends, go out by hand.
+            match HeaderValue::from_bytes(k) {
+                Ok(v) => req = req.header("Idempotency-Key", v),
+                Err(_) => match raw_post(port, consumer, k, &body).await {
+                    Some(503) | None => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    Some(status) => return status,
+                },
+            }
         }
         match req.send().await {
             Ok(r) if r.status().as_u16() == 503 => {
@@ -285,28 +443,368 @@ async fn send(
     panic!("no definite answer for {key:?}");
 }
 
+/// A hand-written HTTP/1.1 POST with `key` as the raw `Idempotency-Key` bytes. `None` when
+/// the worker could not be reached.
+async fn raw_post(port: u16, consumer: &str, key: &[u8], body: &[u8]) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let mut req = format!(
+        "POST /v1/messages/{consumer} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\nIdempotency-Key: ",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(key);
+    req.extend_from_slice(b"\r\n\r\n");
+    req.extend_from_slice(body);
+    s.write_all(&req).await.ok()?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    String::from_utf8_lossy(out.get(9..12)?).parse().ok()
+}
+
+/// The RabbitMQ side of a run: a work queue per consumer (claimd declares them, with a fanout
+/// dead-letter exchange `<queue>.dlx` and `<queue>.dead`), deleted at the end.
+struct Queues {
+    prefix: String,
+}
+
+impl Queues {
+    fn new() -> Queues {
+        Queues {
+            prefix: format!("chaos.{}-{:08x}", std::process::id(), fastrand::u32(..)),
+        }
+    }
+
+    fn queue(&self, consumer: &str) -> String {
+        format!("{}.{consumer}", self.prefix)
+    }
+
+    /// The `[[consumers]]` keys that make `consumer` read its queue.
+    fn consumer_toml(&self, consumer: &str) -> String {
+        let q = self.queue(consumer);
+        format!(
+            "source = \"amqp\"\namqp_url = \"{}\"\nqueue = \"{q}\"\ndead_letter_exchange = \"{q}.dlx\"\nprefetch = 64\ndeclare = true\nmessage_id_header = \"x-message-id\"\n",
+            amqp_url()
+        )
+    }
+
+    /// Ready messages in `consumer`'s queue (and its dead-letter queue).
+    async fn ready(&self, conn: &Connection, consumer: &str) -> Option<(u32, u32)> {
+        let ch = conn.create_channel().await.ok()?;
+        let mut out = [0u32; 2];
+        for (i, q) in [
+            self.queue(consumer),
+            format!("{}.dead", self.queue(consumer)),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let d = ch
+                .queue_declare(
+                    q.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .ok()?;
+            out[i] = d.message_count();
+        }
+        let _ = ch.close(200, "ok".into()).await;
+        Some((out[0], out[1]))
+    }
+
+    /// Takes every dead letter of `consumer` and returns the `chaos-bad` sequence numbers.
+    async fn dead_seqs(&self, conn: &Connection, consumer: &str) -> Vec<usize> {
+        let ch = conn.create_channel().await.unwrap();
+        let dead = format!("{}.dead", self.queue(consumer));
+        let mut seqs = Vec::new();
+        while let Some(m) = ch
+            .basic_get(dead.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            let seq = m
+                .delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("chaos-bad").cloned());
+            match seq {
+                Some(AMQPValue::LongLongInt(n)) => seqs.push(n as usize),
+                other => panic!("a dead letter the harness did not send as bad: {other:?}"),
+            }
+        }
+        let _ = ch.close(200, "ok".into()).await;
+        seqs
+    }
+
+    async fn delete(&self) {
+        let Ok(conn) = Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+        else {
+            return;
+        };
+        if let Ok(ch) = conn.create_channel().await {
+            for c in ["payments", "email"] {
+                let q = self.queue(c);
+                for name in [q.clone(), format!("{q}.dead")] {
+                    let _ = ch
+                        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                let _ = ch
+                    .exchange_delete(
+                        format!("{q}.dlx").as_str().into(),
+                        ExchangeDeleteOptions::default(),
+                    )
+                    .await;
+            }
+        }
+        let _ = conn.close(200, "ok".into()).await;
+    }
+}
+
+/// An at-least-once publisher: persistent messages, publisher confirms, and a publish that
+/// was not confirmed (broker down, connection cut, queue not declared yet) is published again.
+struct Publisher {
+    link: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+}
+
+impl Publisher {
+    fn new() -> Publisher {
+        Publisher {
+            link: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn channel(&self) -> Option<Channel> {
+        let mut link = self.link.lock().await;
+        if let Some((conn, ch)) = link.as_ref()
+            && conn.status().connected()
+            && ch.status().connected()
+        {
+            return Some(ch.clone());
+        }
+        *link = None;
+        let conn = tokio::time::timeout(
+            Duration::from_secs(5),
+            Connection::connect(&amqp_url(), ConnectionProperties::default()),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        let ch = conn.create_channel().await.ok()?;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .ok()?;
+        *link = Some((conn, ch.clone()));
+        Some(ch)
+    }
+
+    /// Publishes to `queue` until the broker confirms it was queued.
+    async fn publish(&self, queue: &str, props: BasicProperties, body: &[u8], ledger: &Ledger) {
+        for _ in 0..3000 {
+            ledger.attempts.fetch_add(1, Ordering::Relaxed);
+            if let Some(ch) = self.channel().await {
+                let sent = tokio::time::timeout(Duration::from_secs(10), async {
+                    ch.basic_publish(
+                        ShortString::from(""),
+                        ShortString::from(queue),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            immediate: false,
+                        },
+                        body,
+                        props.clone(),
+                    )
+                    .await?
+                    .await
+                })
+                .await;
+                match sent {
+                    // Returned (no such queue yet) or nacked: publish again.
+                    Ok(Ok(c)) => {
+                        if c.is_ack() && c.take_message().is_none() {
+                            return;
+                        }
+                    }
+                    _ => *self.link.lock().await = None,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the broker never confirmed a publish to {queue}");
+    }
+}
+
 fn rng(seed: u64) -> fastrand::Rng {
     fastrand::Rng::with_seed(seed)
 }
 
-/// Runs one scenario against a fresh database `db_url` and returns the checks.
-pub async fn run(s: &Scenario, db_url: &str) -> Outcome {
-    let started = Instant::now();
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
-    let sandbox = Sandbox::new(s.provider.clone());
-    let served = sandbox.clone();
-    tokio::spawn(async move { served.serve(listener, std::future::pending()).await });
+/// Where the client sends.
+#[derive(Clone)]
+enum Via {
+    Http(Vec<u16>),
+    Amqp(Arc<Queues>),
+}
 
-    // Workers reach PostgreSQL through a proxy the chaos loop can cut.
-    let proxy = Arc::new(proxy::Proxy::start("127.0.0.1:5432").await);
-    let worker_db = db_url.replacen("127.0.0.1:5432", &proxy.addr.to_string(), 1);
-    let config = dir.path().join("claimd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
+fn amqp_props(id: Option<&[u8]>, seq: Option<usize>, tenant: Option<&[u8]>) -> BasicProperties {
+    let props = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2);
+    let mut h = FieldTable::default();
+    if let Some(id) = id {
+        // In a header, not the `message_id` property: a property is at most 255 bytes, and the
+        // matrix needs a longer id.
+        h.insert(
+            "x-message-id".into(),
+            AMQPValue::LongString(LongString::from(id)),
+        );
+    }
+    if let Some(seq) = seq {
+        h.insert("chaos-bad".into(), AMQPValue::LongLongInt(seq as i64));
+    }
+    if let Some(t) = tenant {
+        h.insert("tenant".into(), AMQPValue::LongString(LongString::from(t)));
+    }
+    props.with_headers(h)
+}
+
+/// Sends one ledger item and records what the intake answered.
+async fn deliver(
+    item: Send_,
+    via: &Via,
+    c: &reqwest::Client,
+    publisher: &Publisher,
+    n: usize,
+    ledger: &Ledger,
+    expected_dead: &Mutex<HashSet<usize>>,
+) {
+    match (item, via) {
+        (Send_::Message { consumer, id, body }, Via::Http(ports)) => {
+            let st = send(
+                c,
+                ports,
+                n,
+                consumer,
+                Some(id.as_bytes()),
+                body.into_bytes(),
+                ledger,
+            )
+            .await;
+            assert!(st == 202 || st == 200, "message {id}: {st}");
+            ledger.acked.lock().unwrap().insert(id);
+        }
+        (Send_::Message { consumer, id, body }, Via::Amqp(q)) => {
+            let props = amqp_props(Some(id.as_bytes()), None, None);
+            publisher
+                .publish(&q.queue(consumer), props, body.as_bytes(), ledger)
+                .await;
+            ledger.acked.lock().unwrap().insert(id);
+        }
+        (Send_::Concurrent { consumer, id, body }, Via::Http(ports)) => {
+            let key = Some(id.as_bytes());
+            let (a, b) = tokio::join!(
+                send(
+                    c,
+                    ports,
+                    n,
+                    consumer,
+                    key,
+                    body.clone().into_bytes(),
+                    ledger
+                ),
+                send(c, ports, n + 1, consumer, key, body.into_bytes(), ledger)
+            );
+            assert!(
+                [200, 202].contains(&a) && [200, 202].contains(&b),
+                "{id}: {a} {b}"
+            );
+            ledger.acked.lock().unwrap().insert(id);
+        }
+        (Send_::Concurrent { consumer, id, body }, Via::Amqp(q)) => {
+            // Two publishes at once: with three workers consuming, the copies are usually
+            // delivered to two of them at the same instant.
+            let props = amqp_props(Some(id.as_bytes()), None, None);
+            let queue = q.queue(consumer);
+            tokio::join!(
+                publisher.publish(&queue, props.clone(), body.as_bytes(), ledger),
+                publisher.publish(&queue, props, body.as_bytes(), ledger)
+            );
+            ledger.acked.lock().unwrap().insert(id);
+        }
+        (Send_::Changed { id, .. }, Via::Http(ports)) => {
+            let body = b"{\"amount\":-1}".to_vec();
+            let st = send(c, ports, n, "payments", Some(id.as_bytes()), body, ledger).await;
+            assert_eq!(st, 422, "changed payload under {id}");
+            ledger.mismatch_refusals.fetch_add(1, Ordering::Relaxed);
+        }
+        (Send_::Changed { seq, id }, Via::Amqp(q)) => {
+            expected_dead.lock().unwrap().insert(seq);
+            let props = amqp_props(Some(id.as_bytes()), Some(seq), None);
+            publisher
+                .publish(&q.queue("payments"), props, b"{\"amount\":-1}", ledger)
+                .await;
+        }
+        (Send_::Bad { seq, case }, Via::Http(ports)) => {
+            let key = case.key(seq);
+            let st = send(
+                c,
+                ports,
+                n,
+                case.consumer(),
+                key.as_deref(),
+                case.body(),
+                ledger,
+            )
+            .await;
+            assert_eq!(st, case.http_status(), "bad input {case:?}");
+            ledger.bad_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        (Send_::Bad { seq, case }, Via::Amqp(q)) => {
+            expected_dead.lock().unwrap().insert(seq);
+            let props = match case {
+                // The id is fine; the tenant header is not UTF-8.
+                BadCase::InvalidUtf8 => amqp_props(
+                    Some(format!("badt-{seq}").as_bytes()),
+                    Some(seq),
+                    Some(&[b't', 0xff, 0xfe]),
+                ),
+                _ => amqp_props(case.key(seq).as_deref(), Some(seq), None),
+            };
+            publisher
+                .publish(&q.queue(case.consumer()), props, &case.body(), ledger)
+                .await;
+        }
+    }
+}
+
+/// The worker configuration of a run.
+fn worker_toml(
+    s: &Scenario,
+    worker_db: &str,
+    provider: &str,
+    smtp_port: u16,
+    queues: Option<&Queues>,
+) -> String {
+    let source = |consumer: &str| match queues {
+        Some(q) => q.consumer_toml(consumer),
+        None => "source = \"http\"\n".to_string(),
+    };
+    let tenant_header = if queues.is_some() {
+        "tenant_header = \"tenant\"\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"
 [store]
 url = "{worker_db}"
 max_connections = 8
@@ -323,20 +821,88 @@ keep_terminal_for = "2h"
 shutdown_grace = "2s"
 [[consumers]]
 name = "payments"
-source = "http"
-concurrency = 64
+{payments_source}{tenant_header}concurrency = 64
 lease = "3s"
 max_attempts = 20
 redrive_within = "1h"
-on_unknown = "{}"
+on_unknown = "{on_unknown}"
 key = "{{consumer}}:{{tenant}}:{{message_id}}"
 [consumers.effect]
 kind = "http"
 url = "{provider}/v1/payments"
 timeout = "1s"
 status_url = "{provider}/v1/effects/{{key}}"
+[[consumers]]
+name = "email"
+{email_source}concurrency = 16
+lease = "3s"
+max_attempts = 20
+redrive_within = "1h"
+on_unknown = "park"
+key = "{{message_id}}"
+[consumers.effect]
+kind = "smtp"
+host = "127.0.0.1"
+port = {smtp_port}
+tls = "none"
+message_id_domain = "chaos.claimd"
+from = "claimd <noreply@chaos.claimd>"
+timeout = "1s"
 "#,
-            s.on_unknown
+        payments_source = source("payments"),
+        email_source = source("email"),
+        on_unknown = s.on_unknown,
+    )
+}
+
+/// `None` (skip, reason printed) when the scenario needs RabbitMQ and none answers outside CI.
+async fn broker_available(s: &Scenario) -> bool {
+    if s.intake != Intake::Amqp {
+        return true;
+    }
+    match Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
+        Ok(c) => {
+            let _ = c.close(200, "ok".into()).await;
+            true
+        }
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("RabbitMQ is required under CI=true: {e}");
+            }
+            eprintln!("SKIPPED: {}: no RabbitMQ ({e})", s.name);
+            false
+        }
+    }
+}
+
+/// Runs one scenario against a fresh database `db_url` and returns the checks (`None`: the
+/// scenario needs RabbitMQ and there is none, outside CI).
+pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
+    if !broker_available(s).await {
+        return None;
+    }
+    let started = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    let sandbox = Sandbox::new(s.provider.clone());
+    let served = sandbox.clone();
+    tokio::spawn(async move { served.serve(listener, std::future::pending()).await });
+    let smtp = SmtpSink::start().await;
+    let queues = (s.intake == Intake::Amqp).then(|| Arc::new(Queues::new()));
+
+    // Workers reach PostgreSQL through a proxy the chaos loop can cut.
+    let proxy = Arc::new(proxy::Proxy::start("127.0.0.1:5432").await);
+    let worker_db = db_url.replacen("127.0.0.1:5432", &proxy.addr.to_string(), 1);
+    let config = dir.path().join("claimd.toml");
+    std::fs::write(
+        &config,
+        worker_toml(
+            s,
+            &worker_db,
+            &provider,
+            smtp.addr.port(),
+            queues.as_deref(),
         ),
     )
     .unwrap();
@@ -360,72 +926,58 @@ status_url = "{provider}/v1/effects/{{key}}"
     let mut r = rng(s.seed);
     let mut sends = Vec::new();
     let mut duplicates_sent = 0;
-    for m in 0..s.messages {
-        let id = format!("m{}-{m}", s.seed);
-        let body = format!("{{\"amount\":{}}}", r.u32(1..100_000));
+    let mut emails = Vec::new();
+    for m in 0..s.messages + s.emails {
+        let (consumer, id, body) = if m < s.messages {
+            let body = format!("{{\"amount\":{}}}", r.u32(1..100_000));
+            ("payments", format!("m{}-{m}", s.seed), body)
+        } else {
+            let id = format!("e{}-{m}", s.seed);
+            emails.push(id.clone());
+            let body = format!(
+                "{{\"to\":\"user{m}@example.com\",\"subject\":\"receipt {m}\",\"text\":\"thanks\"}}"
+            );
+            ("email", id, body)
+        };
         sends.push(Send_::Message {
+            consumer,
             id: id.clone(),
             body: body.clone(),
         });
         if r.f64() < 0.15 {
             duplicates_sent += 1;
             sends.push(Send_::Message {
+                consumer,
                 id: id.clone(),
                 body: body.clone(),
             });
         }
         if r.f64() < 0.03 {
             duplicates_sent += 1; // the second of the pair is a duplicate
-            sends.push(Send_::Concurrent {
-                id: id.clone(),
-                body,
-            });
+            sends.push(Send_::Concurrent { consumer, id, body });
         }
     }
     let mut mismatches_sent = 0;
     let mut bad_sent = 0;
+    let mut seq = 0;
     if s.bad_input {
         for k in 0..(s.messages / 50).max(3) {
             mismatches_sent += 1;
+            seq += 1;
             sends.push(Send_::Changed {
+                seq,
                 id: format!("m{}-{k}", s.seed),
             });
         }
         for _ in 0..(s.messages / 100).max(2) {
-            bad_sent += 5;
-            sends.push(Send_::Bad {
-                key: None,
-                consumer: "payments",
-                body: b"{}".to_vec(),
-                want: 400,
-            });
-            sends.push(Send_::Bad {
-                key: Some("k".repeat(300)),
-                consumer: "payments",
-                body: b"{}".to_vec(),
-                want: 400,
-            });
-            sends.push(Send_::Bad {
-                key: Some("sp ace".into()),
-                consumer: "payments",
-                body: b"{}".to_vec(),
-                want: 400,
-            });
-            sends.push(Send_::Bad {
-                key: Some("x1".into()),
-                consumer: "nosuch",
-                body: b"{}".to_vec(),
-                want: 404,
-            });
-            sends.push(Send_::Bad {
-                key: Some("x2".into()),
-                consumer: "payments",
-                body: vec![b'x'; 8192],
-                want: 413,
-            });
+            for case in BadCase::all(s.intake) {
+                bad_sent += 1;
+                seq += 1;
+                sends.push(Send_::Bad { seq, case });
+            }
         }
     }
-    // Changed payloads go after their originals: keep order stable by sending in waves.
+    // Changed payloads go after their originals were claimed: a second wave.
     let (first, later): (Vec<_>, Vec<_>) = sends
         .into_iter()
         .partition(|x| !matches!(x, Send_::Changed { .. }));
@@ -436,14 +988,19 @@ status_url = "{provider}/v1/effects/{{key}}"
         bad_refused: AtomicUsize::new(0),
         attempts: AtomicU64::new(0),
     });
-    let ports = fleet.ports();
+    let expected_dead = Arc::new(Mutex::new(HashSet::new()));
+    let via = match &queues {
+        Some(q) => Via::Amqp(q.clone()),
+        None => Via::Http(fleet.ports()),
+    };
     let total_sends = first.len() + later.len();
     // Pace the clients so the send phase lasts about as long as the kills take (~0.4 s each).
     let pace = Duration::from_millis(
         (s.kills as u64 * 400 * s.clients as u64) / total_sends.max(1) as u64,
     );
 
-    // Chaos: kill and restart workers evenly over the send phase; maybe a database outage.
+    // Chaos: kill and restart workers evenly over the send phase; a broker outage a third of
+    // the way in, a database outage half way.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let kills_done = Arc::new(AtomicUsize::new(0));
     let chaos = {
@@ -452,17 +1009,25 @@ status_url = "{provider}/v1/effects/{{key}}"
         let kills = s.kills;
         let workers = s.workers;
         let outage = s.db_outage;
+        let broker = s.broker_outage;
         let real = s.real_db_restart;
         let proxy = proxy.clone();
         let seed = s.seed;
         tokio::spawn(async move {
             let mut r = rng(seed ^ 0x5eed);
-            let mut did_outage = false;
+            let (mut did_outage, mut did_broker) = (false, false);
             while !done.load(Ordering::SeqCst) && kills_done.load(Ordering::SeqCst) < kills {
                 tokio::time::sleep(Duration::from_millis(r.u64(150..600))).await;
                 let i = r.usize(0..workers);
                 fleet.restart(i).await;
                 let k = kills_done.fetch_add(1, Ordering::SeqCst) + 1;
+                if let Some(d) = broker
+                    && !did_broker
+                    && k >= kills / 3
+                {
+                    did_broker = true;
+                    broker_outage(d).await;
+                }
                 if let Some(d) = outage
                     && !did_outage
                     && k >= kills / 2
@@ -470,6 +1035,11 @@ status_url = "{provider}/v1/effects/{{key}}"
                     did_outage = true;
                     outage_now(&proxy, real, d).await;
                 }
+            }
+            if let Some(d) = broker
+                && !did_broker
+            {
+                broker_outage(d).await;
             }
             if let Some(d) = outage
                 && !did_outage
@@ -480,18 +1050,30 @@ status_url = "{provider}/v1/effects/{{key}}"
         })
     };
 
-    for wave in [first, later] {
+    let first_ids: HashSet<String> = first
+        .iter()
+        .filter_map(|x| match x {
+            Send_::Message { id, .. } | Send_::Concurrent { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    for (w, wave) in [first, later].into_iter().enumerate() {
+        if w == 1 && queues.is_some() {
+            // A broker confirm is not a claim: wait until the first wave is claimed, so a
+            // changed payload meets its original's claim, not the other way round.
+            wait_claimed(&store, first_ids.len(), Duration::from_secs(300)).await;
+        }
         let queue = Arc::new(Mutex::new(wave));
         let mut tasks = Vec::new();
         for t in 0..s.clients {
-            let queue = queue.clone();
-            let ledger = ledger.clone();
-            let ports = ports.clone();
+            let (queue, ledger, via) = (queue.clone(), ledger.clone(), via.clone());
+            let expected_dead = expected_dead.clone();
             tasks.push(tokio::spawn(async move {
                 let c = reqwest::Client::builder()
                     .timeout(Duration::from_secs(10))
                     .build()
                     .unwrap();
+                let publisher = Publisher::new();
                 let mut n = t;
                 loop {
                     let Some(item) = queue.lock().unwrap().pop() else {
@@ -501,74 +1083,7 @@ status_url = "{provider}/v1/effects/{{key}}"
                     if !pace.is_zero() {
                         tokio::time::sleep(pace).await;
                     }
-                    match item {
-                        Send_::Message { id, body } => {
-                            let st = send(
-                                &c,
-                                &ports,
-                                n,
-                                "payments",
-                                Some(&id),
-                                body.into_bytes(),
-                                &ledger,
-                            )
-                            .await;
-                            assert!(st == 202 || st == 200, "message {id}: {st}");
-                            ledger.acked.lock().unwrap().insert(id);
-                        }
-                        Send_::Concurrent { id, body } => {
-                            let (a, b) = tokio::join!(
-                                send(
-                                    &c,
-                                    &ports,
-                                    n,
-                                    "payments",
-                                    Some(&id),
-                                    body.clone().into_bytes(),
-                                    &ledger
-                                ),
-                                send(
-                                    &c,
-                                    &ports,
-                                    n + 1,
-                                    "payments",
-                                    Some(&id),
-                                    body.clone().into_bytes(),
-                                    &ledger
-                                )
-                            );
-                            assert!(
-                                [200, 202].contains(&a) && [200, 202].contains(&b),
-                                "{id}: {a} {b}"
-                            );
-                            ledger.acked.lock().unwrap().insert(id);
-                        }
-                        Send_::Changed { id } => {
-                            let st = send(
-                                &c,
-                                &ports,
-                                n,
-                                "payments",
-                                Some(&id),
-                                b"{\"amount\":-1}".to_vec(),
-                                &ledger,
-                            )
-                            .await;
-                            assert_eq!(st, 422, "changed payload under {id}");
-                            ledger.mismatch_refusals.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Send_::Bad {
-                            key,
-                            consumer,
-                            body,
-                            want,
-                        } => {
-                            let st =
-                                send(&c, &ports, n, consumer, key.as_deref(), body, &ledger).await;
-                            assert_eq!(st, want, "bad input {key:?} to {consumer}");
-                            ledger.bad_refused.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+                    deliver(item, &via, &c, &publisher, n, &ledger, &expected_dead).await;
                 }
             }));
         }
@@ -588,23 +1103,95 @@ status_url = "{provider}/v1/effects/{{key}}"
             fleet.restart(i).await;
         }
     }
+    let mut dead_seqs = HashSet::new();
+    if let Some(q) = &queues {
+        wait_drained(q).await;
+        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        for c in ["payments", "email"] {
+            dead_seqs.extend(q.dead_seqs(&conn, c).await);
+        }
+        let _ = conn.close(200, "ok".into()).await;
+    }
     let settled = wait_settled(&store, Duration::from_secs(120)).await;
+    if let Some(q) = &queues {
+        // Dead letters the harness expected: all there (any copy), nothing else.
+        let expected = expected_dead.lock().unwrap().clone();
+        let missing = expected.difference(&dead_seqs).count();
+        let unexpected = dead_seqs.difference(&expected).count();
+        assert_eq!(unexpected, 0, "dead letters the harness did not expect");
+        let refused = expected.len() - missing;
+        ledger
+            .mismatch_refusals
+            .store(refused.min(mismatches_sent), Ordering::Relaxed);
+        ledger
+            .bad_refused
+            .store(refused.saturating_sub(mismatches_sent), Ordering::Relaxed);
+        if missing > 0 {
+            // Leave the count short: the invariant check names it.
+            eprintln!("{missing} bad messages were not dead-lettered");
+        }
+        q.delete().await;
+    }
     let outcome = check(
         s,
         &store,
         &sandbox,
+        &smtp,
         &ledger,
+        &emails,
         settled,
-        total_sends,
-        duplicates_sent,
-        mismatches_sent,
-        bad_sent,
+        Sent {
+            total: total_sends,
+            duplicates: duplicates_sent,
+            mismatches: mismatches_sent,
+            bad: bad_sent,
+        },
         kills_done.load(Ordering::SeqCst),
         started,
     )
     .await;
     drop(fleet);
-    outcome
+    Some(outcome)
+}
+
+/// Waits until every queue of the run is empty (nothing ready) twice in a row, a second apart.
+async fn wait_drained(q: &Queues) {
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(300);
+    let mut empty_twice = 0;
+    while Instant::now() < end && empty_twice < 2 {
+        let mut empty = true;
+        for c in ["payments", "email"] {
+            match q.ready(&conn, c).await {
+                Some((0, _)) => {}
+                _ => empty = false,
+            }
+        }
+        empty_twice = if empty { empty_twice + 1 } else { 0 };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let _ = conn.close(200, "ok".into()).await;
+}
+
+/// Waits until the store holds at least `n` claims.
+async fn wait_claimed(store: &Store, n: usize, within: Duration) {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if let Ok(counts) = store.counts(None).await {
+            let claims: i64 = counts
+                .iter()
+                .map(|c| c.completed + c.failed + c.needs_attention + c.started)
+                .sum();
+            if claims as usize >= n {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 async fn wait_settled(store: &Store, within: Duration) -> bool {
@@ -623,17 +1210,24 @@ async fn wait_settled(store: &Store, within: Duration) -> bool {
     false
 }
 
+/// What the ledger sent, by kind.
+struct Sent {
+    total: usize,
+    duplicates: usize,
+    mismatches: usize,
+    bad: usize,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn check(
     s: &Scenario,
     store: &Store,
     sandbox: &Sandbox,
+    smtp: &SmtpSink,
     ledger: &Ledger,
+    emails: &[String],
     _settled: bool,
-    sent: usize,
-    duplicates_sent: usize,
-    mismatches_sent: usize,
-    bad_sent: usize,
+    sent: Sent,
     kills: usize,
     started: Instant,
 ) -> Outcome {
@@ -654,10 +1248,18 @@ async fn check(
     let count = |st: claimd::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
     let effects = sandbox.effects();
     let counts = store.counts(None).await.unwrap();
-    let c = counts.first().cloned().unwrap_or_default();
+    let total = |f: fn(&claimd::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
+    // Emails: copies the sink received per Message-ID.
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for r in smtp.received() {
+        if let Some(id) = r.message_id {
+            *per_id.entry(id).or_default() += 1;
+        }
+    }
     Outcome {
         name: s.name.clone(),
-        sent,
+        via_broker: s.intake == Intake::Amqp,
+        sent: sent.total,
         acknowledged: acked.len(),
         completed: count(claimd::claim::ClaimState::Completed),
         failed: count(claimd::claim::ClaimState::Failed),
@@ -665,13 +1267,18 @@ async fn check(
         max_applied_per_key: effects.iter().map(|e| e.applied).max().unwrap_or(0),
         keys_applied: effects.len(),
         lost,
-        stuck_after_sweep: c.started as usize,
-        duplicates_sent,
-        duplicates_counted: c.duplicates,
-        mismatches_sent,
-        mismatches_counted: c.payload_mismatches,
+        stuck_after_sweep: total(|c| c.started) as usize,
+        duplicates_sent: sent.duplicates,
+        duplicates_counted: total(|c| c.duplicates),
+        mismatches_sent: sent.mismatches,
+        mismatches_counted: total(|c| c.payload_mismatches),
+        mismatches_refused: ledger.mismatch_refusals.load(Ordering::Relaxed),
         bad_refused: ledger.bad_refused.load(Ordering::Relaxed),
-        bad_sent,
+        bad_sent: sent.bad,
+        dead_lettered: total(|c| c.dead_lettered),
+        emails_acked: emails.iter().filter(|id| acked.contains(*id)).count(),
+        emails_received: per_id.len(),
+        max_emails_per_id: per_id.values().copied().max().unwrap_or(0),
         kills,
         seconds: started.elapsed().as_secs_f64(),
     }
@@ -702,6 +1309,22 @@ pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
     );
     assert_eq!(
         o.bad_refused, o.bad_sent,
-        "every bad input refused with its status: {o:?}"
+        "every bad input refused with its status (HTTP) or dead-lettered (RabbitMQ): {o:?}"
+    );
+    assert_eq!(
+        o.mismatches_refused, o.mismatches_sent,
+        "every changed payload refused: {o:?}"
+    );
+    assert!(
+        !o.via_broker || o.dead_lettered as usize >= o.bad_sent + o.mismatches_sent,
+        "the store counted every dead letter: {o:?}"
+    );
+    assert!(
+        o.max_emails_per_id <= 1,
+        "an email was delivered twice under one Message-ID: {o:?}"
+    );
+    assert!(
+        o.emails_received <= o.emails_acked,
+        "the sink received an email nobody sent: {o:?}"
     );
 }
