@@ -740,3 +740,64 @@ async fn a_bad_message_is_kept_until_its_dead_letter_is_confirmed() {
     assert_eq!(q.ready(&q.queue).await, 0);
     q.delete().await;
 }
+
+/// Found by the long reliability run: a bad message dead-lettered while the store could not
+/// count it was acknowledged anyway, and the store's dead-letter count (report, metrics) fell
+/// short of the dead-letter queue. Now the original is requeued until the count is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_letter_is_counted_even_when_the_store_was_down_at_the_time() {
+    use sqlx::Connection;
+    let Some(q) = TestQueues::new("dl-count").await else {
+        return;
+    };
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let (_sandbox, provider) = sandbox(SandboxOptions::default()).await;
+    let running = start(&config_toml(
+        &store.url(),
+        &q.consumer_toml("payments", "", &http_effect(&provider)),
+    ))
+    .await;
+    wait_connected(&running).await;
+    let st = running.app().store.clone();
+    // The store cannot count dead letters: the table is renamed by an administrator.
+    let mut admin = sqlx::PgConnection::connect(&store.url()).await.unwrap();
+    sqlx::query("ALTER TABLE dead_letters RENAME TO dead_letters_offline")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    q.publish(
+        BasicProperties::default().with_content_type("application/json".into()),
+        br#"{"case":"no id while the store is down"}"#,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sqlx::query("ALTER TABLE dead_letters_offline RENAME TO dead_letters")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            counts_of(&st, "payments").await.dead_lettered == 1
+        })
+        .await,
+        "the dead letter was never counted: {:?}",
+        counts_of(&st, "payments").await
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            q.ready(&q.queue).await == 0
+        })
+        .await
+    );
+    // Copies from the attempts that could not be counted are there too; none is lost.
+    let dead = q.take_dead().await;
+    assert!(!dead.is_empty());
+    assert!(
+        dead.iter()
+            .all(|m| m.delivery.data == br#"{"case":"no id while the store is down"}"#)
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+    q.delete().await;
+}

@@ -11,8 +11,9 @@
 //!   `[http] max_body_bytes`, the same id with another payload, a payload the effect cannot
 //!   use): the message is published to the consumer's dead-letter exchange with its body and
 //!   properties unchanged plus a `claimd-reason` header, the broker's publisher confirm is
-//!   awaited, and only then is the original acknowledged. If the dead-letter publish is not
-//!   confirmed the original is requeued instead: never dropped.
+//!   awaited, the dead letter is counted in the store, and only then is the original
+//!   acknowledged. If the publish is not confirmed, or the store cannot count it, the original
+//!   is requeued instead: never dropped, never uncounted.
 //!
 //! A connection lost mid-flight loses nothing: unacknowledged messages go back to the queue,
 //! and a redelivery of a message whose claim had committed is a duplicate (acknowledged, not
@@ -771,25 +772,30 @@ async fn handle(ctx: Arc<Ctx>, publisher: Channel, d: AmqpDelivery) {
             reason,
             sentence,
             message_id,
-        } => match dead_letter(&ctx.config, &publisher, &d, &sentence).await {
-            Ok(()) => {
-                warn!(reason = reason.as_str(), detail = %sentence, "dead-lettered a bad message");
-                ack(&d).await;
-                ctx.state.count(reason);
-                if let Err(e) = ctx
-                    .claimer
-                    .store()
-                    .record_dead_letter(&ctx.config.name, reason.as_str(), message_id.as_deref())
-                    .await
-                {
-                    warn!(error = %e, "could not count the dead letter in the store");
-                }
-            }
-            Err(why) => {
+        } => {
+            if let Err(why) = dead_letter(&ctx.config, &publisher, &d, &sentence).await {
                 warn!(error = %why, "dead-letter publish not confirmed; requeueing the message");
                 requeue(&d, DEAD_LETTER_RETRY_DELAY, &why).await;
+                return;
             }
-        },
+            // Counted before the ack: if the store cannot count it, the message comes back
+            // and is dead-lettered (and counted) again, so the store's count never falls short
+            // of the bad messages received; at worst the dead-letter queue holds a copy more.
+            if let Err(e) = ctx
+                .claimer
+                .store()
+                .record_dead_letter(&ctx.config.name, reason.as_str(), message_id.as_deref())
+                .await
+            {
+                let why = format!("cannot count the dead letter in the store: {e}");
+                warn!(error = %e, "store unavailable; requeueing the dead-lettered message");
+                requeue(&d, STORE_RETRY_DELAY, &why).await;
+                return;
+            }
+            warn!(reason = reason.as_str(), detail = %sentence, "dead-lettered a bad message");
+            ack(&d).await;
+            ctx.state.count(reason);
+        }
     }
 }
 
