@@ -436,10 +436,18 @@ impl Claimer {
             .build();
         if Instant::now() >= deadline {
             // Waited too long for a slot: a call now could outlive the lease and overlap
-            // another worker's takeover. Leave it; the lease runs out and a sweeper retries.
-            return AttemptEnd::LeftStarted(
-                "lease too short to start the call; left for the sweeper".into(),
-            );
+            // another worker's takeover. Hand it to the sweeper, saying that nothing was
+            // called, so it performs the claim instead of treating the attempt as unknown
+            // (which would park it under `on_unknown = "park"`).
+            return self
+                .leave(
+                    &mut slot,
+                    claim,
+                    "lease too short to start the call (waited for a slot); not called",
+                    None,
+                    true,
+                )
+                .await;
         }
         if resend {
             self.count_resend(claim).await;

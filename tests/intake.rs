@@ -345,3 +345,74 @@ timeout = "5s"
     );
     running.shutdown(Duration::from_secs(3)).await;
 }
+
+/// A claimed delivery that waited for a call slot until too little lease was left is handed
+/// to the sweeper as "not called", so even a `park` consumer performs it (once) instead of
+/// parking it as an unknown outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_out_its_lease_is_performed_not_parked() {
+    let store = TestStore::sqlite();
+    let (sb, provider) = sandbox(SandboxOptions {
+        latency: Duration::from_millis(900),
+        ..Default::default()
+    })
+    .await;
+    let consumer = format!(
+        r#"
+[[consumers]]
+name = "payments"
+source = "http"
+concurrency = 1
+lease = "1500ms"
+max_attempts = 5
+redrive_within = "1h"
+on_unknown = "park"
+[consumers.effect]
+kind = "http"
+url = "{provider}/v1/payments"
+timeout = "1s"
+"#
+    );
+    let running = start(&config_toml(&store.url(), &consumer)).await;
+    let base = format!("http://{}", running.http_addr);
+    let c = client();
+    for key in ["w1", "w2"] {
+        let r = c
+            .post(format!("{base}/v1/messages/payments"))
+            .header("Idempotency-Key", key)
+            .body("{\"amount\":1}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    let store = &running.app().store;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let w2 = store.get("payments", "", "w2").await.unwrap();
+            w2.is_some_and(|c| c.state.is_terminal())
+        })
+        .await,
+        "w2 was never settled"
+    );
+    for key in ["w1", "w2"] {
+        let claim = store.get("payments", "", key).await.unwrap().unwrap();
+        assert_eq!(
+            claim.state.as_str(),
+            "completed",
+            "{key}: {:?}",
+            claim.last_error
+        );
+    }
+    let w2 = store.get("payments", "", "w2").await.unwrap().unwrap();
+    let events = store.events(w2.id).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.action == "handoff" && e.outcome == "not_applied"),
+        "{events:?}"
+    );
+    assert!(sb.effects().iter().all(|e| e.applied == 1));
+    assert_eq!(sb.effects().len(), 2);
+    running.shutdown(Duration::from_secs(3)).await;
+}
