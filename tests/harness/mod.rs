@@ -85,6 +85,8 @@ pub struct Outcome {
     pub completed: usize,
     pub failed: usize,
     pub needs_attention: usize,
+    /// Of those, emails (SMTP has no status endpoint: an interrupted send is parked).
+    pub needs_attention_emails: usize,
     pub max_applied_per_key: u64,
     pub keys_applied: usize,
     pub lost: usize,
@@ -103,6 +105,8 @@ pub struct Outcome {
     /// one Message-ID the sink received.
     pub emails_acked: usize,
     pub emails_received: usize,
+    /// Emails settled `completed` that the sink never received (must be 0).
+    pub emails_completed_unreceived: usize,
     pub max_emails_per_id: usize,
     pub kills: usize,
     pub seconds: f64,
@@ -114,13 +118,14 @@ impl Outcome {
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} ({} emails) | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
             self.completed,
             self.failed,
             self.needs_attention,
+            self.needs_attention_emails,
             self.max_applied_per_key,
             self.lost,
             self.stuck_after_sweep,
@@ -1246,6 +1251,25 @@ async fn check(
         .filter(|id| !by_id.contains_key(id.as_str()))
         .count();
     let count = |st: claimd::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
+    // Why claims wait for a person, by consumer and reason (printed: a long run's table alone
+    // does not say).
+    let mut parked: HashMap<(String, String), usize> = HashMap::new();
+    for c in claims
+        .iter()
+        .filter(|c| c.state == claimd::claim::ClaimState::NeedsAttention)
+    {
+        let why: String = c
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .chars()
+            .take(90)
+            .collect();
+        *parked.entry((c.consumer.clone(), why)).or_default() += 1;
+    }
+    for ((consumer, why), n) in &parked {
+        eprintln!("needs_attention: {n} {consumer}: {why}");
+    }
     let effects = sandbox.effects();
     let counts = store.counts(None).await.unwrap();
     let total = |f: fn(&claimd::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
@@ -1264,6 +1288,11 @@ async fn check(
         completed: count(claimd::claim::ClaimState::Completed),
         failed: count(claimd::claim::ClaimState::Failed),
         needs_attention: count(claimd::claim::ClaimState::NeedsAttention),
+        needs_attention_emails: parked
+            .iter()
+            .filter(|((c, _), _)| c == "email")
+            .map(|(_, n)| n)
+            .sum(),
         max_applied_per_key: effects.iter().map(|e| e.applied).max().unwrap_or(0),
         keys_applied: effects.len(),
         lost,
@@ -1278,6 +1307,11 @@ async fn check(
         dead_lettered: total(|c| c.dead_lettered),
         emails_acked: emails.iter().filter(|id| acked.contains(*id)).count(),
         emails_received: per_id.len(),
+        emails_completed_unreceived: claims
+            .iter()
+            .filter(|c| c.consumer == "email" && c.state == claimd::claim::ClaimState::Completed)
+            .filter(|c| !per_id.contains_key(&format!("<{}@chaos.claimd>", c.idem_key)))
+            .count(),
         max_emails_per_id: per_id.values().copied().max().unwrap_or(0),
         kills,
         seconds: started.elapsed().as_secs_f64(),
@@ -1318,6 +1352,10 @@ pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
     assert!(
         !o.via_broker || o.dead_lettered as usize >= o.bad_sent + o.mismatches_sent,
         "the store counted every dead letter: {o:?}"
+    );
+    assert_eq!(
+        o.emails_completed_unreceived, 0,
+        "an email settled completed that the SMTP server never received: {o:?}"
     );
     assert!(
         o.max_emails_per_id <= 1,
