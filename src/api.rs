@@ -7,9 +7,8 @@
 use crate::claim::{Claim, ClaimState};
 use crate::claimer::Claimer;
 use crate::config::Config;
-use crate::duration::Dur;
 use crate::intake;
-use crate::report;
+use crate::report::{self, Window};
 use crate::store::ClaimFilter;
 use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -176,17 +175,15 @@ struct ReportQuery {
 }
 
 async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQuery>) -> Response {
-    let since = match q.since.as_deref().map(str::parse::<Dur>).transpose() {
-        Ok(d) => d,
+    // Without `since`, the default window (24h), as `claimd report`; `since=all` for all time.
+    let window = match q.since.as_deref().map(str::parse::<Window>).transpose() {
+        Ok(w) => w.unwrap_or_default(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
     };
     let store = state.claimer.store();
-    let since_utc = match since {
-        Some(d) => match store.now().await {
-            Ok(now) => d.before(now),
-            Err(e) => return store_down(e),
-        },
-        None => None,
+    let since_utc = match store.now().await {
+        Ok(now) => window.start(now),
+        Err(e) => return store_down(e),
     };
     let names: Vec<String> = state
         .config

@@ -90,6 +90,17 @@ impl Consumer {
             .expect("consumer semaphore closed")
     }
 
+    /// Whether intake claims ahead of a free call slot (see [`Claimer::submit`]): only when the
+    /// sweeper can settle a claim a crash orphaned without a person.
+    pub fn claims_ahead(&self) -> bool {
+        match self.config.on_unknown {
+            OnUnknown::Park => false,
+            OnUnknown::Redrive => true,
+            // Without a status endpoint an unknown outcome is parked too.
+            OnUnknown::Reconcile => self.effect.can_reconcile(),
+        }
+    }
+
     /// Deliveries being claimed or waiting for a call slot now.
     pub fn queued(&self) -> usize {
         self.config.concurrency as usize - self.intake.available_permits()
@@ -104,6 +115,12 @@ impl Consumer {
     pub fn settling(&self) -> usize {
         self.settling.load(Ordering::SeqCst)
     }
+}
+
+/// What intake holds while it claims: an intake place (claims ahead) or the call slot itself.
+enum Admission {
+    Place(OwnedSemaphorePermit),
+    Slot(OwnedSemaphorePermit),
 }
 
 /// An effect's hold on its consumer's capacity: the in-flight slot while the provider is
@@ -356,13 +373,23 @@ impl Claimer {
             m.refused(&d.consumer, "bad_payload");
             return Err(SubmitError::BadPayload(why));
         }
-        // Backpressure: an intake place first, so the backlog waits in the client or the broker,
-        // never in memory here. At most `concurrency` deliveries are being claimed or wait for
-        // a call slot, besides the `concurrency` calls in flight: claims for the next calls
-        // commit while the current ones run, so the claim's commit does not lengthen each
-        // slot's turn.
-        let Ok(place) = tokio::time::timeout(self.intake_wait, consumer.intake_place()).await
-        else {
+        // Backpressure: a place first, so the backlog waits in the client or the broker, never
+        // in memory here. A consumer whose orphaned claims the sweeper can settle without a
+        // person (`on_unknown` = redrive, or reconcile with a status endpoint) claims ahead: an intake place now, the
+        // call slot after the claim commits, so claims for the next calls commit while the
+        // current ones run and a claim's commit does not lengthen each slot's turn. Any other
+        // consumer takes its call slot before claiming: a claim a crash orphans there waits
+        // for a person, and claims waiting for a slot would add to those.
+        let admission = if consumer.claims_ahead() {
+            tokio::time::timeout(self.intake_wait, consumer.intake_place())
+                .await
+                .map(Admission::Place)
+        } else {
+            tokio::time::timeout(self.intake_wait, consumer.slot())
+                .await
+                .map(Admission::Slot)
+        };
+        let Ok(admission) = admission else {
             m.refused(&d.consumer, "busy");
             return Err(SubmitError::Busy(d.consumer.clone()));
         };
@@ -390,8 +417,15 @@ impl Claimer {
                 let this = self.clone();
                 let for_task = claim.clone();
                 tokio::spawn(async move {
-                    let slot = Slot::held(consumer.slot().await, &consumer);
-                    drop(place);
+                    let permit = match admission {
+                        Admission::Place(place) => {
+                            let slot = consumer.slot().await;
+                            drop(place);
+                            slot
+                        }
+                        Admission::Slot(slot) => slot,
+                    };
+                    let slot = Slot::held(permit, &consumer);
                     this.drive(&consumer, &for_task, started, false, slot).await;
                 });
                 Ok(Accepted::New(claim))

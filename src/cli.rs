@@ -9,7 +9,7 @@ use crate::claim::ClaimState;
 use crate::config::Config;
 use crate::duration::Dur;
 use crate::reconcile;
-use crate::report::{self, csv_field, table};
+use crate::report::{self, Window, csv_field, table};
 use crate::retention;
 use crate::run;
 use crate::sandbox::{Sandbox, SandboxOptions};
@@ -74,9 +74,10 @@ pub enum Command {
         /// Only this consumer.
         #[arg(long)]
         consumer: Option<String>,
-        /// Window for throughput figures, like 24h (open work is always counted in full).
-        #[arg(long)]
-        since: Option<Dur>,
+        /// Window for throughput figures, like 24h, or `all` (open work is always counted in
+        /// full; `all` reads every claim in the table).
+        #[arg(long, default_value_t)]
+        since: Window,
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
         format: Format,
@@ -459,13 +460,13 @@ async fn sweep(app: &App, dry_run: bool) -> Output {
 async fn report_cmd(
     app: &App,
     consumer: Option<String>,
-    since: Option<Dur>,
+    window: Window,
     format: Format,
     check: bool,
 ) -> Output {
-    let since = match since_utc(app, since).await {
-        Ok(s) => s,
-        Err(o) => return o,
+    let since = match app.store.now().await {
+        Ok(now) => window.start(now),
+        Err(e) => return Output::fail(1, e),
     };
     let r = match report::build(
         &app.store,

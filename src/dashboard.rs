@@ -872,6 +872,7 @@ mod tests {
                     last_run_utc: healthy.then(|| now - chrono::Duration::seconds(4)),
                     healthy,
                 },
+                since_utc: None,
                 consumers: vec![
                     ConsumerCounts {
                         consumer: "payments".into(),

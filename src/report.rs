@@ -11,6 +11,56 @@ use std::time::Duration;
 /// Most claims listed under `attention`.
 pub const ATTENTION_LIMIT: u32 = 200;
 
+/// The throughput window `report` and `GET /v1/report` use when none is given: the counts of
+/// a whole large table need a pass over every row (seconds at 10 million claims), which a
+/// `report --check` run from cron every minute should not cost the database.
+pub const DEFAULT_WINDOW: crate::duration::Dur = crate::duration::Dur(Duration::from_secs(86_400));
+
+/// `--since` / `?since=`: a duration back from now, or `all`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Window {
+    /// Every claim in the table.
+    All,
+    /// Claims received within this long before now.
+    Last(crate::duration::Dur),
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window::Last(DEFAULT_WINDOW)
+    }
+}
+
+impl std::str::FromStr for Window {
+    type Err = crate::duration::DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "all" {
+            Ok(Window::All)
+        } else {
+            s.parse().map(Window::Last)
+        }
+    }
+}
+
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Window::All => f.write_str("all"),
+            Window::Last(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+impl Window {
+    /// The window's start at database time `now` (`None`: all time).
+    pub fn start(self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match self {
+            Window::All => None,
+            Window::Last(d) => d.before(now),
+        }
+    }
+}
+
 /// The sweeper's health as every instance sees it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SweeperHealth {
@@ -50,6 +100,8 @@ pub struct Report {
     pub consumers: Vec<ConsumerCounts>,
     /// Claims needing attention, then stuck claims.
     pub attention: Vec<AttentionItem>,
+    /// Start of the throughput window (`null`: all time). Open work is always counted in full.
+    pub since_utc: Option<DateTime<Utc>>,
 }
 
 impl Report {
@@ -133,6 +185,7 @@ pub async fn build(
         },
         consumers: counts,
         attention,
+        since_utc: since,
     })
 }
 
@@ -150,14 +203,17 @@ pub fn render_table(r: &Report) -> String {
         .unwrap_or_else(|| "never".into());
     let _ = writeln!(
         out,
-        "generated {}   sweeper last run {} ({})",
+        "generated {}   sweeper last run {} ({})   counts since {}",
         r.generated_utc.to_rfc3339(),
         last,
         if r.sweeper.healthy {
             "healthy"
         } else {
             "NOT RUNNING"
-        }
+        },
+        r.since_utc
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_else(|| "the beginning (--since all)".into())
     );
     let header = [
         "consumer",
@@ -299,6 +355,25 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_window_defaults_to_a_day_and_all_means_everything() {
+        let now = Utc::now();
+        assert_eq!(
+            Window::default().start(now),
+            Some(now - chrono::Duration::hours(24))
+        );
+        assert_eq!("all".parse::<Window>().unwrap().start(now), None);
+        assert_eq!(
+            "90m".parse::<Window>().unwrap().start(now),
+            Some(now - chrono::Duration::minutes(90))
+        );
+        assert!("forever".parse::<Window>().is_err());
+        assert_eq!(
+            Window::default().to_string().parse::<Window>().unwrap(),
+            Window::default()
+        );
+    }
 
     #[test]
     fn sweeper_health_allows_three_periods() {

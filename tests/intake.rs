@@ -267,11 +267,11 @@ async fn an_intake_token_guards_intake_when_configured() {
     running.shutdown(Duration::from_secs(5)).await;
 }
 
-/// Saturation, as DESIGN.md asks it documented and tested: `concurrency` calls in flight plus
-/// `concurrency` claimed deliveries waiting for a slot; beyond that intake waits
+/// Saturation, as DESIGN.md asks it documented and tested. A consumer that claims ahead
+/// (`redrive`) holds `concurrency` calls in flight plus `concurrency` claimed deliveries
+/// waiting for a slot; a `park` consumer only its `concurrency` calls. Beyond that intake waits
 /// `intake_wait`, then answers `503` with `Retry-After` and commits nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_saturated_consumer_answers_503_and_commits_nothing() {
+async fn saturation(on_unknown: &str, accepted: usize) {
     let store = TestStore::sqlite();
     let (sb, provider) = sandbox(SandboxOptions {
         latency: Duration::from_secs(2),
@@ -287,6 +287,7 @@ concurrency = 2
 lease = "20s"
 max_attempts = 5
 redrive_within = "1h"
+on_unknown = "{on_unknown}"
 [consumers.effect]
 kind = "http"
 url = "{provider}/v1/payments"
@@ -301,22 +302,25 @@ timeout = "5s"
     .await;
     let base = format!("http://{}", running.http_addr);
     let c = client();
-    let post = |key: &str| {
+    let post = |key: String| {
         c.post(format!("{base}/v1/messages/payments"))
             .header("Idempotency-Key", key)
             .body("{\"amount\":1}")
             .send()
     };
-    // Two calls in flight, then two claimed deliveries waiting for a call slot.
-    for key in ["s1", "s2"] {
-        assert_eq!(post(key).await.unwrap().status().as_u16(), 202);
+    // Two calls in flight, then (claiming ahead) two claimed deliveries waiting for a slot.
+    for i in 0..accepted {
+        if i == 2 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(post(format!("s{i}")).await.unwrap().status().as_u16(), 202);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    for key in ["s3", "s4"] {
-        assert_eq!(post(key).await.unwrap().status().as_u16(), 202);
-    }
-    let r = post("s5").await.unwrap();
-    assert_eq!(r.status().as_u16(), 503, "the fifth delivery finds no room");
+    let r = post("late".into()).await.unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        503,
+        "{on_unknown}: the next delivery finds no room"
+    );
     assert_eq!(
         r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
         Some("1")
@@ -324,7 +328,7 @@ timeout = "5s"
     assert!(r.text().await.unwrap().contains("concurrency limit"));
     assert_eq!(
         claim_count(&running).await,
-        4,
+        accepted,
         "the refused one left no claim"
     );
     assert_eq!(sb.requests(), 2, "two calls at once, never more");
@@ -332,25 +336,35 @@ timeout = "5s"
     // The waiting ones get their turn; the refused one, sent again, is taken.
     assert!(
         eventually(Duration::from_secs(15), || async {
-            sb.effects().len() == 4
+            sb.effects().len() == accepted
         })
         .await
     );
-    assert_eq!(post("s5").await.unwrap().status().as_u16(), 202);
+    assert_eq!(post("late".into()).await.unwrap().status().as_u16(), 202);
     assert!(
         eventually(Duration::from_secs(15), || async {
-            sb.effects().len() == 5
+            sb.effects().len() == accepted + 1
         })
         .await
     );
     running.shutdown(Duration::from_secs(3)).await;
 }
 
-/// A claimed delivery that waited for a call slot until too little lease was left is handed
-/// to the sweeper as "not called", so even a `park` consumer performs it (once) instead of
-/// parking it as an unknown outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_that_waited_out_its_lease_is_performed_not_parked() {
+async fn a_saturated_consumer_answers_503_and_commits_nothing() {
+    saturation("redrive", 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_park_consumer_claims_no_further_than_its_calls() {
+    saturation("park", 2).await;
+}
+
+/// A claimed delivery that waited for a call slot until too little lease was left (a consumer
+/// that claims ahead: `redrive`) is handed to the sweeper as "not called": the sweeper performs
+/// it as a first send, not as a re-send after an unknown outcome (`resent` stays 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_out_its_lease_is_handed_off_as_not_called() {
     let store = TestStore::sqlite();
     let (sb, provider) = sandbox(SandboxOptions {
         latency: Duration::from_millis(900),
@@ -366,7 +380,7 @@ concurrency = 1
 lease = "1500ms"
 max_attempts = 5
 redrive_within = "1h"
-on_unknown = "park"
+on_unknown = "redrive"
 [consumers.effect]
 kind = "http"
 url = "{provider}/v1/payments"
@@ -411,6 +425,10 @@ timeout = "1s"
             .iter()
             .any(|e| e.action == "handoff" && e.outcome == "not_applied"),
         "{events:?}"
+    );
+    assert_eq!(
+        w2.resent_count, 0,
+        "performed as a first send, not a re-send"
     );
     assert!(sb.effects().iter().all(|e| e.applied == 1));
     assert_eq!(sb.effects().len(), 2);
