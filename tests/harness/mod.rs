@@ -576,6 +576,25 @@ impl Queues {
     }
 }
 
+impl Drop for Queues {
+    /// Deletes the run's queues even when the run panicked (from a plain thread: the run's
+    /// runtime may be shutting down). Deleting twice is harmless.
+    fn drop(&mut self) {
+        let q = Queues {
+            prefix: std::mem::take(&mut self.prefix),
+        };
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(q.delete());
+            std::mem::forget(q);
+        })
+        .join();
+    }
+}
+
 /// An at-least-once publisher: persistent messages, publisher confirms, and a publish that
 /// was not confirmed (broker down, connection cut, queue not declared yet) is published again.
 struct Publisher {
