@@ -11,6 +11,9 @@
 //! The table: 1,000 stale `started` claims (lease expired an hour ago), 1,000 `started` claims
 //! in flight (lease in the future), and bulk claims received over the last 30 days: 98.9%
 //! `completed`, 1% `failed`, 0.1% `needs_attention`; 90% consumer `payments`, 10% `emails`.
+//! Received times grow with insertion order, as in a real table (claims are inserted when they
+//! are received), spread evenly so that the largest size covers the 30 days: the last 24 hours
+//! hold 1/30 of the rows at the largest size (none at the smaller ones).
 
 use claimd::store::ClaimStore;
 use claimd::store::postgres::{COUNT_OPEN, COUNT_WINDOW, PgStore, TAKE_STALE};
@@ -93,6 +96,7 @@ async fn main() {
     let db: String = env_or("BENCH_DB", "claimd_bench_safety_net".to_string());
     let keep = std::env::var("BENCH_KEEP").is_ok_and(|v| v == "1");
     let repeat: usize = env_or("BENCH_REPEAT", 7);
+    let largest = sizes.iter().copied().max().unwrap_or(1).max(1);
 
     let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
     let exists: bool =
@@ -162,11 +166,13 @@ async fn main() {
                        CASE WHEN g % 1000 = 7 THEN 'needs_attention' \
                             WHEN g % 100 = 3 THEN 'failed' ELSE 'completed' END, 1, NULL, NULL, \
                        r, r, r + interval '80 milliseconds', r + interval '80 milliseconds', 200 \
-                     FROM (SELECT g, now() - (g % 2592000) * interval '1 second' AS r \
+                     FROM (SELECT g, now() - ($3::bigint - g) * ($4::float8 * interval '1 second') AS r \
                            FROM generate_series($1::bigint, $2::bigint) g) s",
                 )
                 .bind(from)
                 .bind(to)
+                .bind(largest)
+                .bind(2_592_000.0 / largest as f64)
                 .execute(&pool)
                 .await
                 .unwrap();

@@ -22,9 +22,11 @@
 //! `BENCH_LATENCIES` provider latency in ms, comma-separated [0,10,50];
 //! `BENCH_CONCURRENCY` client connections [64]; `BENCH_POOL` database pool size [16];
 //! `BENCH_CONSUMER_CONCURRENCY` claimd's consumer `concurrency` [= BENCH_CONCURRENCY];
-//! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-pg], also `claimd-pg-unbatched`
-//! (`[store] batch_writes = false`) and `claimd-pg-wide` (consumer concurrency
-//! `BENCH_WIDE_CONCURRENCY` [256]: more effects in flight than client connections); `BENCH_DB_CALLERS` concurrent callers of the batched store
+//! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,
+//! claimd-pg-wide]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
+//! before claiming (the intake order before claims-ahead), `claimd-pg-unbatched` has
+//! `[store] batch_writes = false`, `claimd-pg-wide` consumer concurrency
+//! `BENCH_WIDE_CONCURRENCY` [256]: more effects in flight than client connections; `BENCH_DB_CALLERS` concurrent callers of the batched store
 //! [256]; `BENCH_DB_N` claims in the
 //! database-only section [50000, 0 skips it]; `BENCH_BATCH` batch size there [64];
 //! `BENCH_INFLIGHT` one extra claimd-pg run (`claimd-pg-memory`) `latency_ms:concurrency:n` for memory with many
@@ -211,7 +213,13 @@ async fn txn(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Statu
     work.await.unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
 }
 
-fn claimd_toml(store: &str, provider: &str, pool: u32, concurrency: u32) -> String {
+fn claimd_toml(
+    store: &str,
+    provider: &str,
+    pool: u32,
+    concurrency: u32,
+    on_unknown: &str,
+) -> String {
     format!(
         r#"
 [store]
@@ -227,6 +235,7 @@ name = "payments"
 source = "http"
 concurrency = {concurrency}
 lease = "60s"
+on_unknown = "{on_unknown}"
 key = "{{message_id}}"
 [consumers.effect]
 kind = "http"
@@ -282,7 +291,8 @@ async fn child(mode: &str) {
         "claimd" => {
             let store = std::env::var("BENCH_STORE").expect("BENCH_STORE");
             let conc: u32 = env_or("BENCH_CONSUMER_CONCURRENCY", 64);
-            let toml = claimd_toml(&store, &provider, pool_size, conc);
+            let on_unknown: String = env_or("BENCH_ON_UNKNOWN", "reconcile".to_string());
+            let toml = claimd_toml(&store, &provider, pool_size, conc, &on_unknown);
             let config = Config::from_toml(&toml, Path::new("bench.toml"), std::env::vars())
                 .expect("config")
                 .config;
@@ -556,9 +566,11 @@ async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, idx: usize) 
                 .unwrap();
             ("txn", url)
         }
-        "claimd-pg" | "claimd-pg-unbatched" | "claimd-pg-wide" | "claimd-pg-memory" => {
-            ("claimd", pg.create(&dbname).await)
-        }
+        "claimd-pg"
+        | "claimd-pg-unbatched"
+        | "claimd-pg-wide"
+        | "claimd-pg-memory"
+        | "claimd-pg-park" => ("claimd", pg.create(&dbname).await),
         "claimd-sqlite" => (
             "claimd",
             format!("sqlite://{}", tmp.path().join("claims.db").display()),
@@ -579,6 +591,14 @@ async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, idx: usize) 
         .env(
             "BENCH_CONSUMER_CONCURRENCY",
             run.consumer_concurrency.to_string(),
+        )
+        .env(
+            "BENCH_ON_UNKNOWN",
+            if run.design == "claimd-pg-park" {
+                "park"
+            } else {
+                "reconcile"
+            },
         )
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -849,7 +869,8 @@ async fn main() {
         .collect();
     let designs: Vec<String> = env_or(
         "BENCH_DESIGNS",
-        "direct,txn,claimd-sqlite,claimd-pg".to_string(),
+        "direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,claimd-pg-wide"
+            .to_string(),
     )
     .split(',')
     .map(|s| s.trim().to_string())
