@@ -1002,9 +1002,11 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         }
     }
     // Changed payloads go after their originals were claimed: a second wave.
-    let (first, later): (Vec<_>, Vec<_>) = sends
+    let (mut first, later): (Vec<_>, Vec<_>) = sends
         .into_iter()
         .partition(|x| !matches!(x, Send_::Changed { .. }));
+    // Payments, emails, duplicates and bad input interleaved, as traffic arrives (seeded).
+    r.shuffle(&mut first);
     let ledger = Arc::new(Ledger {
         acked: Mutex::new(HashSet::new()),
         dup_acks: AtomicUsize::new(0),
