@@ -267,6 +267,33 @@ async fn an_intake_token_guards_intake_when_configured() {
     running.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A `payments` consumer calling the sandbox at `provider` without a status endpoint, with
+/// the given concurrency, lease, `on_unknown` and call timeout.
+fn plain_consumer(
+    provider: &str,
+    concurrency: u32,
+    lease: &str,
+    on_unknown: &str,
+    timeout: &str,
+) -> String {
+    format!(
+        r#"
+[[consumers]]
+name = "payments"
+source = "http"
+concurrency = {concurrency}
+lease = "{lease}"
+max_attempts = 5
+redrive_within = "1h"
+on_unknown = "{on_unknown}"
+[consumers.effect]
+kind = "http"
+url = "{provider}/v1/payments"
+timeout = "{timeout}"
+"#
+    )
+}
+
 /// Saturation, as DESIGN.md asks it documented and tested. A consumer that claims ahead
 /// (`redrive`) holds `concurrency` calls in flight plus `concurrency` claimed deliveries
 /// waiting for a slot; a `park` consumer only its `concurrency` calls. Beyond that intake waits
@@ -278,22 +305,7 @@ async fn saturation(on_unknown: &str, accepted: usize) {
         ..Default::default()
     })
     .await;
-    let consumer = format!(
-        r#"
-[[consumers]]
-name = "payments"
-source = "http"
-concurrency = 2
-lease = "20s"
-max_attempts = 5
-redrive_within = "1h"
-on_unknown = "{on_unknown}"
-[consumers.effect]
-kind = "http"
-url = "{provider}/v1/payments"
-timeout = "5s"
-"#
-    );
+    let consumer = plain_consumer(&provider, 2, "20s", on_unknown, "5s");
     let running = start(&config_toml_with(
         &store.url(),
         "intake_wait = \"300ms\"",
@@ -371,22 +383,7 @@ async fn a_claim_that_waited_out_its_lease_is_handed_off_as_not_called() {
         ..Default::default()
     })
     .await;
-    let consumer = format!(
-        r#"
-[[consumers]]
-name = "payments"
-source = "http"
-concurrency = 1
-lease = "1500ms"
-max_attempts = 5
-redrive_within = "1h"
-on_unknown = "redrive"
-[consumers.effect]
-kind = "http"
-url = "{provider}/v1/payments"
-timeout = "1s"
-"#
-    );
+    let consumer = plain_consumer(&provider, 1, "1500ms", "redrive", "1s");
     let running = start(&config_toml(&store.url(), &consumer)).await;
     let base = format!("http://{}", running.http_addr);
     let c = client();
