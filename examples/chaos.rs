@@ -13,7 +13,9 @@
 //! root); without it the workers' connections are cut at a proxy instead. `CHAOS_INTAKE=amqp`
 //! publishes the ledger to RabbitMQ instead of posting it, and `CHAOS_BROKER_OUTAGE_S` (default
 //! 10 with amqp, 0 to skip) stops RabbitMQ (`rabbitmqctl stop_app`) for that long a third of the
-//! way in. Nothing else should be using the broker or the database server meanwhile.
+//! way in. `CHAOS_PROVIDER_OUTAGE_S` (default 10, 0 to skip) takes the provider down (its port
+//! refuses connections, calls in progress are cut) two thirds of the way in. Nothing else
+//! should be using the broker or the database server meanwhile.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -62,6 +64,10 @@ async fn main() {
         bad_input: true,
         emails: env_or("CHAOS_EMAILS", 2_000),
         broker_outage: (broker_outage_s > 0).then(|| Duration::from_secs(broker_outage_s)),
+        provider_outage: match env_or("CHAOS_PROVIDER_OUTAGE_S", 10u64) {
+            0 => None,
+            s => Some(Duration::from_secs(s)),
+        },
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

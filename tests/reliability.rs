@@ -27,6 +27,7 @@ fn base(name: &str, seed: u64) -> Scenario {
         bad_input: false,
         emails: 0,
         broker_outage: None,
+        provider_outage: None,
     }
 }
 
@@ -67,7 +68,11 @@ async fn reliability_scenarios_hold_every_invariant() {
                     ambiguous_rate: 0.1,
                     ..Default::default()
                 },
-                ..base("kills + flaky provider (503, ambiguous 500/drop)", seed + 1)
+                provider_outage: Some(Duration::from_secs(3)),
+                ..base(
+                    "kills + flaky provider (503, ambiguous 500/drop, down 3 s)",
+                    seed + 1,
+                )
             },
             true,
         ),

@@ -72,6 +72,9 @@ pub struct Scenario {
     pub emails: usize,
     /// Stop RabbitMQ (`rabbitmqctl stop_app`) for this long in the middle, then start it.
     pub broker_outage: Option<Duration>,
+    /// Take the provider down for this long two thirds of the way in: its port refuses
+    /// connections and calls in progress are cut.
+    pub provider_outage: Option<Duration>,
 }
 
 /// The end-of-run checks.
@@ -296,6 +299,66 @@ pub async fn broker_outage(d: Duration) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("RabbitMQ did not come back");
+}
+
+/// The provider's front door: forwards a loopback port to the sandbox, and can go down — stop
+/// listening (new connections are refused) and cut the connections open — and come back on the
+/// same port.
+struct Gate {
+    port: u16,
+    target: std::net::SocketAddr,
+    accept: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Gate {
+    async fn start(target: std::net::SocketAddr) -> Arc<Gate> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gate = Arc::new(Gate {
+            port: listener.local_addr().unwrap().port(),
+            target,
+            accept: Mutex::new(None),
+            cut: tokio::sync::watch::channel(0u64).0,
+        });
+        gate.serve(listener);
+        gate
+    }
+
+    fn serve(&self, listener: tokio::net::TcpListener) {
+        let (target, cut) = (self.target, self.cut.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut cut_rx = cut.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut_rx.changed() => {}
+                    }
+                });
+            }
+        });
+        *self.accept.lock().unwrap() = Some(task);
+    }
+
+    /// Down for `d`, then up again on the same port.
+    async fn outage(&self, d: Duration) {
+        if let Some(task) = self.accept.lock().unwrap().take() {
+            task.abort(); // drops the listener: connections are refused
+        }
+        self.cut.send_modify(|n| *n += 1);
+        tokio::time::sleep(d).await;
+        for _ in 0..100 {
+            if let Ok(l) = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
+                self.serve(l);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the provider's port {} could not be bound again", self.port);
+    }
 }
 
 /// One case of the bad-input matrix. Each is sent over the scenario's intake and must be
@@ -908,7 +971,8 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
+    let gate = Gate::start(listener.local_addr().unwrap()).await;
+    let provider = format!("http://127.0.0.1:{}", gate.port);
     let sandbox = Sandbox::new(s.provider.clone());
     let served = sandbox.clone();
     tokio::spawn(async move { served.serve(listener, std::future::pending()).await });
@@ -1026,7 +1090,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     );
 
     // Chaos: kill and restart workers evenly over the send phase; a broker outage a third of
-    // the way in, a database outage half way.
+    // the way in, a database outage half way, a provider outage two thirds of the way.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let kills_done = Arc::new(AtomicUsize::new(0));
     let chaos = {
@@ -1036,12 +1100,14 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         let workers = s.workers;
         let outage = s.db_outage;
         let broker = s.broker_outage;
+        let provider_outage = s.provider_outage;
+        let gate = gate.clone();
         let real = s.real_db_restart;
         let proxy = proxy.clone();
         let seed = s.seed;
         tokio::spawn(async move {
             let mut r = rng(seed ^ 0x5eed);
-            let (mut did_outage, mut did_broker) = (false, false);
+            let (mut did_outage, mut did_broker, mut did_provider) = (false, false, false);
             while !done.load(Ordering::SeqCst) && kills_done.load(Ordering::SeqCst) < kills {
                 tokio::time::sleep(Duration::from_millis(r.u64(150..600))).await;
                 let i = r.usize(0..workers);
@@ -1061,6 +1127,13 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
                     did_outage = true;
                     outage_now(&proxy, real, d).await;
                 }
+                if let Some(d) = provider_outage
+                    && !did_provider
+                    && k >= kills * 2 / 3
+                {
+                    did_provider = true;
+                    gate.outage(d).await;
+                }
             }
             if let Some(d) = broker
                 && !did_broker
@@ -1071,6 +1144,11 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
                 && !did_outage
             {
                 outage_now(&proxy, real, d).await;
+            }
+            if let Some(d) = provider_outage
+                && !did_provider
+            {
+                gate.outage(d).await;
             }
             fleet
         })
