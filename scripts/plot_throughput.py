@@ -16,7 +16,8 @@ LABELS = {
     "direct": "direct call in the handler (no claim; unsafe ceiling)",
     "txn": "single-transaction inbox (connection held during the call)",
     "claimd-sqlite": "claimd, SQLite",
-    "claimd-pg": "claimd, PostgreSQL (batched writes)",
+    "claimd-pg": "claimd, PostgreSQL (batched writes, claims ahead)",
+    "claimd-pg-park": "claimd, PostgreSQL, on_unknown = park (slot before claim)",
     "claimd-pg-unbatched": "claimd, PostgreSQL (batch_writes = false)",
     "claimd-pg-wide": "claimd, PostgreSQL, consumer concurrency {wide}",
 }
@@ -25,6 +26,7 @@ STYLE = {
     "txn": ("tab:red", "s", "-"),
     "claimd-sqlite": ("tab:blue", "^", "-"),
     "claimd-pg": ("tab:green", "D", "-"),
+    "claimd-pg-park": ("tab:cyan", "<", ":"),
     "claimd-pg-unbatched": ("tab:olive", "v", ":"),
     "claimd-pg-wide": ("tab:purple", "P", "-."),
 }
