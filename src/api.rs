@@ -180,11 +180,6 @@ async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQuery>)
         Ok(w) => w.unwrap_or_default(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
     };
-    let store = state.claimer.store();
-    let since_utc = match store.now().await {
-        Ok(now) => window.start(now),
-        Err(e) => return store_down(e),
-    };
     let names: Vec<String> = state
         .config
         .consumers
@@ -192,10 +187,10 @@ async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQuery>)
         .map(|c| c.name.clone())
         .collect();
     match report::build(
-        store,
+        state.claimer.store(),
         &names,
         q.consumer.as_deref(),
-        since_utc,
+        window,
         state.sweep_period,
     )
     .await

@@ -464,15 +464,11 @@ async fn report_cmd(
     format: Format,
     check: bool,
 ) -> Output {
-    let since = match app.store.now().await {
-        Ok(now) => window.start(now),
-        Err(e) => return Output::fail(1, e),
-    };
     let r = match report::build(
         &app.store,
         &app.consumer_names(),
         consumer.as_deref(),
-        since,
+        window,
         app.sweep_period(),
     )
     .await

@@ -11,8 +11,7 @@
 
 use crate::api::{AppState, problem};
 use crate::claim::ClaimState;
-use crate::duration::Dur;
-use crate::report::{self, AttentionItem, Report};
+use crate::report::{self, AttentionItem, Report, Window};
 use crate::store::{ClaimFilter, ConsumerCounts, StoreResult};
 use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -20,11 +19,6 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use std::fmt::Write as _;
-use std::time::Duration;
-
-/// The throughput window (received, completed, p50, ...) when the page is asked without `since`.
-/// Open work (started, stuck, needs attention) is always counted over the whole table.
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// How many of the newest completed claims the time-to-complete chart reads.
 pub const COMPLETED_SAMPLE: u32 = 500;
@@ -81,8 +75,8 @@ pub struct Dashboard {
     /// The report (counts over `window`, open work over the whole table, sweeper health,
     /// attention list). Its `generated_utc` is "now" for every age on the page.
     pub report: Report,
-    /// The throughput window; `None` means all claims.
-    pub window: Option<Dur>,
+    /// The throughput window.
+    pub window: Window,
     /// Receive-to-complete seconds of the newest completed claims in the window.
     pub completed_s: Vec<f64>,
     /// Ages in seconds of open claims (newest `started` ones and the attention list).
@@ -199,14 +193,16 @@ fn fmt_time(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
-fn window_label(window: Option<Dur>) -> String {
+fn window_label(window: Window) -> String {
     match window {
         // "the last 24h" rather than "the last 1d".
-        Some(d) if d.0.as_secs() % 3600 == 0 && d.0.as_secs() > 0 && d.0.as_secs() <= 48 * 3600 => {
+        Window::Last(d)
+            if d.0.as_secs() % 3600 == 0 && d.0.as_secs() > 0 && d.0.as_secs() <= 48 * 3600 =>
+        {
             format!("the last {}h", d.0.as_secs() / 3600)
         }
-        Some(d) => format!("the last {d}"),
-        None => "all time".into(),
+        Window::Last(d) => format!("the last {d}"),
+        Window::All => "all time".into(),
     }
 }
 
@@ -320,7 +316,7 @@ fn tile(out: &mut String, class: &str, label: &str, value: &str, sub: &str) {
 }
 
 /// The row of tiles: sweeper health, stuck, needs attention, oldest started, failed.
-pub fn render_tiles(r: &Report, window: Option<Dur>) -> String {
+pub fn render_tiles(r: &Report, window: Window) -> String {
     let mut out = String::from("<div class=\"tiles\">");
     let last = match r.sweeper.last_run_utc {
         Some(t) => format!(
@@ -396,7 +392,7 @@ fn secs_cell(out: &mut String, v: Option<f64>, hot: &str) {
 }
 
 /// The table of counts per consumer, stuck and attention highlighted.
-pub fn render_counts(consumers: &[ConsumerCounts], window: Option<Dur>) -> String {
+pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
@@ -727,23 +723,16 @@ pub fn render_charts(d: &Dashboard) -> String {
 
 /// Reads everything the page shows. `window` bounds the throughput figures and the
 /// time-to-complete sample; open work is counted in full.
-pub async fn gather(state: &AppState, window: Option<Dur>) -> StoreResult<Dashboard> {
+pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> {
     let store = state.claimer.store();
-    let since = match window {
-        Some(w) => {
-            let now = store.now().await?;
-            w.before(now)
-        }
-        None => None,
-    };
     let names: Vec<String> = state
         .config
         .consumers
         .iter()
         .map(|c| c.name.clone())
         .collect();
-    let report = report::build(store, &names, None, since, state.sweep_period).await?;
-    let now = report.generated_utc;
+    let report = report::build(store, &names, None, window, state.sweep_period).await?;
+    let (now, since) = (report.generated_utc, report.since_utc);
     let completed = store
         .list(&ClaimFilter {
             state: Some(ClaimState::Completed),
@@ -795,14 +784,14 @@ pub async fn gather(state: &AppState, window: Option<Dur>) -> StoreResult<Dashbo
 /// `GET /?since=DUR`: the operator page. `since` bounds the throughput figures (default 24h).
 #[derive(Debug, Deserialize)]
 pub struct PageQuery {
-    /// Throughput window, like `1h` or `7d`.
+    /// Throughput window, like `1h` or `7d`, or `all`.
     pub since: Option<String>,
 }
 
 /// `GET /`: gathers the data and serves the page (behind the admin token, see `api::router`).
 pub async fn page(State(state): State<AppState>, Query(q): Query<PageQuery>) -> Response {
-    let window = match q.since.as_deref().map(str::parse::<Dur>).transpose() {
-        Ok(w) => Some(w.unwrap_or(Dur(DEFAULT_WINDOW))),
+    let window = match q.since.as_deref().map(str::parse::<Window>).transpose() {
+        Ok(w) => w.unwrap_or_default(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
     };
     match gather(&state, window).await {
@@ -896,7 +885,7 @@ mod tests {
                 ],
                 attention,
             },
-            window: Some(Dur(DEFAULT_WINDOW)),
+            window: Window::default(),
             completed_s: vec![0.2, 0.5, 3.0, 12.0, 100.0, 7200.0],
             open: vec![(OpenKind::Stuck, 120.0), (OpenKind::NeedsAttention, 4000.0)],
             store: "sqlite".into(),

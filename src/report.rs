@@ -124,15 +124,17 @@ pub fn sweeper_healthy(last: Option<DateTime<Utc>>, now: DateTime<Utc>, period: 
 }
 
 /// Builds the report. `consumers` lists configured consumers so idle ones show zeros;
-/// `since` bounds the throughput figures (open work is always counted in full).
+/// `window` bounds the throughput figures, measured back from the database's clock (open work
+/// is always counted in full).
 pub async fn build(
     store: &Store,
     consumers: &[String],
     only: Option<&str>,
-    since: Option<DateTime<Utc>>,
+    window: Window,
     sweep_period: Duration,
 ) -> StoreResult<Report> {
     let now = store.now().await?;
+    let since = window.start(now);
     let mut counts = store.counts(since).await?;
     for name in consumers {
         if !counts.iter().any(|c| &c.consumer == name) {

@@ -376,7 +376,7 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_a_reason() {
             &st,
             &["payments".into()],
             None,
-            None,
+            claimd::report::Window::All,
             Duration::from_secs(1),
         )
         .await
