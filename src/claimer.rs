@@ -90,15 +90,9 @@ impl Consumer {
             .expect("consumer semaphore closed")
     }
 
-    /// Whether intake claims ahead of a free call slot (see [`Claimer::submit`]): only when the
-    /// sweeper can settle a claim a crash orphaned without a person.
+    /// Whether intake claims ahead of a free call slot ([`policy::claims_ahead`]).
     pub fn claims_ahead(&self) -> bool {
-        match self.config.on_unknown {
-            OnUnknown::Park => false,
-            OnUnknown::Redrive => true,
-            // Without a status endpoint an unknown outcome is parked too.
-            OnUnknown::Reconcile => self.effect.can_reconcile(),
-        }
+        policy::claims_ahead(self.config.on_unknown, self.effect.can_reconcile())
     }
 
     /// Deliveries being claimed or waiting for a call slot now.
@@ -130,9 +124,10 @@ enum Admission {
 /// the provider directly would be bounded; the settles waiting behind it are bounded by the
 /// batcher and counted, so a graceful shutdown still waits for them.
 pub struct Slot {
+    /// The call slot, until the provider has answered.
     permit: Option<OwnedSemaphorePermit>,
+    /// The consumer's settling count (`None` for a slot-less caller).
     settling: Option<Arc<AtomicUsize>>,
-    counted: bool,
 }
 
 impl Slot {
@@ -141,7 +136,6 @@ impl Slot {
         Slot {
             permit: Some(permit),
             settling: Some(consumer.settling.clone()),
-            counted: false,
         }
     }
 
@@ -150,24 +144,23 @@ impl Slot {
         Slot {
             permit: None,
             settling: None,
-            counted: false,
         }
     }
 
-    /// The provider call is over: free the slot, count the settle.
+    /// The provider call is over: free the slot, count the settle. The settle is counted
+    /// exactly while `permit` is gone and `settling` is set.
     fn release_for_settle(&mut self) {
-        if self.permit.take().is_some()
-            && let Some(s) = &self.settling
+        if let Some(s) = &self.settling
+            && self.permit.take().is_some()
         {
             s.fetch_add(1, Ordering::SeqCst);
-            self.counted = true;
         }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if self.counted
+        if self.permit.is_none()
             && let Some(s) = &self.settling
         {
             s.fetch_sub(1, Ordering::SeqCst);
@@ -374,12 +367,10 @@ impl Claimer {
             return Err(SubmitError::BadPayload(why));
         }
         // Backpressure: a place first, so the backlog waits in the client or the broker, never
-        // in memory here. A consumer whose orphaned claims the sweeper can settle without a
-        // person (`on_unknown` = redrive, or reconcile with a status endpoint) claims ahead: an intake place now, the
-        // call slot after the claim commits, so claims for the next calls commit while the
-        // current ones run and a claim's commit does not lengthen each slot's turn. Any other
-        // consumer takes its call slot before claiming: a claim a crash orphans there waits
-        // for a person, and claims waiting for a slot would add to those.
+        // in memory here. Claiming ahead (policy::claims_ahead): an intake place now, the call
+        // slot after the claim commits, so claims for the next calls commit while the current
+        // ones run and a claim's commit does not lengthen each slot's turn. Otherwise the call
+        // slot before claiming.
         let admission = if consumer.claims_ahead() {
             tokio::time::timeout(self.intake_wait, consumer.intake_place())
                 .await

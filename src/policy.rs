@@ -128,9 +128,29 @@ pub fn after_not_found(age: Duration, redrive_within: Duration) -> Takeover {
     }
 }
 
+/// Whether intake may claim ahead of a free call slot: only when the sweeper can settle a
+/// claim that a crash orphans without a person — by re-sending it (`redrive`) or asking the
+/// provider (`reconcile` with a status endpoint). Otherwise an orphan is parked, and claims
+/// waiting for a slot would add to what a crash leaves for a person.
+pub fn claims_ahead(on_unknown: OnUnknown, can_reconcile: bool) -> bool {
+    match on_unknown {
+        OnUnknown::Park => false,
+        OnUnknown::Redrive => true,
+        OnUnknown::Reconcile => can_reconcile,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_consumers_that_settle_orphans_alone_claim_ahead() {
+        assert!(claims_ahead(OnUnknown::Redrive, false));
+        assert!(claims_ahead(OnUnknown::Reconcile, true));
+        assert!(!claims_ahead(OnUnknown::Reconcile, false));
+        assert!(!claims_ahead(OnUnknown::Park, true));
+    }
 
     fn unknown() -> Outcome {
         Outcome::Unknown {
