@@ -327,22 +327,38 @@ pub async fn raw_post(
     key: &[u8],
     body: &[u8],
 ) -> (u16, String) {
+    try_raw_post(addr, path, key, body)
+        .await
+        .unwrap_or_else(|| panic!("no answer from {addr}"))
+}
+
+/// [`raw_post`] for a server that may be down: `None` when it cannot be reached or does not
+/// answer within 10 seconds.
+pub async fn try_raw_post(
+    addr: std::net::SocketAddr,
+    path: &str,
+    key: &[u8],
+    body: &[u8],
+) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
     let mut req = format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\nIdempotency-Key: ", body.len()).into_bytes();
     req.extend_from_slice(key);
     req.extend_from_slice(b"\r\n\r\n");
     req.extend_from_slice(body);
-    s.write_all(&req).await.unwrap();
+    s.write_all(&req).await.ok()?;
     let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out).await;
+    // A reset after the answer is fine: what was read is parsed.
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .ok()?;
     let text = String::from_utf8_lossy(&out).into_owned();
     let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (status, body)
+    Some((status, body))
 }
 pub mod proxy;
 

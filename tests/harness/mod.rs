@@ -9,7 +9,7 @@
 #![allow(dead_code)]
 
 use crate::common::smtp::SmtpSink;
-use crate::common::{amqp::amqp_url, claimd_bin, free_port, proxy};
+use crate::common::{amqp::amqp_url, claimd_bin, free_port, proxy, try_raw_post};
 
 use claimd::sandbox::{Sandbox, SandboxOptions};
 use claimd::store::{ClaimFilter, Store};
@@ -485,8 +485,16 @@ async fn send(
             // client library sends, go out by hand.
             match HeaderValue::from_bytes(k) {
                 Ok(v) => req = req.header("Idempotency-Key", v),
-                Err(_) => match raw_post(port, consumer, k, &body).await {
-                    Some(503) | None => {
+                Err(_) => match try_raw_post(
+                    ([127, 0, 0, 1], port).into(),
+                    &format!("/v1/messages/{consumer}"),
+                    k,
+                    &body,
+                )
+                .await
+                .map(|(status, _)| status)
+                {
+                    Some(0 | 503) | None => {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
@@ -509,30 +517,6 @@ async fn send(
         }
     }
     panic!("no definite answer for {key:?}");
-}
-
-/// A hand-written HTTP/1.1 POST with `key` as the raw `Idempotency-Key` bytes. `None` when
-/// the worker could not be reached.
-async fn raw_post(port: u16, consumer: &str, key: &[u8], body: &[u8]) -> Option<u16> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let mut req = format!(
-        "POST /v1/messages/{consumer} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\nIdempotency-Key: ",
-        body.len()
-    )
-    .into_bytes();
-    req.extend_from_slice(key);
-    req.extend_from_slice(b"\r\n\r\n");
-    req.extend_from_slice(body);
-    s.write_all(&req).await.ok()?;
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .ok()?
-        .ok()?;
-    String::from_utf8_lossy(out.get(9..12)?).parse().ok()
 }
 
 /// The RabbitMQ side of a run: a work queue per consumer (claimd declares them, with a fanout
