@@ -5,6 +5,8 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`; `BENCH_ROWS`, default 1000000;
 //! `BENCH_BATCH`, default 5000).
 
+mod support;
+
 use claimd::claim::{NewClaim, fingerprint};
 use claimd::store::ClaimStore;
 use claimd::store::postgres::PgStore;
@@ -12,13 +14,7 @@ use sqlx::Connection;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use support::env_or;
 
 #[tokio::main]
 async fn main() {

@@ -15,24 +15,13 @@
 //! are received), spread evenly so that the largest size covers the 30 days: the last 24 hours
 //! hold 1/30 of the rows at the largest size (none at the smaller ones).
 
+mod support;
+
 use claimd::store::ClaimStore;
 use claimd::store::postgres::{COUNT_OPEN, COUNT_WINDOW, PgStore, TAKE_STALE};
 use sqlx::{Connection, Row};
 use std::time::{Duration, Instant};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn load1() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(f64::NAN)
-}
+use support::{env_or, load1};
 
 const RESET_STALE: &str = "\
     UPDATE claims SET attempt = 1, lease_owner = 'crashed', \

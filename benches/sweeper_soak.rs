@@ -5,19 +5,15 @@
 //! `SOAK_SECONDS=3600 SOAK_RATE=50 cargo bench --bench sweeper_soak` (defaults: 60 s, 50 msg/s,
 //! SQLite in a temporary directory; `SOAK_STORE=postgres://...` for PostgreSQL).
 
+mod support;
+
 use claimd::app::App;
 use claimd::config::Config;
 use claimd::run;
 use claimd::sandbox::{Sandbox, SandboxOptions};
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use support::env_or;
 
 #[tokio::main]
 async fn main() {
