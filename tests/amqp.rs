@@ -89,6 +89,41 @@ async fn wait_connected(running: &claimd::run::Running) {
     );
 }
 
+/// A worker on a fresh PostgreSQL database whose `payments` consumer reads fresh queues and
+/// calls the sandbox, connected. `None` (skipped) outside CI without a broker or a database.
+async fn payments_on_postgres(
+    prefix: &str,
+) -> Option<(
+    TestQueues,
+    TestStore,
+    claimd::sandbox::Sandbox,
+    claimd::run::Running,
+)> {
+    let q = TestQueues::new(prefix).await?;
+    let store = TestStore::pg().await?;
+    let (sandbox, provider) = sandbox(SandboxOptions::default()).await;
+    let running = start(&config_toml(
+        &store.url(),
+        &q.consumer_toml("payments", "", &http_effect(&provider)),
+    ))
+    .await;
+    wait_connected(&running).await;
+    Some((q, store, sandbox, running))
+}
+
+/// Renames a table of the store's database, as an administrator would (the store's statements
+/// on it fail until it is renamed back).
+async fn rename_table(store: &TestStore, from: &str, to: &str) {
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(&store.url()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {from} RENAME TO {to}"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_workers_apply_each_message_once_despite_redelivered_copies() {
     const N: usize = 500;
@@ -391,20 +426,9 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_a_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_outage_requeues_and_loses_nothing() {
-    use sqlx::Connection;
-    let Some(q) = TestQueues::new("outage").await else {
+    let Some((q, store, sandbox, running)) = payments_on_postgres("outage").await else {
         return;
     };
-    let Some(store) = TestStore::pg().await else {
-        return;
-    };
-    let (sandbox, provider) = sandbox(SandboxOptions::default()).await;
-    let running = start(&config_toml(
-        &store.url(),
-        &q.consumer_toml("payments", "", &http_effect(&provider)),
-    ))
-    .await;
-    wait_connected(&running).await;
     for i in 0..10 {
         q.publish_json(&format!("before-{i}"), &format!("{{\"n\":{i}}}"))
             .await;
@@ -425,11 +449,7 @@ async fn a_store_outage_requeues_and_loses_nothing() {
     assert!(eventually(Duration::from_secs(10), done(10)).await);
 
     // The store fails every claim: the claims table is renamed by an administrator.
-    let mut admin = sqlx::PgConnection::connect(&store.url()).await.unwrap();
-    sqlx::query("ALTER TABLE claims RENAME TO claims_offline")
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    rename_table(&store, "claims", "claims_offline").await;
     for i in 0..20 {
         q.publish_json(&format!("during-{i}"), &format!("{{\"n\":{i}}}"))
             .await;
@@ -441,10 +461,7 @@ async fn a_store_outage_requeues_and_loses_nothing() {
         q.take_dead().await.is_empty(),
         "a store outage is not bad input"
     );
-    sqlx::query("ALTER TABLE claims_offline RENAME TO claims")
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    rename_table(&store, "claims_offline", "claims").await;
 
     assert!(
         eventually(Duration::from_secs(20), done(30)).await,
@@ -746,37 +763,19 @@ async fn a_bad_message_is_kept_until_its_dead_letter_is_confirmed() {
 /// short of the dead-letter queue. Now the original is requeued until the count is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_letter_is_counted_even_when_the_store_was_down_at_the_time() {
-    use sqlx::Connection;
-    let Some(q) = TestQueues::new("dl-count").await else {
+    let Some((q, store, _sandbox, running)) = payments_on_postgres("dl-count").await else {
         return;
     };
-    let Some(store) = TestStore::pg().await else {
-        return;
-    };
-    let (_sandbox, provider) = sandbox(SandboxOptions::default()).await;
-    let running = start(&config_toml(
-        &store.url(),
-        &q.consumer_toml("payments", "", &http_effect(&provider)),
-    ))
-    .await;
-    wait_connected(&running).await;
     let st = running.app().store.clone();
     // The store cannot count dead letters: the table is renamed by an administrator.
-    let mut admin = sqlx::PgConnection::connect(&store.url()).await.unwrap();
-    sqlx::query("ALTER TABLE dead_letters RENAME TO dead_letters_offline")
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    rename_table(&store, "dead_letters", "dead_letters_offline").await;
     q.publish(
         BasicProperties::default().with_content_type("application/json".into()),
         br#"{"case":"no id while the store is down"}"#,
     )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    sqlx::query("ALTER TABLE dead_letters_offline RENAME TO dead_letters")
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    rename_table(&store, "dead_letters_offline", "dead_letters").await;
     assert!(
         eventually(Duration::from_secs(15), || async {
             counts_of(&st, "payments").await.dead_lettered == 1
