@@ -229,6 +229,44 @@ pub struct ConsumerCounts {
     pub p95_complete_s: Option<f64>,
 }
 
+/// Per-consumer counts assembled from several queries (window, dead letters, open work), in
+/// consumer order. Shared by the drivers.
+#[derive(Debug, Default)]
+pub(crate) struct CountsByConsumer(std::collections::BTreeMap<String, ConsumerCounts>);
+
+impl CountsByConsumer {
+    /// The counts of `consumer`, zero until filled.
+    pub(crate) fn get(&mut self, consumer: String) -> &mut ConsumerCounts {
+        self.0
+            .entry(consumer.clone())
+            .or_insert_with(|| ConsumerCounts {
+                consumer,
+                ..Default::default()
+            })
+    }
+
+    /// Every consumer's counts so far.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut ConsumerCounts> {
+        self.0.values_mut()
+    }
+
+    /// Takes the open-work fields from `open` (the rows of `open_counts`).
+    pub(crate) fn add_open(&mut self, open: Vec<ConsumerCounts>) {
+        for o in open {
+            let c = self.get(o.consumer);
+            c.started = o.started;
+            c.stuck = o.stuck;
+            c.needs_attention = o.needs_attention;
+            c.oldest_started_age_s = o.oldest_started_age_s;
+        }
+    }
+
+    /// The counts, by consumer name.
+    pub(crate) fn into_vec(self) -> Vec<ConsumerCounts> {
+        self.0.into_values().collect()
+    }
+}
+
 /// What retention did (or would do).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PruneResult {

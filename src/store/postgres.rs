@@ -3,15 +3,15 @@
 //! advisory lock lets one instance prune at a time.
 
 use super::{
-    ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, Handoff, NewEvent,
-    PruneResult, SettleItem, Settlement, StoreError, StoreResult, TakenClaim,
+    ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer, Handoff,
+    NewEvent, PruneResult, SettleItem, Settlement, StoreError, StoreResult, TakenClaim,
 };
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Row};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -987,7 +987,7 @@ impl ClaimStore for PgStore {
     }
 
     async fn counts(&self, since: Option<DateTime<Utc>>) -> StoreResult<Vec<ConsumerCounts>> {
-        let mut by: BTreeMap<String, ConsumerCounts> = BTreeMap::new();
+        let mut by = CountsByConsumer::default();
         let since = since.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
         let rows = sqlx::query(COUNT_WINDOW)
             .bind(since)
@@ -997,8 +997,7 @@ impl ClaimStore for PgStore {
         for r in rows {
             let get = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
             let consumer: String = r.try_get("consumer").map_err(get)?;
-            let c = by.entry(consumer.clone()).or_default();
-            c.consumer = consumer;
+            let c = by.get(consumer);
             let claims: i64 = r.try_get("claims").map_err(get)?;
             c.duplicates = r.try_get("duplicates").map_err(get)?;
             c.payload_mismatches = r.try_get("mismatches").map_err(get)?;
@@ -1017,23 +1016,15 @@ impl ClaimStore for PgStore {
         for r in rows {
             let get = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
             let consumer: String = r.try_get("consumer").map_err(get)?;
-            let c = by.entry(consumer.clone()).or_default();
-            c.consumer = consumer;
+            let c = by.get(consumer);
             c.dead_lettered = r.try_get("n").map_err(get)?;
         }
-        for open in self.open_counts().await? {
-            let c = by.entry(open.consumer.clone()).or_default();
-            c.consumer = open.consumer;
-            c.started = open.started;
-            c.stuck = open.stuck;
-            c.needs_attention = open.needs_attention;
-            c.oldest_started_age_s = open.oldest_started_age_s;
-        }
-        Ok(by.into_values().collect())
+        by.add_open(self.open_counts().await?);
+        Ok(by.into_vec())
     }
 
     async fn open_counts(&self) -> StoreResult<Vec<ConsumerCounts>> {
-        let mut by: BTreeMap<String, ConsumerCounts> = BTreeMap::new();
+        let mut by = CountsByConsumer::default();
         let rows = sqlx::query(COUNT_OPEN)
             .fetch_all(&self.pool)
             .await
@@ -1043,8 +1034,7 @@ impl ClaimStore for PgStore {
             let consumer: String = r.try_get("consumer").map_err(get)?;
             let state: String = r.try_get("state").map_err(get)?;
             let n: i64 = r.try_get("n").map_err(get)?;
-            let c = by.entry(consumer.clone()).or_default();
-            c.consumer = consumer;
+            let c = by.get(consumer);
             if state == "started" {
                 c.started = n;
                 c.stuck = r.try_get("stuck").map_err(get)?;
@@ -1053,7 +1043,7 @@ impl ClaimStore for PgStore {
                 c.needs_attention = n;
             }
         }
-        Ok(by.into_values().collect())
+        Ok(by.into_vec())
     }
 
     async fn record_dead_letter(

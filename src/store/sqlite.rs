@@ -3,8 +3,8 @@
 //! Times are INTEGER milliseconds from SQLite's clock.
 
 use super::{
-    ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, Handoff, NewEvent,
-    PruneResult, Settlement, StoreError, StoreResult, TakenClaim,
+    ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer, Handoff,
+    NewEvent, PruneResult, Settlement, StoreError, StoreResult, TakenClaim,
 };
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
@@ -13,7 +13,6 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Row, SqlitePool};
-use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -680,7 +679,7 @@ impl ClaimStore for SqliteStore {
 
     async fn counts(&self, since: Option<DateTime<Utc>>) -> StoreResult<Vec<ConsumerCounts>> {
         let since_ms = since.map(|t| t.timestamp_millis()).unwrap_or(i64::MIN);
-        let mut by: BTreeMap<String, ConsumerCounts> = BTreeMap::new();
+        let mut by = CountsByConsumer::default();
         let rows = sqlx::query(COUNT_WINDOW)
             .bind(since_ms)
             .fetch_all(&self.pool)
@@ -689,8 +688,7 @@ impl ClaimStore for SqliteStore {
         for r in rows {
             let get = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
             let consumer: String = r.try_get("consumer").map_err(get)?;
-            let c = by.entry(consumer.clone()).or_default();
-            c.consumer = consumer;
+            let c = by.get(consumer);
             let claims: i64 = r.try_get("claims").map_err(get)?;
             c.duplicates = r.try_get("duplicates").map_err(get)?;
             c.payload_mismatches = r.try_get("mismatches").map_err(get)?;
@@ -699,7 +697,7 @@ impl ClaimStore for SqliteStore {
             c.failed = r.try_get("failed").map_err(get)?;
             c.resent = r.try_get("resent").map_err(get)?;
         }
-        for c in by.values_mut() {
+        for c in by.iter_mut() {
             if c.completed > 0 {
                 let at = |q: f64| ((c.completed as f64 * q).ceil() as i64 - 1).max(0);
                 let (p50, p95) = (at(0.5), at(0.95));
@@ -715,23 +713,15 @@ impl ClaimStore for SqliteStore {
         for r in rows {
             let get = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
             let consumer: String = r.try_get("consumer").map_err(get)?;
-            let c = by.entry(consumer.clone()).or_default();
-            c.consumer = consumer;
+            let c = by.get(consumer);
             c.dead_lettered = r.try_get("n").map_err(get)?;
         }
-        for open in self.open_counts().await? {
-            let c = by.entry(open.consumer.clone()).or_default();
-            c.consumer = open.consumer;
-            c.started = open.started;
-            c.stuck = open.stuck;
-            c.needs_attention = open.needs_attention;
-            c.oldest_started_age_s = open.oldest_started_age_s;
-        }
-        Ok(by.into_values().collect())
+        by.add_open(self.open_counts().await?);
+        Ok(by.into_vec())
     }
 
     async fn open_counts(&self) -> StoreResult<Vec<ConsumerCounts>> {
-        let mut by: BTreeMap<String, ConsumerCounts> = BTreeMap::new();
+        let mut by = CountsByConsumer::default();
         let rows = sqlx::query(COUNT_OPEN)
             .fetch_all(&self.pool)
             .await
@@ -741,8 +731,7 @@ impl ClaimStore for SqliteStore {
             let consumer: String = r.try_get("consumer").map_err(get)?;
             let state: String = r.try_get("state").map_err(get)?;
             let n: i64 = r.try_get("n").map_err(get)?;
-            let c = by.entry(consumer.clone()).or_default();
-            c.consumer = consumer;
+            let c = by.get(consumer);
             if state == "started" {
                 c.started = n;
                 c.stuck = r.try_get("stuck").map_err(get)?;
@@ -752,7 +741,7 @@ impl ClaimStore for SqliteStore {
                 c.needs_attention = n;
             }
         }
-        Ok(by.into_values().collect())
+        Ok(by.into_vec())
     }
 
     async fn record_dead_letter(
