@@ -180,12 +180,7 @@ async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQuery>)
         Ok(w) => w.unwrap_or_default(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
     };
-    let names: Vec<String> = state
-        .config
-        .consumers
-        .iter()
-        .map(|c| c.name.clone())
-        .collect();
+    let names = state.config.consumer_names();
     match report::build(
         state.claimer.store(),
         &names,
@@ -210,12 +205,7 @@ fn store_down(e: crate::store::StoreError) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let names: Vec<String> = state
-        .config
-        .consumers
-        .iter()
-        .map(|c| c.name.clone())
-        .collect();
+    let names = state.config.consumer_names();
     match state
         .claimer
         .metrics()

@@ -117,10 +117,6 @@ impl App {
 
     /// Names of the configured consumers.
     pub fn consumer_names(&self) -> Vec<String> {
-        self.config
-            .consumers
-            .iter()
-            .map(|c| c.name.clone())
-            .collect()
+        self.config.consumer_names()
     }
 }

@@ -453,6 +453,11 @@ pub struct Loaded {
 }
 
 impl Config {
+    /// Names of the configured consumers, in configuration order.
+    pub fn consumer_names(&self) -> Vec<String> {
+        self.consumers.iter().map(|c| c.name.clone()).collect()
+    }
+
     /// Reads `path`, applies the process environment and validates.
     pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -725,12 +725,7 @@ pub fn render_charts(d: &Dashboard) -> String {
 /// time-to-complete sample; open work is counted in full.
 pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> {
     let store = state.claimer.store();
-    let names: Vec<String> = state
-        .config
-        .consumers
-        .iter()
-        .map(|c| c.name.clone())
-        .collect();
+    let names = state.config.consumer_names();
     let report = report::build(store, &names, None, window, state.sweep_period).await?;
     let (now, since) = (report.generated_utc, report.since_utc);
     let completed = store
