@@ -152,10 +152,11 @@ async fn direct(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> St
     }
 }
 
-const TXN_INSERT: &str = "\
+/// The single-row claim insert of the `txn` design and of the database-only ceiling.
+const SINGLE_ROW_INSERT: &str = "\
     INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
       content_type, lease_owner, lease_until) \
-    VALUES ('payments', '', $1, $1, $2, $3, 'application/json', 'txn', \
+    VALUES ('payments', '', $1, $1, $2, $3, 'application/json', 'bench', \
       now() + interval '60 seconds') \
     ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING id";
 
@@ -173,7 +174,7 @@ async fn txn(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Statu
     let pool = h.pool.as_ref().expect("txn has a pool");
     let work = async {
         let mut tx = pool.begin().await?;
-        let id: Option<i64> = sqlx::query_scalar(TXN_INSERT)
+        let id: Option<i64> = sqlx::query_scalar(SINGLE_ROW_INSERT)
             .bind(&key)
             .bind(fingerprint(&body))
             .bind(body.to_vec())
@@ -675,13 +676,6 @@ async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, idx: usize) 
 // Database only.
 // ---------------------------------------------------------------------------------------------
 
-const RAW_INSERT: &str = "\
-    INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-      content_type, lease_owner, lease_until) \
-    VALUES ('payments', '', $1, $1, $2, $3, 'application/json', 'raw', \
-      now() + interval '60 seconds') \
-    ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING id";
-
 const RAW_SETTLE: &str = "\
     UPDATE claims SET state = 'completed', processed_utc = now(), updated_utc = now() \
     WHERE id = $1 AND attempt = 1 AND state = 'started'";
@@ -772,7 +766,7 @@ async fn db_only(
                     let p = p.clone();
                     async move {
                         let c = new_claim(i);
-                        let id: i64 = sqlx::query_scalar(RAW_INSERT)
+                        let id: i64 = sqlx::query_scalar(SINGLE_ROW_INSERT)
                             .bind(&c.message_id)
                             .bind(&c.fingerprint)
                             .bind(&c.payload)
