@@ -82,6 +82,7 @@ async fn main() {
                     content_type: "application/json".into(),
                     worker: "bench".into(),
                     lease: Duration::from_secs(60),
+                    claim_token: claimd::claim::new_claim_token(),
                 };
                 let t = Instant::now();
                 store.claim(&n).await.unwrap();

@@ -692,6 +692,7 @@ fn new_claim(i: usize) -> NewClaim {
         content_type: "application/json".into(),
         worker: "bench".into(),
         lease: Duration::from_secs(60),
+        claim_token: claimd::claim::new_claim_token(),
     }
 }
 

@@ -145,6 +145,31 @@ fn validate_token<'a>(
     Ok(std::str::from_utf8(value).unwrap_or_default())
 }
 
+/// Longest content type claimd stores.
+pub const MAX_CONTENT_TYPE_LEN: usize = 255;
+
+/// Checks a payload's content type before it is claimed: empty (none), or up to
+/// [`MAX_CONTENT_TYPE_LEN`] printable ASCII characters (spaces allowed, as in
+/// `text/plain; charset=utf-8`). The stored value is sent to the provider as a header on every
+/// attempt, so one that no HTTP client can send (a NUL, a control character, non-ASCII) must
+/// be refused now rather than acknowledged and then never performed.
+pub fn validate_content_type(value: &[u8]) -> Result<&str, String> {
+    if value.len() > MAX_CONTENT_TYPE_LEN {
+        return Err(format!(
+            "Content-Type is {} bytes long; the limit is {MAX_CONTENT_TYPE_LEN}",
+            value.len()
+        ));
+    }
+    if let Some(position) = value.iter().position(|b| !(0x20..=0x7e).contains(b)) {
+        return Err(format!(
+            "Content-Type contains a byte that is not printable ASCII (0x{:02X}) at position {position}",
+            value[position]
+        ));
+    }
+    // All bytes are ASCII, so this cannot fail.
+    Ok(std::str::from_utf8(value).unwrap_or_default())
+}
+
 /// SHA-256 of the payload, lower-case hex: two deliveries are "the same message" only when
 /// their fingerprints match (invariant I5).
 pub fn fingerprint(payload: &[u8]) -> String {
@@ -297,6 +322,16 @@ pub struct NewClaim {
     pub worker: String,
     /// How long the claimer may work before the sweeper may take over.
     pub lease: std::time::Duration,
+    /// A random value written with the row ([`new_claim_token`]), so the intake call that
+    /// inserted it can recognise its own row when the commit's reply was lost (a connection
+    /// cut after the commit): its retry finds the row and knows it is not a duplicate.
+    /// Empty: none (the row is then never recognised as its caller's own).
+    pub claim_token: String,
+}
+
+/// A fresh [`NewClaim::claim_token`]: 128 random bits, hex.
+pub fn new_claim_token() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }
 
 /// A claim as stored.
@@ -347,6 +382,17 @@ pub struct Claim {
     pub reconciled: bool,
     /// How many times the effect was sent again after an unknown outcome.
     pub resent_count: i32,
+    /// The token of the intake call that inserted the row ([`NewClaim::claim_token`]).
+    #[serde(skip)]
+    pub claim_token: Option<String>,
+}
+
+impl NewClaim {
+    /// Whether `claim` is the row this very intake call inserted (its commit's reply may have
+    /// been lost), as opposed to a claim another delivery of the same message made.
+    pub fn inserted(&self, claim: &Claim) -> bool {
+        !self.claim_token.is_empty() && claim.claim_token.as_deref() == Some(&self.claim_token)
+    }
 }
 
 impl Claim {
@@ -400,6 +446,28 @@ mod tests {
         assert!(validate_message_id(b"a b").is_err());
         assert!(validate_message_id("é".as_bytes()).is_err());
         assert_eq!(validate_tenant(b"").unwrap(), "");
+    }
+
+    #[test]
+    fn content_types_must_be_printable_ascii_and_bounded() {
+        assert_eq!(validate_content_type(b"").unwrap(), "");
+        assert_eq!(
+            validate_content_type(b"text/plain; charset=utf-8").unwrap(),
+            "text/plain; charset=utf-8"
+        );
+        assert!(validate_content_type(b"application/json\0").is_err());
+        assert!(validate_content_type(b"text/plain\r\nX-Evil: 1").is_err());
+        assert!(validate_content_type(b"text/plain\x07").is_err());
+        assert!(validate_content_type("text/pl\u{e9}in".as_bytes()).is_err());
+        assert!(validate_content_type(&[b'a'; 256]).is_err());
+        assert!(validate_content_type(&[b'a'; 255]).is_ok());
+    }
+
+    #[test]
+    fn a_claim_knows_the_row_its_own_intake_call_inserted() {
+        let token = new_claim_token();
+        assert_eq!(token.len(), 32);
+        assert_ne!(token, new_claim_token());
     }
 
     #[test]

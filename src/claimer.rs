@@ -6,8 +6,8 @@
 //! fenced on that attempt (I2). What it cannot finish stays `started` for the sweeper.
 
 use crate::claim::{
-    Claim, ClaimState, IdError, KeyTemplate, NewClaim, fingerprint, validate_message_id,
-    validate_tenant,
+    Claim, ClaimState, IdError, KeyTemplate, NewClaim, fingerprint, new_claim_token,
+    validate_content_type, validate_message_id, validate_tenant,
 };
 use crate::config::{ConsumerConfig, OnUnknown};
 use crate::effect::{Effect, Lookup, Outcome};
@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info, instrument, warn};
 
@@ -168,6 +168,37 @@ impl Drop for Slot {
     }
 }
 
+/// A worker's hold on a claim: when its lease began, on this machine's monotonic clock
+/// (taken before the statement that set the lease, so never later than the database's), and
+/// how old the claim was then (database clock).
+#[derive(Debug, Clone, Copy)]
+pub struct Hold {
+    /// When the lease began, locally.
+    pub since: Instant,
+    /// The claim's age (since it was received) at `since`.
+    pub age: Duration,
+}
+
+impl Hold {
+    /// A hold on a claim being made now.
+    pub fn fresh() -> Self {
+        Hold {
+            since: Instant::now(),
+            age: Duration::ZERO,
+        }
+    }
+
+    /// The claim's age now.
+    pub fn age_now(&self) -> Duration {
+        self.age + self.since.elapsed()
+    }
+
+    /// The last moment a call may start and still end before the lease does.
+    pub fn call_deadline(&self, cfg: &ConsumerConfig) -> Instant {
+        self.since + cfg.lease.0.saturating_sub(cfg.effect.timeout())
+    }
+}
+
 /// One message as intake received it.
 #[derive(Debug, Clone)]
 pub struct Delivery {
@@ -179,8 +210,8 @@ pub struct Delivery {
     pub message_id: Vec<u8>,
     /// Payload, verbatim.
     pub payload: Vec<u8>,
-    /// Content type, verbatim.
-    pub content_type: String,
+    /// Content type bytes, verbatim (checked before claiming).
+    pub content_type: Vec<u8>,
 }
 
 /// The claim was accepted: acknowledge.
@@ -232,6 +263,38 @@ pub enum SubmitError {
     /// committed).
     #[error("{0}")]
     BadPayload(String),
+    /// The content type cannot be stored and sent to the provider (checked before claiming).
+    #[error("{0}")]
+    BadContentType(String),
+    /// A tenant was given to a consumer whose key template does not contain `{tenant}`: two
+    /// tenants' messages with one id would be sent under one provider key, and one of them
+    /// would never happen.
+    #[error(
+        "consumer {consumer:?} does not key on tenants (key template {template:?} lacks {{tenant}}): send no tenant, or add {{tenant}} to its key"
+    )]
+    TenantNotKeyed {
+        /// The consumer.
+        consumer: String,
+        /// Its key template.
+        template: String,
+    },
+    /// The rendered idempotency key is longer than the provider accepts (`max_key_length`):
+    /// acknowledged, it could never be performed.
+    #[error(
+        "the idempotency key for this message would be {len} characters (key template {template:?}); the provider's limit is {max} (effect.max_key_length): use a shorter message id or tenant"
+    )]
+    KeyTooLong {
+        /// Length of the rendered key.
+        len: usize,
+        /// The effect's limit.
+        max: usize,
+        /// The consumer's key template.
+        template: String,
+    },
+    /// The claim was interrupted before its outcome was known (the worker's task failed):
+    /// retry; a committed claim makes the retry a duplicate.
+    #[error("the claim was interrupted before its outcome was known; retry")]
+    Interrupted,
 }
 
 /// How one attempt ended.
@@ -340,7 +403,9 @@ impl Claimer {
     /// Claims a delivery and, when it is new, starts its effect in the background.
     ///
     /// Returns once the claim is committed (or recognised as a duplicate): the caller may
-    /// acknowledge then, and not before.
+    /// acknowledge then, and not before. Dropping the returned future (a client that hangs
+    /// up, a broker handler that is aborted) never separates a committed claim from its
+    /// effect: from the claim statement on, the work runs in a task of its own.
     pub async fn submit(self: &Arc<Self>, d: Delivery) -> Result<Accepted, SubmitError> {
         if !self.is_accepting() {
             return Err(SubmitError::ShuttingDown);
@@ -362,15 +427,41 @@ impl Claimer {
                 return Err(e.into());
             }
         };
-        if let Err(why) = consumer.effect.validate(&d.payload, &d.content_type) {
+        if !tenant.is_empty() && !consumer.template.mentions_tenant() {
+            m.refused(&d.consumer, "bad_id");
+            return Err(SubmitError::TenantNotKeyed {
+                consumer: d.consumer,
+                template: consumer.config.key.clone(),
+            });
+        }
+        let content_type = match validate_content_type(&d.content_type) {
+            Ok(ct) => ct.to_string(),
+            Err(why) => {
+                m.refused(&d.consumer, "bad_content_type");
+                return Err(SubmitError::BadContentType(why));
+            }
+        };
+        if let Err(why) = consumer.effect.validate(&d.payload, &content_type) {
             m.refused(&d.consumer, "bad_payload");
             return Err(SubmitError::BadPayload(why));
+        }
+        let idem_key = consumer
+            .template
+            .render(&consumer.config.name, &tenant, &message_id);
+        let max = consumer.config.effect.max_key_length();
+        if idem_key.len() > max {
+            m.refused(&d.consumer, "key_too_long");
+            return Err(SubmitError::KeyTooLong {
+                len: idem_key.len(),
+                max,
+                template: consumer.config.key.clone(),
+            });
         }
         // Backpressure: a place first, so the backlog waits in the client or the broker, never
         // in memory here. Claiming ahead (policy::claims_ahead): an intake place now, the call
         // slot after the claim commits, so claims for the next calls commit while the current
         // ones run and a claim's commit does not lengthen each slot's turn. Otherwise the call
-        // slot before claiming.
+        // slot before claiming. Waiting here may be cancelled: nothing is committed yet.
         let admission = if consumer.claims_ahead() {
             tokio::time::timeout(self.intake_wait, consumer.intake_place())
                 .await
@@ -384,9 +475,6 @@ impl Claimer {
             m.refused(&d.consumer, "busy");
             return Err(SubmitError::Busy(d.consumer.clone()));
         };
-        let idem_key = consumer
-            .template
-            .render(&consumer.config.name, &tenant, &message_id);
         let new = NewClaim {
             consumer: d.consumer,
             tenant,
@@ -394,64 +482,124 @@ impl Claimer {
             idem_key,
             fingerprint: fingerprint(&d.payload),
             payload: d.payload,
-            content_type: d.content_type,
+            content_type,
             worker: self.instance.clone(),
             lease: consumer.config.lease.0,
+            claim_token: new_claim_token(),
         };
-        let outcome = self.store.claim(&new).await.inspect_err(|_| {
-            m.refused(&new.consumer, "store_unavailable");
-        })?;
-        match outcome {
-            ClaimOutcome::Created(claim) => {
+        // From the claim statement on, the work must not be cancellable: the statement may
+        // commit whatever happens to this caller, and a committed claim must be performed by
+        // the worker that holds its lease. So it runs detached and only its answer comes back.
+        let (answer, answered) = oneshot::channel();
+        let this = self.clone();
+        tokio::spawn(async move {
+            this.claim_and_perform(consumer, new, admission, answer)
+                .await
+        });
+        answered.await.unwrap_or(Err(SubmitError::Interrupted))
+    }
+
+    /// Commits the claim, sends the answer for the caller to acknowledge, then performs the
+    /// claim if it is new. Runs detached from the caller (see [`Claimer::submit`]).
+    #[instrument(skip_all, fields(consumer = %new.consumer, tenant = %new.tenant, message_id = %new.message_id))]
+    async fn claim_and_perform(
+        self: Arc<Self>,
+        consumer: Arc<Consumer>,
+        new: NewClaim,
+        admission: Admission,
+        answer: oneshot::Sender<Result<Accepted, SubmitError>>,
+    ) {
+        let m = &self.metrics;
+        // The database starts the lease inside the statement; the local clock starts before
+        // it, so this worker's deadline never falls after the lease the database recorded.
+        let hold = Hold::fresh();
+        let claim = match self.store.claim(&new).await {
+            Ok(ClaimOutcome::Created(claim)) => {
                 m.created(&new.consumer);
-                let started = Instant::now();
-                let this = self.clone();
-                let for_task = claim.clone();
-                tokio::spawn(async move {
-                    let permit = match admission {
-                        Admission::Place(place) => {
-                            let slot = consumer.slot().await;
-                            drop(place);
-                            slot
-                        }
-                        Admission::Slot(slot) => slot,
-                    };
-                    let slot = Slot::held(permit, &consumer);
-                    this.drive(&consumer, &for_task, started, false, slot).await;
-                });
-                Ok(Accepted::New(claim))
+                let _ = answer.send(Ok(Accepted::New(claim.clone())));
+                claim
             }
-            ClaimOutcome::Duplicate(claim) => {
+            Ok(ClaimOutcome::Duplicate(claim)) => {
                 m.duplicate(&new.consumer);
-                Ok(Accepted::Duplicate(claim))
+                let _ = answer.send(Ok(Accepted::Duplicate(claim)));
+                return;
             }
-            ClaimOutcome::Mismatch(claim) => {
+            Ok(ClaimOutcome::Mismatch(claim)) => {
                 m.mismatch(&new.consumer);
-                Err(SubmitError::Conflict {
+                let _ = answer.send(Err(SubmitError::Conflict {
                     message_id: new.message_id,
                     claim: Box::new(claim),
-                })
+                }));
+                return;
+            }
+            Err(e) => {
+                m.refused(&new.consumer, "store_unavailable");
+                let _ = answer.send(Err(e.into()));
+                match self.adopt(&consumer, &new, hold).await {
+                    Some(claim) => {
+                        m.created(&new.consumer);
+                        claim
+                    }
+                    None => return,
+                }
+            }
+        };
+        let permit = match admission {
+            Admission::Place(place) => {
+                let slot = consumer.slot().await;
+                drop(place);
+                slot
+            }
+            Admission::Slot(slot) => slot,
+        };
+        let slot = Slot::held(permit, &consumer);
+        self.drive(&consumer, &claim, hold, false, slot).await;
+    }
+
+    /// After a claim statement failed, it may still have committed (the connection was cut
+    /// after the commit, before its reply). Looks for the row this call inserted until the
+    /// store answers or the lease leaves no time for a call, and returns it when it is ours
+    /// and untouched, so it is performed now instead of waiting a lease for the sweeper,
+    /// which would have to treat it as an unknown outcome (and park it under `park`).
+    async fn adopt(&self, consumer: &Consumer, new: &NewClaim, hold: Hold) -> Option<Claim> {
+        let deadline = hold.call_deadline(&consumer.config);
+        let mut delay = Duration::from_millis(100);
+        while Instant::now() + delay < deadline {
+            tokio::time::sleep(delay).await;
+            match self
+                .store
+                .get(&new.consumer, &new.tenant, &new.message_id)
+                .await
+            {
+                Ok(Some(c))
+                    if new.inserted(&c) && c.state == ClaimState::Started && c.attempt == 1 =>
+                {
+                    info!("the claim committed although its statement failed; performing it");
+                    return Some(c);
+                }
+                Ok(_) => return None,
+                Err(_) => delay = (delay * 2).min(Duration::from_secs(2)),
             }
         }
+        None
     }
 
     /// Drives one attempt of `claim` (whose `attempt` this worker holds): calls the provider,
-    /// retries while the lease allows, settles fenced. `lease_start` is when the lease was
-    /// (re)newed, measured on this machine's monotonic clock. `resend` marks the first call
-    /// as a re-send after an unknown outcome. `slot` is released once the provider has
-    /// answered, before the settle.
+    /// retries while the lease allows, settles fenced. `hold` says when the lease was
+    /// (re)newed and how old the claim was then. `resend` marks the first call as a re-send
+    /// after an unknown outcome. `slot` is released once the provider has answered, before
+    /// the settle.
     #[instrument(skip_all, fields(consumer = %claim.consumer, tenant = %claim.tenant, message_id = %claim.message_id, attempt = claim.attempt))]
     pub async fn drive(
         &self,
         consumer: &Consumer,
         claim: &Claim,
-        lease_start: Instant,
+        hold: Hold,
         resend: bool,
         mut slot: Slot,
     ) -> AttemptEnd {
         let cfg = &consumer.config;
-        // Last moment a call may start and still end before the lease does.
-        let deadline = lease_start + cfg.lease.0.saturating_sub(cfg.effect.timeout());
+        let deadline = hold.call_deadline(cfg);
         let mut delays = backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(100))
             .with_max_delay(Duration::from_secs(5))
@@ -489,7 +637,9 @@ impl Claimer {
             debug!(outcome = outcome.name(), status = ?outcome.status(), "provider answered");
             let step =
                 policy::after_outcome(&outcome, cfg.on_unknown, consumer.effect.can_reconcile());
-            let (retry_after, not_applied) = match step {
+            // `may_be_applied`: the next send repeats one whose effect may have happened, which
+            // is safe only while the provider keeps the key (I6).
+            let (retry_after, not_applied, may_be_applied) = match step {
                 Step::Complete => {
                     let (status, response) = match &outcome {
                         Outcome::Applied { status, response } => (*status, response.clone()),
@@ -534,8 +684,8 @@ impl Claimer {
                         )
                         .await;
                 }
-                Step::Retry { retry_after } => (retry_after, true),
-                Step::Resend => (None, false),
+                Step::Retry { retry_after } => (retry_after, true, false),
+                Step::Resend => (None, false, true),
                 Step::Reconcile => match self.lookup(consumer, claim).await {
                     Some(Lookup::Found { status, response }) => {
                         return self
@@ -549,7 +699,9 @@ impl Claimer {
                             )
                             .await;
                     }
-                    Some(Lookup::NotFound) => (None, true),
+                    // The provider has no record; a lookup may lag a send, so sending again
+                    // is still bound by the key window.
+                    Some(Lookup::NotFound) => (None, true, true),
                     Some(Lookup::Unknown { error }) => {
                         let why = format!("{}; reconcile undecided: {error}", error_of(&outcome));
                         return self
@@ -600,6 +752,21 @@ impl Claimer {
                 warn!(error = %e, "could not record attempt history");
             }
             tokio::time::sleep(delay).await;
+            if may_be_applied
+                && let Err(reason) =
+                    policy::resend_within_window(hold.age_now(), cfg.redrive_within.0)
+            {
+                return self
+                    .finish(
+                        &mut slot,
+                        claim,
+                        deadline,
+                        park(reason, outcome.status()),
+                        "perform",
+                        "unknown",
+                    )
+                    .await;
+            }
             if !not_applied && cfg.on_unknown == OnUnknown::Redrive {
                 self.count_resend(claim).await;
             }

@@ -308,7 +308,8 @@ fn default_on_unknown() -> OnUnknown {
     OnUnknown::Reconcile
 }
 fn default_key() -> String {
-    "{message_id}".into()
+    // Keys are unique per provider account: the consumer and the tenant belong in them.
+    "{consumer}:{tenant}:{message_id}".into()
 }
 fn default_prefetch() -> u16 {
     64
@@ -335,6 +336,14 @@ impl EffectConfig {
             EffectConfig::Smtp(s) => s.timeout.0,
         }
     }
+
+    /// The longest idempotency key the provider accepts.
+    pub fn max_key_length(&self) -> usize {
+        match self {
+            EffectConfig::Http(h) => h.max_key_length,
+            EffectConfig::Smtp(s) => s.max_key_length,
+        }
+    }
 }
 
 /// `kind = "http"`
@@ -358,6 +367,15 @@ pub struct HttpEffectConfig {
     /// Status endpoint with `{key}`; enables reconciliation.
     #[serde(default)]
     pub status_url: String,
+    /// Longest idempotency key the provider accepts; a message whose rendered key is longer is
+    /// refused at intake (HTTP 400, dead letter), never acknowledged.
+    #[serde(default = "default_max_key_length")]
+    pub max_key_length: usize,
+}
+
+fn default_max_key_length() -> usize {
+    // Stripe and most providers take keys of up to 255 characters.
+    255
 }
 
 fn default_method() -> String {
@@ -400,6 +418,10 @@ pub struct SmtpEffectConfig {
     /// Per-message timeout.
     #[serde(default = "default_timeout")]
     pub timeout: Dur,
+    /// Longest idempotency key (the left part of `Message-ID: <key@domain>`); a message whose
+    /// rendered key is longer is refused at intake.
+    #[serde(default = "default_max_key_length")]
+    pub max_key_length: usize,
 }
 
 fn default_smtp_port() -> u16 {
@@ -617,10 +639,28 @@ impl Config {
                 }
             }
             if !c.tenant_header.is_empty() && !template.mentions_tenant() {
-                warnings.push(format!(
-                    "consumers[{i}] ({}): tenant_header is set but key {:?} lacks {{tenant}}: two tenants using one message id would share a provider key",
-                    c.name, c.key
+                // Two tenants' messages with one id would be sent under one key: the provider
+                // would apply the first and replay its answer for the second (I5 misapplied).
+                return Err((
+                    at("key"),
+                    format!(
+                        "{:?} lacks {{tenant}} but tenant_header = {:?} is set: two tenants sending one message id would share a provider key and one of the effects would never happen; add {{tenant}} (e.g. \"{{consumer}}:{{tenant}}:{{message_id}}\")",
+                        c.key, c.tenant_header
+                    ),
                 ));
+            }
+            if c.redrive_within.0 < c.lease.0 {
+                return Err((
+                    at("redrive_within"),
+                    format!(
+                        "{} is shorter than the lease {}: every claim the sweeper takes over would be past the provider's key window and could never be sent again safely",
+                        c.redrive_within, c.lease
+                    ),
+                ));
+            }
+            let max_key = c.effect.max_key_length();
+            if max_key == 0 {
+                return Err((at("effect.max_key_length"), "must be at least 1".into()));
             }
             match &c.effect {
                 EffectConfig::Http(h) => {
@@ -935,7 +975,7 @@ headers = { Authorization = "Bearer ${PROVIDER_TOKEN}" }
     #[test]
     fn warns_when_two_consumers_share_a_provider_without_consumer_in_key() {
         let two = format!(
-            "{BASE}\n[[consumers]]\nname = \"refunds\"\nsource = \"http\"\n[consumers.effect]\nkind = \"http\"\nurl = \"http://127.0.0.1:8090/v1/refunds\"\n"
+            "{BASE}\n[[consumers]]\nname = \"refunds\"\nsource = \"http\"\nkey = \"{{message_id}}\"\n[consumers.effect]\nkind = \"http\"\nurl = \"http://127.0.0.1:8090/v1/refunds\"\n"
         );
         let l = load(&two, &[("PROVIDER_TOKEN", "x")]).unwrap();
         assert!(
@@ -943,6 +983,49 @@ headers = { Authorization = "Bearer ${PROVIDER_TOKEN}" }
             "{:?}",
             l.warnings
         );
+    }
+
+    #[test]
+    fn the_default_key_template_keys_on_consumer_and_tenant() {
+        let l = load(BASE, &[("PROVIDER_TOKEN", "x")]).unwrap();
+        let c = &l.config.consumers[0];
+        assert_eq!(c.key, "{consumer}:{tenant}:{message_id}");
+        let t: KeyTemplate = c.key.parse().unwrap();
+        assert_ne!(
+            t.render(&c.name, "acme", "order-1"),
+            t.render(&c.name, "globex", "order-1")
+        );
+        assert_eq!(c.effect.max_key_length(), 255);
+    }
+
+    #[test]
+    fn a_tenant_header_without_tenant_in_the_key_is_refused() {
+        let text = BASE.replace(
+            "lease = \"60s\"",
+            "lease = \"60s\"\ntenant_header = \"X-Tenant\"\nkey = \"{message_id}\"",
+        );
+        let e = error_of(&text);
+        assert!(e.contains("consumers[0].key"), "{e}");
+        assert!(e.contains("lacks {tenant}"), "{e}");
+        let ok = BASE.replace(
+            "lease = \"60s\"",
+            "lease = \"60s\"\ntenant_header = \"X-Tenant\"\nkey = \"{tenant}:{message_id}\"",
+        );
+        assert!(load(&ok, &[("PROVIDER_TOKEN", "x")]).is_ok());
+    }
+
+    #[test]
+    fn a_key_window_shorter_than_the_lease_is_refused() {
+        let text = BASE.replace(
+            "lease = \"60s\"",
+            "lease = \"60s\"\nredrive_within = \"30s\"",
+        );
+        let e = error_of(&text);
+        assert!(e.contains("consumers[0].redrive_within"), "{e}");
+        assert!(e.contains("shorter than the lease"), "{e}");
+        let e =
+            error_of(&BASE.replace("timeout = \"10s\"", "timeout = \"10s\"\nmax_key_length = 0"));
+        assert!(e.contains("consumers[0].effect.max_key_length"), "{e}");
     }
 
     #[test]

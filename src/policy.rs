@@ -128,6 +128,20 @@ pub fn after_not_found(age: Duration, redrive_within: Duration) -> Takeover {
     }
 }
 
+/// Within one attempt, before repeating a send whose effect may have happened (an unknown
+/// outcome, or a "not found" lookup that may lag the send): allowed only while the provider
+/// keeps the key (I6). `Err` carries the reason to park with.
+pub fn resend_within_window(age: Duration, redrive_within: Duration) -> Result<(), String> {
+    if age <= redrive_within {
+        Ok(())
+    } else {
+        Err(format!(
+            "outcome unknown and the claim is older than redrive_within ({}s): sending again could apply it twice; a person must decide",
+            redrive_within.as_secs()
+        ))
+    }
+}
+
 /// Whether intake may claim ahead of a free call slot: only when the sweeper can settle a
 /// claim that a crash orphans without a person — by re-sending it (`redrive`) or asking the
 /// provider (`reconcile` with a status endpoint). Otherwise an orphan is parked, and claims
@@ -143,6 +157,15 @@ pub fn claims_ahead(on_unknown: OnUnknown, can_reconcile: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_send_that_may_have_applied_is_repeated_only_within_the_key_window() {
+        let window = Duration::from_secs(60);
+        assert!(resend_within_window(Duration::from_secs(59), window).is_ok());
+        assert!(resend_within_window(window, window).is_ok());
+        let why = resend_within_window(Duration::from_secs(61), window).unwrap_err();
+        assert!(why.contains("redrive_within (60s)"), "{why}");
+    }
 
     #[test]
     fn only_consumers_that_settle_orphans_alone_claim_ahead() {

@@ -3,7 +3,7 @@
 //! each, as [`policy::on_takeover`] decides. No claim stays stuck (I4); no outcome is guessed (I6).
 
 use crate::claim::{Claim, ClaimState};
-use crate::claimer::{AttemptEnd, Claimer, Consumer, Slot};
+use crate::claimer::{AttemptEnd, Claimer, Consumer, Hold, Slot};
 use crate::effect::Lookup;
 use crate::policy::{self, Takeover, TakeoverFacts};
 use crate::store::{NewEvent, Settlement, StoreError, TakenClaim};
@@ -148,6 +148,9 @@ async fn sweep_consumer(
     let mut remaining = batch;
     while remaining > 0 {
         let chunk = remaining.min(cfg.concurrency);
+        // Before the statement that sets the leases: the local deadline must not fall after
+        // the one the database recorded.
+        let lease_start = Instant::now();
         let taken = claimer
             .store()
             .take_stale(&cfg.name, chunk, claimer.instance(), cfg.lease.0, cutoff)
@@ -156,7 +159,6 @@ async fn sweep_consumer(
             break;
         }
         remaining = remaining.saturating_sub(taken.len() as u32);
-        let lease_start = Instant::now();
         let mut tasks = Vec::with_capacity(taken.len());
         for t in taken {
             let claimer = claimer.clone();
@@ -228,11 +230,15 @@ async fn handle(
 ) -> SweepItem {
     let decision = decide(consumer, &t);
     let claim = &t.claim;
+    let hold = Hold {
+        since: lease_start,
+        age: t.age,
+    };
     claimer.metrics().sweep_action(action_name(&decision));
     let result = match &decision {
         Takeover::Perform { resend } => end_name(
             &claimer
-                .drive(consumer, claim, lease_start, *resend, Slot::none())
+                .drive(consumer, claim, hold, *resend, Slot::none())
                 .await,
         ),
         Takeover::Park(reason) => park(claimer, claim, reason).await,
@@ -248,10 +254,10 @@ async fn handle(
                 settle(claimer, claim, &s, "reconcile", "found").await
             }
             Some(Lookup::NotFound) => {
-                match policy::after_not_found(t.age, consumer.config.redrive_within.0) {
+                match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0) {
                     Takeover::Perform { .. } => {
                         let end = claimer
-                            .drive(consumer, claim, lease_start, false, Slot::none())
+                            .drive(consumer, claim, hold, false, Slot::none())
                             .await;
                         format!("not found at provider; redriven: {}", end_name(&end))
                     }

@@ -46,6 +46,7 @@ fn new_claim(consumer: &str, tenant: &str, id: &str, lease: Duration) -> NewClai
         content_type: "application/json".into(),
         worker: "dead-worker".into(),
         lease,
+        claim_token: claimd::claim::new_claim_token(),
     }
 }
 

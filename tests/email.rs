@@ -28,6 +28,7 @@ fn effect(port: u16, timeout: Duration) -> SmtpEffect {
         from: "claimd <noreply@test.claimd>".into(),
         subject: "Hello".into(),
         timeout: Dur(timeout),
+        max_key_length: 255,
     })
     .unwrap()
 }
@@ -57,6 +58,7 @@ fn claim(key: &str, payload: &str) -> Claim {
         mismatch_count: 0,
         reconciled: false,
         resent_count: 0,
+        claim_token: None,
     }
 }
 

@@ -71,6 +71,7 @@ async fn stuck_claim(store: &claimd::store::Store, id: &str) -> i64 {
         content_type: "application/json".into(),
         worker: "dead-worker".into(),
         lease: Duration::ZERO,
+        claim_token: claimd::claim::new_claim_token(),
     };
     match store.claim(&n).await.unwrap() {
         ClaimOutcome::Created(c) => c.id,

@@ -20,6 +20,7 @@ fn new_claim(id: &str, lease: Duration) -> NewClaim {
         content_type: "text/plain".into(),
         worker: "w1".into(),
         lease,
+        claim_token: claimd::claim::new_claim_token(),
     }
 }
 

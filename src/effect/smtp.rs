@@ -527,6 +527,7 @@ mod tests {
             from: from.into(),
             subject: "Default subject".into(),
             timeout: Dur(Duration::from_secs(5)),
+            max_key_length: 255,
         })
         .unwrap()
     }

@@ -70,6 +70,10 @@ pub enum DeadLetterReason {
     PayloadMismatch,
     /// The consumer's effect cannot use the payload (an email without a recipient).
     UnusablePayload,
+    /// The `content_type` property cannot be stored and sent on (a control character).
+    InvalidContentType,
+    /// The rendered idempotency key is longer than the provider accepts.
+    KeyTooLong,
 }
 
 impl DeadLetterReason {
@@ -82,6 +86,8 @@ impl DeadLetterReason {
             DeadLetterReason::BodyTooLarge => "body_too_large",
             DeadLetterReason::PayloadMismatch => "payload_mismatch",
             DeadLetterReason::UnusablePayload => "unusable_payload",
+            DeadLetterReason::InvalidContentType => "invalid_content_type",
+            DeadLetterReason::KeyTooLong => "key_too_long",
         }
     }
 }
@@ -708,7 +714,7 @@ async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
         content_type: props
             .content_type()
             .as_ref()
-            .map(|s| s.as_str().to_string())
+            .map(|s| s.as_str().as_bytes().to_vec())
             .unwrap_or_default(),
     };
     match ctx.claimer.submit(delivery).await {
@@ -731,6 +737,21 @@ async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
             ),
             message_id: shown_id,
         },
+        Err(SubmitError::BadContentType(why)) => Verdict::DeadLetter {
+            reason: DeadLetterReason::InvalidContentType,
+            sentence: format!("the content_type property cannot be used: {why}"),
+            message_id: shown_id,
+        },
+        Err(e @ SubmitError::TenantNotKeyed { .. }) => Verdict::DeadLetter {
+            reason: DeadLetterReason::InvalidTenant,
+            sentence: e.to_string(),
+            message_id: shown_id,
+        },
+        Err(e @ SubmitError::KeyTooLong { .. }) => Verdict::DeadLetter {
+            reason: DeadLetterReason::KeyTooLong,
+            sentence: e.to_string(),
+            message_id: shown_id,
+        },
         Err(SubmitError::BadPayload(why)) => Verdict::DeadLetter {
             reason: DeadLetterReason::UnusablePayload,
             sentence: format!("the payload cannot be used by consumer {:?}: {why}", c.name),
@@ -742,6 +763,10 @@ async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
         },
         Err(e @ SubmitError::Busy(_)) => Verdict::Requeue {
             delay: BUSY_RETRY_DELAY,
+            why: e.to_string(),
+        },
+        Err(e @ SubmitError::Interrupted) => Verdict::Requeue {
+            delay: STORE_RETRY_DELAY,
             why: e.to_string(),
         },
         Err(e @ SubmitError::ShuttingDown) => Verdict::Requeue {

@@ -56,14 +56,33 @@ impl<'a> MessageView<'a> {
 }
 
 /// Tenant header name for `consumer` (configurable, `Tenant-Id` by default).
-fn tenant_of<'h>(state: &AppState, consumer: &str, headers: &'h HeaderMap) -> &'h [u8] {
-    let name = state
+fn tenant_header<'s>(state: &'s AppState, consumer: &str) -> &'s str {
+    state
         .claimer
         .consumer(consumer)
         .map(|c| c.config.tenant_header.as_str())
         .filter(|n| !n.is_empty())
-        .unwrap_or("Tenant-Id");
-    headers.get(name).map(|v| v.as_bytes()).unwrap_or(b"")
+        .unwrap_or("Tenant-Id")
+}
+
+/// Tenant bytes for `consumer` (the first value; intake refuses repeated headers).
+fn tenant_of<'h>(state: &AppState, consumer: &str, headers: &'h HeaderMap) -> &'h [u8] {
+    headers
+        .get(tenant_header(state, consumer))
+        .map(|v| v.as_bytes())
+        .unwrap_or(b"")
+}
+
+/// A `400` when `name` appears more than once: which value is the message's identity would be
+/// a guess.
+fn repeated(headers: &HeaderMap, name: &str) -> Option<Response> {
+    (headers.get_all(name).iter().count() > 1).then(|| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            "repeated header",
+            &format!("the {name} header appears more than once; send it once"),
+        )
+    })
 }
 
 fn http_consumer_exists(state: &AppState, consumer: &str) -> bool {
@@ -86,6 +105,16 @@ pub async fn post_message(
             "unknown consumer",
             &format!("no consumer named {consumer:?} takes HTTP intake"),
         );
+    }
+    let tenant_name = tenant_header(&state, &consumer);
+    for name in [
+        "Idempotency-Key",
+        tenant_name,
+        header::CONTENT_TYPE.as_str(),
+    ] {
+        if let Some(refused) = repeated(&headers, name) {
+            return refused;
+        }
     }
     let Some(key) = headers.get("Idempotency-Key") else {
         return problem(
@@ -114,11 +143,11 @@ pub async fn post_message(
             );
         }
     };
+    // Raw bytes: the claimer refuses what it cannot store and send on (never stored as "").
     let content_type = headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+        .map(|v| v.as_bytes().to_vec())
+        .unwrap_or_default();
     let delivery = Delivery {
         tenant: tenant_of(&state, &consumer, &headers).to_vec(),
         consumer,
@@ -153,12 +182,27 @@ pub fn submit_error(e: SubmitError) -> Response {
             "payload mismatch",
             &format!("{e}; use a new Idempotency-Key for a new message"),
         ),
+        SubmitError::BadContentType(_) => problem(
+            StatusCode::BAD_REQUEST,
+            "invalid content type",
+            &format!("{e}; nothing was recorded"),
+        ),
+        SubmitError::TenantNotKeyed { .. } => problem(
+            StatusCode::BAD_REQUEST,
+            "tenant not accepted",
+            &format!("{e}; nothing was recorded"),
+        ),
+        SubmitError::KeyTooLong { .. } => problem(
+            StatusCode::BAD_REQUEST,
+            "idempotency key too long",
+            &format!("{e}; nothing was recorded"),
+        ),
         SubmitError::BadPayload(_) => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
             "unusable payload",
             &format!("{e}; nothing was recorded"),
         ),
-        SubmitError::Busy(_) | SubmitError::ShuttingDown => {
+        SubmitError::Busy(_) | SubmitError::ShuttingDown | SubmitError::Interrupted => {
             let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "busy", &e.to_string());
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));

@@ -24,22 +24,27 @@ macro_rules! cols {
         "id, consumer, tenant, message_id, idem_key, fingerprint, content_type, state, attempt, \
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
-         resent_count, handoff, handoff_attempt"
+         resent_count, handoff, handoff_attempt, claim_token"
     };
 }
 
 const INSERT_CLAIM: &str = concat!(
     "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, lease_until) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + $9 * interval '1 millisecond') \
+     content_type, lease_owner, lease_until, claim_token) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + $9 * interval '1 millisecond', \
+             NULLIF($10, '')) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
     cols!()
 );
 
+/// Counts a repeat delivery, unless the row is this call's own (its token: a commit whose
+/// reply was lost), which is no repeat.
 const COUNT_REPEAT: &str = concat!(
     "UPDATE claims SET \
-       duplicate_count = duplicate_count + CASE WHEN fingerprint = $4 THEN 1 ELSE 0 END, \
-       mismatch_count = mismatch_count + CASE WHEN fingerprint = $4 THEN 0 ELSE 1 END \
+       duplicate_count = duplicate_count + CASE WHEN claim_token = NULLIF($5, '') THEN 0 \
+                                                WHEN fingerprint = $4 THEN 1 ELSE 0 END, \
+       mismatch_count = mismatch_count + CASE WHEN claim_token = NULLIF($5, '') THEN 0 \
+                                              WHEN fingerprint = $4 THEN 0 ELSE 1 END \
      WHERE consumer = $1 AND tenant = $2 AND message_id = $3 RETURNING ",
     cols!()
 );
@@ -75,10 +80,11 @@ const SETTLE: &str = "\
 /// conflict are skipped here and looked at one by one afterwards.
 const INSERT_CLAIMS: &str = concat!(
     "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, lease_until) \
-     SELECT c, t, m, k, f, p, ct, w, now() + l * interval '1 millisecond' \
+     content_type, lease_owner, lease_until, claim_token) \
+     SELECT c, t, m, k, f, p, ct, w, now() + l * interval '1 millisecond', NULLIF(tok, '') \
      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], \
-                 $7::text[], $8::text[], $9::bigint[]) AS u(c, t, m, k, f, p, ct, w, l) \
+                 $7::text[], $8::text[], $9::bigint[], $10::text[]) \
+       AS u(c, t, m, k, f, p, ct, w, l, tok) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
     cols!()
 );
@@ -134,15 +140,20 @@ const LIST_EVENTS: &str = "\
     SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
     FROM claim_events WHERE claim_id = $1 ORDER BY id";
 
-/// Takeover: bump the fencing token and renew the lease in the same statement.
+/// Takeover: bump the fencing token and renew the lease in the same statement. The batch is
+/// chosen once, in a materialised CTE (a `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)`
+/// subquery may be re-scanned by the plan and take more than `n`), and the predicate is
+/// repeated on the UPDATE so a row settled meanwhile is never taken.
 pub const TAKE_STALE: &str = concat!(
-    "UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
-       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
-       updated_utc = now() \
-     WHERE id IN ( \
-       SELECT id FROM claims \
+    "WITH stale AS MATERIALIZED ( \
+       SELECT id AS stale_id FROM claims \
        WHERE consumer = $1 AND state = 'started' AND lease_until < LEAST(now(), $5) \
        ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
+     UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
+       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
+       updated_utc = now() \
+     FROM stale WHERE id = stale_id \
+       AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",
     cols!(),
     ", payload, EXTRACT(EPOCH FROM now() - received_utc)::float8 AS age_s"
@@ -167,7 +178,7 @@ const RESOLVE: &str = concat!(
        processed_utc = CASE WHEN $2 = 'completed' THEN COALESCE(processed_utc, now()) \
                             ELSE processed_utc END, \
        lease_owner = NULL, lease_until = NULL, updated_utc = now() \
-     WHERE id = $1 RETURNING ",
+     WHERE id = $1 AND state IN ('needs_attention', 'failed') RETURNING ",
     cols!()
 );
 
@@ -175,7 +186,7 @@ const REDRIVE: &str = concat!(
     "UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
        lease_until = now() - interval '1 millisecond', handoff = 'operator_redrive', \
        handoff_attempt = attempt + 1, updated_utc = now() \
-     WHERE id = $1 RETURNING ",
+     WHERE id = $1 AND state IN ('needs_attention', 'failed') RETURNING ",
     cols!()
 );
 
@@ -225,14 +236,22 @@ const LAST_SWEEP: &str = "SELECT at_utc FROM claimd_heartbeats WHERE name = 'swe
 const PRUNE_LOCK_KEY: i64 = 0x636c_6169_6d64_7072;
 
 const TRY_PRUNE_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
-const PRUNE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
 
+/// One batch of retention. The batch is chosen once, in a materialised CTE (a
+/// `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)` subquery may be re-scanned by the plan and
+/// delete more than `n`), locking its rows and skipping those an operator holds. The
+/// predicate stands on the DELETE too: under READ COMMITTED a row another transaction changed
+/// meanwhile (an operator's redrive of an old `failed` claim) must be terminal when it is
+/// deleted, not only when it was chosen (I7).
 const PRUNE_BATCH: &str = "\
-    DELETE FROM claims WHERE id IN ( \
-      SELECT id FROM claims \
+    WITH batch AS MATERIALIZED ( \
+      SELECT id AS batch_id FROM claims \
       WHERE state IN ('completed', 'failed') \
         AND updated_utc < now() - $1 * interval '1 millisecond' \
-      ORDER BY updated_utc LIMIT $2)";
+      ORDER BY updated_utc LIMIT $2 FOR UPDATE SKIP LOCKED) \
+    DELETE FROM claims USING batch WHERE id = batch_id \
+      AND state IN ('completed', 'failed') \
+      AND updated_utc < now() - $1 * interval '1 millisecond'";
 
 const PRUNE_COUNT: &str = "\
     SELECT COUNT(*) FROM claims \
@@ -350,7 +369,9 @@ async fn claim_worker(store: PgStore, rx: Arc<Mutex<mpsc::Receiver<PendingClaim>
                     }
                 }
             }
-            // The statement failed as a whole, so nothing of it committed: one by one.
+            // The statement failed. It may still have committed (the connection was cut after
+            // the commit): one by one, each with its own token, so a row the batch did insert
+            // is recognised as its caller's new claim, not taken for a duplicate.
             Err(_) => {
                 for p in batch {
                     let _ = p.done.send(store.claim_one(&p.new).await);
@@ -447,6 +468,7 @@ impl PgStore {
             .bind(col(|n| &n.content_type))
             .bind(col(|n| &n.worker))
             .bind(new.iter().map(|n| ms(n.lease)).collect::<Vec<i64>>())
+            .bind(col(|n| &n.claim_token))
             .fetch_all(&self.pool)
             .await
             .map_err(err("insert_claims"))?;
@@ -549,6 +571,7 @@ impl PgStore {
                 .bind(&new.content_type)
                 .bind(&new.worker)
                 .bind(ms(new.lease))
+                .bind(&new.claim_token)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(err("insert_claim"))?;
@@ -562,11 +585,18 @@ impl PgStore {
                 .bind(&new.tenant)
                 .bind(&new.message_id)
                 .bind(&new.fingerprint)
+                .bind(&new.claim_token)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(err("count_repeat"))?;
             if let Some(row) = existing {
-                let claim = claim_from_row(&row)?;
+                let mut claim = claim_from_row(&row)?;
+                if new.inserted(&claim) {
+                    // This call's own row: its commit's reply was lost (or its batch failed
+                    // as a whole after committing). It is new, not a duplicate.
+                    claim.payload = new.payload.clone();
+                    return Ok(ClaimOutcome::Created(claim));
+                }
                 return Ok(if claim.fingerprint == new.fingerprint {
                     ClaimOutcome::Duplicate(claim)
                 } else {
@@ -644,6 +674,7 @@ fn claim_from_row(row: &PgRow) -> StoreResult<Claim> {
         mismatch_count: row.try_get("mismatch_count").map_err(get)?,
         reconciled: row.try_get("reconciled").map_err(get)?,
         resent_count: row.try_get("resent_count").map_err(get)?,
+        claim_token: row.try_get("claim_token").map_err(get)?,
     })
 }
 
@@ -1096,11 +1127,14 @@ impl ClaimStore for PgStore {
                 ..Default::default()
             });
         }
-        // The session lock lives on this one connection; if it dies, PostgreSQL frees it.
-        let mut conn = self.pool.acquire().await.map_err(err("acquire"))?;
+        // The session lock lives on this one connection, taken out of the pool: it can never go
+        // back to the pool still holding the lock (an unlock that failed, a task dropped
+        // mid-prune), because dropping a detached connection closes it, and PostgreSQL frees a
+        // session's locks when the session ends.
+        let mut conn = self.pool.acquire().await.map_err(err("acquire"))?.detach();
         let locked: bool = sqlx::query_scalar(TRY_PRUNE_LOCK)
             .bind(PRUNE_LOCK_KEY)
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut conn)
             .await
             .map_err(err("try_prune_lock"))?;
         if !locked {
@@ -1116,7 +1150,7 @@ impl ClaimStore for PgStore {
                 let done = sqlx::query(PRUNE_BATCH)
                     .bind(ms(keep))
                     .bind(i64::from(batch))
-                    .execute(&mut *conn)
+                    .execute(&mut conn)
                     .await
                     .map_err(err("prune_batch"))?;
                 result.batches += 1;
@@ -1129,7 +1163,7 @@ impl ClaimStore for PgStore {
                 let done = sqlx::query(PRUNE_DEAD_LETTERS)
                     .bind(ms(keep))
                     .bind(i64::from(batch))
-                    .execute(&mut *conn)
+                    .execute(&mut conn)
                     .await
                     .map_err(err("prune_dead_letters"))?;
                 result.dead_letters_deleted += done.rows_affected();
@@ -1139,10 +1173,8 @@ impl ClaimStore for PgStore {
             }
         }
         .await;
-        let _ = sqlx::query(PRUNE_UNLOCK)
-            .bind(PRUNE_LOCK_KEY)
-            .execute(&mut *conn)
-            .await;
+        // Closing the session releases the lock whether or not an unlock would have worked.
+        let _ = sqlx::Connection::close(conn).await;
         outcome.map(|()| result)
     }
 }

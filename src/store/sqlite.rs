@@ -30,14 +30,14 @@ macro_rules! cols {
         "id, consumer, tenant, message_id, idem_key, fingerprint, content_type, state, attempt, \
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
-         resent_count, handoff, handoff_attempt"
+         resent_count, handoff, handoff_attempt, claim_token"
     };
 }
 
 const INSERT_CLAIM: &str = concat!(
     "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, lease_until, received_utc, started_utc, updated_utc) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ",
+     content_type, lease_owner, claim_token, lease_until, received_utc, started_utc, \
+     updated_utc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULLIF(?10, ''), ",
     now_ms!(),
     " + ?9, ",
     now_ms!(),
@@ -49,10 +49,14 @@ const INSERT_CLAIM: &str = concat!(
     cols!()
 );
 
+/// Counts a repeat delivery, unless the row is this call's own (its token: a commit whose
+/// reply was lost), which is no repeat.
 const COUNT_REPEAT: &str = concat!(
     "UPDATE claims SET \
-       duplicate_count = duplicate_count + CASE WHEN fingerprint = ?4 THEN 1 ELSE 0 END, \
-       mismatch_count = mismatch_count + CASE WHEN fingerprint = ?4 THEN 0 ELSE 1 END \
+       duplicate_count = duplicate_count + CASE WHEN claim_token = NULLIF(?5, '') THEN 0 \
+                                                WHEN fingerprint = ?4 THEN 1 ELSE 0 END, \
+       mismatch_count = mismatch_count + CASE WHEN claim_token = NULLIF(?5, '') THEN 0 \
+                                              WHEN fingerprint = ?4 THEN 0 ELSE 1 END \
      WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 RETURNING ",
     cols!()
 );
@@ -223,11 +227,16 @@ const LAST_SWEEP: &str = "SELECT at_utc FROM claimd_heartbeats WHERE name = 'swe
 
 const NOW: &str = concat!("SELECT ", now_ms!());
 
+/// One batch of retention; the predicate is repeated on the DELETE itself, as in the
+/// PostgreSQL driver, so a row is deleted only if it is terminal when it is deleted (I7).
 const PRUNE_BATCH: &str = concat!(
     "DELETE FROM claims WHERE id IN (SELECT id FROM claims \
        WHERE state IN ('completed', 'failed') AND updated_utc < ",
     now_ms!(),
-    " - ?1 ORDER BY updated_utc LIMIT ?2)"
+    " - ?1 ORDER BY updated_utc LIMIT ?2) \
+     AND state IN ('completed', 'failed') AND updated_utc < ",
+    now_ms!(),
+    " - ?1"
 );
 
 const PRUNE_COUNT: &str = concat!(
@@ -315,6 +324,7 @@ fn claim_from_row(row: &SqliteRow) -> StoreResult<Claim> {
         mismatch_count: row.try_get("mismatch_count").map_err(get)?,
         reconciled: row.try_get("reconciled").map_err(get)?,
         resent_count: row.try_get("resent_count").map_err(get)?,
+        claim_token: row.try_get("claim_token").map_err(get)?,
     })
 }
 
@@ -401,6 +411,7 @@ impl ClaimStore for SqliteStore {
                 .bind(&new.content_type)
                 .bind(&new.worker)
                 .bind(ms(new.lease))
+                .bind(&new.claim_token)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(err("insert_claim"))?;
@@ -414,11 +425,18 @@ impl ClaimStore for SqliteStore {
                 .bind(&new.tenant)
                 .bind(&new.message_id)
                 .bind(&new.fingerprint)
+                .bind(&new.claim_token)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(err("count_repeat"))?;
             if let Some(row) = existing {
-                let claim = claim_from_row(&row)?;
+                let mut claim = claim_from_row(&row)?;
+                if new.inserted(&claim) {
+                    // This call's own row: its commit's reply was lost (or its batch failed
+                    // as a whole after committing). It is new, not a duplicate.
+                    claim.payload = new.payload.clone();
+                    return Ok(ClaimOutcome::Created(claim));
+                }
                 return Ok(if claim.fingerprint == new.fingerprint {
                     ClaimOutcome::Duplicate(claim)
                 } else {
