@@ -149,8 +149,8 @@ fn validate_token<'a>(
 pub const MAX_CONTENT_TYPE_LEN: usize = 255;
 
 /// Checks a payload's content type before it is claimed: empty (none), or up to
-/// [`MAX_CONTENT_TYPE_LEN`] printable ASCII characters (spaces allowed, as in
-/// `text/plain; charset=utf-8`). The stored value is sent to the provider as a header on every
+/// [`MAX_CONTENT_TYPE_LEN`] printable ASCII characters (spaces and tabs allowed, as HTTP
+/// allows them in a field value: `text/plain; charset=utf-8`). The stored value is sent to the provider as a header on every
 /// attempt, so one that no HTTP client can send (a NUL, a control character, non-ASCII) must
 /// be refused now rather than acknowledged and then never performed.
 pub fn validate_content_type(value: &[u8]) -> Result<&str, String> {
@@ -160,7 +160,10 @@ pub fn validate_content_type(value: &[u8]) -> Result<&str, String> {
             value.len()
         ));
     }
-    if let Some(position) = value.iter().position(|b| !(0x20..=0x7e).contains(b)) {
+    if let Some(position) = value
+        .iter()
+        .position(|&b| !(b == b'\t' || (0x20..=0x7e).contains(&b)))
+    {
         return Err(format!(
             "Content-Type contains a byte that is not printable ASCII (0x{:02X}) at position {position}",
             value[position]
@@ -458,6 +461,7 @@ mod tests {
         assert!(validate_content_type(b"application/json\0").is_err());
         assert!(validate_content_type(b"text/plain\r\nX-Evil: 1").is_err());
         assert!(validate_content_type(b"text/plain\x07").is_err());
+        assert!(validate_content_type(b"text/plain;\tcharset=utf-8").is_ok());
         assert!(validate_content_type("text/pl\u{e9}in".as_bytes()).is_err());
         assert!(validate_content_type(&[b'a'; 256]).is_err());
         assert!(validate_content_type(&[b'a'; 255]).is_ok());
