@@ -583,7 +583,8 @@ async fn keys_and_headers(store: TestStore) {
     assert_eq!(status, 202, "{text}");
 
     // Content types that could not be sent on, and repeated identity headers.
-    let cases: Vec<(Vec<(&str, &[u8])>, &str)> = vec![
+    type Headers<'a> = Vec<(&'a str, &'a [u8])>;
+    let cases: Vec<(Headers, &str)> = vec![
         (
             vec![
                 ("Idempotency-Key", b"ct-1"),
