@@ -58,14 +58,29 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
+/// (RFC 9110 §11.1: `bearer`, `BEARER`) and may be followed by several spaces.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at(value.iter().position(|b| *b == b' ')?);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
 fn bearer_ok(expected: &str, req: &Request) -> bool {
     if expected.is_empty() {
         return true;
     }
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .is_some_and(|got| constant_time_eq(got, expected.as_bytes()))
+    let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) => {
+            bearer_token(v.as_bytes()).is_some_and(|got| constant_time_eq(got, expected.as_bytes()))
+        }
+        // None, or two Authorization headers: which one counts would be a guess.
+        _ => false,
+    }
 }
 
 async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -303,5 +318,20 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secreT"));
         assert!(!constant_time_eq(b"secret", b"secre"));
         assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for v in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR   s3cret",
+        ] {
+            assert_eq!(bearer_token(v.as_bytes()), Some(&b"s3cret"[..]), "{v}");
+        }
+        for v in ["Basic s3cret", "Bearers3cret", "Bearer ", "s3cret", ""] {
+            assert_eq!(bearer_token(v.as_bytes()), None, "{v}");
+        }
     }
 }

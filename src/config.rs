@@ -72,6 +72,10 @@ pub struct HttpConfig {
     /// Allow a non-loopback listener without an admin token.
     #[serde(default)]
     pub allow_insecure_admin: bool,
+    /// Allow a non-loopback listener without an intake token: anyone who reaches the port can
+    /// ask for payments (for a network where something in front already authenticates).
+    #[serde(default)]
+    pub allow_open_intake: bool,
     /// Largest accepted body.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
@@ -97,6 +101,7 @@ impl Default for HttpConfig {
             admin_token: String::new(),
             intake_token: String::new(),
             allow_insecure_admin: false,
+            allow_open_intake: false,
             max_body_bytes: default_max_body(),
             intake_wait: default_intake_wait(),
         }
@@ -522,6 +527,9 @@ impl Config {
         config
             .validate(&mut warnings)
             .map_err(|(key, message)| invalid(key, message))?;
+        config
+            .validate_edge()
+            .map_err(|(key, message)| invalid(key, message))?;
         Ok(Loaded { config, warnings })
     }
 
@@ -531,12 +539,7 @@ impl Config {
     }
 
     fn validate(&self, warnings: &mut Vec<String>) -> Result<(), (String, String)> {
-        if !(self.store.url.starts_with("sqlite:") || self.store.url.starts_with("postgres")) {
-            return Err((
-                "store.url".into(),
-                "must start with sqlite: or postgres://".into(),
-            ));
-        }
+        crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
         if self.store.max_connections == 0 {
             return Err(("store.max_connections".into(), "must be at least 1".into()));
         }
@@ -716,6 +719,25 @@ impl Config {
                 warnings.push(format!(
                     "consumers {names:?} send to the same provider {host} and not every key template contains {{consumer}}: one message's response could be replayed for another's"
                 ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// What the edge needs to be valid: provider header names and values that can be sent
+    /// (a value like `"Bearer x\n"` would fail every call).
+    fn validate_edge(&self) -> Result<(), (String, String)> {
+        for (i, c) in self.consumers.iter().enumerate() {
+            let EffectConfig::Http(h) = &c.effect else {
+                continue;
+            };
+            crate::effect::http::check_header(&h.idempotency_header, "x")
+                .map_err(|m| (format!("consumers[{i}].effect.idempotency_header"), m))?;
+            for (name, value) in &h.headers {
+                crate::effect::http::check_header(name, value)
+                    .map_err(|m| (format!("consumers[{i}].effect.headers.{name}"), m))?;
             }
         }
         Ok(())

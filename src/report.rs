@@ -316,9 +316,14 @@ pub fn render_csv(r: &Report) -> String {
     out
 }
 
-/// Quotes a CSV field when it needs it.
+/// One CSV cell, safe to open in a spreadsheet (the OWASP CSV-injection rule): a cell that
+/// begins with `=`, `+`, `-`, `@`, tab or carriage return would be run as a formula, so it is
+/// prefixed with a single quote and quoted; a cell with a comma, quote or line break is quoted,
+/// inner quotes doubled. Every text cell claimd writes (ids, tenants, reasons) goes through it.
 pub fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
+    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("\"'{}\"", s.replace('"', "\"\""))
+    } else if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
@@ -400,5 +405,29 @@ mod tests {
         assert_eq!(t, "a    bb\nxxx  y\n");
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+
+    #[test]
+    fn csv_cells_that_a_spreadsheet_would_run_are_neutralised() {
+        for (cell, want) in [
+            ("=1+1", "\"'=1+1\""),
+            ("+SUM(A1)", "\"'+SUM(A1)\""),
+            ("-2+3", "\"'-2+3\""),
+            ("@SUM(1)", "\"'@SUM(1)\""),
+            ("\t=1", "\"'\t=1\""),
+            ("\r=1", "\"'\r=1\""),
+            (
+                "=HYPERLINK(\"http://x\",\"y\")",
+                "\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\"",
+            ),
+        ] {
+            assert_eq!(csv_field(cell), want, "{cell:?}");
+        }
+        assert_eq!(
+            csv_field("order-1=2"),
+            "order-1=2",
+            "only the first character matters"
+        );
     }
 }

@@ -34,6 +34,11 @@ pub enum RunError {
         "[http] listen = {0:?} is not a loopback address and [http] admin_token is empty: set a token, or allow_insecure_admin = true"
     )]
     InsecureAdmin(String),
+    /// Intake (which triggers payments) would be open to the network.
+    #[error(
+        "[http] listen = {0:?} is not a loopback address and [http] intake_token is empty: anyone who reaches the port could ask for payments; set intake_token, or allow_open_intake = true when something in front authenticates"
+    )]
+    OpenIntake(String),
     /// The scheduler refused a job.
     #[error("scheduler: {0}")]
     Scheduler(String),
@@ -95,6 +100,12 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         && !config.http.allow_insecure_admin
     {
         return Err(RunError::InsecureAdmin(config.http.listen.clone()));
+    }
+    if !is_loopback(&config.http.listen)
+        && config.http.intake_token.is_empty()
+        && !config.http.allow_open_intake
+    {
+        return Err(RunError::OpenIntake(config.http.listen.clone()));
     }
     let (stop, stopped) = watch::channel(false);
     let mut background = Vec::new();
