@@ -64,6 +64,9 @@ pub struct Metrics {
     stuck: Family<ConsumerLabel, Gauge>,
     oldest: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     sweeper_last_run: Gauge<f64, AtomicU64>,
+    sweeper_running: Gauge,
+    sweeper_running_seconds: Gauge<f64, AtomicU64>,
+    uptime: Gauge<f64, AtomicU64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -118,6 +121,9 @@ impl Metrics {
             stuck: Family::default(),
             oldest: Family::default(),
             sweeper_last_run: Gauge::default(),
+            sweeper_running: Gauge::default(),
+            sweeper_running_seconds: Gauge::default(),
+            uptime: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -198,8 +204,23 @@ impl Metrics {
         );
         registry.register(
             "sweeper_last_run_timestamp_seconds",
-            "Unix time of the last sweeper pass by any instance",
+            "Unix time the last sweeper pass by any instance started",
             m.sweeper_last_run.clone(),
+        );
+        registry.register(
+            "sweeper_running",
+            "1 while a sweeper pass runs on this instance",
+            m.sweeper_running.clone(),
+        );
+        registry.register(
+            "sweeper_pass_running_seconds",
+            "How long this instance's running sweeper pass has been running (0: none)",
+            m.sweeper_running_seconds.clone(),
+        );
+        registry.register(
+            "uptime_seconds",
+            "Time since this worker started (the sweeper's grace period is 3 schedule periods)",
+            m.uptime.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -278,6 +299,14 @@ impl Metrics {
                 action: action.to_string(),
             })
             .inc();
+    }
+    /// This worker's own sweeper state, set before a scrape renders.
+    pub fn local_sweeper(&self, local: crate::report::LocalSweeper) {
+        self.sweeper_running
+            .set(i64::from(local.running_for.is_some()));
+        self.sweeper_running_seconds
+            .set(local.running_for.map_or(0.0, |d| d.as_secs_f64()));
+        self.uptime.set(local.uptime.as_secs_f64());
     }
     /// Retention deleted `n` rows.
     pub fn pruned(&self, n: u64) {

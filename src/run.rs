@@ -5,6 +5,7 @@
 use crate::api::{self, AppState};
 use crate::app::App;
 use crate::intake::amqp::AmqpIntake;
+use crate::report::SweeperActivity;
 use crate::retention;
 use crate::sandbox::{Sandbox, SandboxOptions};
 use crate::sweeper::Sweeper;
@@ -141,11 +142,13 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     // RabbitMQ intake: one task per `source = "amqp"` consumer; connects in the background.
     let amqp = Arc::new(AmqpIntake::start(app.claimer.clone(), &config));
     let sweep_period = app.sweep_period();
+    let activity = Arc::new(SweeperActivity::default());
     let state = AppState {
         claimer: app.claimer.clone(),
         config: config.clone(),
         sweep_period,
         amqp: Some(amqp.clone()),
+        sweeper: activity.clone(),
     };
     let listener = bind(&config.http.listen).await?;
     let http_addr = listener.local_addr().map_err(|source| RunError::Listen {
@@ -175,11 +178,13 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     {
         let sweeper = sweeper.clone();
         let last_pass = last_pass.clone();
+        let activity = activity.clone();
         let job = Job::new_async(config.sweeper.schedule.as_str(), move |_id, _l| {
             let sweeper = sweeper.clone();
             let last_pass = last_pass.clone();
+            let activity = activity.clone();
             Box::pin(async move {
-                run_pass(&sweeper, &last_pass).await;
+                run_pass(&sweeper, &last_pass, &activity).await;
             })
         })
         .map_err(|e| RunError::Scheduler(format!("sweeper.schedule: {e}")))?;
@@ -218,6 +223,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     {
         let sweeper = sweeper.clone();
         let last_pass = last_pass.clone();
+        let activity = activity.clone();
         let mut rx = stopped.clone();
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(sweep_period.max(Duration::from_secs(1)));
@@ -232,7 +238,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
                         silent_s = silent,
                         "sweeper schedule has not fired; running a pass from the watchdog"
                     );
-                    run_pass(&sweeper, &last_pass).await;
+                    run_pass(&sweeper, &last_pass, &activity).await;
                 }
             }
         }));
@@ -251,8 +257,10 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     })
 }
 
-async fn run_pass(sweeper: &Sweeper, last_pass: &AtomicI64) {
+async fn run_pass(sweeper: &Sweeper, last_pass: &AtomicI64, activity: &SweeperActivity) {
     last_pass.store(unix_now(), Ordering::SeqCst);
+    // Readiness and /metrics see the pass from its start, however long it waits for effects.
+    let _running = activity.begin();
     match sweeper.try_pass().await {
         Ok(Some(_)) | Ok(None) => {}
         Err(e) => warn!(error = %e, "sweeper pass failed"),
