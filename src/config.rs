@@ -82,6 +82,40 @@ pub struct HttpConfig {
     /// How long intake waits for a free effect slot before answering `503` + `Retry-After`.
     #[serde(default = "default_intake_wait")]
     pub intake_wait: Dur,
+    /// Time a client has to send a complete request head (from its first byte, or from the
+    /// connection opening).
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: Dur,
+    /// Time a client has to send a whole body, from when claimd starts reading it (`408`).
+    #[serde(default = "default_body_read_timeout")]
+    pub body_read_timeout: Dur,
+    /// A keep-alive connection without a request for this long is closed (keep it longer than
+    /// the load balancer's idle timeout, so the balancer closes first).
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: Dur,
+    /// Open connections at most; more wait in the listen backlog.
+    #[serde(default = "default_max_connections_http")]
+    pub max_connections: usize,
+    /// Request bodies held in memory at once, in bytes, across all requests; when spent,
+    /// intake answers `503` + `Retry-After` without reading the body.
+    #[serde(default = "default_body_budget")]
+    pub body_budget_bytes: usize,
+}
+
+fn default_header_read_timeout() -> Dur {
+    Dur(Duration::from_secs(10))
+}
+fn default_body_read_timeout() -> Dur {
+    Dur(Duration::from_secs(30))
+}
+fn default_idle_timeout() -> Dur {
+    Dur(Duration::from_secs(75))
+}
+fn default_max_connections_http() -> usize {
+    1024
+}
+fn default_body_budget() -> usize {
+    64 * 1024 * 1024
 }
 
 fn default_listen() -> String {
@@ -104,6 +138,11 @@ impl Default for HttpConfig {
             allow_open_intake: false,
             max_body_bytes: default_max_body(),
             intake_wait: default_intake_wait(),
+            header_read_timeout: default_header_read_timeout(),
+            body_read_timeout: default_body_read_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_connections: default_max_connections_http(),
+            body_budget_bytes: default_body_budget(),
         }
     }
 }
@@ -729,6 +768,31 @@ impl Config {
     /// What the edge needs to be valid: provider header names and values that can be sent
     /// (a value like `"Bearer x\n"` would fail every call).
     fn validate_edge(&self) -> Result<(), (String, String)> {
+        let http = &self.http;
+        for (key, d) in [
+            ("http.header_read_timeout", http.header_read_timeout),
+            ("http.body_read_timeout", http.body_read_timeout),
+            ("http.idle_timeout", http.idle_timeout),
+        ] {
+            if d.0.is_zero() {
+                return Err((key.into(), "must be longer than 0s".into()));
+            }
+        }
+        if http.max_connections == 0 {
+            return Err(("http.max_connections".into(), "must be at least 1".into()));
+        }
+        if http.max_body_bytes == 0 {
+            return Err(("http.max_body_bytes".into(), "must be at least 1".into()));
+        }
+        if http.body_budget_bytes < http.max_body_bytes {
+            return Err((
+                "http.body_budget_bytes".into(),
+                format!(
+                    "{} is smaller than max_body_bytes {}: a body of the largest allowed size could never be admitted",
+                    http.body_budget_bytes, http.max_body_bytes
+                ),
+            ));
+        }
         for (i, c) in self.consumers.iter().enumerate() {
             let EffectConfig::Http(h) = &c.effect else {
                 continue;

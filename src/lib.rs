@@ -24,5 +24,6 @@ pub mod report;
 pub mod retention;
 pub mod run;
 pub mod sandbox;
+pub mod server;
 pub mod store;
 pub mod sweeper;

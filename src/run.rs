@@ -156,17 +156,13 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         source,
     })?;
     let router = api::router(state);
+    let limits = crate::server::Limits::from_config(&config.http);
     let mut rx = stopped.clone();
     let http = tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            error!(error = %e, "HTTP server stopped");
-        }
+        crate::server::serve(listener, router, limits, shutdown).await;
     });
     info!(%http_addr, instance = app.claimer.instance(), store = app.store.dialect(), "claimd listening");
 
