@@ -34,6 +34,8 @@ pub struct AppState {
     pub amqp: Option<Arc<crate::intake::amqp::AmqpIntake>>,
     /// This worker's sweeper passes (running or not) and its start, for readiness.
     pub sweeper: Arc<SweeperActivity>,
+    /// Bytes of request bodies that may be in memory at once (`[http] body_budget_bytes`).
+    pub body_budget: Arc<crate::server::BodyBudget>,
 }
 
 impl AppState {
@@ -235,6 +237,10 @@ fn store_down(e: crate::store::StoreError) -> Response {
 async fn metrics(State(state): State<AppState>) -> Response {
     let names = state.config.consumer_names();
     state.claimer.metrics().local_sweeper(state.sweeper.local());
+    state
+        .claimer
+        .metrics()
+        .body_bytes_in_flight(state.body_budget.in_use_bytes());
     match state
         .claimer
         .metrics()

@@ -115,7 +115,7 @@ fn default_max_connections_http() -> usize {
     1024
 }
 fn default_body_budget() -> usize {
-    64 * 1024 * 1024
+    32 * 1024 * 1024
 }
 
 fn default_listen() -> String {

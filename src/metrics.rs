@@ -67,6 +67,7 @@ pub struct Metrics {
     sweeper_running: Gauge,
     sweeper_running_seconds: Gauge<f64, AtomicU64>,
     uptime: Gauge<f64, AtomicU64>,
+    body_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -124,6 +125,7 @@ impl Metrics {
             sweeper_running: Gauge::default(),
             sweeper_running_seconds: Gauge::default(),
             uptime: Gauge::default(),
+            body_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -222,6 +224,11 @@ impl Metrics {
             "Time since this worker started (the sweeper's grace period is 3 schedule periods)",
             m.uptime.clone(),
         );
+        registry.register(
+            "http_body_bytes_in_flight",
+            "Bytes of the request-body budget taken by bodies being read or handled",
+            m.body_bytes.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -307,6 +314,11 @@ impl Metrics {
         self.sweeper_running_seconds
             .set(local.running_for.map_or(0.0, |d| d.as_secs_f64()));
         self.uptime.set(local.uptime.as_secs_f64());
+    }
+    /// Bytes of the request-body budget in use, set before a scrape renders.
+    pub fn body_bytes_in_flight(&self, bytes: usize) {
+        self.body_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
     /// Retention deleted `n` rows.
     pub fn pruned(&self, n: u64) {

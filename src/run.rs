@@ -149,6 +149,9 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         sweep_period,
         amqp: Some(amqp.clone()),
         sweeper: activity.clone(),
+        body_budget: Arc::new(crate::server::BodyBudget::new(
+            config.http.body_budget_bytes,
+        )),
     };
     let listener = bind(&config.http.listen).await?;
     let http_addr = listener.local_addr().map_err(|source| RunError::Listen {

@@ -62,6 +62,9 @@ impl Limits {
     }
 }
 
+/// Largest read buffer of one connection (and so the largest request head).
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+
 /// How long, after shutdown begins, open connections get to finish their request.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
@@ -137,6 +140,10 @@ pub async fn serve(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.idle_timeout + limits.header_read_timeout)
+                // hyper's read buffer grows to ~400 KiB per connection while a body streams
+                // through it; 64 KiB (also the largest request head) keeps a thousand open
+                // connections within 64 MiB.
+                .max_buf_size(READ_BUFFER_BYTES)
                 .keep_alive(true);
             let connection = builder.serve_connection(io, service);
             let mut connection = std::pin::pin!(connection);
@@ -180,6 +187,53 @@ async fn handle(router: Router, limits: Limits, req: Request<Incoming>) -> Respo
     match router.oneshot(req).await {
         Ok(r) => r,
         Err(never) => match never {},
+    }
+}
+
+/// The byte budget for request bodies held in memory at once (`[http] body_budget_bytes`).
+///
+/// Intake takes a share of it before reading a body — the declared `Content-Length`, or
+/// `max_body_bytes` for a body of unknown length — and gives it back when the request is
+/// answered. When the budget is spent, intake waits up to `intake_wait` for a share and then
+/// answers `503` + `Retry-After` without reading the body: the backlog waits in the clients,
+/// never in claimd's memory.
+#[derive(Debug)]
+pub struct BodyBudget {
+    kib: Semaphore,
+    total_kib: usize,
+}
+
+/// A share of the [`BodyBudget`], given back on drop.
+#[derive(Debug)]
+pub struct BodyShare<'a>(#[allow(dead_code)] tokio::sync::SemaphorePermit<'a>);
+
+impl BodyBudget {
+    /// A budget of `bytes` (counted in KiB, rounded up).
+    pub fn new(bytes: usize) -> Self {
+        let total_kib = bytes.div_ceil(1024).max(1);
+        BodyBudget {
+            kib: Semaphore::new(total_kib),
+            total_kib,
+        }
+    }
+
+    /// A share for a body of `bytes`, waiting up to `wait` for one; `None` when the budget
+    /// stayed spent.
+    pub async fn admit(&self, bytes: usize, wait: Duration) -> Option<BodyShare<'_>> {
+        let kib = u32::try_from(bytes.div_ceil(1024).clamp(1, self.total_kib)).ok()?;
+        if let Ok(p) = self.kib.try_acquire_many(kib) {
+            return Some(BodyShare(p));
+        }
+        tokio::time::timeout(wait, self.kib.acquire_many(kib))
+            .await
+            .ok()?
+            .ok()
+            .map(BodyShare)
+    }
+
+    /// Bytes of the budget now taken by bodies being read or handled.
+    pub fn in_use_bytes(&self) -> usize {
+        (self.total_kib - self.kib.available_permits()) * 1024
     }
 }
 

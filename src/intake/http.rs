@@ -9,7 +9,7 @@ use crate::api::{AppState, problem};
 use crate::claim::Claim;
 use crate::claimer::{Accepted, Delivery, SubmitError};
 use crate::config::Source;
-use crate::server::BodyReadTimeout;
+use crate::server::{BodyReadTimeout, BodyShare};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -124,7 +124,8 @@ pub async fn post_message(
             "the Idempotency-Key header is required: 1-255 visible ASCII characters",
         );
     };
-    let body = match read_body(&state, &headers, body).await {
+    // `_share` (of the body budget) is held until the answer: the body is in memory till then.
+    let (body, _share) = match read_body(&state, &consumer, &headers, body).await {
         Ok(b) => b,
         Err(refused) => return refused,
     };
@@ -159,15 +160,43 @@ fn too_large(limit: usize) -> Response {
     )
 }
 
-/// Reads the body into one buffer (sized from `Content-Length`, so it is never copied):
-/// `413` past `max_body_bytes` (a declared length is refused before reading), `408` when it
-/// does not arrive within `body_read_timeout`.
-async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, Response> {
+/// Reads the body into one buffer (sized from `Content-Length`, so it is never copied), after
+/// taking its share of the body budget (the declared length, else `max_body_bytes`): `503` +
+/// `Retry-After` when the budget stays spent for `intake_wait` (nothing read), `413` past
+/// `max_body_bytes` (a declared length is refused before reading), `408` when it does not
+/// arrive within `body_read_timeout`.
+async fn read_body<'s>(
+    state: &'s AppState,
+    consumer: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Vec<u8>, BodyShare<'s>), Response> {
     let limit = state.config.http.max_body_bytes;
     let declared = crate::server::declared_length(headers);
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
+    let want = declared.map_or(limit, |n| n as usize);
+    let Some(share) = state
+        .body_budget
+        .admit(want, state.config.http.intake_wait.0)
+        .await
+    else {
+        state.claimer.metrics().refused(consumer, "body_budget");
+        let mut r = problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "request bodies in memory are at [http] body_budget_bytes; nothing was read or recorded: retry",
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        // The body is not read: the connection cannot carry another request.
+        r.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        return Err(r);
+    };
     let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize).min(limit));
     let mut body = body;
     while let Some(frame) = body.frame().await {
@@ -179,7 +208,7 @@ async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<
             buf.extend_from_slice(&data);
         }
     }
-    Ok(buf)
+    Ok((buf, share))
 }
 
 fn unreadable(e: &axum::Error) -> Response {
