@@ -12,7 +12,7 @@ use std::str::FromStr;
 /// Longest message id (and rendered idempotency key) claimd accepts.
 pub const MAX_MESSAGE_ID_LEN: usize = 255;
 
-/// The life-cycle state of a claim (see `shared/DESIGN.md`, "States").
+/// The life-cycle state of a claim (see `docs/design.md`, "States").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClaimState {
@@ -114,7 +114,7 @@ pub enum IdError {
     },
 }
 
-/// Checks a message id: 1–255 visible ASCII characters (CONTRACT.md, HTTP intake).
+/// Checks a message id: 1–255 visible ASCII characters (HTTP intake, `docs/operations.md`).
 pub fn validate_message_id(id: &[u8]) -> Result<&str, IdError> {
     validate_token("Idempotency-Key", id, false)
 }
@@ -309,7 +309,7 @@ impl KeyTemplate {
 pub struct NewClaim {
     /// Consumer name from the configuration.
     pub consumer: String,
-    /// Tenant, `""` when none (never NULL: see DESIGN.md).
+    /// Tenant, `""` when none (never NULL: see `docs/design.md`).
     pub tenant: String,
     /// The message id from the client or broker.
     pub message_id: String,

@@ -1,7 +1,7 @@
 //! RabbitMQ intake (`source = "amqp"`): one task per consumer that connects, declares its
 //! topology when asked, consumes with manual acknowledgements, and reconnects with backoff.
 //!
-//! Acknowledgement policy (DESIGN.md; `docs/amqp-and-email.md`):
+//! Acknowledgement policy (`docs/design.md`; `docs/amqp-and-email.md`):
 //!
 //! - **ack** only after [`Claimer::submit`] returned `Ok`: the claim is committed, or the
 //!   message is a duplicate of one that is. From then on the claim row owns the work.
