@@ -26,7 +26,11 @@ async fn outage_then_recovery(store: TestStore) {
         ..Default::default()
     })
     .await;
-    let toml = config_toml(&store.url(), &consumer_toml("payments", &provider.url, ""));
+    let toml = config_toml(
+        &store.url(),
+        // Keys equal to the message ids, so the provider's records read plainly.
+        &consumer_toml("payments", &provider.url, "key = \"{message_id}\""),
+    );
     let running = start(&toml).await;
     let base = format!("http://{}", running.http_addr);
     for i in 0..5 {
@@ -90,7 +94,11 @@ async fn a_permanent_rejection_fails_the_claim_and_is_not_retried() {
         ..Default::default()
     })
     .await;
-    let toml = config_toml(&store.url(), &consumer_toml("payments", &provider.url, ""));
+    let toml = config_toml(
+        &store.url(),
+        // Keys equal to the message ids, so the provider's records read plainly.
+        &consumer_toml("payments", &provider.url, "key = \"{message_id}\""),
+    );
     let running = start(&toml).await;
     let base = format!("http://{}", running.http_addr);
     assert_eq!(post(&base, "bad-1", "{}").await, 202);
