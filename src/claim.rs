@@ -304,6 +304,26 @@ impl KeyTemplate {
     }
 }
 
+/// How the previous holder of a claim let go of it, when it did so on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// The provider's answer proved nothing was applied (503, 429, connection refused).
+    NotApplied,
+    /// An operator asked for the claim to be performed again.
+    OperatorRedrive,
+}
+
+impl Handoff {
+    /// Reads the stored name; unknown names count as no hand-off (the safe reading).
+    pub fn parse(s: &str) -> Option<Handoff> {
+        match s {
+            "not_applied" => Some(Handoff::NotApplied),
+            "operator_redrive" => Some(Handoff::OperatorRedrive),
+            _ => None,
+        }
+    }
+}
+
 /// What intake hands the store to claim.
 #[derive(Debug, Clone)]
 pub struct NewClaim {
