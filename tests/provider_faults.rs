@@ -175,3 +175,68 @@ async fn the_provider_is_never_called_before_the_claim_commits_postgres() {
     };
     never_called_before_commit(store).await;
 }
+
+/// Issue 11.5: a provider whose every answer leaves the outcome unknown (`500`), under
+/// `on_unknown = "redrive"`. Re-sending with the same key is safe only while the provider keeps
+/// the key (`redrive_within`); the claim's second attempt starts inside that window and must
+/// not go on re-sending past it, but park the claim for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
+    use axum::http::StatusCode;
+    use std::sync::{Arc, Mutex};
+    let calls: Arc<Mutex<Vec<chrono::DateTime<chrono::Utc>>>> = Arc::default();
+    let seen = calls.clone();
+    let app = axum::Router::new().route(
+        "/v1/payments",
+        axum::routing::post(move || {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(chrono::Utc::now());
+                (StatusCode::INTERNAL_SERVER_ERROR, "maybe applied")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let store = TestStore::sqlite();
+    let consumer = consumer_toml(
+        "payments",
+        &provider,
+        "on_unknown = \"redrive\"\nlease = \"3s\"\nredrive_within = \"3s\"\nmax_attempts = 8",
+    )
+    .replace("status_url = ", "# status_url = ");
+    let running = start(&config_toml(&store.url(), &consumer)).await;
+    let base = format!("http://{}", running.http_addr);
+    assert_eq!(post(&base, "w-1", "{}").await, 202);
+    let st = running.app().store.clone();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            st.get("payments", "", "w-1").await.unwrap().unwrap().state
+                == ClaimState::NeedsAttention
+        })
+        .await,
+        "the claim is parked once the key window has passed"
+    );
+    let claim = st.get("payments", "", "w-1").await.unwrap().unwrap();
+    let window_end = claim.received_utc + chrono::Duration::seconds(3);
+    let calls = calls.lock().unwrap().clone();
+    assert!(
+        calls.len() >= 2,
+        "it was re-sent within the window: {calls:?}"
+    );
+    let late: Vec<_> = calls
+        .iter()
+        .filter(|t| **t > window_end + chrono::Duration::milliseconds(200))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{} sends after the key window ended at {window_end}: {late:?}",
+        late.len()
+    );
+    let reason = claim.last_error.unwrap_or_default();
+    assert!(reason.contains("redrive_within"), "{reason}");
+    running.shutdown(Duration::from_secs(2)).await;
+}
