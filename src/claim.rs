@@ -12,7 +12,7 @@ use std::str::FromStr;
 /// Longest message id (and rendered idempotency key) claimd accepts.
 pub const MAX_MESSAGE_ID_LEN: usize = 255;
 
-/// The life-cycle state of a claim (see `shared/DESIGN.md`, "States").
+/// The life-cycle state of a claim (see `docs/design.md`, "States").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClaimState {
@@ -114,7 +114,7 @@ pub enum IdError {
     },
 }
 
-/// Checks a message id: 1–255 visible ASCII characters (CONTRACT.md, HTTP intake).
+/// Checks a message id: 1–255 visible ASCII characters (HTTP intake, `docs/operations.md`).
 pub fn validate_message_id(id: &[u8]) -> Result<&str, IdError> {
     validate_token("Idempotency-Key", id, false)
 }
@@ -304,12 +304,32 @@ impl KeyTemplate {
     }
 }
 
+/// How the previous holder of a claim let go of it, when it did so on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// The provider's answer proved nothing was applied (503, 429, connection refused).
+    NotApplied,
+    /// An operator asked for the claim to be performed again.
+    OperatorRedrive,
+}
+
+impl Handoff {
+    /// Reads the stored name; unknown names count as no hand-off (the safe reading).
+    pub fn parse(s: &str) -> Option<Handoff> {
+        match s {
+            "not_applied" => Some(Handoff::NotApplied),
+            "operator_redrive" => Some(Handoff::OperatorRedrive),
+            _ => None,
+        }
+    }
+}
+
 /// What intake hands the store to claim.
 #[derive(Debug, Clone)]
 pub struct NewClaim {
     /// Consumer name from the configuration.
     pub consumer: String,
-    /// Tenant, `""` when none (never NULL: see DESIGN.md).
+    /// Tenant, `""` when none (never NULL: see `docs/design.md`).
     pub tenant: String,
     /// The message id from the client or broker.
     pub message_id: String,

@@ -8,6 +8,7 @@
 pub mod postgres;
 pub mod sqlite;
 
+pub use crate::claim::Handoff;
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -173,26 +174,6 @@ pub struct TakenClaim {
     pub handoff: Option<Handoff>,
     /// Seconds since it was received (database time).
     pub age: Duration,
-}
-
-/// How the previous holder of a claim let go of it, when it did so on purpose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handoff {
-    /// The provider's answer proved nothing was applied (503, 429, connection refused).
-    NotApplied,
-    /// An operator asked for the claim to be performed again.
-    OperatorRedrive,
-}
-
-impl Handoff {
-    /// Reads the stored name; unknown names count as no hand-off (the safe reading).
-    pub fn parse(s: &str) -> Option<Handoff> {
-        match s {
-            "not_applied" => Some(Handoff::NotApplied),
-            "operator_redrive" => Some(Handoff::OperatorRedrive),
-            _ => None,
-        }
-    }
 }
 
 /// Per-consumer counts for the report.
