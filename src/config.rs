@@ -563,11 +563,12 @@ impl Config {
             let key = e.path().to_string();
             invalid(key, one_line(&e.into_inner().to_string()))
         })?;
-        config
-            .validate(&mut warnings)
-            .map_err(|(key, message)| invalid(key, message))?;
+        // The edge checks first: they show URLs with their passwords redacted.
         config
             .validate_edge()
+            .map_err(|(key, message)| invalid(key, message))?;
+        config
+            .validate(&mut warnings)
             .map_err(|(key, message)| invalid(key, message))?;
         Ok(Loaded { config, warnings })
     }
@@ -578,7 +579,6 @@ impl Config {
     }
 
     fn validate(&self, warnings: &mut Vec<String>) -> Result<(), (String, String)> {
-        crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
         if self.store.max_connections == 0 {
             return Err(("store.max_connections".into(), "must be at least 1".into()));
         }
@@ -793,10 +793,27 @@ impl Config {
                 ),
             ));
         }
+        crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
+        let redact = crate::store::redact_url;
         for (i, c) in self.consumers.iter().enumerate() {
+            if c.source == Source::Amqp && !c.amqp_url.is_empty() {
+                // lapin's own parse error repeats the whole URL, password included.
+                c.amqp_url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+                    (
+                        format!("consumers[{i}].amqp_url"),
+                        format!("{}: not an AMQP URL ({})", redact(&c.amqp_url), redact(&e)),
+                    )
+                })?;
+            }
             let EffectConfig::Http(h) = &c.effect else {
                 continue;
             };
+            reqwest::Url::parse(&h.url).map_err(|e| {
+                (
+                    format!("consumers[{i}].effect.url"),
+                    format!("{}: {e}", redact(&h.url)),
+                )
+            })?;
             crate::effect::http::check_header(&h.idempotency_header, "x")
                 .map_err(|m| (format!("consumers[{i}].effect.idempotency_header"), m))?;
             for (name, value) in &h.headers {

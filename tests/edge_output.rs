@@ -185,6 +185,37 @@ fn a_mistyped_store_url_is_a_configuration_error_that_hides_the_password() {
 }
 
 #[test]
+fn mistyped_broker_and_provider_urls_are_refused_without_their_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("x.db").display());
+    let amqp = |url: &str| {
+        format!(
+            "\n[[consumers]]\nname = \"q\"\nsource = \"amqp\"\namqp_url = \"{url}\"\nqueue = \"q\"\ndead_letter_exchange = \"q.dlx\"\n[consumers.effect]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/v1/q\"\n"
+        )
+    };
+    for (consumers, key) in [
+        (
+            amqp("amqp//claimd:hunter2@rabbit/%2f"),
+            "consumers[0].amqp_url",
+        ),
+        (
+            amqp("amqps+x://claimd:hunter2@rabbit/%2f"),
+            "consumers[0].amqp_url",
+        ),
+        (
+            consumer_toml("payments", "http//claimd:hunter2@provider", ""),
+            "consumers[0].effect.url",
+        ),
+    ] {
+        let cfg = write_config(dir.path(), &config_toml(&store, &consumers));
+        let (code, out, err) = cli(&["report", "--config", &cfg]);
+        assert_eq!(code, 2, "{key}: {out}{err}");
+        assert!(err.contains(key), "names the key: {err}");
+        assert!(!err.contains("hunter2"), "password printed: {err}");
+    }
+}
+
+#[test]
 fn an_unreachable_store_fails_at_run_time_without_printing_the_password() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(
