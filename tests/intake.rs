@@ -432,41 +432,6 @@ async fn a_claim_that_waited_out_its_lease_is_handed_off_as_not_called() {
     running.shutdown(Duration::from_secs(3)).await;
 }
 
-/// Sends a hand-written request with the given header lines (any bytes) and returns the status
-/// and body.
-async fn raw_request(
-    addr: std::net::SocketAddr,
-    path: &str,
-    headers: &[(&str, &[u8])],
-    body: &[u8],
-) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut req = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    )
-    .into_bytes();
-    for (name, value) in headers {
-        req.extend_from_slice(name.as_bytes());
-        req.extend_from_slice(b": ");
-        req.extend_from_slice(value);
-        req.extend_from_slice(b"\r\n");
-    }
-    req.extend_from_slice(b"\r\n");
-    req.extend_from_slice(body);
-    s.write_all(&req).await.unwrap();
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
 /// Issue 11 (2 and 4, and the header checks of 5): nothing is acknowledged that would be sent
 /// under another message's key, or that the provider could never accept.
 async fn keys_and_headers(store: TestStore) {

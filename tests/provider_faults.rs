@@ -176,31 +176,43 @@ async fn the_provider_is_never_called_before_the_claim_commits_postgres() {
     never_called_before_commit(store).await;
 }
 
-/// Issue 11.5: a provider whose every answer leaves the outcome unknown (`500`), under
-/// `on_unknown = "redrive"`. Re-sending with the same key is safe only while the provider keeps
-/// the key (`redrive_within`); a sweeper's attempt that starts inside that window must not go
-/// on re-sending past it, but park the claim for a person.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
-    use axum::http::StatusCode;
-    use std::sync::{Arc, Mutex};
-    let calls: Arc<Mutex<Vec<chrono::DateTime<chrono::Utc>>>> = Arc::default();
+/// A provider of the test's own that answers every POST to `/v1/payments` with `status` and
+/// records when each request arrived.
+async fn recording_provider(
+    status: u16,
+) -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>>,
+) {
+    let calls: std::sync::Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>> =
+        Default::default();
     let seen = calls.clone();
+    let status = axum::http::StatusCode::from_u16(status).unwrap();
     let app = axum::Router::new().route(
         "/v1/payments",
         axum::routing::post(move || {
             let seen = seen.clone();
             async move {
                 seen.lock().unwrap().push(chrono::Utc::now());
-                (StatusCode::INTERNAL_SERVER_ERROR, "maybe applied")
+                (status, "scripted answer")
             }
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
+    let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
+    (url, calls)
+}
+
+/// Issue 11.5: a provider whose every answer leaves the outcome unknown (`500`), under
+/// `on_unknown = "redrive"`. Re-sending with the same key is safe only while the provider keeps
+/// the key (`redrive_within`); a sweeper's attempt that starts inside that window must not go
+/// on re-sending past it, but park the claim for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
+    let (provider, calls) = recording_provider(500).await;
     let store = TestStore::sqlite();
     let consumer = consumer_toml(
         "payments",
@@ -272,28 +284,10 @@ async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
 /// before the database lease does, or a sweeper could take the claim over while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_claim_statement_does_not_stretch_the_lease_postgres() {
-    use axum::http::StatusCode;
-    use std::sync::{Arc, Mutex};
     let Some(store) = TestStore::pg().await else {
         return;
     };
-    let calls: Arc<Mutex<Vec<chrono::DateTime<chrono::Utc>>>> = Arc::default();
-    let seen = calls.clone();
-    let app = axum::Router::new().route(
-        "/v1/payments",
-        axum::routing::post(move || {
-            let seen = seen.clone();
-            async move {
-                seen.lock().unwrap().push(chrono::Utc::now());
-                (StatusCode::SERVICE_UNAVAILABLE, "busy, nothing applied")
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (provider, calls) = recording_provider(503).await;
     let consumer = consumer_toml(
         "payments",
         &provider,

@@ -1,11 +1,19 @@
-//! The claim store: one trait, [`ClaimStore`], and a driver per database
-//! ([`postgres::PgStore`], [`sqlite::SqliteStore`]).
+//! The claim store: one trait, [`ClaimStore`], implemented once by [`sql_store::SqlStore`]
+//! over a [`dialect::Dialect`] per database ([`postgres::PgStore`], [`sqlite::SqliteStore`]).
+//!
+//! - `sql_store`: the one body — every operation, its arguments and its rules.
+//! - `dialect`: what a database supplies (statement texts, how a time is stored, the extras
+//!   only it has) and the binding and row reading shared by all.
+//! - `rows`: claims from rows. `postgres` (`sql`, `batch`) and `sqlite` (`sql`): the dialects.
 //!
 //! Every state change is a conditional update fenced on `attempt` and `state = 'started'`
-//! (invariant I2); every time is the database's clock, never the worker's. SQL lives next to
-//! its driver, one named constant per statement.
+//! (invariant I2); every time is the database's clock, never the worker's.
 
+#[macro_use]
+pub mod dialect;
 pub mod postgres;
+mod rows;
+pub mod sql_store;
 pub mod sqlite;
 
 pub use crate::claim::Handoff;
