@@ -49,6 +49,7 @@ fn new_claim(consumer: &str, tenant: &str, id: &str, lease: Duration) -> NewClai
         worker: "dead-worker".into(),
         lease,
         claim_token: claimd::claim::new_claim_token(),
+        mark_not_called: false,
     }
 }
 
