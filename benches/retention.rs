@@ -78,7 +78,7 @@ async fn main() {
                     message_id: id.clone(),
                     idem_key: id,
                     fingerprint: fingerprint(b"{}"),
-                    payload: b"{}".to_vec(),
+                    payload: b"{}".to_vec().into(),
                     content_type: "application/json".into(),
                     worker: "bench".into(),
                     lease: Duration::from_secs(60),

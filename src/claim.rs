@@ -342,7 +342,7 @@ pub struct NewClaim {
     /// SHA-256 of the payload.
     pub fingerprint: String,
     /// The payload, verbatim.
-    pub payload: Vec<u8>,
+    pub payload: bytes::Bytes,
     /// The payload's content type, verbatim.
     pub content_type: String,
     /// Who claims it (written as lease owner).
@@ -383,7 +383,7 @@ pub struct Claim {
     pub fingerprint: String,
     /// The payload.
     #[serde(skip)]
-    pub payload: Vec<u8>,
+    pub payload: bytes::Bytes,
     /// The payload's content type.
     pub content_type: String,
     /// Current state.

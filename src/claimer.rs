@@ -37,7 +37,7 @@ pub struct Delivery {
     /// Message id bytes, as received.
     pub message_id: Vec<u8>,
     /// Payload, verbatim.
-    pub payload: Vec<u8>,
+    pub payload: bytes::Bytes,
     /// Content type bytes, verbatim (checked before claiming).
     pub content_type: Vec<u8>,
 }

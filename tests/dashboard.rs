@@ -44,7 +44,7 @@ fn new_claim(consumer: &str, tenant: &str, id: &str, lease: Duration) -> NewClai
         message_id: id.into(),
         idem_key: id.into(),
         fingerprint: fingerprint(id.as_bytes()),
-        payload: id.as_bytes().to_vec(),
+        payload: id.as_bytes().to_vec().into(),
         content_type: "application/json".into(),
         worker: "dead-worker".into(),
         lease,

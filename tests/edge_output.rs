@@ -83,7 +83,7 @@ async fn claim(store: &claimd::store::Store, tenant: &str, id: &str) -> i64 {
         message_id: id.into(),
         idem_key: format!("payments:{tenant}:{id}"),
         fingerprint: fingerprint(b"{}"),
-        payload: b"{}".to_vec(),
+        payload: b"{}".to_vec().into(),
         content_type: "application/json".into(),
         worker: "dead-worker".into(),
         lease: Duration::ZERO,

@@ -42,7 +42,7 @@ fn claim(key: &str, payload: &str) -> Claim {
         message_id: key.into(),
         idem_key: key.into(),
         fingerprint: String::new(),
-        payload: payload.as_bytes().to_vec(),
+        payload: payload.as_bytes().to_vec().into(),
         content_type: "application/json".into(),
         state: ClaimState::Started,
         attempt: 1,

@@ -163,7 +163,8 @@ async fn bad_input_matrix(store: TestStore) {
     assert_eq!(claim.duplicate_count, 1);
     assert_eq!(claim.mismatch_count, 1);
     assert_eq!(
-        claim.payload, br#"{"amount":10}"#,
+        &claim.payload[..],
+        br#"{"amount":10}"#,
         "the first payload is kept verbatim"
     );
     assert_eq!(claim.content_type, "application/json");

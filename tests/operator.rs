@@ -67,7 +67,7 @@ async fn stuck_claim(store: &claimd::store::Store, id: &str) -> i64 {
         message_id: id.into(),
         idem_key: id.into(),
         fingerprint: fingerprint(b"{}"),
-        payload: b"{}".to_vec(),
+        payload: b"{}".to_vec().into(),
         content_type: "application/json".into(),
         worker: "dead-worker".into(),
         lease: Duration::ZERO,

@@ -16,7 +16,7 @@ fn new_claim(id: &str, lease: Duration) -> NewClaim {
         message_id: id.into(),
         idem_key: id.into(),
         fingerprint: fingerprint(id.as_bytes()),
-        payload: id.as_bytes().to_vec(),
+        payload: id.as_bytes().to_vec().into(),
         content_type: "text/plain".into(),
         worker: "w1".into(),
         lease,
@@ -59,7 +59,7 @@ async fn fencing(store: TestStore) {
         .unwrap();
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].claim.attempt, 2);
-    assert_eq!(taken[0].claim.payload, b"f1");
+    assert_eq!(&taken[0].claim.payload[..], b"f1");
     // The original worker wakes up late and tries to settle with attempt 1: nothing changes.
     let late = Settlement {
         state: Some(ClaimState::Completed),
@@ -454,7 +454,7 @@ async fn batches(store: TestStore) {
     let ClaimOutcome::Created(b1) = &out[0] else {
         unreachable!()
     };
-    assert_eq!(b1.payload, b"b1");
+    assert_eq!(&b1.payload[..], b"b1");
 
     // b2 is taken over by a sweeper (attempt 2) before the batch settles it with attempt 1.
     take_over(&s, "b2").await;

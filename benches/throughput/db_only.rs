@@ -15,7 +15,7 @@ pub(crate) fn new_claim(i: usize) -> NewClaim {
         message_id: format!("m-{i}"),
         idem_key: format!("m-{i}"),
         fingerprint: fingerprint(body.as_bytes()),
-        payload: body.into_bytes(),
+        payload: body.into_bytes().into(),
         content_type: "application/json".into(),
         worker: "bench".into(),
         lease: Duration::from_secs(60),
@@ -98,7 +98,7 @@ pub(crate) async fn db_only(
                         let id: i64 = sqlx::query_scalar(SINGLE_ROW_INSERT)
                             .bind(&c.message_id)
                             .bind(&c.fingerprint)
-                            .bind(&c.payload)
+                            .bind(&c.payload[..])
                             .fetch_one(&p)
                             .await
                             .unwrap();

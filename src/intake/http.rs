@@ -139,7 +139,7 @@ pub async fn post_message(
         tenant: tenant_of(&state, &consumer, &headers).to_vec(),
         consumer,
         message_id: key.as_bytes().to_vec(),
-        payload: body,
+        payload: body.into(),
         content_type,
     };
     match state.claimer.submit(delivery).await {

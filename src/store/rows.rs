@@ -17,7 +17,7 @@ pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
         message_id: row.text("message_id")?,
         idem_key: row.text("idem_key")?,
         fingerprint: row.text("fingerprint")?,
-        payload: row.bytes_or_empty("payload"),
+        payload: row.bytes_or_empty("payload").into(),
         content_type: row.text("content_type")?,
         state: ClaimState::from_str(&state).map_err(|e| StoreError::Corrupt(e.to_string()))?,
         attempt: row.i32("attempt")?,

@@ -160,7 +160,7 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
         consumer: c.name.clone(),
         tenant,
         message_id: raw_id,
-        payload: d.data.clone(),
+        payload: d.data.clone().into(),
         content_type: props
             .content_type()
             .as_ref()

@@ -220,7 +220,7 @@ pub(super) async fn insert_batch(
         .bind(col(|n| &n.fingerprint))
         .bind(
             new.iter()
-                .map(|n| n.payload.as_slice())
+                .map(|n| n.payload.as_ref())
                 .collect::<Vec<&[u8]>>(),
         )
         .bind(col(|n| &n.content_type))

@@ -106,10 +106,16 @@ struct PgRetentionLock(sqlx::PgConnection);
 
 #[async_trait]
 impl RetentionLock for PgRetentionLock {
-    /// Ends the session: PostgreSQL frees its locks before the connection closes, so the next
-    /// instance can take the lock at once, whether or not an unlock would have worked.
+    /// Unlocks (so the next instance can take the lock at once), then ends the session: if
+    /// the unlock failed, the session's end frees the lock all the same (a little later, once
+    /// PostgreSQL has seen the connection close).
     async fn release(self: Box<Self>) {
-        let _ = sqlx::Connection::close(self.0).await;
+        let mut conn = self.0;
+        let _ = sqlx::query(sql::PRUNE_UNLOCK)
+            .bind(sql::PRUNE_LOCK_KEY)
+            .execute(&mut conn)
+            .await;
+        let _ = sqlx::Connection::close(conn).await;
     }
 }
 

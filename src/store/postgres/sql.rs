@@ -8,6 +8,8 @@ pub(super) const PRUNE_LOCK_KEY: i64 = 0x636c_6169_6d64_7072;
 
 pub(super) const TRY_PRUNE_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 
+pub(super) const PRUNE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
