@@ -67,11 +67,28 @@ async fn clients_hang_up(store: TestStore, on_unknown: &str) {
             .await
             .unwrap()
     };
-    // The calls' time: 20 ms each, 64 at once; generously, ten seconds.
-    let settled = eventually(Duration::from_secs(10), || async {
-        all().await.iter().all(|c| c.state != ClaimState::Started)
-    })
-    .await;
+    // The calls' time: 20 ms each, 64 at once; generously, ten seconds. A request the server
+    // read before its client hung up may still commit a moment after the last client is done
+    // (SQLite writes one at a time): settled is nothing started and no new claim for a second.
+    let (mut quiet, mut last) = (0, usize::MAX);
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    let settled = loop {
+        let claims = all().await;
+        let idle = claims.iter().all(|c| c.state != ClaimState::Started);
+        quiet = if idle && claims.len() == last {
+            quiet + 1
+        } else {
+            0
+        };
+        last = claims.len();
+        if quiet >= 4 {
+            break true;
+        }
+        if tokio::time::Instant::now() > end {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     let claims = all().await;
     let count = |s: ClaimState| claims.iter().filter(|c| c.state == s).count();
     let applied: HashMap<String, u64> = sandbox
