@@ -12,7 +12,7 @@ use std::str::FromStr;
 /// Longest message id (and rendered idempotency key) claimd accepts.
 pub const MAX_MESSAGE_ID_LEN: usize = 255;
 
-/// The life-cycle state of a claim (see `shared/DESIGN.md`, "States").
+/// The life-cycle state of a claim (see `docs/design.md`, "States").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClaimState {
@@ -114,7 +114,7 @@ pub enum IdError {
     },
 }
 
-/// Checks a message id: 1–255 visible ASCII characters (CONTRACT.md, HTTP intake).
+/// Checks a message id: 1–255 visible ASCII characters (HTTP intake, `docs/operations.md`).
 pub fn validate_message_id(id: &[u8]) -> Result<&str, IdError> {
     validate_token("Idempotency-Key", id, false)
 }
@@ -149,8 +149,8 @@ fn validate_token<'a>(
 pub const MAX_CONTENT_TYPE_LEN: usize = 255;
 
 /// Checks a payload's content type before it is claimed: empty (none), or up to
-/// [`MAX_CONTENT_TYPE_LEN`] printable ASCII characters (spaces allowed, as in
-/// `text/plain; charset=utf-8`). The stored value is sent to the provider as a header on every
+/// [`MAX_CONTENT_TYPE_LEN`] printable ASCII characters (spaces and tabs allowed, as HTTP
+/// allows them in a field value: `text/plain; charset=utf-8`). The stored value is sent to the provider as a header on every
 /// attempt, so one that no HTTP client can send (a NUL, a control character, non-ASCII) must
 /// be refused now rather than acknowledged and then never performed.
 pub fn validate_content_type(value: &[u8]) -> Result<&str, String> {
@@ -160,7 +160,10 @@ pub fn validate_content_type(value: &[u8]) -> Result<&str, String> {
             value.len()
         ));
     }
-    if let Some(position) = value.iter().position(|b| !(0x20..=0x7e).contains(b)) {
+    if let Some(position) = value
+        .iter()
+        .position(|&b| !(b == b'\t' || (0x20..=0x7e).contains(&b)))
+    {
         return Err(format!(
             "Content-Type contains a byte that is not printable ASCII (0x{:02X}) at position {position}",
             value[position]
@@ -301,12 +304,32 @@ impl KeyTemplate {
     }
 }
 
+/// How the previous holder of a claim let go of it, when it did so on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// The provider's answer proved nothing was applied (503, 429, connection refused).
+    NotApplied,
+    /// An operator asked for the claim to be performed again.
+    OperatorRedrive,
+}
+
+impl Handoff {
+    /// Reads the stored name; unknown names count as no hand-off (the safe reading).
+    pub fn parse(s: &str) -> Option<Handoff> {
+        match s {
+            "not_applied" => Some(Handoff::NotApplied),
+            "operator_redrive" => Some(Handoff::OperatorRedrive),
+            _ => None,
+        }
+    }
+}
+
 /// What intake hands the store to claim.
 #[derive(Debug, Clone)]
 pub struct NewClaim {
     /// Consumer name from the configuration.
     pub consumer: String,
-    /// Tenant, `""` when none (never NULL: see DESIGN.md).
+    /// Tenant, `""` when none (never NULL: see `docs/design.md`).
     pub tenant: String,
     /// The message id from the client or broker.
     pub message_id: String,
@@ -458,6 +481,7 @@ mod tests {
         assert!(validate_content_type(b"application/json\0").is_err());
         assert!(validate_content_type(b"text/plain\r\nX-Evil: 1").is_err());
         assert!(validate_content_type(b"text/plain\x07").is_err());
+        assert!(validate_content_type(b"text/plain;\tcharset=utf-8").is_ok());
         assert!(validate_content_type("text/pl\u{e9}in".as_bytes()).is_err());
         assert!(validate_content_type(&[b'a'; 256]).is_err());
         assert!(validate_content_type(&[b'a'; 255]).is_ok());

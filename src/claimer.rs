@@ -6,198 +6,26 @@
 //! fenced on that attempt (I2). What it cannot finish stays `started` for the sweeper.
 
 use crate::claim::{
-    Claim, ClaimState, IdError, KeyTemplate, NewClaim, fingerprint, new_claim_token,
-    validate_content_type, validate_message_id, validate_tenant,
+    Claim, ClaimState, IdError, NewClaim, fingerprint, new_claim_token, validate_content_type,
+    validate_message_id, validate_tenant,
 };
-use crate::config::{ConsumerConfig, OnUnknown};
-use crate::effect::{Effect, Lookup, Outcome};
+use crate::config::OnUnknown;
+use crate::consumer::Admission;
+pub use crate::consumer::{Consumer, Hold, Slot};
+use crate::effect::{Lookup, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::{self, Step};
-use crate::store::{ClaimOutcome, NewEvent, Settlement, Store, StoreError};
+pub use crate::settle::AttemptEnd;
+use crate::settle::{Settler, completed, error_of, failed, park};
+use crate::store::{ClaimOutcome, Store, StoreError};
 use backon::BackoffBuilder;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tracing::{debug, info, instrument, warn};
-
-/// A consumer at run time: its configuration, key template, effect and in-flight limit.
-pub struct Consumer {
-    /// `[[consumers]]` entry.
-    pub config: ConsumerConfig,
-    /// Parsed `key` template.
-    pub template: KeyTemplate,
-    /// The side effect.
-    pub effect: Arc<dyn Effect>,
-    /// Provider calls in flight (`concurrency`).
-    slots: Arc<Semaphore>,
-    /// Deliveries being claimed, or claimed and waiting for a call slot (also `concurrency`):
-    /// intake's bound, so the next claims commit while the current calls run.
-    intake: Arc<Semaphore>,
-    settling: Arc<AtomicUsize>,
-}
-
-impl std::fmt::Debug for Consumer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Consumer")
-            .field("name", &self.config.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Consumer {
-    /// Builds a consumer; the template must already have been validated by the config.
-    pub fn new(config: ConsumerConfig, effect: Arc<dyn Effect>) -> Result<Self, String> {
-        let template: KeyTemplate = config
-            .key
-            .parse()
-            .map_err(|e| format!("consumer {}: key: {e}", config.name))?;
-        let slots = Arc::new(Semaphore::new(config.concurrency as usize));
-        let intake = Arc::new(Semaphore::new(config.concurrency as usize));
-        Ok(Consumer {
-            config,
-            template,
-            effect,
-            slots,
-            intake,
-            settling: Arc::new(AtomicUsize::new(0)),
-        })
-    }
-
-    /// The consumer's name.
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
-    /// Waits for an in-flight slot (one provider call).
-    pub async fn slot(&self) -> OwnedSemaphorePermit {
-        // The semaphore is never closed.
-        self.slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("consumer semaphore closed")
-    }
-
-    /// Waits for an intake place (one delivery being claimed or waiting for a call slot).
-    async fn intake_place(&self) -> OwnedSemaphorePermit {
-        self.intake
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("consumer semaphore closed")
-    }
-
-    /// Whether intake claims ahead of a free call slot ([`policy::claims_ahead`]).
-    pub fn claims_ahead(&self) -> bool {
-        policy::claims_ahead(self.config.on_unknown, self.effect.can_reconcile())
-    }
-
-    /// Deliveries being claimed or waiting for a call slot now.
-    pub fn queued(&self) -> usize {
-        self.config.concurrency as usize - self.intake.available_permits()
-    }
-
-    /// Effects in flight now.
-    pub fn in_flight(&self) -> usize {
-        self.config.concurrency as usize - self.slots.available_permits()
-    }
-
-    /// Effects whose provider call is over and whose outcome is being written.
-    pub fn settling(&self) -> usize {
-        self.settling.load(Ordering::SeqCst)
-    }
-}
-
-/// What intake holds while it claims: an intake place (claims ahead) or the call slot itself.
-enum Admission {
-    Place(OwnedSemaphorePermit),
-    Slot(OwnedSemaphorePermit),
-}
-
-/// An effect's hold on its consumer's capacity: the in-flight slot while the provider is
-/// called, then a place in the consumer's settling count while the outcome
-/// is written. The slot is handed back before the settle so that a slow commit does not keep
-/// the next message from its call: `concurrency` bounds provider calls, as a handler that calls
-/// the provider directly would be bounded; the settles waiting behind it are bounded by the
-/// batcher and counted, so a graceful shutdown still waits for them.
-pub struct Slot {
-    /// The call slot, until the provider has answered.
-    permit: Option<OwnedSemaphorePermit>,
-    /// The consumer's settling count (`None` for a slot-less caller).
-    settling: Option<Arc<AtomicUsize>>,
-}
-
-impl Slot {
-    /// A slot taken at intake.
-    pub fn held(permit: OwnedSemaphorePermit, consumer: &Consumer) -> Self {
-        Slot {
-            permit: Some(permit),
-            settling: Some(consumer.settling.clone()),
-        }
-    }
-
-    /// No slot of its own (the caller, e.g. the sweeper, bounds its work itself).
-    pub fn none() -> Self {
-        Slot {
-            permit: None,
-            settling: None,
-        }
-    }
-
-    /// The provider call is over: free the slot, count the settle. The settle is counted
-    /// exactly while `permit` is gone and `settling` is set.
-    fn release_for_settle(&mut self) {
-        if let Some(s) = &self.settling
-            && self.permit.take().is_some()
-        {
-            s.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if self.permit.is_none()
-            && let Some(s) = &self.settling
-        {
-            s.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-/// A worker's hold on a claim: when its lease began, on this machine's monotonic clock
-/// (taken before the statement that set the lease, so never later than the database's), and
-/// how old the claim was then (database clock).
-#[derive(Debug, Clone, Copy)]
-pub struct Hold {
-    /// When the lease began, locally.
-    pub since: Instant,
-    /// The claim's age (since it was received) at `since`.
-    pub age: Duration,
-}
-
-impl Hold {
-    /// A hold on a claim being made now.
-    pub fn fresh() -> Self {
-        Hold {
-            since: Instant::now(),
-            age: Duration::ZERO,
-        }
-    }
-
-    /// The claim's age now.
-    pub fn age_now(&self) -> Duration {
-        self.age + self.since.elapsed()
-    }
-
-    /// The last moment a call may start and still end before the lease does.
-    pub fn call_deadline(&self, cfg: &ConsumerConfig) -> Instant {
-        self.since + cfg.lease.0.saturating_sub(cfg.effect.timeout())
-    }
-}
+use tracing::{debug, info, instrument};
 
 /// One message as intake received it.
 #[derive(Debug, Clone)]
@@ -297,20 +125,10 @@ pub enum SubmitError {
     Interrupted,
 }
 
-/// How one attempt ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AttemptEnd {
-    /// Settled in this state.
-    Settled(ClaimState),
-    /// Left `started` for the sweeper (lease budget spent, store down, or reconcile undecided).
-    LeftStarted(String),
-    /// Another worker took the claim over; nothing was changed.
-    Lost,
-}
-
 /// Claims deliveries and drives their effects.
 pub struct Claimer {
     store: Store,
+    settler: Settler,
     consumers: BTreeMap<String, Arc<Consumer>>,
     instance: String,
     intake_wait: Duration,
@@ -335,7 +153,9 @@ impl Claimer {
         instance: String,
         intake_wait: Duration,
     ) -> Self {
+        let metrics = Arc::new(Metrics::new());
         Claimer {
+            settler: Settler::new(store.clone(), instance.clone(), metrics.clone()),
             store,
             consumers: consumers
                 .into_iter()
@@ -344,7 +164,7 @@ impl Claimer {
             instance,
             intake_wait,
             accepting: AtomicBool::new(true),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
         }
     }
 
@@ -356,6 +176,11 @@ impl Claimer {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Where this instance's attempts are settled.
+    pub fn settler(&self) -> &Settler {
+        &self.settler
     }
 
     /// This instance's name.
@@ -600,6 +425,9 @@ impl Claimer {
     ) -> AttemptEnd {
         let cfg = &consumer.config;
         let deadline = hold.call_deadline(cfg);
+        // A settle that meets a store error is retried a while past the last call's start: the
+        // outcome is known here and lost if the sweeper must decide again.
+        let settle_until = Some(deadline + Duration::from_secs(30));
         let mut delays = backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(100))
             .with_max_delay(Duration::from_secs(5))
@@ -613,7 +441,8 @@ impl Claimer {
             // called, so it performs the claim instead of treating the attempt as unknown
             // (which would park it under `on_unknown = "park"`).
             return self
-                .leave(
+                .settler
+                .hand_off(
                     &mut slot,
                     claim,
                     "lease too short to start the call (waited for a slot); not called",
@@ -623,7 +452,7 @@ impl Claimer {
                 .await;
         }
         if resend {
-            self.count_resend(claim).await;
+            self.settler.count_resend(claim).await;
         }
         loop {
             let called = Instant::now();
@@ -646,10 +475,11 @@ impl Claimer {
                         _ => unreachable!("Complete follows Applied"),
                     };
                     return self
-                        .finish(
+                        .settler
+                        .settle(
                             &mut slot,
                             claim,
-                            deadline,
+                            settle_until,
                             completed(status, response, false),
                             "perform",
                             "applied",
@@ -661,23 +491,19 @@ impl Claimer {
                         Outcome::Rejected { status, response } => (*status, response.clone()),
                         _ => unreachable!("Fail follows Rejected"),
                     };
-                    let s = Settlement {
-                        state: Some(ClaimState::Failed),
-                        provider_status: Some(status),
-                        error: Some(format!("provider rejected the request with {status}")),
-                        provider_response: Some(response),
-                        ..Default::default()
-                    };
+                    let s = failed(status, response);
                     return self
-                        .finish(&mut slot, claim, deadline, s, "perform", "rejected")
+                        .settler
+                        .settle(&mut slot, claim, settle_until, s, "perform", "rejected")
                         .await;
                 }
                 Step::Park(reason) => {
                     return self
-                        .finish(
+                        .settler
+                        .settle(
                             &mut slot,
                             claim,
-                            deadline,
+                            settle_until,
                             park(reason, outcome.status()),
                             "perform",
                             "unknown",
@@ -689,10 +515,11 @@ impl Claimer {
                 Step::Reconcile => match self.lookup(consumer, claim).await {
                     Some(Lookup::Found { status, response }) => {
                         return self
-                            .finish(
+                            .settler
+                            .settle(
                                 &mut slot,
                                 claim,
-                                deadline,
+                                settle_until,
                                 completed(status, response, true),
                                 "reconcile",
                                 "found",
@@ -705,16 +532,18 @@ impl Claimer {
                     Some(Lookup::Unknown { error }) => {
                         let why = format!("{}; reconcile undecided: {error}", error_of(&outcome));
                         return self
-                            .leave(&mut slot, claim, &why, outcome.status(), false)
+                            .settler
+                            .hand_off(&mut slot, claim, &why, outcome.status(), false)
                             .await;
                     }
                     None => {
                         let why = format!("{}; no status endpoint", error_of(&outcome));
                         return self
-                            .finish(
+                            .settler
+                            .settle(
                                 &mut slot,
                                 claim,
-                                deadline,
+                                settle_until,
                                 park(why, outcome.status()),
                                 "perform",
                                 "unknown",
@@ -731,36 +560,30 @@ impl Claimer {
             if Instant::now() + delay >= deadline {
                 // Lease budget spent: let the sweeper take it from here.
                 return self
-                    .leave(&mut slot, claim, &error, outcome.status(), not_applied)
+                    .settler
+                    .hand_off(&mut slot, claim, &error, outcome.status(), not_applied)
                     .await;
             }
-            if let Err(e) = self
-                .store
-                .record_event(
-                    claim.id,
-                    claim.attempt,
-                    &NewEvent {
-                        actor: &self.instance,
-                        action: "perform",
-                        outcome: outcome.name(),
-                        provider_status: outcome.status(),
-                        detail: Some(&error),
-                    },
+            self.settler
+                .note(
+                    claim,
+                    "perform",
+                    outcome.name(),
+                    outcome.status(),
+                    Some(&error),
                 )
-                .await
-            {
-                warn!(error = %e, "could not record attempt history");
-            }
+                .await;
             tokio::time::sleep(delay).await;
             if may_be_applied
                 && let Err(reason) =
                     policy::resend_within_window(hold.age_now(), cfg.redrive_within.0)
             {
                 return self
-                    .finish(
+                    .settler
+                    .settle(
                         &mut slot,
                         claim,
-                        deadline,
+                        settle_until,
                         park(reason, outcome.status()),
                         "perform",
                         "unknown",
@@ -768,7 +591,7 @@ impl Claimer {
                     .await;
             }
             if !not_applied && cfg.on_unknown == OnUnknown::Redrive {
-                self.count_resend(claim).await;
+                self.settler.count_resend(claim).await;
             }
         }
     }
@@ -784,128 +607,5 @@ impl Claimer {
         };
         self.metrics.reconcile(consumer.name(), name);
         answer
-    }
-
-    async fn count_resend(&self, claim: &Claim) {
-        if let Err(e) = self.store.note_resent(claim.id, claim.attempt).await {
-            warn!(error = %e, "could not count a re-send");
-        }
-    }
-
-    /// Leaves the claim `started`, releasing the lease so the sweeper need not wait it out.
-    async fn leave(
-        &self,
-        slot: &mut Slot,
-        claim: &Claim,
-        error: &str,
-        status: Option<i32>,
-        not_applied: bool,
-    ) -> AttemptEnd {
-        let s = Settlement {
-            state: None,
-            provider_status: status,
-            error: Some(error.to_string()),
-            handoff_not_applied: not_applied,
-            release_lease: true,
-            ..Default::default()
-        };
-        slot.release_for_settle();
-        let outcome = if not_applied {
-            "not_applied"
-        } else {
-            "unknown"
-        };
-        let event = NewEvent {
-            actor: &self.instance,
-            action: "handoff",
-            outcome,
-            provider_status: status,
-            detail: Some(error),
-        };
-        match self.store.settle(claim.id, claim.attempt, &s, &event).await {
-            Ok(true) => AttemptEnd::LeftStarted(error.to_string()),
-            Ok(false) => {
-                info!("claim was taken over by another worker; left it alone");
-                AttemptEnd::Lost
-            }
-            Err(e) => {
-                warn!(error = %e, "could not hand the claim off; its lease will expire");
-                AttemptEnd::LeftStarted(error.to_string())
-            }
-        }
-    }
-
-    /// Settles, retrying store errors until `deadline`; after that the lease expires and the
-    /// sweeper decides again (the effect's outcome is then unknown to it: it reconciles).
-    async fn finish(
-        &self,
-        slot: &mut Slot,
-        claim: &Claim,
-        deadline: Instant,
-        s: Settlement,
-        action: &str,
-        outcome: &str,
-    ) -> AttemptEnd {
-        let event = NewEvent {
-            actor: &self.instance,
-            action,
-            outcome,
-            provider_status: s.provider_status,
-            detail: s.error.as_deref(),
-        };
-        slot.release_for_settle();
-        let mut delay = Duration::from_millis(100);
-        loop {
-            match self.store.settle(claim.id, claim.attempt, &s, &event).await {
-                Ok(true) => {
-                    let state = s.state.unwrap_or(ClaimState::Started);
-                    self.metrics.settled(&claim.consumer, state.as_str());
-                    debug!(%state, "settled");
-                    return AttemptEnd::Settled(state);
-                }
-                Ok(false) => {
-                    info!("claim was taken over by another worker before settle; changed nothing");
-                    return AttemptEnd::Lost;
-                }
-                Err(e) if Instant::now() + delay < deadline + Duration::from_secs(30) => {
-                    warn!(error = %e, "settle failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
-                Err(e) => {
-                    warn!(error = %e, "settle failed for good; the sweeper will reconcile this claim");
-                    return AttemptEnd::LeftStarted(e.to_string());
-                }
-            }
-        }
-    }
-}
-
-fn completed(status: i32, response: String, reconciled: bool) -> Settlement {
-    Settlement {
-        state: Some(ClaimState::Completed),
-        provider_status: Some(status),
-        provider_response: Some(response),
-        reconciled,
-        ..Default::default()
-    }
-}
-
-fn park(reason: String, status: Option<i32>) -> Settlement {
-    Settlement {
-        state: Some(ClaimState::NeedsAttention),
-        provider_status: status,
-        error: Some(reason),
-        ..Default::default()
-    }
-}
-
-fn error_of(outcome: &Outcome) -> String {
-    match outcome {
-        Outcome::NotApplied { error, .. } | Outcome::Unknown { error, .. } => error.clone(),
-        Outcome::InProgress { status } => format!("provider answered {status}: still in progress"),
-        Outcome::Applied { status, .. } | Outcome::Rejected { status, .. } => {
-            format!("provider answered {status}")
-        }
     }
 }

@@ -56,7 +56,7 @@ pub enum Format {
     Csv,
 }
 
-/// The commands (CONTRACT.md).
+/// The commands (README.md, "Commands").
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the worker: intake, claimer, sweeper, retention, HTTP API (and sandbox if enabled).

@@ -2,9 +2,9 @@
 //! `on_unknown`, attempts and age. Pure, so every branch is tested here; the claimer and the
 //! sweeper only carry the decisions out.
 
+use crate::claim::Handoff;
 use crate::config::OnUnknown;
 use crate::effect::Outcome;
-use crate::store::Handoff;
 use std::time::Duration;
 
 /// The next step after one call to the provider, within an attempt.

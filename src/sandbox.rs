@@ -2,8 +2,7 @@
 //! (a payments or messaging API) that honours idempotency keys.
 //!
 //! It is the test double for every test and benchmark, and what `claimd sandbox` (or
-//! `[sandbox] enabled = true` under `claimd run`) serves. Its behaviour is specified in
-//! `CONTRACT.md`, section "The sandbox provider":
+//! `[sandbox] enabled = true` under `claimd run`) serves. Its behaviour:
 //!
 //! - `POST /v1/<anything>` (except under `/v1/effects`) needs an `Idempotency-Key` header of
 //!   1–255 visible ASCII characters, else `400`. After sleeping the configured latency (the key

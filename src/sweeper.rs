@@ -2,11 +2,12 @@
 //! takes them over (attempt + 1, new lease, one statement) and re-drives, reconciles or parks
 //! each, as [`policy::on_takeover`] decides. No claim stays stuck (I4); no outcome is guessed (I6).
 
-use crate::claim::{Claim, ClaimState};
+use crate::claim::Claim;
 use crate::claimer::{AttemptEnd, Claimer, Consumer, Hold, Slot};
 use crate::effect::Lookup;
 use crate::policy::{self, Takeover, TakeoverFacts};
-use crate::store::{NewEvent, Settlement, StoreError, TakenClaim};
+use crate::settle;
+use crate::store::{StoreError, TakenClaim};
 use chrono::Utc;
 use serde::Serialize;
 use std::sync::Arc;
@@ -243,16 +244,19 @@ async fn handle(
         ),
         Takeover::Park(reason) => park(claimer, claim, reason).await,
         Takeover::Reconcile => match claimer.lookup(consumer, claim).await {
-            Some(Lookup::Found { status, response }) => {
-                let s = Settlement {
-                    state: Some(ClaimState::Completed),
-                    provider_status: Some(status),
-                    provider_response: Some(response),
-                    reconciled: true,
-                    ..Default::default()
-                };
-                settle(claimer, claim, &s, "reconcile", "found").await
-            }
+            Some(Lookup::Found { status, response }) => end_name(
+                &claimer
+                    .settler()
+                    .settle(
+                        &mut Slot::none(),
+                        claim,
+                        None,
+                        settle::completed(status, response, true),
+                        "reconcile",
+                        "found",
+                    )
+                    .await,
+            ),
             Some(Lookup::NotFound) => {
                 match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0) {
                     Takeover::Perform { .. } => {
@@ -268,19 +272,9 @@ async fn handle(
             Some(Lookup::Unknown { error }) => {
                 // Keep the lease: the next pass after it expires asks again, and
                 // max_attempts parks it eventually.
-                let _ = claimer
-                    .store()
-                    .record_event(
-                        claim.id,
-                        claim.attempt,
-                        &NewEvent {
-                            actor: claimer.instance(),
-                            action: "reconcile",
-                            outcome: "unknown",
-                            provider_status: None,
-                            detail: Some(&error),
-                        },
-                    )
+                claimer
+                    .settler()
+                    .note(claim, "reconcile", "unknown", None, Some(&error))
                     .await;
                 format!("status unknown ({error}); will ask again")
             }
@@ -290,38 +284,21 @@ async fn handle(
     item(claim, &decision, result)
 }
 
+/// Parks a taken claim for a person (one try: a store error leaves it for the next pass).
 async fn park(claimer: &Claimer, claim: &Claim, reason: &str) -> String {
-    let s = Settlement {
-        state: Some(ClaimState::NeedsAttention),
-        error: Some(reason.to_string()),
-        ..Default::default()
-    };
-    settle(claimer, claim, &s, "sweep", "parked").await
-}
-
-async fn settle(
-    claimer: &Claimer,
-    claim: &Claim,
-    s: &Settlement,
-    action: &str,
-    outcome: &str,
-) -> String {
-    let event = NewEvent {
-        actor: claimer.instance(),
-        action,
-        outcome,
-        provider_status: s.provider_status,
-        detail: s.error.as_deref(),
-    };
-    match claimer
-        .store()
-        .settle(claim.id, claim.attempt, s, &event)
-        .await
-    {
-        Ok(true) => s.state.map(|x| x.as_str()).unwrap_or("started").to_string(),
-        Ok(false) => "taken over by another worker".into(),
-        Err(e) => format!("store error, left for the next pass: {e}"),
-    }
+    end_name(
+        &claimer
+            .settler()
+            .settle(
+                &mut Slot::none(),
+                claim,
+                None,
+                settle::park(reason.to_string(), None),
+                "sweep",
+                "parked",
+            )
+            .await,
+    )
 }
 
 /// The interval between two firings of a six-field cron `schedule` from now.

@@ -331,6 +331,31 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_a_reason() {
             r#"{"case":"changed"}"#.into(),
             "already used with a different payload",
         ),
+        // Content types that could never be sent on (issue 11.5): once requeued forever, or
+        // stored and then refused by the HTTP client as an "unknown outcome".
+        (
+            &pay,
+            BasicProperties::default()
+                .with_message_id("ct-nul".into())
+                .with_content_type("application/json\u{0}".into()),
+            r#"{"case":"ct-nul"}"#.into(),
+            "content_type property cannot be used",
+        ),
+        (
+            &pay,
+            BasicProperties::default()
+                .with_message_id("ct-bell".into())
+                .with_content_type("text/plain\u{7}".into()),
+            r#"{"case":"ct-bell"}"#.into(),
+            "not printable ASCII",
+        ),
+        // An id the contract accepts whose rendered key the provider would refuse (issue 11.4).
+        (
+            &pay,
+            with_header_id("k".repeat(250)),
+            r#"{"case":"long-key"}"#.into(),
+            "the provider's limit is 255",
+        ),
         (
             &mail,
             traced(BasicProperties::default().with_message_id("mail-1".into())),
@@ -389,14 +414,14 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_a_reason() {
     let counted = eventually(Duration::from_secs(5), || {
         let st = st.clone();
         async move {
-            counts_of(&st, "payments").await.dead_lettered == 6
+            counts_of(&st, "payments").await.dead_lettered == 9
                 && counts_of(&st, "email").await.dead_lettered == 2
         }
     })
     .await;
     assert!(counted);
     let pc = counts_of(&st, "payments").await;
-    assert_eq!(pc.dead_lettered, 6, "{pc:?}");
+    assert_eq!(pc.dead_lettered, 9, "{pc:?}");
     assert_eq!(pc.payload_mismatches, 1, "{pc:?}");
     assert_eq!(counts_of(&st, "email").await.dead_lettered, 2);
     let by_reason = running.amqp.consumer("payments").unwrap().dead_lettered();
@@ -406,6 +431,8 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_a_reason() {
     assert_eq!(n(R::InvalidMessageId), 3);
     assert_eq!(n(R::BodyTooLarge), 1);
     assert_eq!(n(R::PayloadMismatch), 1);
+    assert_eq!(n(R::InvalidContentType), 2);
+    assert_eq!(n(R::KeyTooLong), 1);
     let report = claimd::report::render_csv(
         &claimd::report::build(
             &st,

@@ -23,7 +23,8 @@ fn setup(store: &TestStore, provider_url: &str, extra: &str) -> Setup {
     let consumer = consumer_toml(
         "payments",
         provider_url,
-        &format!("lease = \"4s\"\n{extra}"),
+        // Keys equal to the message ids, so the provider's records read plainly.
+        &format!("lease = \"4s\"\nkey = \"{{message_id}}\"\n{extra}"),
     )
     .replace("timeout = \"1s\"", "timeout = \"3s\"");
     let toml = config_toml(&store.url(), &consumer).replace(

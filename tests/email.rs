@@ -161,6 +161,7 @@ lease = "3s"
 max_attempts = 3
 redrive_within = "1h"
 on_unknown = "{on_unknown}"
+key = "{{message_id}}"
 [consumers.effect]
 kind = "smtp"
 host = "127.0.0.1"

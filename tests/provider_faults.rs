@@ -26,7 +26,11 @@ async fn outage_then_recovery(store: TestStore) {
         ..Default::default()
     })
     .await;
-    let toml = config_toml(&store.url(), &consumer_toml("payments", &provider.url, ""));
+    let toml = config_toml(
+        &store.url(),
+        // Keys equal to the message ids, so the provider's records read plainly.
+        &consumer_toml("payments", &provider.url, "key = \"{message_id}\""),
+    );
     let running = start(&toml).await;
     let base = format!("http://{}", running.http_addr);
     for i in 0..5 {
@@ -90,7 +94,11 @@ async fn a_permanent_rejection_fails_the_claim_and_is_not_retried() {
         ..Default::default()
     })
     .await;
-    let toml = config_toml(&store.url(), &consumer_toml("payments", &provider.url, ""));
+    let toml = config_toml(
+        &store.url(),
+        // Keys equal to the message ids, so the provider's records read plainly.
+        &consumer_toml("payments", &provider.url, "key = \"{message_id}\""),
+    );
     let running = start(&toml).await;
     let base = format!("http://{}", running.http_addr);
     assert_eq!(post(&base, "bad-1", "{}").await, 202);
@@ -166,4 +174,164 @@ async fn the_provider_is_never_called_before_the_claim_commits_postgres() {
         return;
     };
     never_called_before_commit(store).await;
+}
+
+/// A provider of the test's own that answers every POST to `/v1/payments` with `status` and
+/// records when each request arrived.
+async fn recording_provider(
+    status: u16,
+) -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>>,
+) {
+    let calls: std::sync::Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>> =
+        Default::default();
+    let seen = calls.clone();
+    let status = axum::http::StatusCode::from_u16(status).unwrap();
+    let app = axum::Router::new().route(
+        "/v1/payments",
+        axum::routing::post(move || {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(chrono::Utc::now());
+                (status, "scripted answer")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, calls)
+}
+
+/// Issue 11.5: a provider whose every answer leaves the outcome unknown (`500`), under
+/// `on_unknown = "redrive"`. Re-sending with the same key is safe only while the provider keeps
+/// the key (`redrive_within`); a sweeper's attempt that starts inside that window must not go
+/// on re-sending past it, but park the claim for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
+    let (provider, calls) = recording_provider(500).await;
+    let store = TestStore::sqlite();
+    let consumer = consumer_toml(
+        "payments",
+        &provider,
+        "on_unknown = \"redrive\"\nlease = \"6s\"\nredrive_within = \"6s\"\nmax_attempts = 8",
+    )
+    .replace("status_url = ", "# status_url = ");
+    // No intake attempt: the claim is committed 4.5 s old with its lease already over, as a
+    // crashed worker leaves it, so a sweeper's attempt starts inside the 6 s key window.
+    let running = start(&config_toml(&store.url(), &consumer)).await;
+    let claimed = running
+        .app()
+        .store
+        .claim(&claimd::claim::NewClaim {
+            consumer: "payments".into(),
+            tenant: String::new(),
+            message_id: "w-1".into(),
+            idem_key: "payments::w-1".into(),
+            fingerprint: claimd::claim::fingerprint(b"{}"),
+            payload: b"{}".to_vec(),
+            content_type: "application/json".into(),
+            worker: "crashed-worker".into(),
+            lease: Duration::ZERO,
+            claim_token: claimd::claim::new_claim_token(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(claimed, claimd::store::ClaimOutcome::Created(_)));
+    let lite = claimd::store::sqlite::SqliteStore::connect(&store.url(), 1)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE claims SET received_utc = received_utc - 4500")
+        .execute(lite.pool())
+        .await
+        .unwrap();
+    let st = running.app().store.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            st.get("payments", "", "w-1").await.unwrap().unwrap().state
+                == ClaimState::NeedsAttention
+        })
+        .await,
+        "the claim is parked once the key window has passed"
+    );
+    let claim = st.get("payments", "", "w-1").await.unwrap().unwrap();
+    let window_end = claim.received_utc + chrono::Duration::seconds(6);
+    let calls = calls.lock().unwrap().clone();
+    assert!(
+        calls.len() >= 2,
+        "it was re-sent within the window: {calls:?}"
+    );
+    let late: Vec<_> = calls
+        .iter()
+        .filter(|t| **t > window_end + chrono::Duration::milliseconds(200))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{} sends after the key window ended at {window_end}: {late:?}",
+        late.len()
+    );
+    let reason = claim.last_error.unwrap_or_default();
+    assert!(reason.contains("redrive_within"), "{reason}");
+    running.shutdown(Duration::from_secs(2)).await;
+}
+
+/// Issue 11.5: the lease the database records starts when the claim statement starts; a claim
+/// statement that waits (here on another session's uncommitted insert of the same message)
+/// must not push the worker's own deadline past it. Every call starts early enough to end
+/// before the database lease does, or a sweeper could take the claim over while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_claim_statement_does_not_stretch_the_lease_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let (provider, calls) = recording_provider(503).await;
+    let consumer = consumer_toml(
+        "payments",
+        &provider,
+        "lease = \"3s\"\nkey = \"{message_id}\"",
+    );
+    // No sweeper pass during the test: every call the provider sees is attempt 1's.
+    let toml = config_toml(&store.url(), &consumer)
+        .replace("schedule = \"* * * * * *\"", "schedule = \"0 0 3 * * *\"");
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+
+    // Another session inserts the same message and holds its transaction open for 2 s.
+    let pg = claimd::store::postgres::PgStore::connect(&store.url(), 1)
+        .await
+        .unwrap();
+    let mut other = pg.pool().begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload) \
+         VALUES ('payments', '', 'slow-1', 'slow-1', 'f', '\\x00')",
+    )
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let posting = tokio::spawn(async move { post(&base, "slow-1", "{}").await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    other.rollback().await.unwrap();
+    assert_eq!(posting.await.unwrap(), 202);
+
+    let st = running.app().store.clone();
+    let claim = st.get("payments", "", "slow-1").await.unwrap().unwrap();
+    // received_utc is the statement's start (its transaction's now()), as is the lease.
+    let lease_end = claim.received_utc + chrono::Duration::seconds(3);
+    let last_start = lease_end - chrono::Duration::seconds(1); // effect timeout 1 s
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls = calls.lock().unwrap().clone();
+    let late: Vec<_> = calls
+        .iter()
+        .filter(|t| **t > last_start + chrono::Duration::milliseconds(100))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "calls started after {last_start}, too late to end before the lease ({lease_end}): {late:?}"
+    );
+    let claim = st.get("payments", "", "slow-1").await.unwrap().unwrap();
+    assert_eq!(claim.state, ClaimState::Started, "left for the sweeper");
+    running.shutdown(Duration::from_secs(2)).await;
 }

@@ -532,3 +532,170 @@ async fn two_workers_migrating_at_once_both_start_postgres() {
         rb.unwrap();
     }
 }
+
+/// Issue 11.1: a claim whose commit's reply was lost (a batch that failed as a whole after
+/// committing, a connection cut after the commit) is retried by the same call. The retry must
+/// recognise the row as the call's own new claim, not as a duplicate that performs nothing.
+async fn own_row_after_a_lost_reply(store: TestStore) {
+    let s = open(&store).await;
+    let n = new_claim("lost-reply", Duration::from_secs(60));
+    assert!(matches!(
+        s.claim(&n).await.unwrap(),
+        ClaimOutcome::Created(_)
+    ));
+    // The same call again (same token): still this call's new claim, nothing counted.
+    let again = s.claim(&n).await.unwrap();
+    let ClaimOutcome::Created(c) = again else {
+        panic!("the call's own row must come back as Created, got {again:?}")
+    };
+    assert_eq!(c.payload, n.payload, "with its payload, ready to perform");
+    assert_eq!(c.duplicate_count, 0);
+    // Another delivery of the same message (another token) is a duplicate, as before.
+    let mut other = n.clone();
+    other.claim_token = claimd::claim::new_claim_token();
+    assert!(matches!(
+        s.claim(&other).await.unwrap(),
+        ClaimOutcome::Duplicate(_)
+    ));
+    // A delivery without a token is never taken for the row's own call.
+    let mut untokened = n.clone();
+    untokened.claim_token = String::new();
+    assert!(matches!(
+        s.claim(&untokened).await.unwrap(),
+        ClaimOutcome::Duplicate(_)
+    ));
+    let c = s.get("payments", "", "lost-reply").await.unwrap().unwrap();
+    assert_eq!(c.duplicate_count, 2);
+}
+
+#[tokio::test]
+async fn a_call_recognises_its_own_claim_after_a_lost_reply_sqlite() {
+    own_row_after_a_lost_reply(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn a_call_recognises_its_own_claim_after_a_lost_reply_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    own_row_after_a_lost_reply(store).await;
+}
+
+/// Issue 11.3: an operator re-drives a 20-day-old `failed` claim in a transaction that is still
+/// open while retention runs its batch. Retention must not delete the claim, which is
+/// `started` again when the operator commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_never_deletes_a_claim_an_operator_is_redriving_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let s = open(&store).await;
+    let ClaimOutcome::Created(c) = s
+        .claim(&new_claim("old-failed", Duration::from_secs(60)))
+        .await
+        .unwrap()
+    else {
+        panic!("new claim")
+    };
+    let failed = Settlement {
+        state: Some(ClaimState::Failed),
+        error: Some("provider rejected it".into()),
+        ..Default::default()
+    };
+    assert!(s.settle(c.id, 1, &failed, &ev()).await.unwrap());
+    let pg = claimd::store::postgres::PgStore::connect(&store.url(), 2)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE claims SET updated_utc = now() - interval '20 days'")
+        .execute(pg.pool())
+        .await
+        .unwrap();
+    // Session A: the operator's redrive, held open.
+    let mut a = pg.pool().begin().await.unwrap();
+    sqlx::query("SELECT id FROM claims WHERE id = $1 FOR UPDATE")
+        .bind(c.id)
+        .execute(&mut *a)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE claims SET state = 'started', attempt = attempt + 1, \
+         lease_until = now() - interval '1 millisecond', updated_utc = now() WHERE id = $1",
+    )
+    .bind(c.id)
+    .execute(&mut *a)
+    .await
+    .unwrap();
+    // Session B: retention, while A is open.
+    let pruner = s.clone();
+    let prune = tokio::spawn(async move {
+        pruner
+            .prune(Duration::from_secs(14 * 86_400), 100, false)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.commit().await.unwrap();
+    let r = prune.await.unwrap().unwrap();
+    assert_eq!(r.deleted, 0, "retention deleted {} claims", r.deleted);
+    let c = s
+        .get("payments", "", "old-failed")
+        .await
+        .unwrap()
+        .expect("the re-driven claim must survive retention");
+    assert_eq!(c.state, ClaimState::Started);
+    assert_eq!(c.attempt, 2);
+}
+
+/// Issue 11.5: a prune that is cut off (its task dropped mid-batch) must not leave the
+/// retention lock held on a pooled connection, or retention stops on every instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_prune_does_not_keep_the_retention_lock_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let a = open(&store).await;
+    let pg = claimd::store::postgres::PgStore::connect(&store.url(), 2)
+        .await
+        .unwrap();
+    // Enough old terminal claims that the prune is still working when it is cut off.
+    sqlx::query(
+        "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
+         state, updated_utc) \
+         SELECT 'payments', '', 'm' || g, 'm' || g, 'f', '\\x00', 'completed', \
+                now() - interval '30 days' FROM generate_series(1, 200000) g",
+    )
+    .execute(pg.pool())
+    .await
+    .unwrap();
+    let cut = tokio::time::timeout(
+        Duration::from_millis(150),
+        a.prune(Duration::from_secs(86_400), 10, false),
+    )
+    .await;
+    assert!(
+        cut.is_err(),
+        "the prune should still be running when cut off"
+    );
+    // Another instance (its own pool) must be able to prune soon after.
+    let b = open(&store).await;
+    let mut last = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let r = b
+            .prune(Duration::from_secs(86_400), 50_000, false)
+            .await
+            .unwrap();
+        if !r.skipped_locked {
+            last = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r = last.expect("retention lock still held 10 s after the prune holding it was cut off");
+    assert!(r.deleted > 0);
+    // And the first instance can prune again too.
+    let again = a
+        .prune(Duration::from_secs(86_400), 50_000, false)
+        .await
+        .unwrap();
+    assert!(!again.skipped_locked);
+}

@@ -95,7 +95,7 @@ pub enum Lookup {
     },
 }
 
-/// The class of a provider status code (CONTRACT.md, "The provider protocol").
+/// The class of a provider status code (docs/design.md and docs/decisions.md, "Status classification").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusClass {
     /// `2xx`.

@@ -1,13 +1,22 @@
-//! The claim store: one trait, [`ClaimStore`], and a driver per database
-//! ([`postgres::PgStore`], [`sqlite::SqliteStore`]).
+//! The claim store: one trait, [`ClaimStore`], implemented once by [`sql_store::SqlStore`]
+//! over a [`dialect::Dialect`] per database ([`postgres::PgStore`], [`sqlite::SqliteStore`]).
+//!
+//! - `sql_store`: the one body — every operation, its arguments and its rules.
+//! - `dialect`: what a database supplies (statement texts, how a time is stored, the extras
+//!   only it has) and the binding and row reading shared by all.
+//! - `rows`: claims from rows. `postgres` (`sql`, `batch`) and `sqlite` (`sql`): the dialects.
 //!
 //! Every state change is a conditional update fenced on `attempt` and `state = 'started'`
-//! (invariant I2); every time is the database's clock, never the worker's. SQL lives next to
-//! its driver, one named constant per statement.
+//! (invariant I2); every time is the database's clock, never the worker's.
 
+#[macro_use]
+pub mod dialect;
 pub mod postgres;
+mod rows;
+pub mod sql_store;
 pub mod sqlite;
 
+pub use crate::claim::Handoff;
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -173,26 +182,6 @@ pub struct TakenClaim {
     pub handoff: Option<Handoff>,
     /// Seconds since it was received (database time).
     pub age: Duration,
-}
-
-/// How the previous holder of a claim let go of it, when it did so on purpose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handoff {
-    /// The provider's answer proved nothing was applied (503, 429, connection refused).
-    NotApplied,
-    /// An operator asked for the claim to be performed again.
-    OperatorRedrive,
-}
-
-impl Handoff {
-    /// Reads the stored name; unknown names count as no hand-off (the safe reading).
-    pub fn parse(s: &str) -> Option<Handoff> {
-        match s {
-            "not_applied" => Some(Handoff::NotApplied),
-            "operator_redrive" => Some(Handoff::OperatorRedrive),
-            _ => None,
-        }
-    }
 }
 
 /// Per-consumer counts for the report.

@@ -341,11 +341,43 @@ pub async fn try_raw_post(
     key: &[u8],
     body: &[u8],
 ) -> Option<(u16, String)> {
+    try_raw_request(addr, path, &[("Idempotency-Key", key)], body).await
+}
+
+/// Sends a hand-written HTTP/1.1 POST with the given header lines (any bytes, repeated names
+/// allowed) and returns the status and body.
+pub async fn raw_request(
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    body: &[u8],
+) -> (u16, String) {
+    try_raw_request(addr, path, headers, body)
+        .await
+        .unwrap_or_else(|| panic!("no answer from {addr}"))
+}
+
+/// [`raw_request`] for a server that may be down.
+pub async fn try_raw_request(
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    body: &[u8],
+) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let mut req = format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\nIdempotency-Key: ", body.len()).into_bytes();
-    req.extend_from_slice(key);
-    req.extend_from_slice(b"\r\n\r\n");
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    for (name, value) in headers {
+        req.extend_from_slice(name.as_bytes());
+        req.extend_from_slice(b": ");
+        req.extend_from_slice(value);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"\r\n");
     req.extend_from_slice(body);
     s.write_all(&req).await.ok()?;
     let mut out = Vec::new();

@@ -1,0 +1,224 @@
+//! Throughput, side by side: claimd against the two usual alternatives, over the real path
+//! (HTTP intake → claim → provider call to the sandbox on loopback → settle).
+//!
+//! Designs (each server runs in its own process, a re-exec of this binary with `--mode`, so its
+//! peak RSS (`VmHWM`) is its own; the client and the sandbox provider run in the parent):
+//!
+//! - `direct`: an axum handler that calls the provider and answers when it returns. No claims:
+//!   the unsafe ceiling.
+//! - `txn`: the single-transaction inbox. BEGIN; INSERT claim ... ON CONFLICT DO NOTHING;
+//!   provider call; UPDATE settle; COMMIT, holding a pooled PostgreSQL connection (and the row
+//!   lock) during the call.
+//! - `claimd-sqlite`, `claimd-pg`: the real worker (`claimd::run::start`); the client gets 202
+//!   and the effect runs after; "settled" is `processed_utc - received_utc` from the store and
+//!   throughput counts until the last claim is settled.
+//!
+//! Then a database-only section: claim + settle from `BENCH_POOL` tasks through `PgStore`,
+//! against the same single-row INSERT + UPDATE sent with sqlx directly (the machine's ceiling),
+//! and the batched calls (`claim_many` + `settle_many`).
+//!
+//! `cargo bench --bench throughput`. Environment (defaults in brackets):
+//! `BENCH_N` posts per run [100000], 10% of them duplicates of an earlier message;
+//! `BENCH_LATENCIES` provider latency in ms, comma-separated [0,10,50];
+//! `BENCH_CONCURRENCY` client connections [64]; `BENCH_POOL` database pool size [16];
+//! `BENCH_CONSUMER_CONCURRENCY` claimd's consumer `concurrency` [= BENCH_CONCURRENCY];
+//! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,
+//! claimd-pg-wide]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
+//! before claiming (the intake order before claims-ahead), `claimd-pg-unbatched` has
+//! `[store] batch_writes = false`, `claimd-pg-wide` consumer concurrency
+//! `BENCH_WIDE_CONCURRENCY` [256]: more effects in flight than client connections; `BENCH_DB_CALLERS` concurrent callers of the batched store
+//! [256]; `BENCH_DB_N` claims in the
+//! database-only section [50000, 0 skips it]; `BENCH_BATCH` batch size there [64];
+//! `BENCH_INFLIGHT` one extra claimd-pg run (`claimd-pg-memory`) `latency_ms:concurrency:n` for memory with many
+//! effects in flight [2000:1000:10000, empty skips it]; `BENCH_PG` admin URL
+//! [postgres://postgres@127.0.0.1:5432/postgres]; `BENCH_CSV` [target/bench/throughput.csv].
+
+mod client;
+mod db_only;
+mod run;
+mod servers;
+#[path = "../support/mod.rs"]
+mod support;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use claimd::app::App;
+use claimd::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::config::Config;
+use claimd::sandbox::{Sandbox, SandboxOptions};
+use claimd::store::postgres::PgStore;
+use claimd::store::{ClaimOutcome, ClaimStore, NewEvent, SettleItem, Settlement};
+use sqlx::Connection;
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+use support::{env_or, load1};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use client::*;
+use db_only::*;
+use run::*;
+use servers::*;
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--mode") {
+        child(&args[i + 1]).await;
+        return;
+    }
+    let n: usize = env_or("BENCH_N", 100_000);
+    let concurrency: usize = env_or("BENCH_CONCURRENCY", 64);
+    let pool: u32 = env_or("BENCH_POOL", 16);
+    let consumer_concurrency: u32 = env_or("BENCH_CONSUMER_CONCURRENCY", concurrency as u32);
+    let wide: u32 = env_or("BENCH_WIDE_CONCURRENCY", 256);
+    let latencies: Vec<u64> = env_or("BENCH_LATENCIES", "0,10,50".to_string())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let designs: Vec<String> = env_or(
+        "BENCH_DESIGNS",
+        "direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,claimd-pg-wide"
+            .to_string(),
+    )
+    .split(',')
+    .map(|s| s.trim().to_string())
+    .filter(|s| !s.is_empty())
+    .collect();
+    let db_n: usize = env_or("BENCH_DB_N", 50_000);
+    let db_callers: usize = env_or("BENCH_DB_CALLERS", 256);
+    let batch: usize = env_or("BENCH_BATCH", 64);
+    let inflight: String = env_or("BENCH_INFLIGHT", "2000:1000:10000".to_string());
+    let csv_path: String = env_or("BENCH_CSV", "target/bench/throughput.csv".to_string());
+    let pg = Pg {
+        admin: env_or(
+            "BENCH_PG",
+            "postgres://postgres@127.0.0.1:5432/postgres".to_string(),
+        ),
+    };
+
+    let mut runs = Vec::new();
+    for &latency_ms in &latencies {
+        for d in &designs {
+            runs.push(Run {
+                design: d.clone(),
+                latency_ms,
+                consumer_concurrency: if d == "claimd-pg-wide" {
+                    wide
+                } else {
+                    consumer_concurrency
+                },
+                n,
+            });
+        }
+    }
+    let parts: Vec<&str> = inflight.split(':').collect();
+    if let [l, c, m] = parts[..] {
+        runs.push(Run {
+            design: "claimd-pg-memory".into(),
+            latency_ms: l.parse().unwrap(),
+            consumer_concurrency: c.parse().unwrap(),
+            n: m.parse().unwrap(),
+        });
+    }
+
+    let mut csv = String::from(
+        "design,latency_ms,n,client_concurrency,pool,consumer_concurrency,msgs_per_s,ack_p50_ms,ack_p99_ms,settled_p50_ms,settled_p99_ms,peak_rss_mib,peak_in_flight,pg_xacts_per_msg,retries_503,non_2xx,load1_before,load1_after\n",
+    );
+    let mut table = vec![
+        format!(
+            "client connections: {concurrency}; database pool: {pool} (txn, claimd-pg, claimd-sqlite); 10% of posts are duplicates"
+        ),
+        String::new(),
+        "| design | provider latency ms | posts | consumer concurrency | msgs/s | ack p50/p99 ms | settled p50/p99 ms | peak RSS MiB | peak in flight | PG xacts/msg | 503 retries | non-2xx | load1 before→after |".into(),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|".into(),
+    ];
+    for (i, run) in runs.iter().enumerate() {
+        eprintln!("running {run:?} (load {:.2})", load1());
+        let r = run_one(&pg, run, concurrency, pool, i).await;
+        let cc = if run.design.starts_with("claimd") {
+            run.consumer_concurrency.to_string()
+        } else {
+            "-".into()
+        };
+        let x = r
+            .xacts_per_msg
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or("-".into());
+        let line = format!(
+            "| {} | {} | {} | {cc} | {:.0} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} | {} | {x} | {} | {} | {:.2}→{:.2} |",
+            run.design,
+            run.latency_ms,
+            run.n,
+            r.msgs_per_s,
+            r.ack_p50,
+            r.ack_p99,
+            r.settled_p50,
+            r.settled_p99,
+            r.rss_mib,
+            r.peak_in_flight,
+            r.retries,
+            r.non_2xx,
+            r.load_before,
+            r.load_after
+        );
+        eprintln!("{line}");
+        table.push(line);
+        csv.push_str(&format!(
+            "{},{},{},{concurrency},{pool},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.1},{},{},{},{},{:.2},{:.2}\n",
+            run.design,
+            run.latency_ms,
+            run.n,
+            run.consumer_concurrency,
+            r.msgs_per_s,
+            r.ack_p50,
+            r.ack_p99,
+            r.settled_p50,
+            r.settled_p99,
+            r.rss_mib,
+            r.peak_in_flight,
+            r.xacts_per_msg.map(|x| format!("{x:.3}")).unwrap_or_default(),
+            r.retries,
+            r.non_2xx,
+            r.load_before,
+            r.load_after
+        ));
+    }
+    if let Some(dir) = Path::new(&csv_path).parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(&csv_path, &csv).unwrap();
+    println!("{}", table.join("\n"));
+    println!("\n(csv: {csv_path})");
+
+    if db_n > 0 {
+        let rows = db_only(&pg, db_n, pool, batch, db_callers).await;
+        let raw = rows[0].1;
+        println!(
+            "\nDatabase only (PostgreSQL, no effect): {db_n} claims, each claimed and settled `completed`, pool of {pool}\n"
+        );
+        println!("| variant | claims/s | × raw ceiling | PG xacts/claim | load1 |");
+        println!("|---|---|---|---|---|");
+        for (v, rate, per, load) in rows {
+            let label = match v.as_str() {
+                "raw" => format!("ceiling: single-row INSERT + UPDATE with sqlx, {pool} tasks"),
+                "claimd" => format!("claimd `claim` + `settle`, unbatched, {pool} tasks"),
+                "claimd-coalesced" => format!(
+                    "claimd `claim` + `settle`, batched writes (default), {db_callers} tasks"
+                ),
+                _ => {
+                    format!("claimd `claim_many` + `settle_many`, batches of {batch}, {pool} tasks")
+                }
+            };
+            println!(
+                "| {label} | {rate:.0} | {:.2} | {per:.2} | {load:.2} |",
+                rate / raw
+            );
+        }
+    }
+}

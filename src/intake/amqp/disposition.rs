@@ -1,0 +1,111 @@
+//! Carrying a verdict out: the ack, the requeue after a pause, and the dead-letter publish
+//! (unchanged plus `claimd-reason`, confirmed by the broker, counted in the store) that must
+//! succeed before the original is acknowledged.
+
+use super::*;
+
+/// Handles one delivery to the end: ack, requeue or dead-letter.
+#[instrument(skip_all, fields(consumer = %ctx.config.name, message_id = tracing::field::Empty, redelivered = d.redelivered))]
+pub(super) async fn handle(ctx: Arc<Ctx>, publisher: Channel, d: AmqpDelivery) {
+    match judge(&ctx, &d).await {
+        Verdict::Ack => ack(&d).await,
+        Verdict::Requeue { delay, why } => {
+            debug!(reason = %why, "requeueing");
+            requeue(&d, delay, &why).await;
+        }
+        Verdict::DeadLetter {
+            reason,
+            sentence,
+            message_id,
+        } => {
+            if let Err(why) = dead_letter(&ctx.config, &publisher, &d, &sentence).await {
+                warn!(error = %why, "dead-letter publish not confirmed; requeueing the message");
+                requeue(&d, DEAD_LETTER_RETRY_DELAY, &why).await;
+                return;
+            }
+            // Counted before the ack: if the store cannot count it, the message comes back
+            // and is dead-lettered (and counted) again, so the store's count never falls short
+            // of the bad messages received; at worst the dead-letter queue holds a copy more.
+            if let Err(e) = ctx
+                .claimer
+                .store()
+                .record_dead_letter(&ctx.config.name, reason.as_str(), message_id.as_deref())
+                .await
+            {
+                let why = format!("cannot count the dead letter in the store: {e}");
+                warn!(error = %e, "store unavailable; requeueing the dead-lettered message");
+                requeue(&d, STORE_RETRY_DELAY, &why).await;
+                return;
+            }
+            warn!(reason = reason.as_str(), detail = %sentence, "dead-lettered a bad message");
+            ack(&d).await;
+            ctx.state.count(reason);
+        }
+    }
+}
+
+pub(super) async fn ack(d: &AmqpDelivery) {
+    match d.acker.ack(BasicAckOptions::default()).await {
+        Ok(true) => {}
+        Ok(false) | Err(_) => {
+            // The channel is gone: the broker redelivers; a committed claim makes that a
+            // duplicate, a dead-lettered message is dead-lettered again.
+            warn!("acknowledgement did not reach the broker; it will redeliver the message");
+        }
+    }
+}
+
+pub(super) async fn requeue(d: &AmqpDelivery, delay: Duration, why: &str) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let options = BasicNackOptions {
+        multiple: false,
+        requeue: true,
+    };
+    if !matches!(d.acker.nack(options).await, Ok(true)) {
+        debug!(reason = %why, "nack did not reach the broker; the message returns to the queue with the channel");
+    }
+}
+
+/// Publishes `d` to the dead-letter exchange, unchanged plus the reason header, and waits for
+/// the broker's confirm. Unroutable (no queue bound) counts as a failure.
+pub(super) async fn dead_letter(
+    c: &ConsumerConfig,
+    publisher: &Channel,
+    d: &AmqpDelivery,
+    sentence: &str,
+) -> Result<(), String> {
+    let mut headers = d.properties.headers().clone().unwrap_or_default();
+    headers.insert(REASON_HEADER.into(), AMQPValue::LongString(sentence.into()));
+    let properties = d.properties.clone().with_headers(headers);
+    let exchange = short(&c.dead_letter_exchange).map_err(|e| e.to_string())?;
+    let confirm = publisher
+        .basic_publish(
+            exchange,
+            d.routing_key.clone(),
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            &d.data,
+            properties,
+        )
+        .await
+        .map_err(|e| format!("publish to {:?}: {e}", c.dead_letter_exchange))?
+        .await
+        .map_err(|e| format!("confirm from {:?}: {e}", c.dead_letter_exchange))?;
+    if !confirm.is_ack() {
+        return Err(format!(
+            "the broker refused the dead letter (nack) on {:?}",
+            c.dead_letter_exchange
+        ));
+    }
+    if let Some(returned) = confirm.take_message() {
+        return Err(format!(
+            "exchange {:?} has no queue bound ({} {})",
+            c.dead_letter_exchange, returned.reply_code, returned.reply_text
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! One consumer's life with the broker: connect, declare the topology, consume with manual
+//! acknowledgements (one handler task per delivery, at most `prefetch`), reconnect with
+//! backoff until stopped.
+
+use super::*;
+
+/// How a session with the broker ended.
+pub(super) enum SessionEnd {
+    /// Shutdown was asked for.
+    Stopped,
+    /// The connection or the consumer went away.
+    Lost(String),
+}
+
+/// Connects, consumes, reconnects with backoff, until stopped.
+pub(super) async fn run_consumer(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    let new_backoff = || {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(250))
+            .with_max_delay(Duration::from_secs(15))
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    };
+    let mut delays = new_backoff();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let mut consumed = false;
+        match session(&ctx, &mut stop, &mut consumed).await {
+            Ok(SessionEnd::Stopped) => {
+                info!("AMQP consumer stopped");
+                return;
+            }
+            Ok(SessionEnd::Lost(why)) => {
+                warn!(reason = %why, "lost the broker connection; reconnecting");
+                ctx.state.set_error(Some(why));
+            }
+            Err(e) => {
+                warn!(error = %e, "broker session failed; retrying");
+                ctx.state.set_error(Some(e.to_string()));
+            }
+        }
+        ctx.state.connected.store(false, Ordering::SeqCst);
+        if consumed {
+            // It worked for a while: start the backoff again from the shortest delay.
+            delays = new_backoff();
+        }
+        let delay = delays.next().unwrap_or(Duration::from_secs(15));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// Declares the dead-letter exchange (durable fanout), `<queue>.dead` bound to it, and the
+/// durable work queue dead-lettering to it. Idempotent; a queue that exists with other
+/// arguments is an error the broker names.
+pub(super) async fn declare(ch: &Channel, c: &ConsumerConfig) -> Result<(), AmqpError> {
+    let dlx = short(&c.dead_letter_exchange)?;
+    let dead_name = format!("{}.dead", c.queue);
+    let dead = short(&dead_name)?;
+    let queue = short(&c.queue)?;
+    ch.exchange_declare(
+        dlx.clone(),
+        ExchangeKind::Fanout,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .map_err(broker(format!(
+        "declare exchange {:?}",
+        c.dead_letter_exchange
+    )))?;
+    ch.queue_declare(
+        dead.clone(),
+        QueueDeclareOptions::durable(),
+        FieldTable::default(),
+    )
+    .await
+    .map_err(broker(format!("declare queue {dead_name:?}")))?;
+    ch.queue_bind(
+        dead,
+        dlx,
+        ShortString::from(""),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .map_err(broker(format!(
+        "bind queue {dead_name:?} to {:?}",
+        c.dead_letter_exchange
+    )))?;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(c.dead_letter_exchange.as_str().into()),
+    );
+    ch.queue_declare(queue, QueueDeclareOptions::durable(), args)
+        .await
+        .map_err(broker(format!("declare queue {:?}", c.queue)))?;
+    Ok(())
+}
+
+/// One connection: set up, consume until stopped or lost, then clean up.
+pub(super) async fn session(
+    ctx: &Arc<Ctx>,
+    stop: &mut watch::Receiver<bool>,
+    consumed: &mut bool,
+) -> Result<SessionEnd, AmqpError> {
+    let c = &ctx.config;
+    let instance = ctx.claimer.instance().to_string();
+    let props = ConnectionProperties::default()
+        .with_connection_name(LongString::from(format!("claimd {instance} {}", c.name)));
+    let connect = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&c.amqp_url, props));
+    // A stop while connecting (broker unreachable) does not wait for the connect timeout.
+    let conn = tokio::select! {
+        r = connect => r
+            .map_err(|_| AmqpError::ConnectTimeout(CONNECT_TIMEOUT))?
+            .map_err(AmqpError::Connect)?,
+        _ = stop.wait_for(|s| *s) => return Ok(SessionEnd::Stopped),
+    };
+    let result = consume(ctx, &conn, &instance, stop, consumed).await;
+    ctx.state.connected.store(false, Ordering::SeqCst);
+    if conn.status().connected() {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            conn.close(200, ShortString::from("claimd consumer closing")),
+        )
+        .await;
+    }
+    result
+}
+
+pub(super) async fn consume(
+    ctx: &Arc<Ctx>,
+    conn: &Connection,
+    instance: &str,
+    stop: &mut watch::Receiver<bool>,
+    consumed: &mut bool,
+) -> Result<SessionEnd, AmqpError> {
+    let c = &ctx.config;
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(broker("open channel"))?;
+    channel
+        .basic_qos(c.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(broker("set prefetch"))?;
+    if c.declare {
+        declare(&channel, c).await?;
+    }
+    // Dead-letter publishes go on their own channel, in confirm mode.
+    let publisher = conn
+        .create_channel()
+        .await
+        .map_err(broker("open publisher channel"))?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(broker("enable publisher confirms"))?;
+    let tag = format!("claimd-{}-{}-{:08x}", instance, c.name, fastrand::u32(..));
+    let tag = short(&tag.chars().take(200).collect::<String>())?;
+    let mut consumer = channel
+        .basic_consume(
+            short(&c.queue)?,
+            tag.clone(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(broker(format!("consume from {:?}", c.queue)))?;
+    ctx.state.connected.store(true, Ordering::SeqCst);
+    ctx.state.sessions.fetch_add(1, Ordering::SeqCst);
+    ctx.state.set_error(None);
+    *consumed = true;
+    info!(prefetch = c.prefetch, "consuming");
+
+    let mut handlers = JoinSet::new();
+    let end = loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break SessionEnd::Stopped,
+            Some(_) = handlers.join_next(), if !handlers.is_empty() => {
+                if !publisher.status().connected() {
+                    // The broker closed the dead-letter channel (say, the exchange does not
+                    // exist with declare = false): start over rather than requeue forever.
+                    break SessionEnd::Lost(
+                        "the dead-letter channel was closed by the broker".into(),
+                    );
+                }
+            }
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => {
+                    // At most `prefetch` deliveries are unacknowledged, so at most that many
+                    // handlers run.
+                    handlers.spawn(handle(ctx.clone(), publisher.clone(), delivery));
+                }
+                Some(Err(e)) => break SessionEnd::Lost(e.to_string()),
+                None => break SessionEnd::Lost("the broker cancelled the consumer".into()),
+            }
+        }
+    };
+    match &end {
+        SessionEnd::Stopped => {
+            // No new deliveries; those already prefetched but not started go back to the
+            // queue when the channel closes.
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                channel.basic_cancel(tag, BasicCancelOptions::default()),
+            )
+            .await;
+            ctx.state.connected.store(false, Ordering::SeqCst);
+            if tokio::time::timeout(HANDLER_GRACE, async {
+                while handlers.join_next().await.is_some() {}
+            })
+            .await
+            .is_err()
+            {
+                warn!(
+                    left = handlers.len(),
+                    "deliveries still being handled at shutdown; they return to the queue"
+                );
+            }
+        }
+        SessionEnd::Lost(_) => {
+            // Their acknowledgements can no longer reach the broker; the broker redelivers,
+            // and a committed claim makes the redelivery a duplicate.
+            handlers.detach_all();
+        }
+    }
+    drop(consumer);
+    for ch in [&publisher, &channel] {
+        if ch.status().connected() {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                ch.close(200, ShortString::from("claimd consumer closing")),
+            )
+            .await;
+        }
+    }
+    Ok(end)
+}

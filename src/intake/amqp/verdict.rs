@@ -1,0 +1,280 @@
+//! What to do with one delivery, decided from its properties and the claimer's answer:
+//! acknowledge, requeue after a pause, or dead-letter with a readable reason.
+
+use super::*;
+use crate::claim::{IdError, validate_message_id, validate_tenant};
+
+/// What to do with one delivery.
+pub(super) enum Verdict {
+    /// The claim is committed or the message is a duplicate.
+    Ack,
+    /// Nothing was committed, for a reason that may pass.
+    Requeue {
+        /// Pause before requeueing.
+        delay: Duration,
+        /// Why, for the log.
+        why: String,
+    },
+    /// Bad input.
+    DeadLetter {
+        /// The class.
+        reason: DeadLetterReason,
+        /// The readable sentence for `claimd-reason`.
+        sentence: String,
+        /// The id as received, if any (for the record).
+        message_id: Option<String>,
+    },
+}
+
+/// A header's value as bytes, if it is a string (or a number, written in decimal).
+pub(super) fn header_bytes(props: &BasicProperties, name: &str) -> Result<Option<Vec<u8>>, String> {
+    let Some(value) = props
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(name).cloned())
+    else {
+        return Ok(None);
+    };
+    Ok(Some(match value {
+        AMQPValue::LongString(s) => s.as_bytes().to_vec(),
+        AMQPValue::ShortString(s) => s.as_str().as_bytes().to_vec(),
+        AMQPValue::ByteArray(b) => b.as_slice().to_vec(),
+        AMQPValue::ShortShortInt(n) => n.to_string().into_bytes(),
+        AMQPValue::ShortShortUInt(n) => n.to_string().into_bytes(),
+        AMQPValue::ShortInt(n) => n.to_string().into_bytes(),
+        AMQPValue::ShortUInt(n) => n.to_string().into_bytes(),
+        AMQPValue::LongInt(n) => n.to_string().into_bytes(),
+        AMQPValue::LongUInt(n) => n.to_string().into_bytes(),
+        AMQPValue::LongLongInt(n) => n.to_string().into_bytes(),
+        AMQPValue::Void => return Ok(None),
+        other => {
+            return Err(format!(
+                "header {name:?} holds a {:?}, not a string",
+                other.get_type()
+            ));
+        }
+    }))
+}
+
+/// The message id: the configured header when present, else the `message_id` property.
+pub(super) fn message_id_of(props: &BasicProperties, header: &str) -> Result<Vec<u8>, String> {
+    if !header.is_empty()
+        && let Some(v) = header_bytes(props, header)?
+    {
+        return Ok(v);
+    }
+    Ok(props
+        .message_id()
+        .as_ref()
+        .map(|s| s.as_str().as_bytes().to_vec())
+        .unwrap_or_default())
+}
+
+pub(super) fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A readable sentence for a refused id or tenant.
+pub(super) fn id_sentence(e: &IdError, field: &str) -> String {
+    match e {
+        IdError::Missing(_) => format!("the message has no {field}"),
+        IdError::TooLong { len, .. } => format!(
+            "the {field} is {len} characters long; the limit is {}",
+            crate::claim::MAX_MESSAGE_ID_LEN
+        ),
+        IdError::NotVisibleAscii { position, .. } => format!(
+            "the {field} contains a space, control or non-ASCII character at position {position}; it must be 1-255 visible ASCII characters"
+        ),
+    }
+}
+
+/// Decides, claiming when the input is good.
+pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
+    let c = &ctx.config;
+    let props = &d.properties;
+    let id_field = if c.message_id_header.is_empty() {
+        "message id (AMQP message_id property)".to_string()
+    } else {
+        format!(
+            "message id (header {:?} or the AMQP message_id property)",
+            c.message_id_header
+        )
+    };
+    let raw_id = match message_id_of(props, &c.message_id_header) {
+        Ok(id) => id,
+        Err(why) => {
+            return Verdict::DeadLetter {
+                reason: DeadLetterReason::InvalidMessageId,
+                sentence: format!("the message id cannot be read: {why}"),
+                message_id: None,
+            };
+        }
+    };
+    let shown_id = (!raw_id.is_empty()).then(|| lossy(&raw_id));
+    tracing::Span::current().record("message_id", shown_id.as_deref().unwrap_or(""));
+    if let Err(e) = validate_message_id(&raw_id) {
+        let reason = if matches!(e, IdError::Missing(_)) {
+            DeadLetterReason::MissingMessageId
+        } else {
+            DeadLetterReason::InvalidMessageId
+        };
+        return Verdict::DeadLetter {
+            reason,
+            sentence: id_sentence(&e, &id_field),
+            message_id: shown_id,
+        };
+    }
+    let tenant = if c.tenant_header.is_empty() {
+        Vec::new()
+    } else {
+        match header_bytes(props, &c.tenant_header) {
+            Ok(t) => t.unwrap_or_default(),
+            Err(why) => {
+                return Verdict::DeadLetter {
+                    reason: DeadLetterReason::InvalidTenant,
+                    sentence: format!("the tenant cannot be read: {why}"),
+                    message_id: shown_id,
+                };
+            }
+        }
+    };
+    if let Err(e) = validate_tenant(&tenant) {
+        return Verdict::DeadLetter {
+            reason: DeadLetterReason::InvalidTenant,
+            sentence: id_sentence(&e, &format!("tenant (header {:?})", c.tenant_header)),
+            message_id: shown_id,
+        };
+    }
+    if d.data.len() > ctx.max_body_bytes {
+        return Verdict::DeadLetter {
+            reason: DeadLetterReason::BodyTooLarge,
+            sentence: format!(
+                "the body is {} bytes, over the limit of {} bytes ([http] max_body_bytes)",
+                d.data.len(),
+                ctx.max_body_bytes
+            ),
+            message_id: shown_id,
+        };
+    }
+    let delivery = Delivery {
+        consumer: c.name.clone(),
+        tenant,
+        message_id: raw_id,
+        payload: d.data.clone(),
+        content_type: props
+            .content_type()
+            .as_ref()
+            .map(|s| s.as_str().as_bytes().to_vec())
+            .unwrap_or_default(),
+    };
+    match ctx.claimer.submit(delivery).await {
+        Ok(Accepted::New(_)) => Verdict::Ack,
+        Ok(Accepted::Duplicate(claim)) => {
+            debug!(state = %claim.state, "duplicate delivery; acknowledging");
+            Verdict::Ack
+        }
+        Err(SubmitError::BadId(e)) => Verdict::DeadLetter {
+            reason: DeadLetterReason::InvalidMessageId,
+            sentence: e.to_string(),
+            message_id: shown_id,
+        },
+        Err(SubmitError::Conflict { claim, message_id }) => Verdict::DeadLetter {
+            reason: DeadLetterReason::PayloadMismatch,
+            sentence: format!(
+                "message id {message_id:?} was already used with a different payload (claim received {}, now {}); publish a new message under a new message id",
+                claim.received_utc.to_rfc3339(),
+                claim.state
+            ),
+            message_id: shown_id,
+        },
+        Err(SubmitError::BadContentType(why)) => Verdict::DeadLetter {
+            reason: DeadLetterReason::InvalidContentType,
+            sentence: format!("the content_type property cannot be used: {why}"),
+            message_id: shown_id,
+        },
+        Err(e @ SubmitError::TenantNotKeyed { .. }) => Verdict::DeadLetter {
+            reason: DeadLetterReason::InvalidTenant,
+            sentence: e.to_string(),
+            message_id: shown_id,
+        },
+        Err(e @ SubmitError::KeyTooLong { .. }) => Verdict::DeadLetter {
+            reason: DeadLetterReason::KeyTooLong,
+            sentence: e.to_string(),
+            message_id: shown_id,
+        },
+        Err(SubmitError::BadPayload(why)) => Verdict::DeadLetter {
+            reason: DeadLetterReason::UnusablePayload,
+            sentence: format!("the payload cannot be used by consumer {:?}: {why}", c.name),
+            message_id: shown_id,
+        },
+        Err(SubmitError::Store(e)) => Verdict::Requeue {
+            delay: STORE_RETRY_DELAY,
+            why: format!("claim not committed: {e}"),
+        },
+        Err(e @ SubmitError::Busy(_)) => Verdict::Requeue {
+            delay: BUSY_RETRY_DELAY,
+            why: e.to_string(),
+        },
+        Err(e @ SubmitError::Interrupted) => Verdict::Requeue {
+            delay: STORE_RETRY_DELAY,
+            why: e.to_string(),
+        },
+        Err(e @ SubmitError::ShuttingDown) => Verdict::Requeue {
+            delay: Duration::ZERO,
+            why: e.to_string(),
+        },
+        Err(e @ SubmitError::UnknownConsumer(_)) => {
+            // Cannot happen: tasks exist only for configured consumers.
+            error!(error = %e, "delivery for a consumer the claimer does not know");
+            Verdict::Requeue {
+                delay: STORE_RETRY_DELAY,
+                why: e.to_string(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_come_from_the_header_when_configured_else_the_property() {
+        let mut h = FieldTable::default();
+        h.insert("x-id".into(), AMQPValue::LongString("from-header".into()));
+        let props = BasicProperties::default()
+            .with_message_id("from-property".into())
+            .with_headers(h);
+        assert_eq!(message_id_of(&props, "x-id").unwrap(), b"from-header");
+        assert_eq!(message_id_of(&props, "").unwrap(), b"from-property");
+        assert_eq!(message_id_of(&props, "x-other").unwrap(), b"from-property");
+        assert!(
+            message_id_of(&BasicProperties::default(), "")
+                .unwrap()
+                .is_empty()
+        );
+        let mut n = FieldTable::default();
+        n.insert("x-id".into(), AMQPValue::LongLongInt(42));
+        let props = BasicProperties::default().with_headers(n);
+        assert_eq!(message_id_of(&props, "x-id").unwrap(), b"42");
+        let mut t = FieldTable::default();
+        t.insert("x-id".into(), AMQPValue::Boolean(true));
+        let props = BasicProperties::default().with_headers(t);
+        assert!(message_id_of(&props, "x-id").is_err());
+    }
+
+    #[test]
+    fn sentences_say_what_is_wrong() {
+        let s = id_sentence(
+            &validate_message_id(&[b'k'; 300]).unwrap_err(),
+            "message id",
+        );
+        assert_eq!(s, "the message id is 300 characters long; the limit is 255");
+        let s = id_sentence(&validate_message_id(b"a b").unwrap_err(), "message id");
+        assert!(s.contains("position 1"), "{s}");
+        assert_eq!(
+            id_sentence(&validate_message_id(b"").unwrap_err(), "message id"),
+            "the message has no message id"
+        );
+    }
+}

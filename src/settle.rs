@@ -1,0 +1,221 @@
+//! The one place where an attempt's outcome is written: every fenced transition of a claim
+//! that a worker holds (complete, fail, park, hand off to the sweeper), its history lines and
+//! its re-send count. Each write is conditional on the attempt the worker holds and on the
+//! claim still being `started` (I2); a worker whose claim was taken over changes nothing.
+//! The claimer and the sweeper both settle through [`Settler`], so the transitions can be
+//! audited here against the invariants.
+
+use crate::claim::{Claim, ClaimState};
+use crate::consumer::Slot;
+use crate::effect::Outcome;
+use crate::metrics::Metrics;
+use crate::store::{NewEvent, Settlement, Store};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+/// How one attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptEnd {
+    /// Settled in this state.
+    Settled(ClaimState),
+    /// Left `started` for the sweeper (lease budget spent, store down, or reconcile undecided).
+    LeftStarted(String),
+    /// Another worker took the claim over; nothing was changed.
+    Lost,
+}
+
+/// Writes the outcomes of the attempts this instance holds.
+#[derive(Clone)]
+pub struct Settler {
+    store: Store,
+    instance: String,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Settler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settler")
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settler {
+    /// A settler writing to `store` as `instance`.
+    pub fn new(store: Store, instance: String, metrics: Arc<Metrics>) -> Self {
+        Settler {
+            store,
+            instance,
+            metrics,
+        }
+    }
+
+    /// Records a history line (an attempt's outcome, a lookup's answer) without changing the
+    /// claim. A failure is logged: the history is for people, the claim row decides.
+    pub async fn note(
+        &self,
+        claim: &Claim,
+        action: &str,
+        outcome: &str,
+        status: Option<i32>,
+        detail: Option<&str>,
+    ) {
+        let event = NewEvent {
+            actor: &self.instance,
+            action,
+            outcome,
+            provider_status: status,
+            detail,
+        };
+        if let Err(e) = self
+            .store
+            .record_event(claim.id, claim.attempt, &event)
+            .await
+        {
+            warn!(error = %e, "could not record attempt history");
+        }
+    }
+
+    /// Counts one re-send after an unknown outcome (for `report`), fenced like a settle.
+    pub async fn count_resend(&self, claim: &Claim) {
+        if let Err(e) = self.store.note_resent(claim.id, claim.attempt).await {
+            warn!(error = %e, "could not count a re-send");
+        }
+    }
+
+    /// Leaves the claim `started`, releasing the lease so the sweeper need not wait it out.
+    /// `not_applied`: the answers so far prove nothing was applied, so the sweeper may send
+    /// again even under `on_unknown = "park"`.
+    pub async fn hand_off(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
+        error: &str,
+        status: Option<i32>,
+        not_applied: bool,
+    ) -> AttemptEnd {
+        let s = Settlement {
+            state: None,
+            provider_status: status,
+            error: Some(error.to_string()),
+            handoff_not_applied: not_applied,
+            release_lease: true,
+            ..Default::default()
+        };
+        slot.release_for_settle();
+        let outcome = if not_applied {
+            "not_applied"
+        } else {
+            "unknown"
+        };
+        let event = NewEvent {
+            actor: &self.instance,
+            action: "handoff",
+            outcome,
+            provider_status: status,
+            detail: Some(error),
+        };
+        match self.store.settle(claim.id, claim.attempt, &s, &event).await {
+            Ok(true) => AttemptEnd::LeftStarted(error.to_string()),
+            Ok(false) => {
+                info!("claim was taken over by another worker; left it alone");
+                AttemptEnd::Lost
+            }
+            Err(e) => {
+                warn!(error = %e, "could not hand the claim off; its lease will expire");
+                AttemptEnd::LeftStarted(error.to_string())
+            }
+        }
+    }
+
+    /// Settles, retrying store errors until `retry_until` (once when `None`); after that the
+    /// lease expires and the sweeper decides again (the effect's outcome is then unknown to
+    /// it: it reconciles). `action` and `outcome` name the history line.
+    pub async fn settle(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
+        retry_until: Option<Instant>,
+        s: Settlement,
+        action: &str,
+        outcome: &str,
+    ) -> AttemptEnd {
+        let event = NewEvent {
+            actor: &self.instance,
+            action,
+            outcome,
+            provider_status: s.provider_status,
+            detail: s.error.as_deref(),
+        };
+        slot.release_for_settle();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.store.settle(claim.id, claim.attempt, &s, &event).await {
+                Ok(true) => {
+                    let state = s.state.unwrap_or(ClaimState::Started);
+                    self.metrics.settled(&claim.consumer, state.as_str());
+                    debug!(%state, "settled");
+                    return AttemptEnd::Settled(state);
+                }
+                Ok(false) => {
+                    info!("claim was taken over by another worker before settle; changed nothing");
+                    return AttemptEnd::Lost;
+                }
+                Err(e) if retry_until.is_some_and(|until| Instant::now() + delay < until) => {
+                    warn!(error = %e, "settle failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    warn!(error = %e, "settle failed; the sweeper will decide this claim again");
+                    return AttemptEnd::LeftStarted(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// `completed` with the provider's answer; `reconciled` when it came from the status endpoint.
+pub fn completed(status: i32, response: String, reconciled: bool) -> Settlement {
+    Settlement {
+        state: Some(ClaimState::Completed),
+        provider_status: Some(status),
+        provider_response: Some(response),
+        reconciled,
+        ..Default::default()
+    }
+}
+
+/// `failed`: the provider refused the request for good.
+pub fn failed(status: i32, response: String) -> Settlement {
+    Settlement {
+        state: Some(ClaimState::Failed),
+        provider_status: Some(status),
+        error: Some(format!("provider rejected the request with {status}")),
+        provider_response: Some(response),
+        ..Default::default()
+    }
+}
+
+/// `needs_attention`, with the reason a person reads.
+pub fn park(reason: String, status: Option<i32>) -> Settlement {
+    Settlement {
+        state: Some(ClaimState::NeedsAttention),
+        provider_status: status,
+        error: Some(reason),
+        ..Default::default()
+    }
+}
+
+/// The error text an outcome leaves in the history and `last_error`.
+pub fn error_of(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::NotApplied { error, .. } | Outcome::Unknown { error, .. } => error.clone(),
+        Outcome::InProgress { status } => format!("provider answered {status}: still in progress"),
+        Outcome::Applied { status, .. } | Outcome::Rejected { status, .. } => {
+            format!("provider answered {status}")
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! What a database supplies to the one body of the SQL drivers ([`SqlStore`](super::sql_store::SqlStore)):
+//! the text of each named statement ([`Statements`]), and a [`Dialect`] that runs them.
+//! Binding values and reading rows is written once here, generic over sqlx's databases
+//! ([`SqlPool`], and [`SqlRow`] for every sqlx row); only how a time is stored differs, and
+//! each database says so in [`ClaimDb`].
+
+/// Columns of a claim, without the payload (lists and intake answers do not need it): one list
+/// for every dialect's statements.
+macro_rules! claim_cols {
+    () => {
+        "id, consumer, tenant, message_id, idem_key, fingerprint, content_type, state, attempt, \
+         lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
+         provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
+         resent_count, handoff, handoff_attempt, claim_token"
+    };
+}
+
+use super::{ClaimOutcome, NewEvent, SettleItem, Settlement, StoreError, StoreResult};
+use crate::claim::{Claim, NewClaim};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::query::Query;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+
+/// A value bound to a statement. Each dialect binds it in its own encoding.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    /// Text.
+    Text(&'a str),
+    /// Text or NULL.
+    OptText(Option<&'a str>),
+    /// A 64-bit integer (ids, limits, milliseconds).
+    I64(i64),
+    /// A 32-bit integer (attempts).
+    I32(i32),
+    /// A 32-bit integer or NULL (provider statuses).
+    OptI32(Option<i32>),
+    /// A boolean.
+    Bool(bool),
+    /// Bytes (payloads).
+    Bytes(&'a [u8]),
+    /// A point in time.
+    Time(DateTime<Utc>),
+    /// A point in time or NULL.
+    OptTime(Option<DateTime<Utc>>),
+}
+
+/// A result row, read by column name (implemented below for every sqlx row).
+pub trait SqlRow: Send + Sync {
+    /// A text column.
+    fn text(&self, col: &str) -> StoreResult<String>;
+    /// A nullable text column.
+    fn opt_text(&self, col: &str) -> StoreResult<Option<String>>;
+    /// A 64-bit integer column.
+    fn i64(&self, col: &str) -> StoreResult<i64>;
+    /// A nullable 64-bit integer column.
+    fn opt_i64(&self, col: &str) -> StoreResult<Option<i64>>;
+    /// A 32-bit integer column.
+    fn i32(&self, col: &str) -> StoreResult<i32>;
+    /// A nullable 32-bit integer column.
+    fn opt_i32(&self, col: &str) -> StoreResult<Option<i32>>;
+    /// A nullable floating-point column.
+    fn opt_f64(&self, col: &str) -> StoreResult<Option<f64>>;
+    /// A boolean column.
+    fn boolean(&self, col: &str) -> StoreResult<bool>;
+    /// A bytes column; empty when the statement did not select it.
+    fn bytes_or_empty(&self, col: &str) -> Vec<u8>;
+    /// A time column.
+    fn time(&self, col: &str) -> StoreResult<DateTime<Utc>>;
+    /// A nullable time column.
+    fn opt_time(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>>;
+}
+
+/// The SQL text of every statement the body runs, in one dialect. Parameters are numbered in
+/// the order the body binds them (documented on each field).
+#[derive(Debug)]
+pub struct Statements {
+    /// Insert a claim, `ON CONFLICT DO NOTHING`, returning it: consumer, tenant, message id,
+    /// key, fingerprint, payload, content type, worker, lease ms, claim token.
+    pub insert_claim: &'static str,
+    /// Count a repeat delivery (not the call's own row), returning the claim: consumer,
+    /// tenant, message id, fingerprint, claim token.
+    pub count_repeat: &'static str,
+    /// One claim with its payload: consumer, tenant, message id.
+    pub get_claim: &'static str,
+    /// The state of one claim: consumer, tenant, message id.
+    pub state_of: &'static str,
+    /// Fenced settle, returning `id, attempt` of the row it changed: id, attempt, state,
+    /// provider status, provider response, error, reconciled, hand-off not applied, release
+    /// lease. Run through [`Dialect::update_logged`].
+    pub settle: &'static str,
+    /// A history line: claim id, attempt, actor, action, outcome, provider status, detail.
+    pub insert_event: &'static str,
+    /// Count a re-send, fenced: id, attempt.
+    pub note_resent: &'static str,
+    /// Claims by filter, newest first: state, consumer, stuck, since, limit.
+    pub list_claims: &'static str,
+    /// A claim's history, oldest first: claim id.
+    pub list_events: &'static str,
+    /// Take stale claims (attempt + 1, new lease), returning them with payload, `age_ms`,
+    /// `handoff`, `handoff_attempt`: consumer, limit, owner, lease ms, expired before.
+    pub take_stale: &'static str,
+    /// Stale claims a take would return, changing nothing: consumer, limit.
+    pub peek_stale: &'static str,
+    /// Operator resolve, returning the claim: consumer, tenant, message id, to-state, and two
+    /// from-states the move is allowed from. Run through [`Dialect::update_logged`].
+    pub resolve: &'static str,
+    /// Operator redrive, returning the claim: consumer, tenant, message id, and two
+    /// from-states. Run through [`Dialect::update_logged`].
+    pub redrive: &'static str,
+    /// Open work per consumer and state: `consumer, state, n, stuck, oldest_ms`.
+    pub count_open: &'static str,
+    /// Throughput per consumer since a time: `consumer, claims, duplicates, mismatches,
+    /// completed, failed, resent, p50, p95` (seconds; NULL where the dialect computes them
+    /// apart): since.
+    pub count_window: &'static str,
+    /// A dead letter: consumer, reason, message id.
+    pub insert_dead_letter: &'static str,
+    /// Dead letters per consumer since a time (`consumer, n`): since.
+    pub count_dead_letters: &'static str,
+    /// One batch of retention (re-checking the predicate on the delete): keep ms, batch.
+    pub prune_batch: &'static str,
+    /// How many claims retention would delete (`n`): keep ms.
+    pub prune_count: &'static str,
+    /// One batch of dead-letter records: keep ms, batch.
+    pub prune_dead_letters: &'static str,
+    /// How many dead-letter records retention would delete (`n`): keep ms.
+    pub prune_dead_letters_count: &'static str,
+    /// The sweeper's heartbeat: instance.
+    pub mark_sweep: &'static str,
+    /// The last heartbeat (`at_utc`).
+    pub last_sweep: &'static str,
+    /// The database's clock (`now`).
+    pub now: &'static str,
+    /// A statement that only proves the store answers.
+    pub ping: &'static str,
+}
+
+/// What a database supplies to the one body.
+#[async_trait]
+pub trait Dialect: Send + Sync + 'static {
+    /// Its result rows.
+    type Row: SqlRow;
+
+    /// What runs its statements (a [`SqlPool`]).
+    type Runner: Runner<Row = Self::Row>;
+
+    /// `postgres` or `sqlite`.
+    const NAME: &'static str;
+
+    /// Its statements.
+    const SQL: Statements;
+
+    /// Applies the embedded migrations.
+    async fn migrate(&self) -> StoreResult<()>;
+
+    /// Runs statements: the shared [`SqlPool`] over the dialect's database.
+    fn runner(&self) -> &Self::Runner;
+
+    /// Runs an update that returns the row it changed (with its `id` and `attempt`) and writes
+    /// the event as that row's history line, both or neither.
+    async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<Self::Row>>;
+
+    /// Takes the lock that lets one instance prune at a time, or `None` when another holds
+    /// it. [`RetentionLock::release`] gives it back; dropping it releases it too (later),
+    /// whatever happens to the pruning task.
+    async fn retention_lock(&self) -> StoreResult<Option<Box<dyn RetentionLock>>>;
+
+    /// Claims through the dialect's batching, when it has one.
+    async fn claim_batched(&self, _new: &NewClaim) -> Option<StoreResult<ClaimOutcome>> {
+        None
+    }
+
+    /// Settles through the dialect's batching, when it has one.
+    async fn settle_batched(
+        &self,
+        _id: i64,
+        _attempt: i32,
+        _s: &Settlement,
+        _event: &NewEvent<'_>,
+    ) -> Option<StoreResult<bool>> {
+        None
+    }
+
+    /// Inserts many claims in one statement, when the dialect can: per item the new claim,
+    /// or `None` when the key was already claimed.
+    async fn insert_many(&self, _new: &[&NewClaim]) -> Option<StoreResult<Vec<Option<Claim>>>> {
+        None
+    }
+
+    /// Settles many claims (distinct ids) in one statement, when the dialect can.
+    async fn settle_many(&self, _items: &[SettleItem<'_>]) -> Option<StoreResult<Vec<bool>>> {
+        None
+    }
+
+    /// Median and 95th-percentile receive-to-complete seconds of `consumer` since `since`,
+    /// for dialects whose window statement leaves them NULL.
+    async fn completion_percentiles(
+        &self,
+        _consumer: &str,
+        _since: DateTime<Utc>,
+        _completed: i64,
+    ) -> StoreResult<(Option<f64>, Option<f64>)> {
+        Ok((None, None))
+    }
+}
+
+/// The lock that lets one instance prune at a time ([`Dialect::retention_lock`]).
+#[async_trait]
+pub trait RetentionLock: Send {
+    /// Gives the lock back now.
+    async fn release(self: Box<Self>);
+}
+
+/// An update and the history line to write with it ([`Dialect::update_logged`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LoggedWrite<'a> {
+    /// The statement's name, for errors.
+    pub name: &'static str,
+    /// The update, returning the row it changed.
+    pub sql: &'static str,
+    /// The update's arguments.
+    pub args: &'a [Arg<'a>],
+    /// The history line.
+    pub event: &'a NewEvent<'a>,
+}
+
+/// Runs named statements with [`Arg`]s.
+#[async_trait]
+pub trait Runner: Send + Sync {
+    /// The rows it returns.
+    type Row: SqlRow;
+
+    /// Runs a statement and returns its rows. `name` names it in errors.
+    async fn fetch(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<Vec<Self::Row>>;
+
+    /// Runs a statement and returns how many rows it changed.
+    async fn execute(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<u64>;
+}
+
+/// The history line `e` of claim `id` at `attempt`, as the `insert_event` statement binds it.
+pub(crate) fn event_args<'a>(id: i64, attempt: i32, e: &NewEvent<'a>) -> [Arg<'a>; 7] {
+    [
+        Arg::I64(id),
+        Arg::I32(attempt),
+        Arg::Text(e.actor),
+        Arg::Text(e.action),
+        Arg::Text(e.outcome),
+        Arg::OptI32(e.provider_status),
+        Arg::OptText(e.detail),
+    ]
+}
+
+/// What differs between the databases claimd stores claims in, below the statements: how a
+/// point in time is stored, and how a result says how many rows changed.
+pub trait ClaimDb: Database {
+    /// Rows a statement changed.
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// Binds a time (or NULL).
+    fn bind_time(
+        q: Query<'_, Self, Self::Arguments>,
+        t: Option<DateTime<Utc>>,
+    ) -> Query<'_, Self, Self::Arguments>;
+
+    /// Reads a time column (or NULL).
+    fn read_time(row: &Self::Row, col: &str) -> StoreResult<Option<DateTime<Utc>>>;
+}
+
+fn corrupt(e: sqlx::Error) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+impl<R> SqlRow for R
+where
+    R: sqlx::Row,
+    R::Database: ClaimDb,
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    fn text(&self, col: &str) -> StoreResult<String> {
+        self.try_get(col).map_err(corrupt)
+    }
+    fn opt_text(&self, col: &str) -> StoreResult<Option<String>> {
+        self.try_get(col).map_err(corrupt)
+    }
+    fn i64(&self, col: &str) -> StoreResult<i64> {
+        self.try_get(col).map_err(corrupt)
+    }
+    fn opt_i64(&self, col: &str) -> StoreResult<Option<i64>> {
+        self.try_get(col).map_err(corrupt)
+    }
+    fn i32(&self, col: &str) -> StoreResult<i32> {
+        self.try_get(col).map_err(corrupt)
+    }
+    fn opt_i32(&self, col: &str) -> StoreResult<Option<i32>> {
+        self.try_get(col).map_err(corrupt)
+    }
+    fn opt_f64(&self, col: &str) -> StoreResult<Option<f64>> {
+        self.try_get(col).map_err(corrupt)
+    }
+    fn boolean(&self, col: &str) -> StoreResult<bool> {
+        self.try_get(col).map_err(corrupt)
+    }
+    fn bytes_or_empty(&self, col: &str) -> Vec<u8> {
+        self.try_get(col).unwrap_or_default()
+    }
+    fn time(&self, col: &str) -> StoreResult<DateTime<Utc>> {
+        R::Database::read_time(self, col)?
+            .ok_or_else(|| StoreError::Corrupt(format!("{col} is NULL")))
+    }
+    fn opt_time(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        R::Database::read_time(self, col)
+    }
+}
+
+/// A pool that runs named statements with [`Arg`]s: the binding and the error naming, once for
+/// every database.
+#[derive(Debug)]
+pub struct SqlPool<DB: Database> {
+    /// The connection pool.
+    pub pool: Pool<DB>,
+}
+
+impl<DB: Database> Clone for SqlPool<DB> {
+    fn clone(&self) -> Self {
+        SqlPool {
+            pool: self.pool.clone(),
+        }
+    }
+}
+
+impl<DB> SqlPool<DB>
+where
+    DB: ClaimDb,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<&'t str>: Encode<'t, DB> + Type<DB>,
+    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+    for<'t> i32: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<i32>: Encode<'t, DB> + Type<DB>,
+    for<'t> bool: Encode<'t, DB> + Type<DB>,
+{
+    /// `sql` with `args` bound in order.
+    pub fn query(sql: &'static str, args: &[Arg<'_>]) -> Query<'static, DB, DB::Arguments> {
+        let mut q = sqlx::query(sql);
+        for a in args {
+            q = match *a {
+                Arg::Text(v) => q.bind(v),
+                Arg::OptText(v) => q.bind(v),
+                Arg::I64(v) => q.bind(v),
+                Arg::I32(v) => q.bind(v),
+                Arg::OptI32(v) => q.bind(v),
+                Arg::Bool(v) => q.bind(v),
+                Arg::Bytes(v) => q.bind(v),
+                Arg::Time(t) => DB::bind_time(q, Some(t)),
+                Arg::OptTime(t) => DB::bind_time(q, t),
+            };
+        }
+        q
+    }
+}
+
+#[async_trait]
+impl<DB> Runner for SqlPool<DB>
+where
+    DB: ClaimDb,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<&'t str>: Encode<'t, DB> + Type<DB>,
+    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+    for<'t> i32: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<i32>: Encode<'t, DB> + Type<DB>,
+    for<'t> bool: Encode<'t, DB> + Type<DB>,
+    DB::Row: SqlRow,
+{
+    type Row = DB::Row;
+
+    async fn fetch(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<Vec<DB::Row>> {
+        Self::query(sql, args)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| StoreError::from_sqlx(name, e))
+    }
+
+    async fn execute(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<u64> {
+        Self::query(sql, args)
+            .execute(&self.pool)
+            .await
+            .map(|done| DB::rows_affected(&done))
+            .map_err(|e| StoreError::from_sqlx(name, e))
+    }
+}

@@ -1,0 +1,200 @@
+//! The PostgreSQL statements, each under its name in [`STATEMENTS`] (the batched ones live in `batch`).
+//! Times are `timestamptz` from the database's `now()`, never the worker's.
+
+use crate::store::dialect::Statements;
+
+/// Key of the advisory lock that serialises retention across instances ("claimd-prune").
+pub(super) const PRUNE_LOCK_KEY: i64 = 0x636c_6169_6d64_7072;
+
+pub(super) const TRY_PRUNE_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
+
+/// The statements the one body runs, in this dialect, each under its name.
+pub(super) const STATEMENTS: Statements = Statements {
+    insert_claim: concat!(
+        "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
+     content_type, lease_owner, lease_until, claim_token) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + $9 * interval '1 millisecond', \
+             NULLIF($10, '')) \
+     ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
+        claim_cols!()
+    ),
+    // Counts a repeat delivery, unless the row is this call's own (its token: a commit whose
+    // reply was lost), which is no repeat.
+    count_repeat: concat!(
+        "UPDATE claims SET \
+       duplicate_count = duplicate_count + CASE WHEN claim_token = NULLIF($5, '') THEN 0 \
+                                                WHEN fingerprint = $4 THEN 1 ELSE 0 END, \
+       mismatch_count = mismatch_count + CASE WHEN claim_token = NULLIF($5, '') THEN 0 \
+                                              WHEN fingerprint = $4 THEN 0 ELSE 1 END \
+     WHERE consumer = $1 AND tenant = $2 AND message_id = $3 RETURNING ",
+        claim_cols!()
+    ),
+    get_claim: concat!(
+        "SELECT ",
+        claim_cols!(),
+        ", payload FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3"
+    ),
+    state_of: "SELECT state FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3",
+    // Fenced settle and its history line in one statement (I2), returning the row it changed.
+    settle: "\
+    WITH s AS ( \
+      UPDATE claims SET \
+        state = COALESCE($3::text, state), \
+        provider_status = COALESCE($4, provider_status), \
+        provider_response = COALESCE($5, provider_response), \
+        last_error = COALESCE($6, last_error), \
+        reconciled = reconciled OR $7, \
+        handoff = CASE WHEN $8 THEN 'not_applied' ELSE handoff END, \
+        handoff_attempt = CASE WHEN $8 THEN attempt ELSE handoff_attempt END, \
+        processed_utc = CASE WHEN $3::text = 'completed' THEN now() ELSE processed_utc END, \
+        lease_owner = CASE WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_owner END, \
+        lease_until = CASE WHEN $9 THEN now() \
+                           WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_until END, \
+        updated_utc = now() \
+      WHERE id = $1 AND attempt = $2 AND state = 'started' \
+      RETURNING id, attempt), \
+    e AS ( \
+      INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
+                                detail) \
+      SELECT id, attempt, $10, $11, $12, $13, $14 FROM s) \
+    SELECT id, attempt FROM s",
+    insert_event: "\
+    INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    note_resent: "\
+    UPDATE claims SET resent_count = resent_count + 1 \
+    WHERE id = $1 AND attempt = $2 AND state = 'started'",
+    list_claims: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims \
+     WHERE ($1::text IS NULL OR state = $1) \
+       AND ($2::text IS NULL OR consumer = $2) \
+       AND (NOT $3 OR (state = 'started' AND lease_until < now())) \
+       AND ($4::timestamptz IS NULL OR received_utc >= $4) \
+     ORDER BY received_utc DESC, id DESC LIMIT $5"
+    ),
+    list_events: "\
+    SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
+    FROM claim_events WHERE claim_id = $1 ORDER BY id",
+    // Takeover: bump the fencing token and renew the lease in the same statement. The batch is
+    // chosen once, in a materialised CTE (a `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)`
+    // subquery may be re-scanned by the plan and take more than `n`), and the predicate is
+    // repeated on the UPDATE so a row settled meanwhile is never taken.
+    take_stale: concat!(
+        "WITH stale AS MATERIALIZED ( \
+       SELECT id AS stale_id FROM claims \
+       WHERE consumer = $1 AND state = 'started' AND lease_until < LEAST(now(), $5) \
+       ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
+     UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
+       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
+       updated_utc = now() \
+     FROM stale WHERE id = stale_id \
+       AND state = 'started' AND lease_until < LEAST(now(), $5) \
+     RETURNING ",
+        claim_cols!(),
+        ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms"
+    ),
+    peek_stale: concat!(
+        "SELECT ",
+        claim_cols!(),
+        ", (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms \
+     FROM claims WHERE consumer = $1 AND state = 'started' AND lease_until < now() \
+     ORDER BY lease_until LIMIT $2"
+    ),
+    // Operator resolve and its history line in one statement, allowed only from the two states
+    // bound as `$5`, `$6` (the claim model's rule); the event's parameters follow.
+    resolve: concat!(
+        "WITH r AS ( \
+       UPDATE claims SET state = $4, \
+         processed_utc = CASE WHEN $4 = 'completed' THEN COALESCE(processed_utc, now()) \
+                              ELSE processed_utc END, \
+         lease_owner = NULL, lease_until = NULL, updated_utc = now() \
+       WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($5, $6) \
+       RETURNING ",
+        claim_cols!(),
+        "), e AS ( \
+       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
+                                 detail) \
+       SELECT id, attempt, $7, $8, $9, $10, $11 FROM r) \
+     SELECT * FROM r"
+    ),
+    // Operator redrive (back to `started`, attempt + 1, lease expired, hand-off recorded) and its
+    // history line in one statement, allowed only from the states bound as `$4`, `$5`.
+    redrive: concat!(
+        "WITH r AS ( \
+       UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
+         lease_until = now() - interval '1 millisecond', handoff = 'operator_redrive', \
+         handoff_attempt = attempt + 1, updated_utc = now() \
+       WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($4, $5) \
+       RETURNING ",
+        claim_cols!(),
+        "), e AS ( \
+       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
+                                 detail) \
+       SELECT id, attempt, $6, $7, $8, $9, $10 FROM r) \
+     SELECT * FROM r"
+    ),
+    // Open work, over all time: small sets served by the partial indexes.
+    count_open: "\
+    SELECT consumer, state, COUNT(*) AS n, \
+      COUNT(*) FILTER (WHERE lease_until < now()) AS stuck, \
+      (EXTRACT(EPOCH FROM now() - MIN(received_utc)) * 1000)::bigint AS oldest_ms \
+    FROM claims WHERE state IN ('started', 'needs_attention') \
+    GROUP BY consumer, state",
+    // Throughput figures over the report window.
+    count_window: "\
+    SELECT consumer, COUNT(*) AS claims, \
+      COALESCE(SUM(duplicate_count), 0)::bigint AS duplicates, \
+      COALESCE(SUM(mismatch_count), 0)::bigint AS mismatches, \
+      COUNT(*) FILTER (WHERE state = 'completed') AS completed, \
+      COUNT(*) FILTER (WHERE state = 'failed') AS failed, \
+      COUNT(*) FILTER (WHERE resent_count > 0) AS resent, \
+      percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - received_utc)) \
+        FILTER (WHERE state = 'completed') AS p50, \
+      percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - received_utc)) \
+        FILTER (WHERE state = 'completed') AS p95 \
+    FROM claims WHERE received_utc >= $1 GROUP BY consumer",
+    insert_dead_letter: "INSERT INTO dead_letters (consumer, reason, message_id) VALUES ($1, $2, $3)",
+    count_dead_letters: "\
+    SELECT consumer, COUNT(*) AS n FROM dead_letters WHERE at_utc >= $1 GROUP BY consumer",
+    // One batch of retention. The batch is chosen once, in a materialised CTE (a
+    // `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)` subquery may be re-scanned by the plan and
+    // delete more than `n`), locking its rows and skipping those an operator holds. The
+    // predicate stands on the DELETE too: under READ COMMITTED a row another transaction changed
+    // meanwhile (an operator's redrive of an old `failed` claim) must be terminal when it is
+    // deleted, not only when it was chosen (I7).
+    prune_batch: "\
+    WITH batch AS MATERIALIZED ( \
+      SELECT id AS batch_id FROM claims \
+      WHERE state IN ('completed', 'failed') \
+        AND updated_utc < now() - $1 * interval '1 millisecond' \
+      ORDER BY updated_utc LIMIT $2 FOR UPDATE SKIP LOCKED) \
+    DELETE FROM claims USING batch WHERE id = batch_id \
+      AND state IN ('completed', 'failed') \
+      AND updated_utc < now() - $1 * interval '1 millisecond'",
+    prune_count: "\
+    SELECT COUNT(*) AS n FROM claims \
+    WHERE state IN ('completed', 'failed') AND updated_utc < now() - $1 * interval '1 millisecond'",
+    prune_dead_letters: "\
+    DELETE FROM dead_letters WHERE id IN ( \
+      SELECT id FROM dead_letters WHERE at_utc < now() - $1 * interval '1 millisecond' \
+      ORDER BY at_utc LIMIT $2)",
+    prune_dead_letters_count: "\
+    SELECT COUNT(*) AS n FROM dead_letters WHERE at_utc < now() - $1 * interval '1 millisecond'",
+    mark_sweep: "\
+    INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('sweeper', $1, now()) \
+    ON CONFLICT (name) DO UPDATE SET instance = EXCLUDED.instance, at_utc = EXCLUDED.at_utc",
+    last_sweep: "SELECT at_utc FROM claimd_heartbeats WHERE name = 'sweeper'",
+    now: "SELECT now() AS now",
+    ping: "SELECT 1",
+};
+
+/// `take_stale`, for benchmarks that explain its plan.
+pub const TAKE_STALE: &str = STATEMENTS.take_stale;
+
+/// `count_open`, for benchmarks that explain its plan.
+pub const COUNT_OPEN: &str = STATEMENTS.count_open;
+
+/// `count_window`, for benchmarks that explain its plan.
+pub const COUNT_WINDOW: &str = STATEMENTS.count_window;

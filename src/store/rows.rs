@@ -1,0 +1,58 @@
+//! Row mapping, once for every dialect: a [`Claim`] and a [`TakenClaim`] from the columns the
+//! statements select (`claim_cols!`, plus `payload`, `age_ms` and the hand-off columns).
+
+use super::dialect::SqlRow;
+use super::{StoreError, StoreResult, TakenClaim};
+use crate::claim::{Claim, ClaimState, Handoff};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A claim from a row selecting the claim columns (and, optionally, `payload`).
+pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
+    let state = row.text("state")?;
+    Ok(Claim {
+        id: row.i64("id")?,
+        consumer: row.text("consumer")?,
+        tenant: row.text("tenant")?,
+        message_id: row.text("message_id")?,
+        idem_key: row.text("idem_key")?,
+        fingerprint: row.text("fingerprint")?,
+        payload: row.bytes_or_empty("payload"),
+        content_type: row.text("content_type")?,
+        state: ClaimState::from_str(&state).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        attempt: row.i32("attempt")?,
+        lease_owner: row.opt_text("lease_owner")?,
+        lease_until: row.opt_time("lease_until")?,
+        received_utc: row.time("received_utc")?,
+        started_utc: row.time("started_utc")?,
+        processed_utc: row.opt_time("processed_utc")?,
+        last_error: row.opt_text("last_error")?,
+        provider_status: row.opt_i32("provider_status")?,
+        provider_response: row.opt_text("provider_response")?,
+        duplicate_count: row.i64("duplicate_count")?,
+        mismatch_count: row.i64("mismatch_count")?,
+        reconciled: row.boolean("reconciled")?,
+        resent_count: row.i32("resent_count")?,
+        claim_token: row.opt_text("claim_token")?,
+    })
+}
+
+/// A taken (or peeked) claim: the claim, how its previous attempt let go, and its age.
+pub(crate) fn taken_from_row(
+    row: &impl SqlRow,
+    shown_attempt_offset: i32,
+) -> StoreResult<TakenClaim> {
+    let mut claim = claim_from_row(row)?;
+    claim.attempt += shown_attempt_offset;
+    let kind = row.opt_text("handoff")?;
+    let at = row.opt_i32("handoff_attempt")?;
+    let handoff = kind
+        .filter(|_| at.is_some_and(|a| a == claim.attempt - 1))
+        .and_then(|k| Handoff::parse(&k));
+    let age_ms = row.opt_i64("age_ms")?.unwrap_or(0).max(0);
+    Ok(TakenClaim {
+        claim,
+        handoff,
+        age: Duration::from_millis(age_ms as u64),
+    })
+}

@@ -1,0 +1,648 @@
+//! The one body of both SQL drivers: [`SqlStore`] implements [`ClaimStore`] once, over a
+//! [`Dialect`](super::dialect::Dialect) that supplies what really differs between PostgreSQL
+//! and SQLite — the SQL text of each named statement, how times are stored (`timestamptz` in
+//! one and integer milliseconds in the other), and the extras only one of them has
+//! (PostgreSQL's batched writes and advisory lock, SQLite's percentiles).
+//!
+//! Every rule lives here or in the claim model: fencing (`attempt` and `state = 'started'`) is
+//! in the arguments every settle binds, and which states an operator may move a claim from is
+//! asked of [`ClaimState::can_move_to`] and bound into the statement's `WHERE`.
+
+use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
+use super::rows::{claim_from_row, taken_from_row};
+use super::{
+    ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer, NewEvent,
+    PruneResult, SettleItem, Settlement, StoreError, StoreResult, TakenClaim,
+};
+use crate::claim::{Claim, ClaimState, NewClaim};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use std::str::FromStr;
+use std::time::Duration;
+use tracing::instrument;
+
+/// A claim store over one SQL dialect.
+#[derive(Debug, Clone)]
+pub struct SqlStore<D> {
+    pub(crate) dialect: D,
+}
+
+/// Milliseconds of a duration, saturating.
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The states an operator may move a claim from to reach `to` (at most two, repeated to fill
+/// both parameters): the rule is the claim model's.
+fn operator_from_states(to: ClaimState) -> Option<[&'static str; 2]> {
+    let from: Vec<&'static str> = [ClaimState::NeedsAttention, ClaimState::Failed]
+        .into_iter()
+        .filter(|s| s.can_move_to(to))
+        .map(ClaimState::as_str)
+        .collect();
+    match from.as_slice() {
+        [] => None,
+        [one] => Some([one, one]),
+        [a, b, ..] => Some([a, b]),
+    }
+}
+
+impl<D: Dialect> SqlStore<D> {
+    async fn fetch(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<Vec<D::Row>> {
+        self.dialect.runner().fetch(name, sql, args).await
+    }
+
+    async fn execute(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<u64> {
+        self.dialect.runner().execute(name, sql, args).await
+    }
+
+    /// One claim, one statement (plus the repeat count for a duplicate).
+    pub(crate) async fn claim_one(&self, new: &NewClaim) -> StoreResult<ClaimOutcome> {
+        let sql = &D::SQL;
+        // Each statement autocommits: the claim is committed alone (I1). A row pruned between
+        // the two statements makes the repeat-count miss; the loop then claims it afresh.
+        for _ in 0..3 {
+            let inserted = self
+                .fetch(
+                    "insert_claim",
+                    sql.insert_claim,
+                    &[
+                        Arg::Text(&new.consumer),
+                        Arg::Text(&new.tenant),
+                        Arg::Text(&new.message_id),
+                        Arg::Text(&new.idem_key),
+                        Arg::Text(&new.fingerprint),
+                        Arg::Bytes(&new.payload),
+                        Arg::Text(&new.content_type),
+                        Arg::Text(&new.worker),
+                        Arg::I64(ms(new.lease)),
+                        Arg::Text(&new.claim_token),
+                    ],
+                )
+                .await?;
+            if let Some(row) = inserted.first() {
+                let mut claim = claim_from_row(row)?;
+                claim.payload = new.payload.clone();
+                return Ok(ClaimOutcome::Created(claim));
+            }
+            let existing = self
+                .fetch(
+                    "count_repeat",
+                    sql.count_repeat,
+                    &[
+                        Arg::Text(&new.consumer),
+                        Arg::Text(&new.tenant),
+                        Arg::Text(&new.message_id),
+                        Arg::Text(&new.fingerprint),
+                        Arg::Text(&new.claim_token),
+                    ],
+                )
+                .await?;
+            if let Some(row) = existing.first() {
+                let mut claim = claim_from_row(row)?;
+                if new.inserted(&claim) {
+                    // This call's own row: its commit's reply was lost (or its batch failed
+                    // as a whole after committing). It is new, not a duplicate.
+                    claim.payload = new.payload.clone();
+                    return Ok(ClaimOutcome::Created(claim));
+                }
+                return Ok(if claim.fingerprint == new.fingerprint {
+                    ClaimOutcome::Duplicate(claim)
+                } else {
+                    ClaimOutcome::Mismatch(claim)
+                });
+            }
+        }
+        Err(StoreError::Corrupt(format!(
+            "claim {}/{} neither inserted nor found after 3 tries",
+            new.consumer, new.message_id
+        )))
+    }
+
+    /// One fenced settle with its history line (I2).
+    pub(crate) async fn settle_one(
+        &self,
+        id: i64,
+        attempt: i32,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool> {
+        let args = [
+            Arg::I64(id),
+            Arg::I32(attempt),
+            Arg::OptText(s.state.map(ClaimState::as_str)),
+            Arg::OptI32(s.provider_status),
+            Arg::OptText(s.provider_response.as_deref()),
+            Arg::OptText(s.error.as_deref()),
+            Arg::Bool(s.reconciled),
+            Arg::Bool(s.handoff_not_applied),
+            Arg::Bool(s.release_lease),
+        ];
+        let changed = self
+            .dialect
+            .update_logged(LoggedWrite {
+                name: "settle",
+                sql: D::SQL.settle,
+                args: &args,
+                event,
+            })
+            .await?;
+        Ok(changed.is_some())
+    }
+
+    async fn state_of(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+    ) -> StoreResult<Option<ClaimState>> {
+        let rows = self
+            .fetch(
+                "state_of",
+                D::SQL.state_of,
+                &[
+                    Arg::Text(consumer),
+                    Arg::Text(tenant),
+                    Arg::Text(message_id),
+                ],
+            )
+            .await?;
+        rows.first()
+            .map(|r| {
+                let s = r.text("state")?;
+                ClaimState::from_str(&s).map_err(|e| StoreError::Corrupt(e.to_string()))
+            })
+            .transpose()
+    }
+
+    /// An operator move (`resolve` or `redrive`): one conditional update whose `WHERE` allows
+    /// only the states the model allows, with its history line. `None`: no such claim;
+    /// `Err(state)`: the claim is in a state the move is not allowed from.
+    async fn operator_move(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        key: [&str; 3],
+        to: ClaimState,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
+        let [consumer, tenant, message_id] = key;
+        let Some([from_a, from_b]) = operator_from_states(to) else {
+            return Ok(self.state_of(consumer, tenant, message_id).await?.map(Err));
+        };
+        let mut args = vec![
+            Arg::Text(consumer),
+            Arg::Text(tenant),
+            Arg::Text(message_id),
+        ];
+        if to != ClaimState::Started {
+            args.push(Arg::Text(to.as_str()));
+        }
+        args.extend([Arg::Text(from_a), Arg::Text(from_b)]);
+        let write = LoggedWrite {
+            name,
+            sql,
+            args: &args,
+            event,
+        };
+        match self.dialect.update_logged(write).await? {
+            Some(row) => Ok(Some(Ok(claim_from_row(&row)?))),
+            None => Ok(self.state_of(consumer, tenant, message_id).await?.map(Err)),
+        }
+    }
+
+    async fn scalar_count(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        keep: Duration,
+    ) -> StoreResult<u64> {
+        let rows = self.fetch(name, sql, &[Arg::I64(ms(keep))]).await?;
+        Ok(rows
+            .first()
+            .map(|r| r.i64("n"))
+            .transpose()?
+            .unwrap_or(0)
+            .max(0) as u64)
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> ClaimStore for SqlStore<D> {
+    fn dialect(&self) -> &'static str {
+        D::NAME
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        self.dialect.migrate().await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.execute("ping", D::SQL.ping, &[]).await.map(|_| ())
+    }
+
+    async fn now(&self) -> StoreResult<DateTime<Utc>> {
+        let rows = self.fetch("now", D::SQL.now, &[]).await?;
+        rows.first()
+            .ok_or_else(|| StoreError::Corrupt("the clock query returned no row".into()))?
+            .time("now")
+    }
+
+    #[instrument(skip_all, fields(consumer = %new.consumer, tenant = %new.tenant, message_id = %new.message_id))]
+    async fn claim(&self, new: &NewClaim) -> StoreResult<ClaimOutcome> {
+        if let Some(answer) = self.dialect.claim_batched(new).await {
+            return answer;
+        }
+        self.claim_one(new).await
+    }
+
+    async fn claim_many(&self, new: &[NewClaim]) -> StoreResult<Vec<ClaimOutcome>> {
+        let refs: Vec<&NewClaim> = new.iter().collect();
+        let created = match self.dialect.insert_many(&refs).await {
+            Some(created) if new.len() > 1 => created?,
+            _ => vec![None; new.len()],
+        };
+        let mut out = Vec::with_capacity(new.len());
+        for (n, c) in new.iter().zip(created) {
+            out.push(match c {
+                Some(c) => ClaimOutcome::Created(c),
+                None => self.claim_one(n).await?,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn get(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+    ) -> StoreResult<Option<Claim>> {
+        let rows = self
+            .fetch(
+                "get_claim",
+                D::SQL.get_claim,
+                &[
+                    Arg::Text(consumer),
+                    Arg::Text(tenant),
+                    Arg::Text(message_id),
+                ],
+            )
+            .await?;
+        rows.first().map(claim_from_row).transpose()
+    }
+
+    #[instrument(skip_all, fields(claim_id = id, attempt))]
+    async fn settle(
+        &self,
+        id: i64,
+        attempt: i32,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool> {
+        if let Some(answer) = self.dialect.settle_batched(id, attempt, s, event).await {
+            return answer;
+        }
+        self.settle_one(id, attempt, s, event).await
+    }
+
+    async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
+        if items.len() > 1
+            && let Some(done) = self.dialect.settle_many(items).await
+        {
+            return done;
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for i in items {
+            out.push(
+                self.settle_one(i.id, i.attempt, &i.settlement, &i.event)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    async fn record_event(&self, id: i64, attempt: i32, e: &NewEvent<'_>) -> StoreResult<()> {
+        self.execute(
+            "insert_event",
+            D::SQL.insert_event,
+            &event_args(id, attempt, e),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        let n = self
+            .execute(
+                "note_resent",
+                D::SQL.note_resent,
+                &[Arg::I64(id), Arg::I32(attempt)],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn list(&self, f: &ClaimFilter) -> StoreResult<Vec<Claim>> {
+        let rows = self
+            .fetch(
+                "list_claims",
+                D::SQL.list_claims,
+                &[
+                    Arg::OptText(f.state.map(ClaimState::as_str)),
+                    Arg::OptText(f.consumer.as_deref()),
+                    Arg::Bool(f.stuck),
+                    Arg::OptTime(f.since),
+                    Arg::I64(i64::from(f.limit)),
+                ],
+            )
+            .await?;
+        rows.iter().map(claim_from_row).collect()
+    }
+
+    async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>> {
+        let rows = self
+            .fetch("list_events", D::SQL.list_events, &[Arg::I64(id)])
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ClaimEvent {
+                    attempt: r.i32("attempt")?,
+                    at_utc: r.time("at_utc")?,
+                    actor: r.text("actor")?,
+                    action: r.text("action")?,
+                    outcome: r.text("outcome")?,
+                    provider_status: r.opt_i32("provider_status")?,
+                    detail: r.opt_text("detail")?,
+                })
+            })
+            .collect()
+    }
+
+    #[instrument(skip(self))]
+    async fn take_stale(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        expired_before: DateTime<Utc>,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let rows = self
+            .fetch(
+                "take_stale",
+                D::SQL.take_stale,
+                &[
+                    Arg::Text(consumer),
+                    Arg::I64(i64::from(limit)),
+                    Arg::Text(owner),
+                    Arg::I64(ms(lease)),
+                    Arg::Time(expired_before),
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| taken_from_row(r, 0)).collect()
+    }
+
+    async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>> {
+        let rows = self
+            .fetch(
+                "peek_stale",
+                D::SQL.peek_stale,
+                &[Arg::Text(consumer), Arg::I64(i64::from(limit))],
+            )
+            .await?;
+        // Shown with the attempt number a takeover would give them.
+        rows.iter().map(|r| taken_from_row(r, 1)).collect()
+    }
+
+    async fn resolve(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+        to: ClaimState,
+        actor: &str,
+        note: &str,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
+        if !to.is_terminal() {
+            return Ok(self.state_of(consumer, tenant, message_id).await?.map(Err));
+        }
+        let event = NewEvent {
+            actor,
+            action: "resolve",
+            outcome: to.as_str(),
+            provider_status: None,
+            detail: Some(note),
+        };
+        self.operator_move(
+            "resolve",
+            D::SQL.resolve,
+            [consumer, tenant, message_id],
+            to,
+            &event,
+        )
+        .await
+    }
+
+    async fn redrive(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+        actor: &str,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
+        // For the history line only: the move itself is decided by the update's WHERE.
+        let was = self
+            .state_of(consumer, tenant, message_id)
+            .await?
+            .map(|s| format!("was {s}"));
+        let event = NewEvent {
+            actor,
+            action: "redrive",
+            outcome: "started",
+            provider_status: None,
+            detail: was.as_deref(),
+        };
+        self.operator_move(
+            "redrive",
+            D::SQL.redrive,
+            [consumer, tenant, message_id],
+            ClaimState::Started,
+            &event,
+        )
+        .await
+    }
+
+    async fn record_dead_letter(
+        &self,
+        consumer: &str,
+        reason: &str,
+        message_id: Option<&str>,
+    ) -> StoreResult<()> {
+        let printable = message_id.map(super::printable_id);
+        self.execute(
+            "insert_dead_letter",
+            D::SQL.insert_dead_letter,
+            &[
+                Arg::Text(consumer),
+                Arg::Text(reason),
+                Arg::OptText(printable.as_deref()),
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn counts(&self, since: Option<DateTime<Utc>>) -> StoreResult<Vec<ConsumerCounts>> {
+        let since = since.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
+        let mut by = CountsByConsumer::default();
+        let rows = self
+            .fetch("count_window", D::SQL.count_window, &[Arg::Time(since)])
+            .await?;
+        for r in &rows {
+            let c = by.get(r.text("consumer")?);
+            let claims = r.i64("claims")?;
+            c.duplicates = r.i64("duplicates")?;
+            c.payload_mismatches = r.i64("mismatches")?;
+            c.received = claims + c.duplicates + c.payload_mismatches;
+            c.completed = r.i64("completed")?;
+            c.failed = r.i64("failed")?;
+            c.resent = r.i64("resent")?;
+            c.p50_complete_s = r.opt_f64("p50")?;
+            c.p95_complete_s = r.opt_f64("p95")?;
+        }
+        for c in by.iter_mut() {
+            if c.completed > 0 && c.p50_complete_s.is_none() {
+                (c.p50_complete_s, c.p95_complete_s) = self
+                    .dialect
+                    .completion_percentiles(&c.consumer, since, c.completed)
+                    .await?;
+            }
+        }
+        let rows = self
+            .fetch(
+                "count_dead_letters",
+                D::SQL.count_dead_letters,
+                &[Arg::Time(since)],
+            )
+            .await?;
+        for r in &rows {
+            by.get(r.text("consumer")?).dead_lettered = r.i64("n")?;
+        }
+        by.add_open(self.open_counts().await?);
+        Ok(by.into_vec())
+    }
+
+    async fn open_counts(&self) -> StoreResult<Vec<ConsumerCounts>> {
+        let mut by = CountsByConsumer::default();
+        let rows = self.fetch("count_open", D::SQL.count_open, &[]).await?;
+        for r in &rows {
+            let state = r.text("state")?;
+            let n = r.i64("n")?;
+            let c = by.get(r.text("consumer")?);
+            if state == ClaimState::Started.as_str() {
+                c.started = n;
+                c.stuck = r.opt_i64("stuck")?.unwrap_or(0);
+                c.oldest_started_age_s = r.opt_i64("oldest_ms")?.map(|ms| ms as f64 / 1000.0);
+            } else {
+                c.needs_attention = n;
+            }
+        }
+        Ok(by.into_vec())
+    }
+
+    async fn mark_sweep(&self, instance: &str) -> StoreResult<()> {
+        self.execute("mark_sweep", D::SQL.mark_sweep, &[Arg::Text(instance)])
+            .await
+            .map(|_| ())
+    }
+
+    async fn last_sweep(&self) -> StoreResult<Option<DateTime<Utc>>> {
+        let rows = self.fetch("last_sweep", D::SQL.last_sweep, &[]).await?;
+        rows.first().map(|r| r.time("at_utc")).transpose()
+    }
+
+    async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult> {
+        let sql = &D::SQL;
+        if dry_run {
+            return Ok(PruneResult {
+                deleted: self
+                    .scalar_count("prune_count", sql.prune_count, keep)
+                    .await?,
+                dead_letters_deleted: self
+                    .scalar_count(
+                        "prune_dead_letters_count",
+                        sql.prune_dead_letters_count,
+                        keep,
+                    )
+                    .await?,
+                ..Default::default()
+            });
+        }
+        let Some(lock) = self.dialect.retention_lock().await? else {
+            return Ok(PruneResult {
+                skipped_locked: true,
+                ..Default::default()
+            });
+        };
+        let args = [Arg::I64(ms(keep)), Arg::I64(i64::from(batch))];
+        let pruned = async {
+            let mut result = PruneResult::default();
+            // Each batch commits on its own so new claims are never blocked for long.
+            loop {
+                let n = self.execute("prune_batch", sql.prune_batch, &args).await?;
+                result.batches += 1;
+                result.deleted += n;
+                if n < u64::from(batch) {
+                    break;
+                }
+            }
+            loop {
+                let n = self
+                    .execute("prune_dead_letters", sql.prune_dead_letters, &args)
+                    .await?;
+                result.dead_letters_deleted += n;
+                if n < u64::from(batch) {
+                    return Ok(result);
+                }
+            }
+        }
+        .await;
+        lock.release().await;
+        pruned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operators_move_claims_only_from_the_states_the_model_allows() {
+        assert_eq!(
+            operator_from_states(ClaimState::Completed),
+            Some(["needs_attention", "failed"])
+        );
+        // failed -> failed is no move.
+        assert_eq!(
+            operator_from_states(ClaimState::Failed),
+            Some(["needs_attention", "needs_attention"])
+        );
+        assert_eq!(
+            operator_from_states(ClaimState::Started),
+            Some(["needs_attention", "failed"])
+        );
+        assert_eq!(operator_from_states(ClaimState::NeedsAttention), None);
+    }
+}

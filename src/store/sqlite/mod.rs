@@ -1,0 +1,184 @@
+//! SQLite driver: the embedded, single-node default. One process, WAL mode, writes serialised
+//! by SQLite itself, `synchronous = FULL` so an acknowledged claim survives a power cut.
+//! Times are INTEGER milliseconds from SQLite's clock. The store's behaviour is the one body
+//! of [`SqlStore`]; this module supplies SQLite's statements ([`sql`]), how values are bound
+//! and read, a transaction for a write and its history line, an in-process retention lock,
+//! and nearest-rank percentiles (SQLite has no percentile function).
+
+mod sql;
+
+use crate::store::dialect::{
+    Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, Runner, SqlPool, SqlRow, Statements,
+    event_args,
+};
+use crate::store::sql_store::SqlStore;
+use crate::store::{StoreError, StoreResult};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::query::Query;
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, SqlitePool};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// The SQLite claim store.
+pub type SqliteStore = SqlStore<SqliteDialect>;
+
+/// SQLite as a [`Dialect`]: the pool and the in-process retention lock.
+#[derive(Debug, Clone)]
+pub struct SqliteDialect {
+    sql: SqlPool<Sqlite>,
+    /// One pruner at a time within the (single) process.
+    prune_lock: Arc<Mutex<()>>,
+}
+
+impl SqlStore<SqliteDialect> {
+    /// Opens (creating if needed) the database named by `url`.
+    pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::from_sqlx("connect", e))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::from_sqlx("connect", e))?;
+        Ok(SqlStore {
+            dialect: SqliteDialect {
+                sql: SqlPool { pool },
+                prune_lock: Arc::new(Mutex::new(())),
+            },
+        })
+    }
+
+    /// The pool, for tests and benchmarks that need raw SQL.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.dialect.sql.pool
+    }
+}
+
+/// The retention lock: one pruner at a time in the (single) process.
+struct SqliteRetentionLock(tokio::sync::OwnedMutexGuard<()>);
+
+#[async_trait]
+impl RetentionLock for SqliteRetentionLock {
+    async fn release(self: Box<Self>) {
+        drop(self.0);
+    }
+}
+
+fn err(query: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| StoreError::from_sqlx(query, e)
+}
+
+impl ClaimDb for Sqlite {
+    fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn bind_time(
+        q: Query<'_, Sqlite, SqliteArguments>,
+        t: Option<DateTime<Utc>>,
+    ) -> Query<'_, Sqlite, SqliteArguments> {
+        q.bind(t.map(|t| t.timestamp_millis()))
+    }
+
+    fn read_time(row: &SqliteRow, col: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        let ms: Option<i64> = row
+            .try_get(col)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        ms.map(|ms| {
+            DateTime::from_timestamp_millis(ms)
+                .ok_or_else(|| StoreError::Corrupt(format!("time {ms} ms is out of range")))
+        })
+        .transpose()
+    }
+}
+
+#[async_trait]
+impl Dialect for SqliteDialect {
+    type Row = SqliteRow;
+    type Runner = SqlPool<Sqlite>;
+    const NAME: &'static str = "sqlite";
+    const SQL: Statements = sql::STATEMENTS;
+
+    async fn migrate(&self) -> StoreResult<()> {
+        sqlx::migrate!("migrations/sqlite")
+            .run(&self.sql.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// SQLite runs the update and the history line in one transaction.
+    fn runner(&self) -> &SqlPool<Sqlite> {
+        &self.sql
+    }
+
+    async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<SqliteRow>> {
+        let mut tx = self.sql.pool.begin().await.map_err(err("begin"))?;
+        let Some(row) = SqlPool::<Sqlite>::query(w.sql, w.args)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err(w.name))?
+        else {
+            return Ok(None);
+        };
+        let (id, attempt) = (row.i64("id")?, row.i32("attempt")?);
+        SqlPool::<Sqlite>::query(
+            sql::STATEMENTS.insert_event,
+            &event_args(id, attempt, w.event),
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(err("insert_event"))?;
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(Some(row))
+    }
+
+    async fn retention_lock(&self) -> StoreResult<Option<Box<dyn RetentionLock>>> {
+        Ok(self
+            .prune_lock
+            .clone()
+            .try_lock_owned()
+            .ok()
+            .map(|guard| Box::new(SqliteRetentionLock(guard)) as Box<dyn RetentionLock>))
+    }
+
+    async fn completion_percentiles(
+        &self,
+        consumer: &str,
+        since: DateTime<Utc>,
+        completed: i64,
+    ) -> StoreResult<(Option<f64>, Option<f64>)> {
+        // Nearest rank: the k-th smallest receive-to-complete time.
+        let at = |q: f64| ((completed as f64 * q).ceil() as i64 - 1).max(0);
+        let mut out = [None, None];
+        for (slot, rank) in out.iter_mut().zip([at(0.5), at(0.95)]) {
+            let rows = self
+                .sql
+                .fetch(
+                    "complete_time_at",
+                    sql::COMPLETE_TIME_AT,
+                    &[Arg::Text(consumer), Arg::Time(since), Arg::I64(rank)],
+                )
+                .await?;
+            *slot = rows
+                .first()
+                .map(|r| r.opt_i64("ms"))
+                .transpose()?
+                .flatten()
+                .map(|ms| ms as f64 / 1000.0);
+        }
+        Ok((out[0], out[1]))
+    }
+}

@@ -1,0 +1,202 @@
+//! The SQLite statements, each under its name in [`STATEMENTS`]. Times are
+//! INTEGER milliseconds from SQLite's clock (`unixepoch('subsec')`), never the worker's.
+
+use crate::store::dialect::Statements;
+
+/// SQLite's clock in milliseconds since the Unix epoch.
+macro_rules! now_ms {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+
+/// The k-th smallest receive-to-complete time (SQLite has no percentile function).
+pub(super) const COMPLETE_TIME_AT: &str = "\
+    SELECT processed_utc - received_utc AS ms FROM claims \
+    WHERE consumer = ?1 AND state = 'completed' AND received_utc >= ?2 \
+    ORDER BY 1 LIMIT 1 OFFSET ?3";
+
+/// The statements the one body runs, in this dialect, each under its name.
+pub(super) const STATEMENTS: Statements = Statements {
+    insert_claim: concat!(
+        "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
+     content_type, lease_owner, claim_token, lease_until, received_utc, started_utc, \
+     updated_utc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULLIF(?10, ''), ",
+        now_ms!(),
+        " + ?9, ",
+        now_ms!(),
+        ", ",
+        now_ms!(),
+        ", ",
+        now_ms!(),
+        ") ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
+        claim_cols!()
+    ),
+    // Counts a repeat delivery, unless the row is this call's own (its token: a commit whose
+    // reply was lost), which is no repeat.
+    count_repeat: concat!(
+        "UPDATE claims SET \
+       duplicate_count = duplicate_count + CASE WHEN claim_token = NULLIF(?5, '') THEN 0 \
+                                                WHEN fingerprint = ?4 THEN 1 ELSE 0 END, \
+       mismatch_count = mismatch_count + CASE WHEN claim_token = NULLIF(?5, '') THEN 0 \
+                                              WHEN fingerprint = ?4 THEN 0 ELSE 1 END \
+     WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 RETURNING ",
+        claim_cols!()
+    ),
+    get_claim: concat!(
+        "SELECT ",
+        claim_cols!(),
+        ", payload FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3"
+    ),
+    state_of: "SELECT state FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3",
+    // Fenced settle (I2), returning the row it changed; its history line follows in the same
+    // transaction.
+    settle: concat!(
+        "UPDATE claims SET \
+       state = COALESCE(?3, state), \
+       provider_status = COALESCE(?4, provider_status), \
+       provider_response = COALESCE(?5, provider_response), \
+       last_error = COALESCE(?6, last_error), \
+       reconciled = reconciled OR ?7, \
+       handoff = CASE WHEN ?8 THEN 'not_applied' ELSE handoff END, \
+       handoff_attempt = CASE WHEN ?8 THEN attempt ELSE handoff_attempt END, \
+       processed_utc = CASE WHEN ?3 = 'completed' THEN ",
+        now_ms!(),
+        " ELSE processed_utc END, \
+       lease_owner = CASE WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_owner END, \
+       lease_until = CASE WHEN ?9 THEN ",
+        now_ms!(),
+        " WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_until END, \
+       updated_utc = ",
+        now_ms!(),
+        " WHERE id = ?1 AND attempt = ?2 AND state = 'started' RETURNING id, attempt"
+    ),
+    insert_event: concat!(
+        "INSERT INTO claim_events (claim_id, attempt, at_utc, actor, action, outcome, \
+     provider_status, detail) VALUES (?1, ?2, ",
+        now_ms!(),
+        ", ?3, ?4, ?5, ?6, ?7)"
+    ),
+    note_resent: "\
+    UPDATE claims SET resent_count = resent_count + 1 \
+    WHERE id = ?1 AND attempt = ?2 AND state = 'started'",
+    list_claims: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims \
+     WHERE (?1 IS NULL OR state = ?1) \
+       AND (?2 IS NULL OR consumer = ?2) \
+       AND (NOT ?3 OR (state = 'started' AND lease_until < ",
+        now_ms!(),
+        ")) AND (?4 IS NULL OR received_utc >= ?4) \
+     ORDER BY received_utc DESC, id DESC LIMIT ?5"
+    ),
+    list_events: "\
+    SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
+    FROM claim_events WHERE claim_id = ?1 ORDER BY id",
+    // Takeover: SQLite runs one writer at a time, so the statement alone is atomic.
+    take_stale: concat!(
+        "UPDATE claims SET attempt = attempt + 1, lease_owner = ?3, lease_until = ",
+        now_ms!(),
+        " + ?4, started_utc = ",
+        now_ms!(),
+        ", updated_utc = ",
+        now_ms!(),
+        " WHERE id IN (SELECT id FROM claims WHERE consumer = ?1 AND state = 'started' \
+       AND lease_until < MIN(?5, ",
+        now_ms!(),
+        ") ORDER BY lease_until LIMIT ?2) RETURNING ",
+        claim_cols!(),
+        ", payload, (",
+        now_ms!(),
+        " - received_utc) AS age_ms"
+    ),
+    peek_stale: concat!(
+        "SELECT ",
+        claim_cols!(),
+        ", (",
+        now_ms!(),
+        " - received_utc) AS age_ms FROM claims WHERE consumer = ?1 AND state = 'started' AND lease_until < ",
+        now_ms!(),
+        " ORDER BY lease_until LIMIT ?2"
+    ),
+    resolve: concat!(
+        "UPDATE claims SET state = ?4, \
+       processed_utc = CASE WHEN ?4 = 'completed' THEN COALESCE(processed_utc, ",
+        now_ms!(),
+        ") ELSE processed_utc END, \
+       lease_owner = NULL, lease_until = NULL, updated_utc = ",
+        now_ms!(),
+        " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?5, ?6) \
+     RETURNING ",
+        claim_cols!()
+    ),
+    redrive: concat!(
+        "UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
+       lease_until = ",
+        now_ms!(),
+        " - 1, handoff = 'operator_redrive', handoff_attempt = attempt + 1, updated_utc = ",
+        now_ms!(),
+        " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?4, ?5) \
+     RETURNING ",
+        claim_cols!()
+    ),
+    count_open: concat!(
+        "SELECT consumer, state, COUNT(*) AS n, \
+       SUM(CASE WHEN lease_until < ",
+        now_ms!(),
+        " THEN 1 ELSE 0 END) AS stuck, (",
+        now_ms!(),
+        " - MIN(received_utc)) AS oldest_ms \
+     FROM claims WHERE state IN ('started', 'needs_attention') GROUP BY consumer, state"
+    ),
+    count_window: "\
+    SELECT consumer, COUNT(*) AS claims, \
+      COALESCE(SUM(duplicate_count), 0) AS duplicates, \
+      COALESCE(SUM(mismatch_count), 0) AS mismatches, \
+      SUM(CASE WHEN state = 'completed' THEN 1 ELSE 0 END) AS completed, \
+      SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed, \
+      SUM(CASE WHEN resent_count > 0 THEN 1 ELSE 0 END) AS resent, \
+      NULL AS p50, NULL AS p95 \
+    FROM claims WHERE received_utc >= ?1 GROUP BY consumer",
+    insert_dead_letter: concat!(
+        "INSERT INTO dead_letters (consumer, reason, message_id, at_utc) VALUES (?1, ?2, ?3, ",
+        now_ms!(),
+        ")"
+    ),
+    count_dead_letters: "SELECT consumer, COUNT(*) AS n FROM dead_letters WHERE at_utc >= ?1 GROUP BY consumer",
+    // One batch of retention; the predicate is repeated on the DELETE itself, as in the
+    // PostgreSQL driver, so a row is deleted only if it is terminal when it is deleted (I7).
+    prune_batch: concat!(
+        "DELETE FROM claims WHERE id IN (SELECT id FROM claims \
+       WHERE state IN ('completed', 'failed') AND updated_utc < ",
+        now_ms!(),
+        " - ?1 ORDER BY updated_utc LIMIT ?2) \
+     AND state IN ('completed', 'failed') AND updated_utc < ",
+        now_ms!(),
+        " - ?1"
+    ),
+    prune_count: concat!(
+        "SELECT COUNT(*) AS n FROM claims WHERE state IN ('completed', 'failed') AND updated_utc < ",
+        now_ms!(),
+        " - ?1"
+    ),
+    prune_dead_letters: concat!(
+        "DELETE FROM dead_letters WHERE id IN (SELECT id FROM dead_letters WHERE at_utc < ",
+        now_ms!(),
+        " - ?1 ORDER BY at_utc LIMIT ?2)"
+    ),
+    prune_dead_letters_count: concat!(
+        "SELECT COUNT(*) AS n FROM dead_letters WHERE at_utc < ",
+        now_ms!(),
+        " - ?1"
+    ),
+    mark_sweep: concat!(
+        "INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('sweeper', ?1, ",
+        now_ms!(),
+        ") ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, at_utc = excluded.at_utc"
+    ),
+    last_sweep: "SELECT at_utc FROM claimd_heartbeats WHERE name = 'sweeper'",
+    now: concat!("SELECT ", now_ms!(), " AS now"),
+    ping: "SELECT 1",
+};
