@@ -8,7 +8,7 @@ use crate::claim::{Claim, ClaimState};
 use crate::claimer::Claimer;
 use crate::config::Config;
 use crate::intake;
-use crate::report::{self, Window};
+use crate::report::{self, SweeperActivity, SweeperHealth, Window};
 use crate::store::ClaimFilter;
 use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -32,6 +32,18 @@ pub struct AppState {
     pub sweep_period: Duration,
     /// RabbitMQ intake, whose connection state readiness reports.
     pub amqp: Option<Arc<crate::intake::amqp::AmqpIntake>>,
+    /// This worker's sweeper passes (running or not) and its start, for readiness.
+    pub sweeper: Arc<SweeperActivity>,
+    /// Bytes of request bodies that may be in memory at once (`[http] body_budget_bytes`).
+    pub body_budget: Arc<crate::server::BodyBudget>,
+}
+
+impl AppState {
+    /// The sweeper's health as this worker sees it: the store's last pass start plus its own
+    /// running pass and start-up grace period.
+    pub fn sweeper_health(&self, last: Option<DateTime<Utc>>, now: DateTime<Utc>) -> SweeperHealth {
+        report::sweeper_health(last, now, self.sweep_period, Some(self.sweeper.local()))
+    }
 }
 
 /// An `application/problem+json` answer.
@@ -58,14 +70,29 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
+/// (RFC 9110 §11.1: `bearer`, `BEARER`) and may be followed by several spaces.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at(value.iter().position(|b| *b == b' ')?);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
 fn bearer_ok(expected: &str, req: &Request) -> bool {
     if expected.is_empty() {
         return true;
     }
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .is_some_and(|got| constant_time_eq(got, expected.as_bytes()))
+    let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) => {
+            bearer_token(v.as_bytes()).is_some_and(|got| constant_time_eq(got, expected.as_bytes()))
+        }
+        // None, or two Authorization headers: which one counts would be a guess.
+        _ => false,
+    }
 }
 
 async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -190,7 +217,10 @@ async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQuery>)
     )
     .await
     {
-        Ok(r) => Json(r).into_response(),
+        Ok(mut r) => {
+            r.sweeper = state.sweeper_health(r.sweeper.last_run_utc, r.generated_utc);
+            Json(r).into_response()
+        }
         Err(e) => store_down(e),
     }
 }
@@ -206,6 +236,11 @@ fn store_down(e: crate::store::StoreError) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let names = state.config.consumer_names();
+    state.claimer.metrics().local_sweeper(state.sweeper.local());
+    state
+        .claimer
+        .metrics()
+        .body_bytes_in_flight(state.body_budget.in_use_bytes());
     match state
         .claimer
         .metrics()
@@ -228,64 +263,79 @@ async fn healthz() -> Response {
     Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
-/// The readiness checks, each `"ok"` or what is wrong.
+/// `GET /readyz`: whether this instance can take work (store reachable, accepting, broker
+/// connected), with the safety net's state in the body (it does not decide readiness: a busy
+/// or not-yet-run sweeper is no reason to stop sending this instance traffic).
 #[derive(Debug, Serialize)]
 pub struct Readiness {
-    /// All checks passed.
+    /// This instance can take work: store, accepting and broker all fine.
     pub ready: bool,
-    /// Store reachable.
+    /// Store reachable (`"ok"`), or what is wrong.
     pub store: String,
-    /// Sweeper ran within three periods.
-    pub sweeper: String,
-    /// Last sweeper pass.
-    pub sweeper_last_run_utc: Option<DateTime<Utc>>,
-    /// Taking new work.
+    /// Taking new work (false while shutting down).
     pub accepting: bool,
     /// Every RabbitMQ consumer connected (`"ok"`), or which are not.
     pub broker: String,
+    /// The sweeper: `"ok"`, or what is going on (starting, a long pass, not running).
+    pub sweeper: String,
+    /// The sweeper's health in detail (status, running, last pass start).
+    pub sweeper_health: Option<SweeperHealth>,
+    /// Start of the last sweeper pass by any instance.
+    pub sweeper_last_run_utc: Option<DateTime<Utc>>,
+    /// `started` claims past their lease, all consumers.
+    pub stuck: Option<i64>,
+    /// Age of the oldest `started` claim, seconds.
+    pub oldest_started_age_s: Option<f64>,
 }
+
+/// How long readiness waits for the store before calling it unavailable.
+const READY_STORE_WAIT: Duration = Duration::from_secs(2);
 
 async fn readyz(State(state): State<AppState>) -> Response {
     let store = state.claimer.store();
-    let store_check = tokio::time::timeout(Duration::from_secs(2), store.ping()).await;
-    let (store_msg, last, sweeper_msg) = match store_check {
-        Ok(Ok(())) => match (store.last_sweep().await, store.now().await) {
-            (Ok(last), Ok(now)) => {
-                let ok = report::sweeper_healthy(last, now, state.sweep_period);
-                let msg = if ok {
-                    "ok".to_string()
-                } else {
-                    format!(
-                        "no sweeper pass within 3 schedule periods ({}s)",
-                        (state.sweep_period * 3).as_secs()
-                    )
-                };
-                ("ok".to_string(), last, msg)
-            }
-            (Err(e), _) | (_, Err(e)) => (e.to_string(), None, "unknown".into()),
+    let reads = async {
+        store.ping().await?;
+        let now = store.now().await?;
+        let last = store.last_sweep().await?;
+        let open = store.open_counts().await?;
+        Ok::<_, crate::store::StoreError>((now, last, open))
+    };
+    let mut body = Readiness {
+        ready: false,
+        store: "ok".into(),
+        accepting: state.claimer.is_accepting(),
+        broker: match state.amqp.as_ref().map(|a| a.check()) {
+            None | Some(Ok(())) => "ok".to_string(),
+            Some(Err(e)) => e,
         },
-        Ok(Err(e)) => (e.to_string(), None, "unknown (store down)".into()),
-        Err(_) => (
-            "store did not answer within 2s".into(),
-            None,
-            "unknown".into(),
-        ),
+        sweeper: "unknown (store unavailable)".into(),
+        sweeper_health: None,
+        sweeper_last_run_utc: None,
+        stuck: None,
+        oldest_started_age_s: None,
     };
-    let accepting = state.claimer.is_accepting();
-    let broker = match state.amqp.as_ref().map(|a| a.check()) {
-        None | Some(Ok(())) => "ok".to_string(),
-        Some(Err(e)) => e,
-    };
-    let ready = store_msg == "ok" && sweeper_msg == "ok" && broker == "ok" && accepting;
-    let body = Readiness {
-        ready,
-        store: store_msg,
-        sweeper: sweeper_msg,
-        sweeper_last_run_utc: last,
-        accepting,
-        broker,
-    };
-    let status = if ready {
+    match tokio::time::timeout(READY_STORE_WAIT, reads).await {
+        Ok(Ok((now, last, open))) => {
+            let health = state.sweeper_health(last, now);
+            body.sweeper = health.describe(state.sweep_period);
+            body.sweeper_health = Some(health);
+            body.sweeper_last_run_utc = last;
+            body.stuck = Some(open.iter().map(|c| c.stuck).sum());
+            body.oldest_started_age_s = open
+                .iter()
+                .filter_map(|c| c.oldest_started_age_s)
+                .reduce(f64::max);
+        }
+        Ok(Err(e)) => body.store = e.to_string(),
+        Err(_) => {
+            body.store = format!(
+                "store did not answer within {}s",
+                READY_STORE_WAIT.as_secs()
+            )
+        }
+    }
+    body.ready = body.store == "ok" && body.accepting && body.broker == "ok";
+    let status = if body.ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -303,5 +353,20 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secreT"));
         assert!(!constant_time_eq(b"secret", b"secre"));
         assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for v in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR   s3cret",
+        ] {
+            assert_eq!(bearer_token(v.as_bytes()), Some(&b"s3cret"[..]), "{v}");
+        }
+        for v in ["Basic s3cret", "Bearers3cret", "Bearer ", "s3cret", ""] {
+            assert_eq!(bearer_token(v.as_bytes()), None, "{v}");
+        }
     }
 }

@@ -339,9 +339,13 @@ impl Claimer {
         // it, so this worker's deadline never falls after the lease the database recorded.
         let hold = Hold::fresh();
         let claim = match self.store.claim(&new).await {
-            Ok(ClaimOutcome::Created(claim)) => {
+            Ok(ClaimOutcome::Created(mut claim)) => {
                 m.created(&new.consumer);
+                // Intake answers from the claim's identity and state: it gets no copy of the
+                // payload (a backlog of large bodies would otherwise be held twice).
+                let payload = std::mem::take(&mut claim.payload);
                 let _ = answer.send(Ok(Accepted::New(claim.clone())));
+                claim.payload = payload;
                 claim
             }
             Ok(ClaimOutcome::Duplicate(claim)) => {
@@ -369,6 +373,8 @@ impl Claimer {
                 }
             }
         };
+        // The claim carries the payload from here on; the delivery's copy is not needed.
+        drop(new);
         let permit = match admission {
             Admission::Place(place) => {
                 let slot = consumer.slot().await;

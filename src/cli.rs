@@ -405,7 +405,9 @@ async fn run_worker(app: App) -> Output {
     let grace = app.config.run.shutdown_grace.0;
     let running = match run::start(app).await {
         Ok(r) => r,
-        Err(e @ run::RunError::InsecureAdmin(_)) => return Output::fail(2, e),
+        Err(e @ (run::RunError::InsecureAdmin(_) | run::RunError::OpenIntake(_))) => {
+            return Output::fail(2, e);
+        }
         Err(e) => return Output::fail(1, e),
     };
     shutdown_signal().await;

@@ -72,12 +72,50 @@ pub struct HttpConfig {
     /// Allow a non-loopback listener without an admin token.
     #[serde(default)]
     pub allow_insecure_admin: bool,
+    /// Allow a non-loopback listener without an intake token: anyone who reaches the port can
+    /// ask for payments (for a network where something in front already authenticates).
+    #[serde(default)]
+    pub allow_open_intake: bool,
     /// Largest accepted body.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
     /// How long intake waits for a free effect slot before answering `503` + `Retry-After`.
     #[serde(default = "default_intake_wait")]
     pub intake_wait: Dur,
+    /// Time a client has to send a complete request head (from its first byte, or from the
+    /// connection opening).
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: Dur,
+    /// Time a client has to send a whole body, from when claimd starts reading it (`408`).
+    #[serde(default = "default_body_read_timeout")]
+    pub body_read_timeout: Dur,
+    /// A keep-alive connection without a request for this long is closed (keep it longer than
+    /// the load balancer's idle timeout, so the balancer closes first).
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: Dur,
+    /// Open connections at most; more wait in the listen backlog.
+    #[serde(default = "default_max_connections_http")]
+    pub max_connections: usize,
+    /// Request bodies held in memory at once, in bytes, across all requests; when spent,
+    /// intake answers `503` + `Retry-After` without reading the body.
+    #[serde(default = "default_body_budget")]
+    pub body_budget_bytes: usize,
+}
+
+fn default_header_read_timeout() -> Dur {
+    Dur(Duration::from_secs(10))
+}
+fn default_body_read_timeout() -> Dur {
+    Dur(Duration::from_secs(30))
+}
+fn default_idle_timeout() -> Dur {
+    Dur(Duration::from_secs(75))
+}
+fn default_max_connections_http() -> usize {
+    1024
+}
+fn default_body_budget() -> usize {
+    32 * 1024 * 1024
 }
 
 fn default_listen() -> String {
@@ -97,8 +135,14 @@ impl Default for HttpConfig {
             admin_token: String::new(),
             intake_token: String::new(),
             allow_insecure_admin: false,
+            allow_open_intake: false,
             max_body_bytes: default_max_body(),
             intake_wait: default_intake_wait(),
+            header_read_timeout: default_header_read_timeout(),
+            body_read_timeout: default_body_read_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_connections: default_max_connections_http(),
+            body_budget_bytes: default_body_budget(),
         }
     }
 }
@@ -519,6 +563,10 @@ impl Config {
             let key = e.path().to_string();
             invalid(key, one_line(&e.into_inner().to_string()))
         })?;
+        // The edge checks first: they show URLs with their passwords redacted.
+        config
+            .validate_edge()
+            .map_err(|(key, message)| invalid(key, message))?;
         config
             .validate(&mut warnings)
             .map_err(|(key, message)| invalid(key, message))?;
@@ -531,12 +579,6 @@ impl Config {
     }
 
     fn validate(&self, warnings: &mut Vec<String>) -> Result<(), (String, String)> {
-        if !(self.store.url.starts_with("sqlite:") || self.store.url.starts_with("postgres")) {
-            return Err((
-                "store.url".into(),
-                "must start with sqlite: or postgres://".into(),
-            ));
-        }
         if self.store.max_connections == 0 {
             return Err(("store.max_connections".into(), "must be at least 1".into()));
         }
@@ -716,6 +758,67 @@ impl Config {
                 warnings.push(format!(
                     "consumers {names:?} send to the same provider {host} and not every key template contains {{consumer}}: one message's response could be replayed for another's"
                 ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// What the edge needs to be valid: provider header names and values that can be sent
+    /// (a value like `"Bearer x\n"` would fail every call).
+    fn validate_edge(&self) -> Result<(), (String, String)> {
+        let http = &self.http;
+        for (key, d) in [
+            ("http.header_read_timeout", http.header_read_timeout),
+            ("http.body_read_timeout", http.body_read_timeout),
+            ("http.idle_timeout", http.idle_timeout),
+        ] {
+            if d.0.is_zero() {
+                return Err((key.into(), "must be longer than 0s".into()));
+            }
+        }
+        if http.max_connections == 0 {
+            return Err(("http.max_connections".into(), "must be at least 1".into()));
+        }
+        if http.max_body_bytes == 0 {
+            return Err(("http.max_body_bytes".into(), "must be at least 1".into()));
+        }
+        if http.body_budget_bytes < http.max_body_bytes {
+            return Err((
+                "http.body_budget_bytes".into(),
+                format!(
+                    "{} is smaller than max_body_bytes {}: a body of the largest allowed size could never be admitted",
+                    http.body_budget_bytes, http.max_body_bytes
+                ),
+            ));
+        }
+        crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
+        let redact = crate::store::redact_url;
+        for (i, c) in self.consumers.iter().enumerate() {
+            if c.source == Source::Amqp && !c.amqp_url.is_empty() {
+                // lapin's own parse error repeats the whole URL, password included.
+                c.amqp_url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+                    (
+                        format!("consumers[{i}].amqp_url"),
+                        format!("{}: not an AMQP URL ({})", redact(&c.amqp_url), redact(&e)),
+                    )
+                })?;
+            }
+            let EffectConfig::Http(h) = &c.effect else {
+                continue;
+            };
+            reqwest::Url::parse(&h.url).map_err(|e| {
+                (
+                    format!("consumers[{i}].effect.url"),
+                    format!("{}: {e}", redact(&h.url)),
+                )
+            })?;
+            crate::effect::http::check_header(&h.idempotency_header, "x")
+                .map_err(|m| (format!("consumers[{i}].effect.idempotency_header"), m))?;
+            for (name, value) in &h.headers {
+                crate::effect::http::check_header(name, value)
+                    .map_err(|m| (format!("consumers[{i}].effect.headers.{name}"), m))?;
             }
         }
         Ok(())

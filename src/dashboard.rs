@@ -726,8 +726,9 @@ pub fn render_charts(d: &Dashboard) -> String {
 pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> {
     let store = state.claimer.store();
     let names = state.config.consumer_names();
-    let report = report::build(store, &names, None, window, state.sweep_period).await?;
+    let mut report = report::build(store, &names, None, window, state.sweep_period).await?;
     let (now, since) = (report.generated_utc, report.since_utc);
+    report.sweeper = state.sweeper_health(report.sweeper.last_run_utc, now);
     let completed = store
         .list(&ClaimFilter {
             state: Some(ClaimState::Completed),
@@ -855,6 +856,7 @@ mod tests {
                 sweeper: SweeperHealth {
                     last_run_utc: healthy.then(|| now - chrono::Duration::seconds(4)),
                     healthy,
+                    ..Default::default()
                 },
                 since_utc: None,
                 consumers: vec![

@@ -25,6 +25,7 @@ pub mod report;
 pub mod retention;
 pub mod run;
 pub mod sandbox;
+pub mod server;
 pub mod settle;
 pub mod store;
 pub mod sweeper;

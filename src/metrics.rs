@@ -64,6 +64,10 @@ pub struct Metrics {
     stuck: Family<ConsumerLabel, Gauge>,
     oldest: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     sweeper_last_run: Gauge<f64, AtomicU64>,
+    sweeper_running: Gauge,
+    sweeper_running_seconds: Gauge<f64, AtomicU64>,
+    uptime: Gauge<f64, AtomicU64>,
+    body_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -118,6 +122,10 @@ impl Metrics {
             stuck: Family::default(),
             oldest: Family::default(),
             sweeper_last_run: Gauge::default(),
+            sweeper_running: Gauge::default(),
+            sweeper_running_seconds: Gauge::default(),
+            uptime: Gauge::default(),
+            body_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -198,8 +206,28 @@ impl Metrics {
         );
         registry.register(
             "sweeper_last_run_timestamp_seconds",
-            "Unix time of the last sweeper pass by any instance",
+            "Unix time the last sweeper pass by any instance started",
             m.sweeper_last_run.clone(),
+        );
+        registry.register(
+            "sweeper_running",
+            "1 while a sweeper pass runs on this instance",
+            m.sweeper_running.clone(),
+        );
+        registry.register(
+            "sweeper_pass_running_seconds",
+            "How long this instance's running sweeper pass has been running (0: none)",
+            m.sweeper_running_seconds.clone(),
+        );
+        registry.register(
+            "uptime_seconds",
+            "Time since this worker started (the sweeper's grace period is 3 schedule periods)",
+            m.uptime.clone(),
+        );
+        registry.register(
+            "http_body_bytes_in_flight",
+            "Bytes of the request-body budget taken by bodies being read or handled",
+            m.body_bytes.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -278,6 +306,19 @@ impl Metrics {
                 action: action.to_string(),
             })
             .inc();
+    }
+    /// This worker's own sweeper state, set before a scrape renders.
+    pub fn local_sweeper(&self, local: crate::report::LocalSweeper) {
+        self.sweeper_running
+            .set(i64::from(local.running_for.is_some()));
+        self.sweeper_running_seconds
+            .set(local.running_for.map_or(0.0, |d| d.as_secs_f64()));
+        self.uptime.set(local.uptime.as_secs_f64());
+    }
+    /// Bytes of the request-body budget in use, set before a scrape renders.
+    pub fn body_bytes_in_flight(&self, bytes: usize) {
+        self.body_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
     /// Retention deleted `n` rows.
     pub fn pruned(&self, n: u64) {

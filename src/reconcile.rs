@@ -3,6 +3,7 @@
 
 use crate::claim::{Claim, ClaimState};
 use crate::claimer::Claimer;
+use crate::dashboard::shell_quote;
 use crate::effect::Lookup;
 use crate::store::{ClaimFilter, StoreResult};
 use chrono::{DateTime, Utc};
@@ -73,12 +74,18 @@ fn tenant_flag(tenant: &str) -> String {
     if tenant.is_empty() {
         String::new()
     } else {
-        format!(" --tenant {tenant}")
+        format!(" --tenant {}", shell_quote(tenant))
     }
 }
 
 fn suggestion(kind: MismatchKind, c: &Claim) -> String {
-    let who = format!("{} {}{}", c.consumer, c.message_id, tenant_flag(&c.tenant));
+    // Ids and tenants come from clients: quoted so the printed command is safe to paste.
+    let who = format!(
+        "{} {}{}",
+        c.consumer,
+        shell_quote(&c.message_id),
+        tenant_flag(&c.tenant)
+    );
     match (kind, c.state) {
         (MismatchKind::CompletedUnknownToProvider, _) => format!(
             "investigate with the provider; if the effect never happened: claimd claims show {who}, then repair by hand"

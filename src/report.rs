@@ -61,13 +61,132 @@ impl Window {
     }
 }
 
-/// The sweeper's health as every instance sees it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// The sweeper's health: from the store, when the last pass by any instance *started*; from a
+/// running worker, also whether a pass is running there and how long ago the worker started.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
 pub struct SweeperHealth {
-    /// End of the last pass by any instance.
+    /// Start of the last pass by any instance.
     pub last_run_utc: Option<DateTime<Utc>>,
-    /// It ran within three schedule periods.
+    /// A pass started within three schedule periods, or one is running on this instance, or
+    /// this instance started less than three periods ago (its first pass is not due yet).
     pub healthy: bool,
+    /// `ok` (a pass started within three periods), `running` (this instance's pass is still
+    /// busy), `starting` (within the grace period after start) or `not_running`.
+    pub status: String,
+    /// Whether a pass is running on this instance (`null` from the CLI, which cannot know).
+    pub running: Option<bool>,
+    /// How long this instance's running pass has been running, in seconds.
+    pub running_for_s: Option<f64>,
+}
+
+/// What a running worker knows of its own sweeper.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LocalSweeper {
+    /// Time since this worker started.
+    pub uptime: Duration,
+    /// How long the pass running on this worker has been running, if one is.
+    pub running_for: Option<Duration>,
+}
+
+/// A worker's record of its sweeper passes: when it started, whether a pass is running.
+#[derive(Debug)]
+pub struct SweeperActivity {
+    started: std::time::Instant,
+    running: std::sync::Mutex<(usize, Option<std::time::Instant>)>,
+}
+
+impl Default for SweeperActivity {
+    fn default() -> Self {
+        SweeperActivity {
+            started: std::time::Instant::now(),
+            running: std::sync::Mutex::new((0, None)),
+        }
+    }
+}
+
+/// Held while a pass runs (see [`SweeperActivity::begin`]).
+#[derive(Debug)]
+pub struct PassGuard<'a>(&'a SweeperActivity);
+
+impl Drop for PassGuard<'_> {
+    fn drop(&mut self) {
+        let mut r = self.0.running.lock().unwrap_or_else(|p| p.into_inner());
+        r.0 = r.0.saturating_sub(1);
+        if r.0 == 0 {
+            r.1 = None;
+        }
+    }
+}
+
+impl SweeperActivity {
+    /// Marks a pass as running until the guard drops.
+    pub fn begin(&self) -> PassGuard<'_> {
+        let mut r = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        r.0 += 1;
+        r.1.get_or_insert_with(std::time::Instant::now);
+        PassGuard(self)
+    }
+
+    /// The worker's view now.
+    pub fn local(&self) -> LocalSweeper {
+        let r = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        LocalSweeper {
+            uptime: self.started.elapsed(),
+            running_for: r.1.map(|t| t.elapsed()),
+        }
+    }
+}
+
+/// The sweeper's health at database time `now`, for schedule `period`: healthy when the last
+/// pass (any instance) started within three periods; a worker (`local`) also counts a pass
+/// still running on it, and the first three periods after its start (the grace period).
+pub fn sweeper_health(
+    last: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    period: Duration,
+    local: Option<LocalSweeper>,
+) -> SweeperHealth {
+    let recent = sweeper_healthy(last, now, period);
+    let running_for = local.and_then(|l| l.running_for);
+    let starting = local.is_some_and(|l| l.uptime <= period * 3);
+    let status = if recent {
+        "ok"
+    } else if running_for.is_some() {
+        "running"
+    } else if starting {
+        "starting"
+    } else {
+        "not_running"
+    };
+    SweeperHealth {
+        last_run_utc: last,
+        healthy: status != "not_running",
+        status: status.to_string(),
+        running: local.map(|l| l.running_for.is_some()),
+        running_for_s: running_for.map(|d| d.as_secs_f64()),
+    }
+}
+
+impl SweeperHealth {
+    /// One phrase for `/readyz` and the table: `ok`, or what is going on.
+    pub fn describe(&self, period: Duration) -> String {
+        match self.status.as_str() {
+            "ok" => "ok".into(),
+            "running" => format!(
+                "a pass has been running on this instance for {:.0}s (no pass started within 3 schedule periods, {}s)",
+                self.running_for_s.unwrap_or(0.0),
+                (period * 3).as_secs()
+            ),
+            "starting" => format!(
+                "starting: first pass due within 3 schedule periods ({}s) of start",
+                (period * 3).as_secs()
+            ),
+            _ => format!(
+                "no sweeper pass started within 3 schedule periods ({}s)",
+                (period * 3).as_secs()
+            ),
+        }
+    }
 }
 
 /// A claim that needs a person, or is stuck.
@@ -181,10 +300,7 @@ pub async fn build(
     let last = store.last_sweep().await?;
     Ok(Report {
         generated_utc: now,
-        sweeper: SweeperHealth {
-            last_run_utc: last,
-            healthy: sweeper_healthy(last, now, sweep_period),
-        },
+        sweeper: sweeper_health(last, now, sweep_period, None),
         consumers: counts,
         attention,
         since_utc: since,
@@ -316,9 +432,14 @@ pub fn render_csv(r: &Report) -> String {
     out
 }
 
-/// Quotes a CSV field when it needs it.
+/// One CSV cell, safe to open in a spreadsheet (the OWASP CSV-injection rule): a cell that
+/// begins with `=`, `+`, `-`, `@`, tab or carriage return would be run as a formula, so it is
+/// prefixed with a single quote and quoted; a cell with a comma, quote or line break is quoted,
+/// inner quotes doubled. Every text cell claimd writes (ids, tenants, reasons) goes through it.
 pub fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
+    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("\"'{}\"", s.replace('"', "\"\""))
+    } else if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
@@ -395,10 +516,75 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_counts_its_running_pass_and_a_grace_period_after_start() {
+        let now = Utc::now();
+        let p = Duration::from_secs(10);
+        let old = Some(now - chrono::Duration::seconds(300));
+        let at = |uptime: u64, running: Option<u64>| LocalSweeper {
+            uptime: Duration::from_secs(uptime),
+            running_for: running.map(Duration::from_secs),
+        };
+        // Seconds after start, before any pass: starting, healthy.
+        let h = sweeper_health(None, now, p, Some(at(2, None)));
+        assert_eq!((h.status.as_str(), h.healthy), ("starting", true));
+        // A long pass on this instance: running, healthy.
+        let h = sweeper_health(old, now, p, Some(at(600, Some(120))));
+        assert_eq!((h.status.as_str(), h.healthy), ("running", true));
+        assert_eq!((h.running, h.running_for_s), (Some(true), Some(120.0)));
+        // Nothing for five minutes, long after start: not running.
+        let h = sweeper_health(old, now, p, Some(at(600, None)));
+        assert_eq!((h.status.as_str(), h.healthy), ("not_running", false));
+        // The CLI knows only the store.
+        let h = sweeper_health(old, now, p, None);
+        assert_eq!(
+            (h.status.as_str(), h.healthy, h.running),
+            ("not_running", false, None)
+        );
+        let h = sweeper_health(Some(now), now, p, None);
+        assert_eq!((h.status.as_str(), h.healthy), ("ok", true));
+    }
+
+    #[test]
+    fn sweeper_activity_tracks_overlapping_passes() {
+        let a = SweeperActivity::default();
+        assert_eq!(a.local().running_for, None);
+        let g1 = a.begin();
+        let g2 = a.begin();
+        drop(g1);
+        assert!(a.local().running_for.is_some(), "one pass still running");
+        drop(g2);
+        assert_eq!(a.local().running_for, None);
+    }
+
+    #[test]
     fn tables_align_and_csv_quotes() {
         let t = table(&["a", "bb"], &[vec!["xxx".into(), "y".into()]]);
         assert_eq!(t, "a    bb\nxxx  y\n");
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+
+    #[test]
+    fn csv_cells_that_a_spreadsheet_would_run_are_neutralised() {
+        for (cell, want) in [
+            ("=1+1", "\"'=1+1\""),
+            ("+SUM(A1)", "\"'+SUM(A1)\""),
+            ("-2+3", "\"'-2+3\""),
+            ("@SUM(1)", "\"'@SUM(1)\""),
+            ("\t=1", "\"'\t=1\""),
+            ("\r=1", "\"'\r=1\""),
+            (
+                "=HYPERLINK(\"http://x\",\"y\")",
+                "\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\"",
+            ),
+        ] {
+            assert_eq!(csv_field(cell), want, "{cell:?}");
+        }
+        assert_eq!(
+            csv_field("order-1=2"),
+            "order-1=2",
+            "only the first character matters"
+        );
     }
 }

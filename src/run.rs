@@ -5,6 +5,7 @@
 use crate::api::{self, AppState};
 use crate::app::App;
 use crate::intake::amqp::AmqpIntake;
+use crate::report::SweeperActivity;
 use crate::retention;
 use crate::sandbox::{Sandbox, SandboxOptions};
 use crate::sweeper::Sweeper;
@@ -34,6 +35,11 @@ pub enum RunError {
         "[http] listen = {0:?} is not a loopback address and [http] admin_token is empty: set a token, or allow_insecure_admin = true"
     )]
     InsecureAdmin(String),
+    /// Intake (which triggers payments) would be open to the network.
+    #[error(
+        "[http] listen = {0:?} is not a loopback address and [http] intake_token is empty: anyone who reaches the port could ask for payments; set intake_token, or allow_open_intake = true when something in front authenticates"
+    )]
+    OpenIntake(String),
     /// The scheduler refused a job.
     #[error("scheduler: {0}")]
     Scheduler(String),
@@ -96,6 +102,12 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     {
         return Err(RunError::InsecureAdmin(config.http.listen.clone()));
     }
+    if !is_loopback(&config.http.listen)
+        && config.http.intake_token.is_empty()
+        && !config.http.allow_open_intake
+    {
+        return Err(RunError::OpenIntake(config.http.listen.clone()));
+    }
     let (stop, stopped) = watch::channel(false);
     let mut background = Vec::new();
 
@@ -130,11 +142,16 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     // RabbitMQ intake: one task per `source = "amqp"` consumer; connects in the background.
     let amqp = Arc::new(AmqpIntake::start(app.claimer.clone(), &config));
     let sweep_period = app.sweep_period();
+    let activity = Arc::new(SweeperActivity::default());
     let state = AppState {
         claimer: app.claimer.clone(),
         config: config.clone(),
         sweep_period,
         amqp: Some(amqp.clone()),
+        sweeper: activity.clone(),
+        body_budget: Arc::new(crate::server::BodyBudget::new(
+            config.http.body_budget_bytes,
+        )),
     };
     let listener = bind(&config.http.listen).await?;
     let http_addr = listener.local_addr().map_err(|source| RunError::Listen {
@@ -142,17 +159,13 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         source,
     })?;
     let router = api::router(state);
+    let limits = crate::server::Limits::from_config(&config.http);
     let mut rx = stopped.clone();
     let http = tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            error!(error = %e, "HTTP server stopped");
-        }
+        crate::server::serve(listener, router, limits, shutdown).await;
     });
     info!(%http_addr, instance = app.claimer.instance(), store = app.store.dialect(), "claimd listening");
 
@@ -164,11 +177,13 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     {
         let sweeper = sweeper.clone();
         let last_pass = last_pass.clone();
+        let activity = activity.clone();
         let job = Job::new_async(config.sweeper.schedule.as_str(), move |_id, _l| {
             let sweeper = sweeper.clone();
             let last_pass = last_pass.clone();
+            let activity = activity.clone();
             Box::pin(async move {
-                run_pass(&sweeper, &last_pass).await;
+                run_pass(&sweeper, &last_pass, &activity).await;
             })
         })
         .map_err(|e| RunError::Scheduler(format!("sweeper.schedule: {e}")))?;
@@ -207,6 +222,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     {
         let sweeper = sweeper.clone();
         let last_pass = last_pass.clone();
+        let activity = activity.clone();
         let mut rx = stopped.clone();
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(sweep_period.max(Duration::from_secs(1)));
@@ -221,7 +237,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
                         silent_s = silent,
                         "sweeper schedule has not fired; running a pass from the watchdog"
                     );
-                    run_pass(&sweeper, &last_pass).await;
+                    run_pass(&sweeper, &last_pass, &activity).await;
                 }
             }
         }));
@@ -240,8 +256,10 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     })
 }
 
-async fn run_pass(sweeper: &Sweeper, last_pass: &AtomicI64) {
+async fn run_pass(sweeper: &Sweeper, last_pass: &AtomicI64, activity: &SweeperActivity) {
     last_pass.store(unix_now(), Ordering::SeqCst);
+    // Readiness and /metrics see the pass from its start, however long it waits for effects.
+    let _running = activity.begin();
     match sweeper.try_pass().await {
         Ok(Some(_)) | Ok(None) => {}
         Err(e) => warn!(error = %e, "sweeper pass failed"),

@@ -28,6 +28,21 @@ pub enum HttpEffectError {
     Client(String),
 }
 
+/// Checks one configured provider header, as configuration validation does before anything
+/// starts: the name must be a valid header name and the value a valid header value (no line
+/// breaks or other control characters). The message never contains the value (it is usually a
+/// secret).
+pub fn check_header(name: &str, value: &str) -> Result<(), String> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a valid HTTP header name"))?;
+    HeaderValue::from_str(value).map_err(|_| {
+        "the value is not a valid HTTP header value (a line break or other control character, \
+         often a trailing newline from a secret file); the value is not shown"
+            .to_string()
+    })?;
+    Ok(())
+}
+
 /// Calls a provider over HTTP.
 #[derive(Debug, Clone)]
 pub struct HttpEffect {

@@ -9,13 +9,14 @@ use crate::api::{AppState, problem};
 use crate::claim::Claim;
 use crate::claimer::{Accepted, Delivery, SubmitError};
 use crate::config::Source;
+use crate::server::{BodyReadTimeout, BodyShare};
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
+use http_body_util::BodyExt;
 use serde::Serialize;
 
 /// The claim as intake clients see it.
@@ -97,7 +98,7 @@ pub async fn post_message(
     State(state): State<AppState>,
     Path(consumer): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     if !http_consumer_exists(&state, &consumer) {
         return problem(
@@ -123,25 +124,10 @@ pub async fn post_message(
             "the Idempotency-Key header is required: 1-255 visible ASCII characters",
         );
     };
-    let body = match body {
+    // `_share` (of the body budget) is held until the answer: the body is in memory till then.
+    let (body, _share) = match read_body(&state, &consumer, &headers, body).await {
         Ok(b) => b,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body too large",
-                &format!(
-                    "the body is over the limit of {} bytes ([http] max_body_bytes)",
-                    state.config.http.max_body_bytes
-                ),
-            );
-        }
-        Err(rejection) => {
-            return problem(
-                rejection.status(),
-                "unreadable body",
-                &rejection.body_text(),
-            );
-        }
+        Err(refused) => return refused,
     };
     // Raw bytes: the claimer refuses what it cannot store and send on (never stored as "").
     let content_type = headers
@@ -152,7 +138,7 @@ pub async fn post_message(
         tenant: tenant_of(&state, &consumer, &headers).to_vec(),
         consumer,
         message_id: key.as_bytes().to_vec(),
-        payload: body.to_vec(),
+        payload: body,
         content_type,
     };
     match state.claimer.submit(delivery).await {
@@ -164,6 +150,87 @@ pub async fn post_message(
         }
         Err(e) => submit_error(e),
     }
+}
+
+fn too_large(limit: usize) -> Response {
+    problem(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body too large",
+        &format!("the body is over the limit of {limit} bytes ([http] max_body_bytes)"),
+    )
+}
+
+/// Reads the body into one buffer (sized from `Content-Length`, so it is never copied), after
+/// taking its share of the body budget (the declared length, else `max_body_bytes`): `503` +
+/// `Retry-After` when the budget stays spent for `intake_wait` (nothing read), `413` past
+/// `max_body_bytes` (a declared length is refused before reading), `408` when it does not
+/// arrive within `body_read_timeout`.
+async fn read_body<'s>(
+    state: &'s AppState,
+    consumer: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Vec<u8>, BodyShare<'s>), Response> {
+    let limit = state.config.http.max_body_bytes;
+    let declared = crate::server::declared_length(headers);
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    let want = declared.map_or(limit, |n| n as usize);
+    let Some(share) = state
+        .body_budget
+        .admit(want, state.config.http.intake_wait.0)
+        .await
+    else {
+        state.claimer.metrics().refused(consumer, "body_budget");
+        let mut r = problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "request bodies in memory are at [http] body_budget_bytes; nothing was read or recorded: retry",
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        // The body is not read: the connection cannot carry another request.
+        r.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        return Err(r);
+    };
+    let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize).min(limit));
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| unreadable(&e))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(too_large(limit));
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok((buf, share))
+}
+
+fn unreadable(e: &axum::Error) -> Response {
+    let mut r = if BodyReadTimeout::is_cause_of(e) {
+        problem(
+            StatusCode::REQUEST_TIMEOUT,
+            "body too slow",
+            &format!("{e}; nothing was recorded"),
+        )
+    } else {
+        problem(
+            StatusCode::BAD_REQUEST,
+            "unreadable body",
+            &format!("{e}; nothing was recorded"),
+        )
+    };
+    // The rest of the body is not read: the connection cannot carry another request.
+    r.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    r
 }
 
 /// Maps a refused delivery to its HTTP answer.

@@ -1,0 +1,433 @@
+//! The HTTP listener of `claimd run`: an accept loop with a cap on open connections, and per
+//! connection the timeouts a payments API needs against slow or idle clients (HTTP/1.1).
+//!
+//! - **Request head**: a client has `header_read_timeout` from its first byte (or from the
+//!   connection opening) to send the complete request line and headers.
+//! - **Body**: `body_read_timeout` from when claimd starts reading a body to its last byte;
+//!   past it the request is answered `408` and the connection closed.
+//! - **Idle keep-alive**: a connection with no request for `idle_timeout` is closed.
+//! - **Declared length**: a `Content-Length` over `max_body_bytes` is answered `413` at once,
+//!   before any of the body is read (and instead of `100 Continue`).
+//! - **Connections**: at most `max_connections` open at once; more wait in the kernel's listen
+//!   backlog until one closes.
+//!
+//! `axum::serve` has none of these, so claimd serves the axum router with hyper's HTTP/1
+//! connection builder itself.
+
+use crate::api::problem;
+use axum::Router;
+use axum::http::{HeaderValue, Request, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::time::{Instant, Sleep};
+use tower::ServiceExt;
+
+/// The limits the listener enforces (from `[http]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Time to send a complete request head.
+    pub header_read_timeout: Duration,
+    /// Time to send a whole body, from when claimd starts reading it.
+    pub body_read_timeout: Duration,
+    /// Time a keep-alive connection may sit without a request.
+    pub idle_timeout: Duration,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Largest body; a larger declared `Content-Length` is refused before reading.
+    pub max_body_bytes: usize,
+}
+
+impl Limits {
+    /// The limits configured in `[http]`.
+    pub fn from_config(http: &crate::config::HttpConfig) -> Self {
+        Limits {
+            header_read_timeout: http.header_read_timeout.0,
+            body_read_timeout: http.body_read_timeout.0,
+            idle_timeout: http.idle_timeout.0,
+            max_connections: http.max_connections,
+            max_body_bytes: http.max_body_bytes,
+        }
+    }
+}
+
+/// Largest read buffer of one connection (and so the largest request head).
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// How long, after shutdown begins, open connections get to finish their request.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets open requests finish
+/// (up to a few seconds) and returns.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let (stop_tx, _) = watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut at_cap_logged = false;
+    loop {
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => {
+                at_cap_logged = false;
+                p
+            }
+            Err(_) => {
+                if !at_cap_logged {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        "connection cap reached; new connections wait in the listen backlog"
+                    );
+                    at_cap_logged = true;
+                }
+                tokio::select! {
+                    p = permits.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    // Usually transient (a reset before accept, out of descriptors): back off.
+                    tracing::debug!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let mut stop = stop_tx.subscribe();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let conn = Arc::new(Phase::new());
+            let io = TokioIo::new(TimedIo::new(stream, conn.clone(), limits));
+            let service = service_fn(move |req: Request<Incoming>| {
+                conn.busy();
+                let router = router.clone();
+                let conn = conn.clone();
+                async move {
+                    let response = handle(router, limits, req).await;
+                    conn.idle();
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+            let mut builder = http1::Builder::new();
+            // Head and idle deadlines are TimedIo's: hyper's own header timer counts idle
+            // keep-alive time as header time. It is kept as a backstop that never fires first,
+            // because with it set hyper polls the socket as soon as a connection goes idle,
+            // which is what starts TimedIo's idle deadline.
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.idle_timeout + limits.header_read_timeout)
+                // hyper's read buffer grows to ~400 KiB per connection while a body streams
+                // through it; 64 KiB (also the largest request head) keeps a thousand open
+                // connections within 64 MiB.
+                .max_buf_size(READ_BUFFER_BYTES)
+                .keep_alive(true);
+            let connection = builder.serve_connection(io, service);
+            let mut connection = std::pin::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                () = async { let _ = stop.wait_for(|s| *s).await; } => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+    let _ = stop_tx.send(true);
+    let all = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(SHUTDOWN_WAIT, permits.acquire_many(all)).await;
+}
+
+/// One request: the declared-length check, then the router with a body that times out.
+async fn handle(router: Router, limits: Limits, req: Request<Incoming>) -> Response {
+    if let Some(len) = declared_length(req.headers())
+        && len > limits.max_body_bytes as u64
+    {
+        // Answered before the body is touched: hyper sends no `100 Continue`, reads nothing,
+        // and closes the connection after this answer.
+        let mut r = problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body too large",
+            &format!(
+                "Content-Length {len} is over the limit of {} bytes ([http] max_body_bytes)",
+                limits.max_body_bytes
+            ),
+        );
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    }
+    let req = req.map(|b| axum::body::Body::new(TimedBody::new(b, limits.body_read_timeout)));
+    match router.oneshot(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
+
+/// The byte budget for request bodies held in memory at once (`[http] body_budget_bytes`).
+///
+/// Intake takes a share of it before reading a body — the declared `Content-Length`, or
+/// `max_body_bytes` for a body of unknown length — and gives it back when the request is
+/// answered. When the budget is spent, intake waits up to `intake_wait` for a share and then
+/// answers `503` + `Retry-After` without reading the body: the backlog waits in the clients,
+/// never in claimd's memory.
+#[derive(Debug)]
+pub struct BodyBudget {
+    kib: Semaphore,
+    total_kib: usize,
+}
+
+/// A share of the [`BodyBudget`], given back on drop.
+#[derive(Debug)]
+pub struct BodyShare<'a>(#[allow(dead_code)] tokio::sync::SemaphorePermit<'a>);
+
+impl BodyBudget {
+    /// A budget of `bytes` (counted in KiB, rounded up).
+    pub fn new(bytes: usize) -> Self {
+        let total_kib = bytes.div_ceil(1024).max(1);
+        BodyBudget {
+            kib: Semaphore::new(total_kib),
+            total_kib,
+        }
+    }
+
+    /// A share for a body of `bytes`, waiting up to `wait` for one; `None` when the budget
+    /// stayed spent.
+    pub async fn admit(&self, bytes: usize, wait: Duration) -> Option<BodyShare<'_>> {
+        let kib = u32::try_from(bytes.div_ceil(1024).clamp(1, self.total_kib)).ok()?;
+        if let Ok(p) = self.kib.try_acquire_many(kib) {
+            return Some(BodyShare(p));
+        }
+        tokio::time::timeout(wait, self.kib.acquire_many(kib))
+            .await
+            .ok()?
+            .ok()
+            .map(BodyShare)
+    }
+
+    /// Bytes of the budget now taken by bodies being read or handled.
+    pub fn in_use_bytes(&self) -> usize {
+        (self.total_kib - self.kib.available_permits()) * 1024
+    }
+}
+
+/// The `Content-Length` a request declares, when it declares one it can parse.
+pub fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The body did not arrive within `body_read_timeout`.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the request body did not arrive within {0:?} ([http] body_read_timeout)")]
+pub struct BodyReadTimeout(pub Duration);
+
+impl BodyReadTimeout {
+    /// Whether `e` (or what caused it) is a body read timeout.
+    pub fn is_cause_of(e: &(dyn std::error::Error + 'static)) -> bool {
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            if err.is::<BodyReadTimeout>() {
+                return true;
+            }
+            cur = err.source();
+        }
+        false
+    }
+}
+
+/// A request body with a deadline that starts when it is first read.
+struct TimedBody {
+    inner: Incoming,
+    timeout: Duration,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl TimedBody {
+    fn new(inner: Incoming, timeout: Duration) -> Self {
+        TimedBody {
+            inner,
+            timeout,
+            deadline: None,
+        }
+    }
+}
+
+impl HttpBody for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let timeout = self.timeout;
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Pending => {
+                let sleep = this
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                ready!(sleep.as_mut().poll(cx));
+                Poll::Ready(Some(Err(Box::new(BodyReadTimeout(timeout)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Where a connection is between requests, for its read deadline.
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// Waiting for (the rest of) a request head since this instant.
+    Head(Instant),
+    /// A request is being handled (the body has its own deadline).
+    Busy,
+    /// Between requests since this instant.
+    Idle(Instant),
+}
+
+#[derive(Debug)]
+struct Phase(Mutex<State>);
+
+impl Phase {
+    fn new() -> Self {
+        Phase(Mutex::new(State::Head(Instant::now())))
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn busy(&self) {
+        *self.lock() = State::Busy;
+    }
+    fn idle(&self) {
+        *self.lock() = State::Idle(Instant::now());
+    }
+    /// Bytes arrived: an idle connection starts a new request head.
+    fn bytes(&self) {
+        let mut s = self.lock();
+        if matches!(*s, State::Idle(_)) {
+            *s = State::Head(Instant::now());
+        }
+    }
+    fn read_deadline(&self, limits: &Limits) -> Option<(Instant, &'static str)> {
+        match *self.lock() {
+            State::Head(t) => Some((t + limits.header_read_timeout, "request head")),
+            State::Idle(t) => Some((t + limits.idle_timeout, "idle keep-alive")),
+            State::Busy => None,
+        }
+    }
+}
+
+/// A TCP stream whose reads fail with `TimedOut` past the connection's read deadline.
+struct TimedIo {
+    stream: TcpStream,
+    phase: Arc<Phase>,
+    limits: Limits,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl TimedIo {
+    fn new(stream: TcpStream, phase: Arc<Phase>, limits: Limits) -> Self {
+        TimedIo {
+            stream,
+            phase,
+            limits,
+            sleep: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
+        }
+    }
+}
+
+impl AsyncRead for TimedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    this.phase.bytes();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let Some((deadline, what)) = this.phase.read_deadline(&this.limits) else {
+                    return Poll::Pending;
+                };
+                if this.sleep.deadline() != deadline {
+                    this.sleep.as_mut().reset(deadline);
+                }
+                ready!(this.sleep.as_mut().poll(cx));
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{what} timed out"),
+                )))
+            }
+        }
+    }
+}
+
+impl AsyncWrite for TimedIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
