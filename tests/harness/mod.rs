@@ -1544,7 +1544,10 @@ async fn check(
         })
     };
     let parked_never_sent_at_kill = never_sent.iter().filter(|c| at_kill(c)).count();
-    for c in never_sent.iter().take(20) {
+    // Every unexplained one, then a few at a kill.
+    let (at, orphaned): (Vec<&&claimd::claim::Claim>, Vec<_>) =
+        never_sent.iter().partition(|c| at_kill(c));
+    for c in orphaned.into_iter().chain(at.into_iter().take(10)) {
         // The chaos around the moment it was received (database clock, same host).
         let near: Vec<String> = timeline
             .iter()
