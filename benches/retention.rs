@@ -83,6 +83,7 @@ async fn main() {
                     worker: "bench".into(),
                     lease: Duration::from_secs(60),
                     claim_token: claimd::claim::new_claim_token(),
+                    mark_not_called: false,
                 };
                 let t = Instant::now();
                 store.claim(&n).await.unwrap();

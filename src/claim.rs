@@ -309,6 +309,9 @@ impl KeyTemplate {
 pub enum Handoff {
     /// The provider's answer proved nothing was applied (503, 429, connection refused).
     NotApplied,
+    /// The attempt never called the provider: the claim still carries the marker it was
+    /// committed with, which the worker clears just before its first call.
+    NotCalled,
     /// An operator asked for the claim to be performed again.
     OperatorRedrive,
 }
@@ -318,6 +321,7 @@ impl Handoff {
     pub fn parse(s: &str) -> Option<Handoff> {
         match s {
             "not_applied" => Some(Handoff::NotApplied),
+            "not_called" => Some(Handoff::NotCalled),
             "operator_redrive" => Some(Handoff::OperatorRedrive),
             _ => None,
         }
@@ -350,6 +354,11 @@ pub struct NewClaim {
     /// cut after the commit): its retry finds the row and knows it is not a duplicate.
     /// Empty: none (the row is then never recognised as its caller's own).
     pub claim_token: String,
+    /// Commit the claim with a "not called yet" marker that the worker clears just before its
+    /// first call, so a crash or a lost commit reply before that call leaves a claim the sweeper
+    /// knows was never sent. Set for consumers whose orphans would otherwise wait for a person
+    /// (`on_unknown = "park"`); it costs them one more write per message.
+    pub mark_not_called: bool,
 }
 
 /// A fresh [`NewClaim::claim_token`]: 128 random bits, hex.

@@ -311,6 +311,7 @@ impl Claimer {
             worker: self.instance.clone(),
             lease: consumer.config.lease.0,
             claim_token: new_claim_token(),
+            mark_not_called: !consumer.claims_ahead(),
         };
         // From the claim statement on, the work must not be cancellable: the statement may
         // commit whatever happens to this caller, and a committed claim must be performed by
@@ -456,6 +457,25 @@ impl Claimer {
                     true,
                 )
                 .await;
+        }
+        if claim.attempt == 1 && !consumer.claims_ahead() {
+            // The claim was committed with a "not called yet" marker (see
+            // NewClaim::mark_not_called): it goes now, fenced, before the first call.
+            match self.store.mark_called(claim.id, claim.attempt).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    info!("claim was taken over before its first call; left it alone");
+                    return AttemptEnd::Lost;
+                }
+                Err(e) => {
+                    // Nothing sent, and the marker still says so to the sweeper.
+                    let why = format!("store unavailable before the first call ({e}); not called");
+                    return self
+                        .settler
+                        .hand_off(&mut slot, claim, &why, None, true)
+                        .await;
+                }
+            }
         }
         if resend {
             self.settler.count_resend(claim).await;

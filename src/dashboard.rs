@@ -9,8 +9,9 @@
 //! data — [`report::build`] and two [`ClaimStore::list`](crate::store::ClaimStore::list) calls —
 //! and serves it. Every value that comes from data goes through [`escape`].
 
-use crate::api::{AppState, problem};
 use crate::claim::ClaimState;
+use crate::http::problem::problem;
+use crate::http::state::AppState;
 use crate::report::{self, AttentionItem, Report, Window};
 use crate::store::{ClaimFilter, ConsumerCounts, StoreResult};
 use axum::extract::{Query, State};
@@ -325,7 +326,16 @@ pub fn render_tiles(r: &Report, window: Window) -> String {
         ),
         None => "last pass: never".into(),
     };
-    if r.sweeper.healthy {
+    if r.sweeper.status == "starting" {
+        // Just started, no pass yet: not a failure, but not a safety net yet either.
+        tile(
+            &mut out,
+            "warn",
+            "sweeper",
+            "STARTING",
+            &format!("{last}; first pass due within 3 schedule periods of this worker's start"),
+        );
+    } else if r.sweeper.healthy {
         tile(&mut out, "ok", "sweeper", "healthy", &last);
     } else {
         tile(

@@ -17,6 +17,7 @@ pub mod consumer;
 pub mod dashboard;
 pub mod duration;
 pub mod effect;
+pub mod http;
 pub mod intake;
 pub mod metrics;
 pub mod policy;

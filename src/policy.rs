@@ -95,6 +95,10 @@ pub fn on_takeover(f: TakeoverFacts) -> Takeover {
             f.attempt, f.max_attempts
         ));
     }
+    if f.handoff == Some(Handoff::NotCalled) {
+        // Nothing was ever sent under the key: a first send, whatever the key window.
+        return Takeover::Perform { resend: false };
+    }
     let within = f.age <= f.redrive_within;
     if within && f.handoff == Some(Handoff::NotApplied) {
         return Takeover::Perform { resend: false };
@@ -157,6 +161,22 @@ pub fn claims_ahead(on_unknown: OnUnknown, can_reconcile: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_never_called_is_performed_even_under_park_and_past_the_window() {
+        let f = TakeoverFacts {
+            attempt: 2,
+            max_attempts: 8,
+            age: Duration::from_secs(90_000),
+            redrive_within: Duration::from_secs(60),
+            on_unknown: OnUnknown::Park,
+            handoff: Some(Handoff::NotCalled),
+            can_reconcile: false,
+        };
+        assert_eq!(on_takeover(f), Takeover::Perform { resend: false });
+        let exhausted = TakeoverFacts { attempt: 9, ..f };
+        assert!(matches!(on_takeover(exhausted), Takeover::Park(_)));
+    }
 
     #[test]
     fn a_send_that_may_have_applied_is_repeated_only_within_the_key_window() {

@@ -14,7 +14,7 @@
 //! `axum::serve` has none of these, so claimd serves the axum router with hyper's HTTP/1
 //! connection builder itself.
 
-use crate::api::problem;
+use crate::http::problem::problem;
 use axum::Router;
 use axum::http::{HeaderValue, Request, StatusCode, header};
 use axum::response::Response;

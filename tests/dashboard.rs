@@ -18,7 +18,9 @@ const EXHAUSTED_REASON: &str = "attempts exhausted: attempt 8 of max_attempts 8"
 const EVIL_ID: &str = "<script>alert(1)</script>";
 
 /// A worker with an admin token and a sweeper that does not fire during the test (once a
-/// year), so stuck claims stay stuck and the page shows the sweeper as not running.
+/// year), so stuck claims stay stuck and the page shows that no pass has run: a worker this
+/// young is within its start-up grace (three schedule periods), so the sweeper reads
+/// "STARTING", not "NOT RUNNING" (issue 12: readiness and health right after a start).
 async fn start_worker(store: &TestStore) -> claimd::run::Running {
     let consumers = consumer_toml("payments", "http://127.0.0.1:9", "")
         + &consumer_toml("emails", "http://127.0.0.1:9", "");
@@ -47,6 +49,7 @@ fn new_claim(consumer: &str, tenant: &str, id: &str, lease: Duration) -> NewClai
         worker: "dead-worker".into(),
         lease,
         claim_token: claimd::claim::new_claim_token(),
+        mark_not_called: false,
     }
 }
 
@@ -172,7 +175,7 @@ async fn seed(s: &Store, url: &str) {
 /// What a page with that data must show, in its HTML source.
 fn assert_shows_the_work(page: &str) {
     for needle in [
-        "NOT RUNNING",
+        "STARTING",
         "Needs a look (6)",
         &claimd::dashboard::escape(PARKED_REASON),
         EXHAUSTED_REASON,

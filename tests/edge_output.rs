@@ -88,6 +88,7 @@ async fn claim(store: &claimd::store::Store, tenant: &str, id: &str) -> i64 {
         worker: "dead-worker".into(),
         lease: Duration::ZERO,
         claim_token: claimd::claim::new_claim_token(),
+        mark_not_called: false,
     };
     match store.claim(&n).await.unwrap() {
         ClaimOutcome::Created(c) => c.id,

@@ -72,6 +72,7 @@ async fn stuck_claim(store: &claimd::store::Store, id: &str) -> i64 {
         worker: "dead-worker".into(),
         lease: Duration::ZERO,
         claim_token: claimd::claim::new_claim_token(),
+        mark_not_called: false,
     };
     match store.claim(&n).await.unwrap() {
         ClaimOutcome::Created(c) => c.id,

@@ -237,6 +237,7 @@ async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
             worker: "crashed-worker".into(),
             lease: Duration::ZERO,
             claim_token: claimd::claim::new_claim_token(),
+            mark_not_called: false,
         })
         .await
         .unwrap();
@@ -333,5 +334,77 @@ async fn a_slow_claim_statement_does_not_stretch_the_lease_postgres() {
     );
     let claim = st.get("payments", "", "slow-1").await.unwrap().unwrap();
     assert_eq!(claim.state, ClaimState::Started, "left for the sweeper");
+    running.shutdown(Duration::from_secs(2)).await;
+}
+
+/// Issue 11 ("0 parked that were never sent"): a `park` consumer's claim whose worker died —
+/// or lost its claim statement's reply in a database outage — between the commit and the first
+/// call still carries its "not called yet" marker. The sweeper performs it (a first send) instead
+/// of parking it as an unknown outcome; a claim whose call did start is still parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_claim_that_was_never_called_is_performed_not_parked() {
+    let (sb, provider) = sandbox(claimd::sandbox::SandboxOptions::default()).await;
+    let store = TestStore::sqlite();
+    let consumer = consumer_toml("payments", &provider, "on_unknown = \"park\"");
+    let running = start(&config_toml(&store.url(), &consumer)).await;
+    let st = running.app().store.clone();
+    for (id, never_called) in [("never-called", true), ("maybe-called", false)] {
+        let n = claimd::claim::NewClaim {
+            consumer: "payments".into(),
+            tenant: String::new(),
+            message_id: id.into(),
+            idem_key: format!("payments::{id}"),
+            fingerprint: claimd::claim::fingerprint(b"{}"),
+            payload: b"{}".to_vec(),
+            content_type: "application/json".into(),
+            worker: "dead-worker".into(),
+            lease: Duration::ZERO,
+            claim_token: claimd::claim::new_claim_token(),
+            mark_not_called: never_called,
+        };
+        assert!(matches!(
+            st.claim(&n).await.unwrap(),
+            claimd::store::ClaimOutcome::Created(_)
+        ));
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let a = st
+                .get("payments", "", "never-called")
+                .await
+                .unwrap()
+                .unwrap();
+            let b = st
+                .get("payments", "", "maybe-called")
+                .await
+                .unwrap()
+                .unwrap();
+            a.state != ClaimState::Started && b.state != ClaimState::Started
+        })
+        .await,
+        "the sweeper settles both"
+    );
+    let a = st
+        .get("payments", "", "never-called")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.state, ClaimState::Completed, "{:?}", a.last_error);
+    let b = st
+        .get("payments", "", "maybe-called")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        b.state,
+        ClaimState::NeedsAttention,
+        "an unknown outcome is never guessed"
+    );
+    let applied: Vec<_> = sb
+        .effects()
+        .into_iter()
+        .map(|e| (e.key, e.applied))
+        .collect();
+    assert_eq!(applied, vec![("payments::never-called".to_string(), 1)]);
     running.shutdown(Duration::from_secs(2)).await;
 }

@@ -21,6 +21,7 @@ fn new_claim(id: &str, lease: Duration) -> NewClaim {
         worker: "w1".into(),
         lease,
         claim_token: claimd::claim::new_claim_token(),
+        mark_not_called: false,
     }
 }
 

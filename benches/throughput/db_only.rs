@@ -20,6 +20,7 @@ pub(crate) fn new_claim(i: usize) -> NewClaim {
         worker: "bench".into(),
         lease: Duration::from_secs(60),
         claim_token: claimd::claim::new_claim_token(),
+        mark_not_called: false,
     }
 }
 

@@ -5,10 +5,11 @@
 //! key, `404` unknown consumer, `413` body too large, `503` store unavailable or saturated
 //! (nothing committed; `Retry-After` says when to retry). Errors are `application/problem+json`.
 
-use crate::api::{AppState, problem};
 use crate::claim::Claim;
 use crate::claimer::{Accepted, Delivery, SubmitError};
 use crate::config::Source;
+use crate::http::problem::problem;
+use crate::http::state::AppState;
 use crate::server::{BodyReadTimeout, BodyShare};
 use axum::Json;
 use axum::body::Body;

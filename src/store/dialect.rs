@@ -91,6 +91,8 @@ pub struct Statements {
     pub settle: &'static str,
     /// A history line: claim id, attempt, actor, action, outcome, provider status, detail.
     pub insert_event: &'static str,
+    /// Clear the "not called yet" marker before a first call, fenced: id, attempt.
+    pub mark_called: &'static str,
     /// Count a re-send, fenced: id, attempt.
     pub note_resent: &'static str,
     /// Claims by filter, newest first: state, consumer, stuck, since, limit.

@@ -337,6 +337,11 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Records a history line without changing the claim.
     async fn record_event(&self, id: i64, attempt: i32, event: &NewEvent<'_>) -> StoreResult<()>;
 
+    /// Before the first call of attempt 1, clears the claim's "not called yet" marker
+    /// ([`NewClaim::mark_not_called`]), fenced like `settle`. `false`: the claim was taken
+    /// over; do not call.
+    async fn mark_called(&self, id: i64, attempt: i32) -> StoreResult<bool>;
+
     /// Counts one re-send after an unknown outcome (for `report`), fenced like `settle`.
     async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool>;
 

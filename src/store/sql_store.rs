@@ -87,6 +87,7 @@ impl<D: Dialect> SqlStore<D> {
                         Arg::Text(&new.worker),
                         Arg::I64(ms(new.lease)),
                         Arg::Text(&new.claim_token),
+                        Arg::Bool(new.mark_not_called),
                     ],
                 )
                 .await?;
@@ -340,6 +341,17 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         )
         .await
         .map(|_| ())
+    }
+
+    async fn mark_called(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        let n = self
+            .execute(
+                "mark_called",
+                D::SQL.mark_called,
+                &[Arg::I64(id), Arg::I32(attempt)],
+            )
+            .await?;
+        Ok(n == 1)
     }
 
     async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool> {

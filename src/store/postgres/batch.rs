@@ -19,11 +19,12 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 /// conflict are skipped here and looked at one by one afterwards.
 pub(super) const INSERT_CLAIMS: &str = concat!(
     "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, lease_until, claim_token) \
-     SELECT c, t, m, k, f, p, ct, w, now() + l * interval '1 millisecond', NULLIF(tok, '') \
+     content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt) \
+     SELECT c, t, m, k, f, p, ct, w, now() + l * interval '1 millisecond', NULLIF(tok, ''), \
+            CASE WHEN nc THEN 'not_called' END, CASE WHEN nc THEN 1 END \
      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], \
-                 $7::text[], $8::text[], $9::bigint[], $10::text[]) \
-       AS u(c, t, m, k, f, p, ct, w, l, tok) \
+                 $7::text[], $8::text[], $9::bigint[], $10::text[], $11::bool[]) \
+       AS u(c, t, m, k, f, p, ct, w, l, tok, nc) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
     claim_cols!()
 );
@@ -226,6 +227,7 @@ pub(super) async fn insert_batch(
         .bind(col(|n| &n.worker))
         .bind(new.iter().map(|n| ms(n.lease)).collect::<Vec<i64>>())
         .bind(col(|n| &n.claim_token))
+        .bind(new.iter().map(|n| n.mark_not_called).collect::<Vec<bool>>())
         .fetch_all(pool)
         .await
         .map_err(err("insert_claims"))?;

@@ -12,9 +12,10 @@ pub(super) const TRY_PRUNE_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, lease_until, claim_token) \
+     content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + $9 * interval '1 millisecond', \
-             NULLIF($10, '')) \
+             NULLIF($10, ''), CASE WHEN $11 THEN 'not_called' END, \
+             CASE WHEN $11 THEN 1 END) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
         claim_cols!()
     ),
@@ -61,6 +62,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     insert_event: "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    // The worker is about to make the first call of attempt 1: the claim's "not called yet"
+    // marker goes (fenced: changes nothing unless the worker still holds the claim).
+    mark_called: "UPDATE claims SET \
+       handoff = CASE WHEN handoff = 'not_called' THEN NULL ELSE handoff END, \
+       handoff_attempt = CASE WHEN handoff = 'not_called' THEN NULL ELSE handoff_attempt END \
+     WHERE id = $1 AND attempt = $2 AND state = 'started'",
     note_resent: "\
     UPDATE claims SET resent_count = resent_count + 1 \
     WHERE id = $1 AND attempt = $2 AND state = 'started'",

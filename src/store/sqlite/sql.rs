@@ -20,8 +20,9 @@ pub(super) const COMPLETE_TIME_AT: &str = "\
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, claim_token, lease_until, received_utc, started_utc, \
-     updated_utc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULLIF(?10, ''), ",
+     content_type, lease_owner, claim_token, handoff, handoff_attempt, lease_until, \
+     received_utc, started_utc, updated_utc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
+     NULLIF(?10, ''), CASE WHEN ?11 THEN 'not_called' END, CASE WHEN ?11 THEN 1 END, ",
         now_ms!(),
         " + ?9, ",
         now_ms!(),
@@ -77,6 +78,12 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         ", ?3, ?4, ?5, ?6, ?7)"
     ),
+    // The worker is about to make the first call of attempt 1: the claim's "not called yet"
+    // marker goes (fenced: changes nothing unless the worker still holds the claim).
+    mark_called: "UPDATE claims SET \
+       handoff = CASE WHEN handoff = 'not_called' THEN NULL ELSE handoff END, \
+       handoff_attempt = CASE WHEN handoff = 'not_called' THEN NULL ELSE handoff_attempt END \
+     WHERE id = ?1 AND attempt = ?2 AND state = 'started'",
     note_resent: "\
     UPDATE claims SET resent_count = resent_count + 1 \
     WHERE id = ?1 AND attempt = ?2 AND state = 'started'",

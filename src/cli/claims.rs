@@ -1,0 +1,253 @@
+//! `claimd claims list|show|resolve|redrive`.
+
+use super::*;
+
+pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
+}
+
+pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
+    let store = &app.store;
+    match command {
+        ClaimsCommand::List {
+            state,
+            stuck,
+            consumer,
+            limit,
+            format,
+        } => {
+            let filter = ClaimFilter {
+                state,
+                consumer,
+                stuck,
+                since: None,
+                limit,
+            };
+            let (list, now) = match (store.list(&filter).await, store.now().await) {
+                (Ok(l), Ok(n)) => (l, n),
+                (Err(e), _) | (_, Err(e)) => return Output::fail(1, e),
+            };
+            match format {
+                Format::Json => Output::ok(to_json(&serde_json::json!({ "claims": list }))),
+                Format::Csv => {
+                    let mut s = String::from(
+                        "consumer,tenant,message_id,state,attempt,stuck,received_utc,processed_utc,last_error\n",
+                    );
+                    for c in &list {
+                        let _ = writeln!(
+                            s,
+                            "{},{},{},{},{},{},{},{},{}",
+                            csv_field(&c.consumer),
+                            csv_field(&c.tenant),
+                            csv_field(&c.message_id),
+                            c.state,
+                            c.attempt,
+                            c.is_stuck(now),
+                            c.received_utc.to_rfc3339(),
+                            time_or_dash(c.processed_utc),
+                            csv_field(c.last_error.as_deref().unwrap_or(""))
+                        );
+                    }
+                    Output::ok(s)
+                }
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = list
+                        .iter()
+                        .map(|c| {
+                            vec![
+                                c.consumer.clone(),
+                                c.tenant.clone(),
+                                c.message_id.clone(),
+                                if c.is_stuck(now) {
+                                    format!("{} (stuck)", c.state)
+                                } else {
+                                    c.state.to_string()
+                                },
+                                c.attempt.to_string(),
+                                c.received_utc.format("%Y-%m-%d %H:%M:%S").to_string(),
+                                c.last_error.clone().unwrap_or_default(),
+                            ]
+                        })
+                        .collect();
+                    Output::ok(table(
+                        &[
+                            "consumer",
+                            "tenant",
+                            "message_id",
+                            "state",
+                            "attempt",
+                            "received_utc",
+                            "last_error",
+                        ],
+                        &rows,
+                    ))
+                }
+            }
+        }
+        ClaimsCommand::Show {
+            consumer,
+            message_id,
+            tenant,
+            format,
+        } => {
+            let claim = match store.get(&consumer, &tenant, &message_id).await {
+                Ok(Some(c)) => c,
+                Ok(None) => {
+                    return Output::fail(
+                        1,
+                        format!("no claim {consumer}/{message_id} (tenant {tenant:?})"),
+                    );
+                }
+                Err(e) => return Output::fail(1, e),
+            };
+            let history = match store.events(claim.id).await {
+                Ok(h) => h,
+                Err(e) => return Output::fail(1, e),
+            };
+            if format == Format::Json {
+                return Output::ok(to_json(
+                    &serde_json::json!({ "claim": claim, "history": history }),
+                ));
+            }
+            let mut s = String::new();
+            let fields: Vec<(&str, String)> = vec![
+                ("consumer", claim.consumer.clone()),
+                ("tenant", claim.tenant.clone()),
+                ("message_id", claim.message_id.clone()),
+                ("idempotency key", claim.idem_key.clone()),
+                ("state", claim.state.to_string()),
+                ("attempt", claim.attempt.to_string()),
+                (
+                    "lease",
+                    format!(
+                        "{} until {}",
+                        claim.lease_owner.clone().unwrap_or_else(|| "-".into()),
+                        time_or_dash(claim.lease_until)
+                    ),
+                ),
+                ("received", claim.received_utc.to_rfc3339()),
+                ("started", claim.started_utc.to_rfc3339()),
+                ("processed", time_or_dash(claim.processed_utc)),
+                ("fingerprint", claim.fingerprint.clone()),
+                ("content type", claim.content_type.clone()),
+                ("payload bytes", claim.payload.len().to_string()),
+                ("duplicates", claim.duplicate_count.to_string()),
+                ("mismatches", claim.mismatch_count.to_string()),
+                ("re-sent", claim.resent_count.to_string()),
+                ("reconciled", claim.reconciled.to_string()),
+                (
+                    "provider status",
+                    claim
+                        .provider_status
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                ),
+                (
+                    "provider answer",
+                    claim
+                        .provider_response
+                        .clone()
+                        .unwrap_or_else(|| "-".into()),
+                ),
+                (
+                    "last error",
+                    claim.last_error.clone().unwrap_or_else(|| "-".into()),
+                ),
+            ];
+            for (k, v) in fields {
+                let _ = writeln!(s, "{k:<16} {v}");
+            }
+            s.push_str("\nhistory:\n");
+            let rows: Vec<Vec<String>> = history
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.at_utc.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+                        e.attempt.to_string(),
+                        e.actor.clone(),
+                        e.action.clone(),
+                        e.outcome.clone(),
+                        e.provider_status.map(|s| s.to_string()).unwrap_or_default(),
+                        e.detail.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            s.push_str(&table(
+                &[
+                    "at_utc", "attempt", "actor", "action", "outcome", "status", "detail",
+                ],
+                &rows,
+            ));
+            Output::ok(s)
+        }
+        ClaimsCommand::Resolve {
+            consumer,
+            message_id,
+            to,
+            note,
+            tenant,
+        } => {
+            if note.trim().is_empty() {
+                return Output::fail(2, "--note must say why");
+            }
+            let actor = operator_name();
+            match store
+                .resolve(&consumer, &tenant, &message_id, to, &actor, &note)
+                .await
+            {
+                Ok(Some(Ok(c))) => Output::ok(format!(
+                    "{}/{} is now {} (by {actor}: {note})\n",
+                    c.consumer, c.message_id, c.state
+                )),
+                Ok(Some(Err(state))) => Output::fail(
+                    1,
+                    format!(
+                        "{consumer}/{message_id} is {state}; only needs_attention or failed claims can be resolved{}",
+                        if state == ClaimState::Started {
+                            " (a started claim belongs to the worker and the sweeper)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ),
+                Ok(None) => Output::fail(
+                    1,
+                    format!("no claim {consumer}/{message_id} (tenant {tenant:?})"),
+                ),
+                Err(e) => Output::fail(1, e),
+            }
+        }
+        ClaimsCommand::Redrive {
+            consumer,
+            message_id,
+            tenant,
+        } => {
+            let actor = operator_name();
+            match store.redrive(&consumer, &tenant, &message_id, &actor).await {
+                Ok(Some(Ok(c))) => Output::ok(format!(
+                    "{}/{} is started again as attempt {}; the next sweep performs it with key {:?}\n",
+                    c.consumer, c.message_id, c.attempt, c.idem_key
+                )),
+                Ok(Some(Err(state))) => Output::fail(
+                    1,
+                    format!(
+                        "{consumer}/{message_id} is {state}; only needs_attention or failed claims can be redriven"
+                    ),
+                ),
+                Ok(None) => Output::fail(
+                    1,
+                    format!("no claim {consumer}/{message_id} (tenant {tenant:?})"),
+                ),
+                Err(e) => Output::fail(1, e),
+            }
+        }
+    }
+}
+
+/// Who an operator command is recorded as: `$CLAIMD_OPERATOR`, else `$USER`, else `operator`.
+pub(super) fn operator_name() -> String {
+    std::env::var("CLAIMD_OPERATOR")
+        .or_else(|_| std::env::var("USER"))
+        .map(|u| format!("operator:{u}"))
+        .unwrap_or_else(|_| "operator".into())
+}

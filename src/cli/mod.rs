@@ -1,0 +1,368 @@
+//! The command line: argument definitions and what each command does. `main.rs` only parses,
+//! calls [`execute`] and prints what it returns; nothing here prints.
+//!
+//! Exit codes: `0` ok, `1` runtime failure, `2` bad usage or configuration, `3` a check found
+//! problems.
+
+mod claims;
+mod reports;
+mod worker;
+
+use claims::claims;
+use reports::{reconcile_cmd, report_cmd};
+use worker::{run_worker, sandbox, sweep};
+
+use crate::app::App;
+use crate::claim::ClaimState;
+use crate::config::Config;
+use crate::duration::Dur;
+use crate::reconcile;
+use crate::report::{self, Window, csv_field, table};
+use crate::retention;
+use crate::run;
+use crate::sandbox::{Sandbox, SandboxOptions};
+use crate::store::ClaimFilter;
+use crate::sweeper::Sweeper;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `claimd`: exactly-once-in-effect side effects on top of at-least-once delivery.
+#[derive(Debug, Parser)]
+#[command(name = "claimd", version, about)]
+pub struct Cli {
+    /// Configuration file.
+    #[arg(long, global = true, default_value = "config/default.toml")]
+    pub config: PathBuf,
+    /// Log format (default: json when stderr is not a terminal).
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable.
+    Pretty,
+}
+
+/// Output format of reports and listings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Format {
+    /// Aligned columns.
+    #[default]
+    Table,
+    /// JSON.
+    Json,
+    /// CSV.
+    Csv,
+}
+
+/// The commands (README.md, "Commands").
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the worker: intake, claimer, sweeper, retention, HTTP API (and sandbox if enabled).
+    Run,
+    /// Apply migrations to the configured store.
+    Migrate,
+    /// One sweeper pass now.
+    Sweep {
+        /// Only print what would be done.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Reconciliation report.
+    Report {
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Window for throughput figures, like 24h, or `all` (open work is always counted in
+        /// full; `all` reads every claim in the table).
+        #[arg(long, default_value_t)]
+        since: Window,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+        /// Exit 3 when anything is stuck or needs attention, or the sweeper is not running.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Audit claims against the provider's status endpoint; exit 3 on any mismatch.
+    Reconcile {
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Only claims received within this window, like 24h.
+        #[arg(long)]
+        since: Option<Dur>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
+    /// Inspect and repair claims.
+    Claims {
+        /// What to do with claims.
+        #[command(subcommand)]
+        command: ClaimsCommand,
+    },
+    /// Delete terminal claims older than the retention window, in batches.
+    Prune {
+        /// Only count what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Run the provider simulator alone.
+    Sandbox {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        listen: String,
+        /// Latency added to each effect, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Probability of answering 503 without applying.
+        #[arg(long, default_value_t = 0.0, value_parser = probability)]
+        fail_rate: f64,
+        /// Probability of applying, then answering 500 or dropping the connection.
+        #[arg(long, default_value_t = 0.0, value_parser = probability)]
+        ambiguous_rate: f64,
+        /// Behave like a provider without idempotency keys.
+        #[arg(long)]
+        ignore_keys: bool,
+    },
+}
+
+/// `claimd claims ...`
+#[derive(Debug, Subcommand)]
+pub enum ClaimsCommand {
+    /// List claims, newest first.
+    List {
+        /// Only this state.
+        #[arg(long)]
+        state: Option<ClaimState>,
+        /// Only started claims whose lease expired.
+        #[arg(long)]
+        stuck: bool,
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
+    /// One claim in full, with its history.
+    Show {
+        /// Consumer.
+        consumer: String,
+        /// Message id.
+        message_id: String,
+        /// Tenant.
+        #[arg(long, default_value = "")]
+        tenant: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
+    /// Operator decision on a needs_attention (or failed) claim.
+    Resolve {
+        /// Consumer.
+        consumer: String,
+        /// Message id.
+        message_id: String,
+        /// The decision.
+        #[arg(long = "as", value_parser = resolution)]
+        to: ClaimState,
+        /// Why (kept in the claim's history).
+        #[arg(long)]
+        note: String,
+        /// Tenant.
+        #[arg(long, default_value = "")]
+        tenant: String,
+    },
+    /// Put a needs_attention/failed claim back to started so the next sweep performs it again.
+    Redrive {
+        /// Consumer.
+        consumer: String,
+        /// Message id.
+        message_id: String,
+        /// Tenant.
+        #[arg(long, default_value = "")]
+        tenant: String,
+    },
+}
+
+impl clap::builder::ValueParserFactory for ClaimState {
+    type Parser = clap::builder::ValueParser;
+    fn value_parser() -> Self::Parser {
+        clap::builder::ValueParser::new(|s: &str| {
+            s.parse::<ClaimState>().map_err(|e| e.to_string())
+        })
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Format as ValueEnum>::from_str(s, true)
+    }
+}
+
+pub(super) fn probability(s: &str) -> Result<f64, String> {
+    let p: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not a probability between 0 and 1"))
+    }
+}
+
+pub(super) fn resolution(s: &str) -> Result<ClaimState, String> {
+    match s {
+        "completed" => Ok(ClaimState::Completed),
+        "failed" => Ok(ClaimState::Failed),
+        other => Err(format!(
+            "{other:?}: a claim can be resolved only as completed or failed"
+        )),
+    }
+}
+
+/// What a command produced: text for stdout and stderr, and the exit code.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// For stdout.
+    pub stdout: String,
+    /// For stderr (one line per problem).
+    pub stderr: String,
+    /// Process exit code.
+    pub code: i32,
+}
+
+impl Output {
+    fn ok(stdout: String) -> Self {
+        Output {
+            stdout,
+            ..Default::default()
+        }
+    }
+    fn fail(code: i32, message: impl std::fmt::Display) -> Self {
+        Output {
+            stderr: format!("claimd: {message}\n"),
+            code,
+            ..Default::default()
+        }
+    }
+}
+
+/// Sets up `tracing` on stderr.
+pub fn init_logging(format: Option<LogFormat>) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CLAIMD_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,sqlx=warn,tokio_cron_scheduler=warn")
+    });
+    let format = format.unwrap_or(if std::io::stderr().is_terminal() {
+        LogFormat::Pretty
+    } else {
+        LogFormat::Json
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().with_current_span(true).try_init(),
+        LogFormat::Pretty => builder.compact().try_init(),
+    };
+}
+
+pub(super) fn to_json<T: serde::Serialize>(v: &T) -> String {
+    let mut s =
+        serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    s.push('\n');
+    s
+}
+
+/// Runs one command.
+pub async fn execute(cli: Cli) -> Output {
+    if let Command::Sandbox {
+        listen,
+        latency_ms,
+        fail_rate,
+        ambiguous_rate,
+        ignore_keys,
+    } = &cli.command
+    {
+        return sandbox(
+            listen,
+            *latency_ms,
+            *fail_rate,
+            *ambiguous_rate,
+            *ignore_keys,
+        )
+        .await;
+    }
+    let loaded = match Config::load(&cli.config) {
+        Ok(l) => l,
+        Err(e) => return Output::fail(2, e),
+    };
+    for w in &loaded.warnings {
+        tracing::warn!("{}", w);
+    }
+    let migrate = matches!(cli.command, Command::Run | Command::Migrate);
+    let app = match App::open(loaded.config, migrate).await {
+        Ok(a) => a,
+        Err(e) => return Output::fail(1, e),
+    };
+    match cli.command {
+        Command::Run => run_worker(app).await,
+        Command::Migrate => Output::ok(format!(
+            "migrations applied to the {} store\n",
+            app.store.dialect()
+        )),
+        Command::Sweep { dry_run } => sweep(&app, dry_run).await,
+        Command::Report {
+            consumer,
+            since,
+            format,
+            check,
+        } => report_cmd(&app, consumer, since, format, check).await,
+        Command::Reconcile {
+            consumer,
+            since,
+            format,
+        } => reconcile_cmd(&app, consumer, since, format).await,
+        Command::Claims { command } => claims(&app, command).await,
+        Command::Prune { dry_run } => {
+            match retention::prune(&app.store, &app.config.retention, dry_run).await {
+                Ok(r) if r.skipped_locked => {
+                    Output::ok("another instance is pruning; nothing done\n".into())
+                }
+                Ok(r) if dry_run => Output::ok(format!(
+                    "would delete {} terminal claims older than {}\n",
+                    r.deleted, app.config.retention.keep_terminal_for
+                )),
+                Ok(r) => Output::ok(format!(
+                    "deleted {} terminal claims older than {} in {} batches\n",
+                    r.deleted, app.config.retention.keep_terminal_for, r.batches
+                )),
+                Err(e) => Output::fail(1, e),
+            }
+        }
+        Command::Sandbox { .. } => unreachable!("handled above"),
+    }
+}
+
+pub(super) async fn since_utc(
+    app: &App,
+    since: Option<Dur>,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, Output> {
+    let Some(d) = since else { return Ok(None) };
+    let now = app.store.now().await.map_err(|e| Output::fail(1, e))?;
+    Ok(d.before(now))
+}

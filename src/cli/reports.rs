@@ -1,0 +1,128 @@
+//! `claimd report` and `claimd reconcile`.
+
+use super::*;
+
+pub(super) async fn report_cmd(
+    app: &App,
+    consumer: Option<String>,
+    window: Window,
+    format: Format,
+    check: bool,
+) -> Output {
+    let r = match report::build(
+        &app.store,
+        &app.consumer_names(),
+        consumer.as_deref(),
+        window,
+        app.sweep_period(),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return Output::fail(1, e),
+    };
+    let stdout = match format {
+        Format::Table => report::render_table(&r),
+        Format::Json => to_json(&r),
+        Format::Csv => report::render_csv(&r),
+    };
+    let code = if check && r.has_problems() { 3 } else { 0 };
+    Output {
+        stdout,
+        code,
+        ..Default::default()
+    }
+}
+
+pub(super) async fn reconcile_cmd(
+    app: &App,
+    consumer: Option<String>,
+    since: Option<Dur>,
+    format: Format,
+) -> Output {
+    let since = match since_utc(app, since).await {
+        Ok(s) => s,
+        Err(o) => return o,
+    };
+    let audit = match reconcile::audit(&app.claimer, consumer.as_deref(), since).await {
+        Ok(a) => a,
+        Err(e) => return Output::fail(1, e),
+    };
+    let stdout = match format {
+        Format::Json => to_json(&audit),
+        Format::Csv => {
+            let mut s = String::from("kind,consumer,tenant,message_id,state,suggestion\n");
+            for m in &audit.mismatches {
+                let kind = serde_json::to_value(m.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "{},{},{},{},{},{}",
+                    kind,
+                    csv_field(&m.consumer),
+                    csv_field(&m.tenant),
+                    csv_field(&m.message_id),
+                    m.state,
+                    csv_field(&m.suggestion)
+                );
+            }
+            s
+        }
+        Format::Table => {
+            let mut s = format!(
+                "checked {} claims, {} undecided, {} mismatches{}\n",
+                audit.checked,
+                audit.undecided,
+                audit.mismatches.len(),
+                if audit.truncated {
+                    " (window truncated: narrow --since)"
+                } else {
+                    ""
+                }
+            );
+            for c in &audit.skipped_consumers {
+                let _ = writeln!(s, "consumer {c}: no status endpoint; not auditable");
+            }
+            if !audit.mismatches.is_empty() {
+                let rows: Vec<Vec<String>> = audit
+                    .mismatches
+                    .iter()
+                    .map(|m| {
+                        let kind = serde_json::to_value(m.kind)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default();
+                        vec![
+                            kind,
+                            m.consumer.clone(),
+                            m.tenant.clone(),
+                            m.message_id.clone(),
+                            m.state.clone(),
+                            m.suggestion.clone(),
+                        ]
+                    })
+                    .collect();
+                s.push_str(&table(
+                    &[
+                        "kind",
+                        "consumer",
+                        "tenant",
+                        "message_id",
+                        "state",
+                        "suggestion",
+                    ],
+                    &rows,
+                ));
+            }
+            s
+        }
+    };
+    let code = if audit.mismatches.is_empty() { 0 } else { 3 };
+    Output {
+        stdout,
+        code,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,474 @@
+//! The configuration's shape: one struct per section, with the defaults `config/default.toml`
+//! documents. Unknown keys are refused (`deny_unknown_fields`).
+
+use crate::duration::Dur;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where claims live.
+    pub store: StoreConfig,
+    /// The HTTP listener (intake and operations API).
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// The sweeper schedule.
+    #[serde(default)]
+    pub sweeper: SweeperConfig,
+    /// Pruning of terminal claims.
+    #[serde(default)]
+    pub retention: RetentionConfig,
+    /// The built-in provider simulator.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
+    /// Process-level settings of `claimd run`.
+    #[serde(default)]
+    pub run: RunConfig,
+    /// The consumers: one per kind of side effect.
+    #[serde(default)]
+    pub consumers: Vec<ConsumerConfig>,
+}
+
+/// `[store]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite://claimd.db` or `postgres://user@host:5432/db`.
+    pub url: String,
+    /// Connection pool size.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// PostgreSQL: send concurrent claims and settles together, one statement per batch
+    /// (default `true`; each message still gets its answer only after its row committed).
+    #[serde(default = "default_true")]
+    pub batch_writes: bool,
+}
+
+fn default_max_connections() -> u32 {
+    16
+}
+
+/// `[http]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address to listen on.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// When non-empty, operations routes need `Authorization: Bearer <token>`.
+    #[serde(default, skip_serializing)]
+    pub admin_token: String,
+    /// When non-empty, intake routes need `Authorization: Bearer <token>`.
+    #[serde(default, skip_serializing)]
+    pub intake_token: String,
+    /// Allow a non-loopback listener without an admin token.
+    #[serde(default)]
+    pub allow_insecure_admin: bool,
+    /// Allow a non-loopback listener without an intake token: anyone who reaches the port can
+    /// ask for payments (for a network where something in front already authenticates).
+    #[serde(default)]
+    pub allow_open_intake: bool,
+    /// Largest accepted body.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// How long intake waits for a free effect slot before answering `503` + `Retry-After`.
+    #[serde(default = "default_intake_wait")]
+    pub intake_wait: Dur,
+    /// Time a client has to send a complete request head (from its first byte, or from the
+    /// connection opening).
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: Dur,
+    /// Time a client has to send a whole body, from when claimd starts reading it (`408`).
+    #[serde(default = "default_body_read_timeout")]
+    pub body_read_timeout: Dur,
+    /// A keep-alive connection without a request for this long is closed (keep it longer than
+    /// the load balancer's idle timeout, so the balancer closes first).
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: Dur,
+    /// Open connections at most; more wait in the listen backlog.
+    #[serde(default = "default_max_connections_http")]
+    pub max_connections: usize,
+    /// Request bodies held in memory at once, in bytes, across all requests; when spent,
+    /// intake answers `503` + `Retry-After` without reading the body.
+    #[serde(default = "default_body_budget")]
+    pub body_budget_bytes: usize,
+}
+
+fn default_header_read_timeout() -> Dur {
+    Dur(Duration::from_secs(10))
+}
+fn default_body_read_timeout() -> Dur {
+    Dur(Duration::from_secs(30))
+}
+fn default_idle_timeout() -> Dur {
+    Dur(Duration::from_secs(75))
+}
+fn default_max_connections_http() -> usize {
+    1024
+}
+fn default_body_budget() -> usize {
+    32 * 1024 * 1024
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_max_body() -> usize {
+    1_048_576
+}
+fn default_intake_wait() -> Dur {
+    Dur(Duration::from_secs(2))
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: default_listen(),
+            admin_token: String::new(),
+            intake_token: String::new(),
+            allow_insecure_admin: false,
+            allow_open_intake: false,
+            max_body_bytes: default_max_body(),
+            intake_wait: default_intake_wait(),
+            header_read_timeout: default_header_read_timeout(),
+            body_read_timeout: default_body_read_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_connections: default_max_connections_http(),
+            body_budget_bytes: default_body_budget(),
+        }
+    }
+}
+
+/// `[sweeper]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweeperConfig {
+    /// Cron expression with seconds.
+    #[serde(default = "default_sweep_schedule")]
+    pub schedule: String,
+    /// Most claims taken in one pass.
+    #[serde(default = "default_sweep_batch")]
+    pub batch_size: u32,
+}
+
+fn default_sweep_schedule() -> String {
+    "*/10 * * * * *".into()
+}
+fn default_sweep_batch() -> u32 {
+    500
+}
+
+impl Default for SweeperConfig {
+    fn default() -> Self {
+        SweeperConfig {
+            schedule: default_sweep_schedule(),
+            batch_size: default_sweep_batch(),
+        }
+    }
+}
+
+/// `[retention]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Cron expression with seconds.
+    #[serde(default = "default_retention_schedule")]
+    pub schedule: String,
+    /// How long terminal claims are kept.
+    #[serde(default = "default_keep")]
+    pub keep_terminal_for: Dur,
+    /// Rows deleted per statement.
+    #[serde(default = "default_retention_batch")]
+    pub batch_size: u32,
+}
+
+fn default_retention_schedule() -> String {
+    "0 0 3 * * *".into()
+}
+fn default_keep() -> Dur {
+    Dur(Duration::from_secs(14 * 86_400))
+}
+fn default_retention_batch() -> u32 {
+    5000
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            schedule: default_retention_schedule(),
+            keep_terminal_for: default_keep(),
+            batch_size: default_retention_batch(),
+        }
+    }
+}
+
+/// `[sandbox]`
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// Run the provider simulator inside `claimd run`.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Where it listens.
+    #[serde(default = "default_sandbox_listen")]
+    pub listen: String,
+    /// Simulated provider latency.
+    #[serde(default)]
+    pub latency_ms: u64,
+    /// Probability of a `503` without applying.
+    #[serde(default)]
+    pub fail_rate: f64,
+    /// Probability of applying and then answering `500` or dropping the connection.
+    #[serde(default)]
+    pub ambiguous_rate: f64,
+    /// Behave like a provider without idempotency keys.
+    #[serde(default)]
+    pub ignore_keys: bool,
+}
+
+fn default_sandbox_listen() -> String {
+    "127.0.0.1:8090".into()
+}
+
+/// `[run]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// How long in-flight effects may finish after SIGINT/SIGTERM.
+    #[serde(default = "default_grace")]
+    pub shutdown_grace: Dur,
+    /// Name of this instance in leases and attempt history (default: host and pid).
+    #[serde(default)]
+    pub instance: String,
+}
+
+fn default_grace() -> Dur {
+    Dur(Duration::from_secs(15))
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            shutdown_grace: default_grace(),
+            instance: String::new(),
+        }
+    }
+}
+
+/// Where a consumer's messages come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// `POST /v1/messages/{consumer}`.
+    Http,
+    /// A RabbitMQ queue.
+    Amqp,
+}
+
+/// What the sweeper does with a claim whose outcome is unknown (invariant I6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnknown {
+    /// Send again with the same key (safe only while the provider keeps keys).
+    Redrive,
+    /// Ask the provider's status endpoint first.
+    Reconcile,
+    /// Hand it to a person.
+    Park,
+}
+
+/// `[[consumers]]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// Unique name; part of the claim key and of intake URLs.
+    pub name: String,
+    /// Where messages come from.
+    pub source: Source,
+    /// In-flight effects for this consumer.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// How long one worker owns a claim before the sweeper may take over.
+    #[serde(default = "default_lease")]
+    pub lease: Dur,
+    /// Attempts (first try plus sweeper takeovers) before a person is asked.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// How long the provider honours an idempotency key.
+    #[serde(default = "default_redrive_within")]
+    pub redrive_within: Dur,
+    /// What to do with an unknown outcome.
+    #[serde(default = "default_on_unknown")]
+    pub on_unknown: OnUnknown,
+    /// Idempotency key template.
+    #[serde(default = "default_key")]
+    pub key: String,
+    /// RabbitMQ URL (`source = "amqp"`).
+    #[serde(default)]
+    pub amqp_url: String,
+    /// RabbitMQ queue (`source = "amqp"`).
+    #[serde(default)]
+    pub queue: String,
+    /// Unacknowledged deliveries at once (`source = "amqp"`).
+    #[serde(default = "default_prefetch")]
+    pub prefetch: u16,
+    /// Where bad broker messages go (`source = "amqp"`).
+    #[serde(default)]
+    pub dead_letter_exchange: String,
+    /// Declare exchange and queues at start (`source = "amqp"`).
+    #[serde(default = "default_true")]
+    pub declare: bool,
+    /// Header that overrides the AMQP `message_id` property.
+    #[serde(default)]
+    pub message_id_header: String,
+    /// Header carrying the tenant (AMQP header, or HTTP header name for intake; default `Tenant-Id`).
+    #[serde(default)]
+    pub tenant_header: String,
+    /// The side effect.
+    pub effect: EffectConfig,
+}
+
+fn default_concurrency() -> u32 {
+    64
+}
+fn default_lease() -> Dur {
+    Dur(Duration::from_secs(60))
+}
+fn default_max_attempts() -> u32 {
+    8
+}
+fn default_redrive_within() -> Dur {
+    Dur(Duration::from_secs(86_400))
+}
+fn default_on_unknown() -> OnUnknown {
+    OnUnknown::Reconcile
+}
+fn default_key() -> String {
+    // Keys are unique per provider account: the consumer and the tenant belong in them.
+    "{consumer}:{tenant}:{message_id}".into()
+}
+fn default_prefetch() -> u16 {
+    64
+}
+fn default_true() -> bool {
+    true
+}
+
+/// `[consumers.effect]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum EffectConfig {
+    /// An HTTP call to the provider.
+    Http(HttpEffectConfig),
+    /// An email over SMTP.
+    Smtp(SmtpEffectConfig),
+}
+
+impl EffectConfig {
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        match self {
+            EffectConfig::Http(h) => h.timeout.0,
+            EffectConfig::Smtp(s) => s.timeout.0,
+        }
+    }
+
+    /// The longest idempotency key the provider accepts.
+    pub fn max_key_length(&self) -> usize {
+        match self {
+            EffectConfig::Http(h) => h.max_key_length,
+            EffectConfig::Smtp(s) => s.max_key_length,
+        }
+    }
+}
+
+/// `kind = "http"`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpEffectConfig {
+    /// HTTP method.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Provider URL.
+    pub url: String,
+    /// Header that carries the idempotency key.
+    #[serde(default = "default_idem_header")]
+    pub idempotency_header: String,
+    /// Per-request timeout.
+    #[serde(default = "default_timeout")]
+    pub timeout: Dur,
+    /// Extra headers (secrets allowed via `${VAR}`; never logged).
+    #[serde(default, skip_serializing)]
+    pub headers: BTreeMap<String, String>,
+    /// Status endpoint with `{key}`; enables reconciliation.
+    #[serde(default)]
+    pub status_url: String,
+    /// Longest idempotency key the provider accepts; a message whose rendered key is longer is
+    /// refused at intake (HTTP 400, dead letter), never acknowledged.
+    #[serde(default = "default_max_key_length")]
+    pub max_key_length: usize,
+}
+
+fn default_max_key_length() -> usize {
+    // Stripe and most providers take keys of up to 255 characters.
+    255
+}
+
+fn default_method() -> String {
+    "POST".into()
+}
+fn default_idem_header() -> String {
+    "Idempotency-Key".into()
+}
+fn default_timeout() -> Dur {
+    Dur(Duration::from_secs(10))
+}
+
+/// `kind = "smtp"`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpEffectConfig {
+    /// SMTP server host.
+    pub host: String,
+    /// SMTP port.
+    #[serde(default = "default_smtp_port")]
+    pub port: u16,
+    /// `none`, `starttls` or `tls`.
+    #[serde(default = "default_smtp_tls")]
+    pub tls: String,
+    /// Login user (empty: no authentication).
+    #[serde(default)]
+    pub username: String,
+    /// Login password.
+    #[serde(default, skip_serializing)]
+    pub password: String,
+    /// Domain in `Message-ID: <{key}@{domain}>`.
+    #[serde(default = "default_msgid_domain")]
+    pub message_id_domain: String,
+    /// Sender when the payload has none.
+    #[serde(default)]
+    pub from: String,
+    /// Subject when the payload has none.
+    #[serde(default)]
+    pub subject: String,
+    /// Per-message timeout.
+    #[serde(default = "default_timeout")]
+    pub timeout: Dur,
+    /// Longest idempotency key (the left part of `Message-ID: <key@domain>`); a message whose
+    /// rendered key is longer is refused at intake.
+    #[serde(default = "default_max_key_length")]
+    pub max_key_length: usize,
+}
+
+fn default_smtp_port() -> u16 {
+    25
+}
+fn default_smtp_tls() -> String {
+    "none".into()
+}
+fn default_msgid_domain() -> String {
+    "claimd.local".into()
+}

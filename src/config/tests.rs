@@ -1,0 +1,235 @@
+//! Configuration tests: loading, overrides, expansion and every refusal.
+
+use super::*;
+use crate::claim::KeyTemplate;
+use std::time::Duration;
+
+const BASE: &str = r#"
+[store]
+url = "sqlite://x.db"
+[[consumers]]
+name = "payments"
+source = "http"
+lease = "60s"
+[consumers.effect]
+kind = "http"
+url = "http://127.0.0.1:8090/v1/payments"
+timeout = "10s"
+headers = { Authorization = "Bearer ${PROVIDER_TOKEN}" }
+"#;
+
+fn load(text: &str, env: &[(&str, &str)]) -> Result<Loaded, ConfigError> {
+    Config::from_toml(
+        text,
+        Path::new("c.toml"),
+        env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+    )
+}
+
+#[test]
+fn loads_with_defaults_and_expands_secrets() {
+    let l = load(BASE, &[("PROVIDER_TOKEN", "s3cret")]).unwrap();
+    let c = &l.config.consumers[0];
+    assert_eq!(c.max_attempts, 8);
+    assert_eq!(c.on_unknown, OnUnknown::Reconcile);
+    let EffectConfig::Http(h) = &c.effect else {
+        panic!("http effect")
+    };
+    assert_eq!(h.headers["Authorization"], "Bearer s3cret");
+}
+
+#[test]
+fn unset_variables_warn() {
+    let l = load(BASE, &[]).unwrap();
+    assert!(
+        l.warnings.iter().any(|w| w.contains("PROVIDER_TOKEN")),
+        "{:?}",
+        l.warnings
+    );
+}
+
+#[test]
+fn environment_overrides_reach_nested_keys() {
+    let l = load(
+        BASE,
+        &[
+            ("CLAIMD__STORE__MAX_CONNECTIONS", "4"),
+            ("CLAIMD__CONSUMERS__0__EFFECT__TIMEOUT", "5s"),
+            ("CLAIMD__HTTP__LISTEN", "127.0.0.1:9999"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(l.config.store.max_connections, 4);
+    assert_eq!(
+        l.config.consumers[0].effect.timeout(),
+        Duration::from_secs(5)
+    );
+    assert_eq!(l.config.http.listen, "127.0.0.1:9999");
+}
+
+fn error_of(text: &str) -> String {
+    load(text, &[]).unwrap_err().to_string()
+}
+
+#[test]
+fn unknown_keys_are_errors_naming_the_key() {
+    let e = error_of(&BASE.replace("lease = \"60s\"", "lease = \"60s\"\nleese = 1"));
+    assert!(e.contains("consumers[0]") && e.contains("leese"), "{e}");
+    let e = error_of(&format!("{BASE}\n[sweeper]\nshedule = \"x\""));
+    assert!(e.contains("shedule"), "{e}");
+}
+
+#[test]
+fn bad_values_name_key_and_problem_on_one_line() {
+    for (text, needle) in [
+        (BASE.replace("\"60s\"", "\"sixty\""), "consumers[0].lease"),
+        (
+            BASE.replace("\"60s\"", "\"5s\""),
+            "longer than the effect timeout",
+        ),
+        (
+            BASE.replace("source = \"http\"", "source = \"kafka\""),
+            "consumers[0].source",
+        ),
+        (
+            BASE.replace("source = \"http\"", "source = \"amqp\""),
+            "amqp_url",
+        ),
+        (
+            format!("{BASE}\n[retention]\nkeep_terminal_for = \"1h\""),
+            "redrive_within",
+        ),
+        (
+            format!("{BASE}\n[sweeper]\nschedule = \"every minute\""),
+            "sweeper.schedule",
+        ),
+        ("[store\nurl=1".to_string(), "not valid TOML"),
+    ] {
+        let e = error_of(&text);
+        assert!(e.contains(needle), "{needle:?} not in {e:?}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+        assert!(e.starts_with("c.toml: "), "{e}");
+    }
+}
+
+#[test]
+fn warns_when_two_consumers_share_a_provider_without_consumer_in_key() {
+    let two = format!(
+        "{BASE}\n[[consumers]]\nname = \"refunds\"\nsource = \"http\"\nkey = \"{{message_id}}\"\n[consumers.effect]\nkind = \"http\"\nurl = \"http://127.0.0.1:8090/v1/refunds\"\n"
+    );
+    let l = load(&two, &[("PROVIDER_TOKEN", "x")]).unwrap();
+    assert!(
+        l.warnings.iter().any(|w| w.contains("same provider")),
+        "{:?}",
+        l.warnings
+    );
+}
+
+#[test]
+fn the_default_key_template_keys_on_consumer_and_tenant() {
+    let l = load(BASE, &[("PROVIDER_TOKEN", "x")]).unwrap();
+    let c = &l.config.consumers[0];
+    assert_eq!(c.key, "{consumer}:{tenant}:{message_id}");
+    let t: KeyTemplate = c.key.parse().unwrap();
+    assert_ne!(
+        t.render(&c.name, "acme", "order-1"),
+        t.render(&c.name, "globex", "order-1")
+    );
+    assert_eq!(c.effect.max_key_length(), 255);
+}
+
+#[test]
+fn a_tenant_header_without_tenant_in_the_key_is_refused() {
+    let text = BASE.replace(
+        "lease = \"60s\"",
+        "lease = \"60s\"\ntenant_header = \"X-Tenant\"\nkey = \"{message_id}\"",
+    );
+    let e = error_of(&text);
+    assert!(e.contains("consumers[0].key"), "{e}");
+    assert!(e.contains("lacks {tenant}"), "{e}");
+    let ok = BASE.replace(
+        "lease = \"60s\"",
+        "lease = \"60s\"\ntenant_header = \"X-Tenant\"\nkey = \"{tenant}:{message_id}\"",
+    );
+    assert!(load(&ok, &[("PROVIDER_TOKEN", "x")]).is_ok());
+}
+
+#[test]
+fn a_key_window_shorter_than_the_lease_is_refused() {
+    let text = BASE.replace(
+        "lease = \"60s\"",
+        "lease = \"60s\"\nredrive_within = \"30s\"",
+    );
+    let e = error_of(&text);
+    assert!(e.contains("consumers[0].redrive_within"), "{e}");
+    assert!(e.contains("shorter than the lease"), "{e}");
+    let e = error_of(&BASE.replace("timeout = \"10s\"", "timeout = \"10s\"\nmax_key_length = 0"));
+    assert!(e.contains("consumers[0].effect.max_key_length"), "{e}");
+}
+
+#[test]
+fn amqp_consumers_need_prefetch_and_a_dead_letter_exchange_of_their_own() {
+    let amqp = |name: &str, dlx: &str, prefetch: u16| {
+        format!(
+            "\n[[consumers]]\nname = \"{name}\"\nsource = \"amqp\"\namqp_url = \"amqp://x\"\nqueue = \"q.{name}\"\ndead_letter_exchange = \"{dlx}\"\nprefetch = {prefetch}\n[consumers.effect]\nkind = \"http\"\nurl = \"http://127.0.0.1:8090/v1/{name}\"\n"
+        )
+    };
+    let base = "[store]\nurl = \"sqlite://x.db\"\n";
+    let e = error_of(&format!("{base}{}", amqp("a", "dlx.a", 0)));
+    assert!(e.contains("consumers[0].prefetch"), "{e}");
+    let e = error_of(&format!(
+        "{base}{}{}",
+        amqp("a", "dlx", 8),
+        amqp("b", "dlx", 8)
+    ));
+    assert!(
+        e.contains("consumers[1].dead_letter_exchange") && e.contains("\"a\""),
+        "{e}"
+    );
+    assert!(
+        load(
+            &format!("{base}{}{}", amqp("a", "dlx.a", 8), amqp("b", "dlx.b", 8)),
+            &[]
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn the_compose_overrides_reach_the_rabbitmq_config() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/postgres-rabbitmq.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let l = load(
+        &text,
+        &[
+            (
+                "CLAIMD__CONSUMERS__0__AMQP_URL",
+                "amqp://claimd:claimd@rabbitmq:5672/%2f",
+            ),
+            ("CLAIMD__CONSUMERS__1__EFFECT__HOST", "mailpit"),
+            ("CLAIMD__CONSUMERS__1__EFFECT__PORT", "1025"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        l.config.consumers[0].amqp_url,
+        "amqp://claimd:claimd@rabbitmq:5672/%2f"
+    );
+    let EffectConfig::Smtp(s) = &l.config.consumers[1].effect else {
+        panic!("consumers[1] is the email consumer")
+    };
+    assert_eq!((s.host.as_str(), s.port), ("mailpit", 1025));
+}
+
+#[test]
+fn the_shipped_configs_load() {
+    for file in [
+        "config/default.toml",
+        "config/postgres.toml",
+        "config/postgres-rabbitmq.toml",
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        load(&text, &[]).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+}

@@ -1,0 +1,272 @@
+//! Validation of a parsed configuration, section by section: each refusal names the key and
+//! says why on one line; risky but allowed settings become warnings.
+
+use super::*;
+use crate::claim::KeyTemplate;
+use crate::duration::Dur;
+use std::collections::BTreeMap;
+
+impl Config {
+    pub(super) fn validate(&self, warnings: &mut Vec<String>) -> Result<(), (String, String)> {
+        if self.store.max_connections == 0 {
+            return Err(("store.max_connections".into(), "must be at least 1".into()));
+        }
+        for (key, schedule) in [
+            ("sweeper.schedule", &self.sweeper.schedule),
+            ("retention.schedule", &self.retention.schedule),
+        ] {
+            validate_cron(schedule).map_err(|m| (key.to_string(), m))?;
+        }
+        if self.sweeper.batch_size == 0 || self.retention.batch_size == 0 {
+            return Err((
+                "sweeper/retention.batch_size".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        let mut hosts: BTreeMap<String, Vec<(&str, KeyTemplate)>> = BTreeMap::new();
+        for (i, c) in self.consumers.iter().enumerate() {
+            let at = |k: &str| format!("consumers[{i}].{k}");
+            if c.name.is_empty()
+                || !c
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err((
+                    at("name"),
+                    format!("{:?}: use letters, digits, '-' and '_'", c.name),
+                ));
+            }
+            if self.consumers[..i].iter().any(|o| o.name == c.name) {
+                return Err((at("name"), format!("{:?} is used by two consumers", c.name)));
+            }
+            if c.concurrency == 0 {
+                return Err((at("concurrency"), "must be at least 1".into()));
+            }
+            if c.max_attempts == 0 {
+                return Err((at("max_attempts"), "must be at least 1".into()));
+            }
+            let template: KeyTemplate = c.key.parse().map_err(|e| (at("key"), format!("{e}")))?;
+            let timeout = c.effect.timeout();
+            if c.lease.0 <= timeout {
+                return Err((
+                    at("lease"),
+                    format!(
+                        "{} must be longer than the effect timeout {}, or the sweeper takes over calls still in flight",
+                        c.lease,
+                        Dur(timeout)
+                    ),
+                ));
+            }
+            if self.retention.keep_terminal_for.0 < c.redrive_within.0 {
+                return Err((
+                    "retention.keep_terminal_for".into(),
+                    format!(
+                        "{} is shorter than consumers[{i}].redrive_within {}: a redelivered message could be claimed and performed again after its claim was pruned",
+                        self.retention.keep_terminal_for, c.redrive_within
+                    ),
+                ));
+            }
+            if c.source == Source::Amqp {
+                for (k, v) in [("amqp_url", &c.amqp_url), ("queue", &c.queue)] {
+                    if v.is_empty() {
+                        return Err((at(k), "required when source = \"amqp\"".into()));
+                    }
+                }
+                if c.dead_letter_exchange.is_empty() {
+                    return Err((
+                        at("dead_letter_exchange"),
+                        "required when source = \"amqp\": bad messages need a place to go".into(),
+                    ));
+                }
+                if c.queue.len() > 250 {
+                    return Err((
+                        at("queue"),
+                        "at most 250 bytes (AMQP names are at most 255, and claimd adds \".dead\")"
+                            .into(),
+                    ));
+                }
+                if c.dead_letter_exchange.len() > 255 {
+                    return Err((at("dead_letter_exchange"), "at most 255 bytes".into()));
+                }
+                if let Some(other) = self.consumers[..i].iter().find(|o| {
+                    o.source == Source::Amqp
+                        && o.dead_letter_exchange == c.dead_letter_exchange
+                        && (o.declare || c.declare)
+                }) {
+                    return Err((
+                        at("dead_letter_exchange"),
+                        format!(
+                            "{:?} is also consumer {:?}'s: it is a fanout, so each <queue>.dead would receive the other's bad messages; give each consumer its own",
+                            c.dead_letter_exchange, other.name
+                        ),
+                    ));
+                }
+                if c.prefetch == 0 {
+                    return Err((
+                        at("prefetch"),
+                        "must be at least 1 (0 would let the broker push without limit)".into(),
+                    ));
+                }
+            }
+            if !c.tenant_header.is_empty() && !template.mentions_tenant() {
+                // Two tenants' messages with one id would be sent under one key: the provider
+                // would apply the first and replay its answer for the second (I5 misapplied).
+                return Err((
+                    at("key"),
+                    format!(
+                        "{:?} lacks {{tenant}} but tenant_header = {:?} is set: two tenants sending one message id would share a provider key and one of the effects would never happen; add {{tenant}} (e.g. \"{{consumer}}:{{tenant}}:{{message_id}}\")",
+                        c.key, c.tenant_header
+                    ),
+                ));
+            }
+            if c.redrive_within.0 < c.lease.0 {
+                return Err((
+                    at("redrive_within"),
+                    format!(
+                        "{} is shorter than the lease {}: every claim the sweeper takes over would be past the provider's key window and could never be sent again safely",
+                        c.redrive_within, c.lease
+                    ),
+                ));
+            }
+            let max_key = c.effect.max_key_length();
+            if max_key == 0 {
+                return Err((at("effect.max_key_length"), "must be at least 1".into()));
+            }
+            match &c.effect {
+                EffectConfig::Http(h) => {
+                    let url = reqwest::Url::parse(&h.url)
+                        .map_err(|e| (at("effect.url"), format!("{:?}: {e}", h.url)))?;
+                    reqwest::Method::from_bytes(h.method.as_bytes()).map_err(|_| {
+                        (
+                            at("effect.method"),
+                            format!("{:?} is not an HTTP method", h.method),
+                        )
+                    })?;
+                    if h.idempotency_header.is_empty() {
+                        return Err((at("effect.idempotency_header"), "must not be empty".into()));
+                    }
+                    if !h.status_url.is_empty() && !h.status_url.contains("{key}") {
+                        return Err((at("effect.status_url"), "must contain {key}".into()));
+                    }
+                    if c.on_unknown == OnUnknown::Reconcile && h.status_url.is_empty() {
+                        warnings.push(format!(
+                            "consumers[{i}] ({}): on_unknown = \"reconcile\" without effect.status_url: unknown outcomes will be parked for a person",
+                            c.name
+                        ));
+                    }
+                    let host = format!(
+                        "{}:{}",
+                        url.host_str().unwrap_or(""),
+                        url.port_or_known_default().unwrap_or(0)
+                    );
+                    hosts.entry(host).or_default().push((&c.name, template));
+                }
+                EffectConfig::Smtp(s) => {
+                    if !["none", "starttls", "tls"].contains(&s.tls.as_str()) {
+                        return Err((at("effect.tls"), "must be none, starttls or tls".into()));
+                    }
+                    if s.tls == "none" && !s.username.is_empty() {
+                        warnings.push(format!(
+                            "consumers[{i}] ({}): effect.username is set with tls = \"none\": the SMTP password crosses the network in clear",
+                            c.name
+                        ));
+                    }
+                    if c.on_unknown == OnUnknown::Reconcile {
+                        return Err((
+                            at("on_unknown"),
+                            "SMTP has no status endpoint: use \"park\" (safe default) or \"redrive\"".into(),
+                        ));
+                    }
+                }
+            }
+        }
+        for (host, users) in hosts {
+            if users.len() > 1 && users.iter().any(|(_, t)| !t.mentions_consumer()) {
+                let names: Vec<&str> = users.iter().map(|(n, _)| *n).collect();
+                warnings.push(format!(
+                    "consumers {names:?} send to the same provider {host} and not every key template contains {{consumer}}: one message's response could be replayed for another's"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the edge needs to be valid: provider header names and values that can be sent
+    /// (a value like `"Bearer x\n"` would fail every call).
+    pub(super) fn validate_edge(&self) -> Result<(), (String, String)> {
+        let http = &self.http;
+        for (key, d) in [
+            ("http.header_read_timeout", http.header_read_timeout),
+            ("http.body_read_timeout", http.body_read_timeout),
+            ("http.idle_timeout", http.idle_timeout),
+        ] {
+            if d.0.is_zero() {
+                return Err((key.into(), "must be longer than 0s".into()));
+            }
+        }
+        if http.max_connections == 0 {
+            return Err(("http.max_connections".into(), "must be at least 1".into()));
+        }
+        if http.max_body_bytes == 0 {
+            return Err(("http.max_body_bytes".into(), "must be at least 1".into()));
+        }
+        if http.body_budget_bytes < http.max_body_bytes {
+            return Err((
+                "http.body_budget_bytes".into(),
+                format!(
+                    "{} is smaller than max_body_bytes {}: a body of the largest allowed size could never be admitted",
+                    http.body_budget_bytes, http.max_body_bytes
+                ),
+            ));
+        }
+        crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
+        let redact = crate::store::redact_url;
+        for (i, c) in self.consumers.iter().enumerate() {
+            if c.source == Source::Amqp && !c.amqp_url.is_empty() {
+                // lapin's own parse error repeats the whole URL, password included.
+                c.amqp_url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+                    (
+                        format!("consumers[{i}].amqp_url"),
+                        format!("{}: not an AMQP URL ({})", redact(&c.amqp_url), redact(&e)),
+                    )
+                })?;
+            }
+            let EffectConfig::Http(h) = &c.effect else {
+                continue;
+            };
+            reqwest::Url::parse(&h.url).map_err(|e| {
+                (
+                    format!("consumers[{i}].effect.url"),
+                    format!("{}: {e}", redact(&h.url)),
+                )
+            })?;
+            crate::effect::http::check_header(&h.idempotency_header, "x")
+                .map_err(|m| (format!("consumers[{i}].effect.idempotency_header"), m))?;
+            for (name, value) in &h.headers {
+                crate::effect::http::check_header(name, value)
+                    .map_err(|m| (format!("consumers[{i}].effect.headers.{name}"), m))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a six-field cron expression (seconds first).
+pub fn validate_cron(schedule: &str) -> Result<(), String> {
+    if schedule.split_whitespace().count() != 6 {
+        return Err(format!(
+            "{schedule:?}: expected 6 fields (sec min hour day month weekday)"
+        ));
+    }
+    parse_cron(schedule).map(|_| ())
+}
+
+/// Parses a six-field cron expression (seconds required).
+pub fn parse_cron(schedule: &str) -> Result<croner::Cron, String> {
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Required)
+        .build()
+        .parse(schedule)
+        .map_err(|e| format!("{schedule:?}: {e}"))
+}

@@ -1,0 +1,212 @@
+//! The operations routes: the claims list, the report, Prometheus metrics, liveness and
+//! readiness.
+
+use super::problem::{problem, store_down};
+use super::state::AppState;
+use crate::claim::{Claim, ClaimState};
+use crate::report::{self, SweeperHealth, Window};
+use crate::store::ClaimFilter;
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// A claim in operator views (no payload).
+#[derive(Debug, Serialize)]
+pub struct ClaimView<'a> {
+    /// The claim.
+    #[serde(flatten)]
+    pub claim: &'a Claim,
+    /// Started and past its lease.
+    pub stuck: bool,
+}
+
+/// Filters of `GET /v1/claims`.
+#[derive(Debug, Deserialize)]
+pub struct ClaimsQuery {
+    /// Query parameter `state`.
+    pub state: Option<String>,
+    /// Query parameter `consumer`.
+    pub consumer: Option<String>,
+    /// Query parameter `stuck`.
+    pub stuck: Option<bool>,
+    /// Query parameter `limit`.
+    pub limit: Option<u32>,
+}
+
+/// `GET /v1/claims`.
+pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimsQuery>) -> Response {
+    let st = match q.state.as_deref().map(str::parse::<ClaimState>).transpose() {
+        Ok(s) => s,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad state", &e.to_string()),
+    };
+    let filter = ClaimFilter {
+        state: st,
+        consumer: q.consumer,
+        stuck: q.stuck.unwrap_or(false),
+        since: None,
+        limit: q.limit.unwrap_or(100).min(10_000),
+    };
+    let store = state.claimer.store();
+    let (claims, now) = match (store.list(&filter).await, store.now().await) {
+        (Ok(c), Ok(n)) => (c, n),
+        (Err(e), _) | (_, Err(e)) => return store_down(e),
+    };
+    let views: Vec<ClaimView> = claims
+        .iter()
+        .map(|c| ClaimView {
+            claim: c,
+            stuck: c.is_stuck(now),
+        })
+        .collect();
+    Json(serde_json::json!({ "claims": views })).into_response()
+}
+
+/// Parameters of `GET /v1/report`.
+#[derive(Debug, Deserialize)]
+pub struct ReportQuery {
+    /// Query parameter `consumer`.
+    pub consumer: Option<String>,
+    /// Query parameter `since`.
+    pub since: Option<String>,
+}
+
+/// `GET /v1/report`: the report JSON, as `claimd report --format json`.
+pub async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQuery>) -> Response {
+    // Without `since`, the default window (24h), as `claimd report`; `since=all` for all time.
+    let window = match q.since.as_deref().map(str::parse::<Window>).transpose() {
+        Ok(w) => w.unwrap_or_default(),
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
+    };
+    let names = state.config.consumer_names();
+    match report::build(
+        state.claimer.store(),
+        &names,
+        q.consumer.as_deref(),
+        window,
+        state.sweep_period,
+    )
+    .await
+    {
+        Ok(mut r) => {
+            r.sweeper = state.sweeper_health(r.sweeper.last_run_utc, r.generated_utc);
+            Json(r).into_response()
+        }
+        Err(e) => store_down(e),
+    }
+}
+
+/// `GET /metrics`: Prometheus exposition.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let names = state.config.consumer_names();
+    state.claimer.metrics().local_sweeper(state.sweeper.local());
+    state
+        .claimer
+        .metrics()
+        .body_bytes_in_flight(state.body_budget.in_use_bytes());
+    match state
+        .claimer
+        .metrics()
+        .render(state.claimer.store(), &names)
+        .await
+    {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => store_down(e),
+    }
+}
+
+/// `GET /healthz`: the process answers.
+pub async fn healthz() -> Response {
+    Json(serde_json::json!({ "status": "ok" })).into_response()
+}
+
+/// `GET /readyz`: whether this instance can take work (store reachable, accepting, broker
+/// connected), with the safety net's state in the body (it does not decide readiness: a busy
+/// or not-yet-run sweeper is no reason to stop sending this instance traffic).
+#[derive(Debug, Serialize)]
+pub struct Readiness {
+    /// This instance can take work: store, accepting and broker all fine.
+    pub ready: bool,
+    /// Store reachable (`"ok"`), or what is wrong.
+    pub store: String,
+    /// Taking new work (false while shutting down).
+    pub accepting: bool,
+    /// Every RabbitMQ consumer connected (`"ok"`), or which are not.
+    pub broker: String,
+    /// The sweeper: `"ok"`, or what is going on (starting, a long pass, not running).
+    pub sweeper: String,
+    /// The sweeper's health in detail (status, running, last pass start).
+    pub sweeper_health: Option<SweeperHealth>,
+    /// Start of the last sweeper pass by any instance.
+    pub sweeper_last_run_utc: Option<DateTime<Utc>>,
+    /// `started` claims past their lease, all consumers.
+    pub stuck: Option<i64>,
+    /// Age of the oldest `started` claim, seconds.
+    pub oldest_started_age_s: Option<f64>,
+}
+
+/// How long readiness waits for the store before calling it unavailable.
+const READY_STORE_WAIT: Duration = Duration::from_secs(2);
+
+/// `GET /readyz`: see [`Readiness`].
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    let store = state.claimer.store();
+    let reads = async {
+        store.ping().await?;
+        let now = store.now().await?;
+        let last = store.last_sweep().await?;
+        let open = store.open_counts().await?;
+        Ok::<_, crate::store::StoreError>((now, last, open))
+    };
+    let mut body = Readiness {
+        ready: false,
+        store: "ok".into(),
+        accepting: state.claimer.is_accepting(),
+        broker: match state.amqp.as_ref().map(|a| a.check()) {
+            None | Some(Ok(())) => "ok".to_string(),
+            Some(Err(e)) => e,
+        },
+        sweeper: "unknown (store unavailable)".into(),
+        sweeper_health: None,
+        sweeper_last_run_utc: None,
+        stuck: None,
+        oldest_started_age_s: None,
+    };
+    match tokio::time::timeout(READY_STORE_WAIT, reads).await {
+        Ok(Ok((now, last, open))) => {
+            let health = state.sweeper_health(last, now);
+            body.sweeper = health.describe(state.sweep_period);
+            body.sweeper_health = Some(health);
+            body.sweeper_last_run_utc = last;
+            body.stuck = Some(open.iter().map(|c| c.stuck).sum());
+            body.oldest_started_age_s = open
+                .iter()
+                .filter_map(|c| c.oldest_started_age_s)
+                .reduce(f64::max);
+        }
+        Ok(Err(e)) => body.store = e.to_string(),
+        Err(_) => {
+            body.store = format!(
+                "store did not answer within {}s",
+                READY_STORE_WAIT.as_secs()
+            )
+        }
+    }
+    body.ready = body.store == "ok" && body.accepting && body.broker == "ok";
+    let status = if body.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
