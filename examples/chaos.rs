@@ -68,6 +68,8 @@ async fn main() {
             0 => None,
             s => Some(Duration::from_secs(s)),
         },
+        hang_ups: env_or("CHAOS_HANGUPS", 0.1),
+        two_tenants: env_or("CHAOS_TWO_TENANTS", 0.05),
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

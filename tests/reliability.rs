@@ -28,6 +28,8 @@ fn base(name: &str, seed: u64) -> Scenario {
         emails: 0,
         broker_outage: None,
         provider_outage: None,
+        hang_ups: 0.1,
+        two_tenants: 0.05,
     }
 }
 
@@ -97,9 +99,17 @@ async fn reliability_scenarios_hold_every_invariant() {
             true,
         ),
     ];
+    // CHAOS_SCENARIO=text runs only the scenarios whose name contains it (replaying one).
+    let only = std::env::var("CHAOS_SCENARIO").unwrap_or_default();
+    if !only.is_empty() {
+        eprintln!("CHAOS_SCENARIO={only:?}: only the scenarios whose name contains it");
+    }
     let mut rows = vec![Outcome::header()];
     let mut outcomes = Vec::new();
-    for (s, honours) in scenarios {
+    for (s, honours) in scenarios
+        .into_iter()
+        .filter(|(s, _)| s.name.contains(&only))
+    {
         let Some(db) = common::PgDb::create().await else {
             return;
         };

@@ -219,6 +219,7 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 pub mod amqp;
+pub mod hangup;
 pub mod provider;
 pub mod smtp;
 

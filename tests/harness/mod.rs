@@ -8,8 +8,12 @@
 //! Used by `tests/reliability.rs` (short, in CI) and `examples/chaos.rs` (long runs).
 #![allow(dead_code)]
 
+mod gate;
+
+use crate::common::hangup::{self, HangUp, Post, Seen};
 use crate::common::smtp::SmtpSink;
 use crate::common::{amqp::amqp_url, claimd_bin, free_port, proxy, try_raw_post};
+use gate::Gate;
 
 use claimd::sandbox::{Sandbox, SandboxOptions};
 use claimd::store::{ClaimFilter, Store};
@@ -75,6 +79,13 @@ pub struct Scenario {
     /// Take the provider down for this long two thirds of the way in: its port refuses
     /// connections and calls in progress are cut.
     pub provider_outage: Option<Duration>,
+    /// Share of HTTP sends whose client hangs up mid-request (mid-headers, mid-body, right
+    /// after the body, 0.5-30 ms later, with a reset, after part of the answer): not an
+    /// acknowledgement, so the client sends again, as a real client retries after its timeout.
+    pub hang_ups: f64,
+    /// Share of payment ids sent by two tenants (`acme` and `globex`, same body): each
+    /// (tenant, id) must be applied once under its own key.
+    pub two_tenants: f64,
 }
 
 /// The end-of-run checks.
@@ -111,17 +122,33 @@ pub struct Outcome {
     /// Emails settled `completed` that the sink never received (must be 0).
     pub emails_completed_unreceived: usize,
     pub max_emails_per_id: usize,
+    /// HTTP sends whose client hung up (each sent again until acknowledged).
+    pub hung_up: usize,
+    /// Payment ids sent by two tenants; of those (tenant, id) pairs, how many were not
+    /// applied under a key of their own (a claim missing, two tenants' claims sharing one
+    /// key, or its key never applied).
+    pub two_tenant_ids: usize,
+    pub two_tenant_misapplied: usize,
+    /// Payment claims settled `completed` whose key the provider never applied.
+    pub completed_unapplied: usize,
+    /// Claims parked for a person whose key (HTTP) or recipient (SMTP) never reached the
+    /// provider's door: parked although never sent.
+    pub parked_never_sent: usize,
+    /// Of those, claims received within -50..+250 ms of a SIGKILL of a worker they were sent to:
+    /// the worker died between the commit and the call, and nobody can know the call was never
+    /// made (parking them is right). The others were orphaned while their worker lived.
+    pub parked_never_sent_at_kill: usize,
     pub kills: usize,
     pub seconds: f64,
 }
 
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention | max applied/key | lost | stuck | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} ({} emails) | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
@@ -129,9 +156,12 @@ impl Outcome {
             self.failed,
             self.needs_attention,
             self.needs_attention_emails,
+            self.parked_never_sent,
+            self.parked_never_sent_at_kill,
             self.max_applied_per_key,
             self.lost,
             self.stuck_after_sweep,
+            self.completed_unapplied,
             self.duplicates_sent,
             self.duplicates_counted,
             self.mismatches_sent,
@@ -143,6 +173,9 @@ impl Outcome {
             self.emails_acked,
             self.emails_received,
             self.max_emails_per_id,
+            self.hung_up,
+            self.two_tenant_ids,
+            self.two_tenant_misapplied,
             self.kills,
             self.seconds
         )
@@ -301,66 +334,6 @@ pub async fn broker_outage(d: Duration) {
     panic!("RabbitMQ did not come back");
 }
 
-/// The provider's front door: forwards a loopback port to the sandbox, and can go down — stop
-/// listening (new connections are refused) and cut the connections open — and come back on the
-/// same port.
-struct Gate {
-    port: u16,
-    target: std::net::SocketAddr,
-    accept: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    cut: tokio::sync::watch::Sender<u64>,
-}
-
-impl Gate {
-    async fn start(target: std::net::SocketAddr) -> Arc<Gate> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let gate = Arc::new(Gate {
-            port: listener.local_addr().unwrap().port(),
-            target,
-            accept: Mutex::new(None),
-            cut: tokio::sync::watch::channel(0u64).0,
-        });
-        gate.serve(listener);
-        gate
-    }
-
-    fn serve(&self, listener: tokio::net::TcpListener) {
-        let (target, cut) = (self.target, self.cut.clone());
-        let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let mut cut_rx = cut.subscribe();
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = cut_rx.changed() => {}
-                    }
-                });
-            }
-        });
-        *self.accept.lock().unwrap() = Some(task);
-    }
-
-    /// Down for `d`, then up again on the same port.
-    async fn outage(&self, d: Duration) {
-        if let Some(task) = self.accept.lock().unwrap().take() {
-            task.abort(); // drops the listener: connections are refused
-        }
-        self.cut.send_modify(|n| *n += 1);
-        tokio::time::sleep(d).await;
-        for _ in 0..100 {
-            if let Ok(l) = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
-                self.serve(l);
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the provider's port {} could not be bound again", self.port);
-    }
-}
-
 /// One case of the bad-input matrix. Each is sent over the scenario's intake and must be
 /// refused with a specific answer: an HTTP status, or a dead letter (RabbitMQ).
 #[derive(Clone, Copy, Debug)]
@@ -436,15 +409,17 @@ impl BadCase {
 
 #[derive(Clone)]
 enum Send_ {
-    /// A message (or a duplicate of one): must end acknowledged.
+    /// A message (or a duplicate of one): must end acknowledged. `tenant` is `""` for none.
     Message {
         consumer: &'static str,
+        tenant: &'static str,
         id: String,
         body: String,
     },
     /// The same key sent twice at the same instant (to two workers; or two publishes).
     Concurrent {
         consumer: &'static str,
+        tenant: &'static str,
         id: String,
         body: String,
     },
@@ -454,16 +429,41 @@ enum Send_ {
     Bad { seq: usize, case: BadCase },
 }
 
+/// Something the chaos loop did, and when.
+type Moment = (chrono::DateTime<chrono::Utc>, String);
+
+/// A message's identity: (tenant, message id).
+type Identity = (String, String);
+
 struct Ledger {
-    acked: Mutex<HashSet<String>>,
+    /// Acknowledged identities.
+    acked: Mutex<HashSet<Identity>>,
     dup_acks: AtomicUsize,
     mismatch_refusals: AtomicUsize,
     bad_refused: AtomicUsize,
     attempts: AtomicU64,
+    /// Sends whose client hung up.
+    hung_up: AtomicUsize,
+    /// The workers (by index) each identity was sent to over HTTP.
+    sent_to: Mutex<HashMap<Identity, u64>>,
+    /// Share of HTTP sends that hang up ([`Scenario::hang_ups`]).
+    hang_ups: f64,
+    seed: u64,
+}
+
+/// A seeded generator for one send (so a run replays with its seed, whatever the order the
+/// clients take the ledger in).
+fn send_rng(seed: u64, key: &[u8], start: usize) -> fastrand::Rng {
+    let h = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    rng(seed ^ h ^ (start as u64).rotate_left(32))
 }
 
 /// Sends until a definite answer: connection errors and 503s are retried on another worker
-/// (an at-least-once client). Returns the final status.
+/// (an at-least-once client). With `may_hang_up`, a share of the attempts (the scenario's
+/// `hang_ups`) hang up mid-request instead: no answer, so the client sends again. Returns the
+/// final status.
 #[allow(clippy::too_many_arguments)]
 async fn send(
     c: &reqwest::Client,
@@ -471,15 +471,43 @@ async fn send(
     start: usize,
     consumer: &str,
     key: Option<&[u8]>,
+    tenant: &str,
     body: Vec<u8>,
     ledger: &Ledger,
+    may_hang_up: bool,
 ) -> u16 {
+    let mut r = send_rng(ledger.seed, key.unwrap_or_default(), start);
     for i in start..start + 2000 {
         let port = ports[i % ports.len()];
         ledger.attempts.fetch_add(1, Ordering::Relaxed);
+        if let Some(k) = key {
+            let id = (tenant.to_string(), String::from_utf8_lossy(k).into_owned());
+            *ledger.sent_to.lock().unwrap().entry(id).or_default() |= 1 << (i % ports.len());
+        }
+        if may_hang_up
+            && ledger.hang_ups > 0.0
+            && r.f64() < ledger.hang_ups
+            && let Some(k) = key.and_then(|k| std::str::from_utf8(k).ok())
+        {
+            let mut post = Post::new(consumer, k, body.clone());
+            if !tenant.is_empty() {
+                post = post.tenant("Tenant-Id", tenant);
+            }
+            let how = HangUp::random(&mut r);
+            if hangup::post_and_hang_up(([127, 0, 0, 1], port).into(), &post, how).await
+                != Seen::NotSent
+            {
+                ledger.hung_up.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(r.u64(10..100))).await;
+            continue;
+        }
         let mut req = c
             .post(format!("http://127.0.0.1:{port}/v1/messages/{consumer}"))
             .body(body.clone());
+        if !tenant.is_empty() {
+            req = req.header("Tenant-Id", tenant);
+        }
         if let Some(k) = key {
             // Raw bytes: obs-text (0x80-0xff) goes out as is; control characters, which no
             // client library sends, go out by hand.
@@ -758,29 +786,56 @@ async fn deliver(
     ledger: &Ledger,
     expected_dead: &Mutex<HashSet<usize>>,
 ) {
+    let tenant_bytes = |t: &'static str| (!t.is_empty()).then_some(t.as_bytes());
     match (item, via) {
-        (Send_::Message { consumer, id, body }, Via::Http(ports)) => {
+        (
+            Send_::Message {
+                consumer,
+                tenant,
+                id,
+                body,
+            },
+            Via::Http(ports),
+        ) => {
             let st = send(
                 c,
                 ports,
                 n,
                 consumer,
                 Some(id.as_bytes()),
+                tenant,
                 body.into_bytes(),
                 ledger,
+                true,
             )
             .await;
-            assert!(st == 202 || st == 200, "message {id}: {st}");
-            ledger.acked.lock().unwrap().insert(id);
+            assert!(st == 202 || st == 200, "message {tenant}/{id}: {st}");
+            ledger.acked.lock().unwrap().insert((tenant.into(), id));
         }
-        (Send_::Message { consumer, id, body }, Via::Amqp(q)) => {
-            let props = amqp_props(Some(id.as_bytes()), None, None);
+        (
+            Send_::Message {
+                consumer,
+                tenant,
+                id,
+                body,
+            },
+            Via::Amqp(q),
+        ) => {
+            let props = amqp_props(Some(id.as_bytes()), None, tenant_bytes(tenant));
             publisher
                 .publish(&q.queue(consumer), props, body.as_bytes(), ledger)
                 .await;
-            ledger.acked.lock().unwrap().insert(id);
+            ledger.acked.lock().unwrap().insert((tenant.into(), id));
         }
-        (Send_::Concurrent { consumer, id, body }, Via::Http(ports)) => {
+        (
+            Send_::Concurrent {
+                consumer,
+                tenant,
+                id,
+                body,
+            },
+            Via::Http(ports),
+        ) => {
             let key = Some(id.as_bytes());
             let (a, b) = tokio::join!(
                 send(
@@ -789,31 +844,52 @@ async fn deliver(
                     n,
                     consumer,
                     key,
+                    tenant,
                     body.clone().into_bytes(),
-                    ledger
+                    ledger,
+                    true,
                 ),
-                send(c, ports, n + 1, consumer, key, body.into_bytes(), ledger)
+                send(
+                    c,
+                    ports,
+                    n + 1,
+                    consumer,
+                    key,
+                    tenant,
+                    body.into_bytes(),
+                    ledger,
+                    true,
+                )
             );
             assert!(
                 [200, 202].contains(&a) && [200, 202].contains(&b),
-                "{id}: {a} {b}"
+                "{tenant}/{id}: {a} {b}"
             );
-            ledger.acked.lock().unwrap().insert(id);
+            ledger.acked.lock().unwrap().insert((tenant.into(), id));
         }
-        (Send_::Concurrent { consumer, id, body }, Via::Amqp(q)) => {
+        (
+            Send_::Concurrent {
+                consumer,
+                tenant,
+                id,
+                body,
+            },
+            Via::Amqp(q),
+        ) => {
             // Two publishes at once: with three workers consuming, the copies are usually
             // delivered to two of them at the same instant.
-            let props = amqp_props(Some(id.as_bytes()), None, None);
+            let props = amqp_props(Some(id.as_bytes()), None, tenant_bytes(tenant));
             let queue = q.queue(consumer);
             tokio::join!(
                 publisher.publish(&queue, props.clone(), body.as_bytes(), ledger),
                 publisher.publish(&queue, props, body.as_bytes(), ledger)
             );
-            ledger.acked.lock().unwrap().insert(id);
+            ledger.acked.lock().unwrap().insert((tenant.into(), id));
         }
         (Send_::Changed { id, .. }, Via::Http(ports)) => {
             let body = b"{\"amount\":-1}".to_vec();
-            let st = send(c, ports, n, "payments", Some(id.as_bytes()), body, ledger).await;
+            let key = Some(id.as_bytes());
+            let st = send(c, ports, n, "payments", key, "", body, ledger, true).await;
             assert_eq!(st, 422, "changed payload under {id}");
             ledger.mismatch_refusals.fetch_add(1, Ordering::Relaxed);
         }
@@ -832,8 +908,10 @@ async fn deliver(
                 n,
                 case.consumer(),
                 key.as_deref(),
+                "",
                 case.body(),
                 ledger,
+                false,
             )
             .await;
             assert_eq!(st, case.http_status(), "bad input {case:?}");
@@ -961,6 +1039,8 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let served = sandbox.clone();
     tokio::spawn(async move { served.serve(listener, std::future::pending()).await });
     let smtp = SmtpSink::start().await;
+    // The SMTP server's door: notes each recipient a worker got as far as naming.
+    let smtp_gate = Gate::start(smtp.addr).await;
     let queues = (s.intake == Intake::Amqp).then(|| Arc::new(Queues::new()));
 
     // Workers reach PostgreSQL through a proxy the chaos loop can cut.
@@ -969,13 +1049,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let config = dir.path().join("claimd.toml");
     std::fs::write(
         &config,
-        worker_toml(
-            s,
-            &worker_db,
-            &provider,
-            smtp.addr.port(),
-            queues.as_deref(),
-        ),
+        worker_toml(s, &worker_db, &provider, smtp_gate.port, queues.as_deref()),
     )
     .unwrap();
     let store = claimd::store::open(db_url, 4).await.unwrap();
@@ -999,6 +1073,13 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let mut sends = Vec::new();
     let mut duplicates_sent = 0;
     let mut emails = Vec::new();
+    let mut two_tenant_ids = Vec::new();
+    // Changed payloads go to the first ids (no tenant): two-tenant ids come after them.
+    let changed = if s.bad_input {
+        (s.messages / 50).max(3)
+    } else {
+        0
+    };
     for m in 0..s.messages + s.emails {
         let (consumer, id, body) = if m < s.messages {
             let body = format!("{{\"amount\":{}}}", r.u32(1..100_000));
@@ -1011,29 +1092,50 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             );
             ("email", id, body)
         };
-        sends.push(Send_::Message {
-            consumer,
-            id: id.clone(),
-            body: body.clone(),
-        });
+        // Some payment ids are sent by two tenants with the same body: two messages, two keys.
+        let tenants: &[&'static str] = if consumer == "payments"
+            && m >= changed
+            && s.two_tenants > 0.0
+            && r.f64() < s.two_tenants
+        {
+            two_tenant_ids.push(id.clone());
+            &["acme", "globex"]
+        } else {
+            &[""]
+        };
+        for tenant in tenants {
+            sends.push(Send_::Message {
+                consumer,
+                tenant,
+                id: id.clone(),
+                body: body.clone(),
+            });
+        }
+        let tenant = tenants[0];
         if r.f64() < 0.15 {
             duplicates_sent += 1;
             sends.push(Send_::Message {
                 consumer,
+                tenant,
                 id: id.clone(),
                 body: body.clone(),
             });
         }
         if r.f64() < 0.03 {
             duplicates_sent += 1; // the second of the pair is a duplicate
-            sends.push(Send_::Concurrent { consumer, id, body });
+            sends.push(Send_::Concurrent {
+                consumer,
+                tenant,
+                id,
+                body,
+            });
         }
     }
     let mut mismatches_sent = 0;
     let mut bad_sent = 0;
     let mut seq = 0;
     if s.bad_input {
-        for k in 0..(s.messages / 50).max(3) {
+        for k in 0..changed {
             mismatches_sent += 1;
             seq += 1;
             sends.push(Send_::Changed {
@@ -1061,6 +1163,10 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         mismatch_refusals: AtomicUsize::new(0),
         bad_refused: AtomicUsize::new(0),
         attempts: AtomicU64::new(0),
+        hung_up: AtomicUsize::new(0),
+        sent_to: Mutex::new(HashMap::new()),
+        hang_ups: s.hang_ups,
+        seed: s.seed,
     });
     let expected_dead = Arc::new(Mutex::new(HashSet::new()));
     let via = match &queues {
@@ -1077,6 +1183,8 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     // the way in, a database outage half way, a provider outage two thirds of the way.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let kills_done = Arc::new(AtomicUsize::new(0));
+    // What the chaos loop did when, for explaining a claim that ends badly.
+    let timeline: Arc<Mutex<Vec<Moment>>> = Arc::default();
     let chaos = {
         let done = done.clone();
         let kills_done = kills_done.clone();
@@ -1089,34 +1197,44 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         let real = s.real_db_restart;
         let proxy = proxy.clone();
         let seed = s.seed;
+        let timeline = timeline.clone();
         tokio::spawn(async move {
+            let note = |what: String| timeline.lock().unwrap().push((chrono::Utc::now(), what));
             let mut r = rng(seed ^ 0x5eed);
             let (mut did_outage, mut did_broker, mut did_provider) = (false, false, false);
             while !done.load(Ordering::SeqCst) && kills_done.load(Ordering::SeqCst) < kills {
                 tokio::time::sleep(Duration::from_millis(r.u64(150..600))).await;
                 let i = r.usize(0..workers);
+                note(format!("SIGKILL worker {i}"));
                 fleet.restart(i).await;
+                note(format!("worker {i} up again"));
                 let k = kills_done.fetch_add(1, Ordering::SeqCst) + 1;
                 if let Some(d) = broker
                     && !did_broker
                     && k >= kills / 3
                 {
                     did_broker = true;
+                    note("broker down".into());
                     broker_outage(d).await;
+                    note("broker up".into());
                 }
                 if let Some(d) = outage
                     && !did_outage
                     && k >= kills / 2
                 {
                     did_outage = true;
+                    note("database down".into());
                     outage_now(&proxy, real, d).await;
+                    note("database up".into());
                 }
                 if let Some(d) = provider_outage
                     && !did_provider
                     && k >= kills * 2 / 3
                 {
                     did_provider = true;
+                    note("provider down".into());
                     gate.outage(d).await;
+                    note("provider up".into());
                 }
             }
             if let Some(d) = broker
@@ -1138,10 +1256,12 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         })
     };
 
-    let first_ids: HashSet<String> = first
+    let first_ids: HashSet<(&str, String)> = first
         .iter()
         .filter_map(|x| match x {
-            Send_::Message { id, .. } | Send_::Concurrent { id, .. } => Some(id.clone()),
+            Send_::Message { tenant, id, .. } | Send_::Concurrent { tenant, id, .. } => {
+                Some((*tenant, id.clone()))
+            }
             _ => None,
         })
         .collect();
@@ -1222,13 +1342,17 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         }
         q.delete().await;
     }
+    let moments = timeline.lock().unwrap().clone();
     let outcome = check(
         s,
         &store,
         &sandbox,
         &smtp,
+        [&gate, &smtp_gate],
+        &moments,
         &ledger,
         &emails,
+        &two_tenant_ids,
         settled,
         Sent {
             total: total_sends,
@@ -1312,8 +1436,11 @@ async fn check(
     store: &Store,
     sandbox: &Sandbox,
     smtp: &SmtpSink,
+    [provider_gate, smtp_gate]: [&Gate; 2],
+    timeline: &[Moment],
     ledger: &Ledger,
     emails: &[String],
+    two_tenant_ids: &[String],
     _settled: bool,
     sent: Sent,
     kills: usize,
@@ -1326,12 +1453,14 @@ async fn check(
         })
         .await
         .unwrap();
-    let by_id: HashMap<&str, &claimd::claim::Claim> =
-        claims.iter().map(|c| (c.message_id.as_str(), c)).collect();
+    let by_id: HashMap<(&str, &str), &claimd::claim::Claim> = claims
+        .iter()
+        .map(|c| ((c.tenant.as_str(), c.message_id.as_str()), c))
+        .collect();
     let acked = ledger.acked.lock().unwrap().clone();
     let lost = acked
         .iter()
-        .filter(|id| !by_id.contains_key(id.as_str()))
+        .filter(|(t, id)| !by_id.contains_key(&(t.as_str(), id.as_str())))
         .count();
     let count = |st: claimd::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
     // Why claims wait for a person, by consumer and reason (printed: a long run's table alone
@@ -1354,6 +1483,90 @@ async fn check(
         eprintln!("needs_attention: {n} {consumer}: {why}");
     }
     let effects = sandbox.effects();
+    let applied: HashMap<&str, u64> = effects
+        .iter()
+        .map(|e| (e.key.as_str(), e.applied))
+        .collect();
+    // Two tenants, one id: each (tenant, id) applied under a key of its own.
+    let two_tenant_misapplied = two_tenant_ids
+        .iter()
+        .map(|id| {
+            let mine = ["acme", "globex"].map(|t| by_id.get(&(t, id.as_str())));
+            match mine {
+                [Some(a), Some(b)] if a.idem_key != b.idem_key => [a, b]
+                    .iter()
+                    .filter(|c| !applied.contains_key(c.idem_key.as_str()))
+                    .count(),
+                [Some(_), Some(_)] => 2, // one key for two payments
+                [a, b] => a.is_none() as usize + b.is_none() as usize,
+            }
+        })
+        .sum();
+    let completed_unapplied = claims
+        .iter()
+        .filter(|c| c.consumer == "payments" && c.state == claimd::claim::ClaimState::Completed)
+        .filter(|c| !applied.contains_key(c.idem_key.as_str()))
+        .count();
+    // Parked, and its key (payments) or recipient (emails) never reached the provider's door.
+    let (keys_seen, rcpts_seen) = (provider_gate.seen(), smtp_gate.seen());
+    let never_sent: Vec<&claimd::claim::Claim> = claims
+        .iter()
+        .filter(|c| c.state == claimd::claim::ClaimState::NeedsAttention)
+        .filter(|c| {
+            if c.consumer == "email" {
+                // Email `e{seed}-{m}` goes to `user{m}@example.com` (list() carries no payloads).
+                let m = c.message_id.rsplit('-').next().unwrap_or_default();
+                !rcpts_seen.contains(&format!("user{m}@example.com"))
+            } else {
+                !keys_seen.contains(&c.idem_key)
+            }
+        })
+        .collect();
+    // A worker SIGKILLed between a claim's commit and its first byte to the provider leaves a
+    // claim that nobody can know was never sent: parked under `park`, rightly. Such a claim was
+    // received just before a kill of a worker it was sent to (HTTP: the ledger knows which;
+    // RabbitMQ: any worker may have taken it). Anything else parked unsent is a claim orphaned
+    // while its worker lived.
+    let sent_to = ledger.sent_to.lock().unwrap().clone();
+    let at_kill = |c: &claimd::claim::Claim| {
+        let workers = match s.intake {
+            Intake::Http => sent_to
+                .get(&(c.tenant.clone(), c.message_id.clone()))
+                .copied()
+                .unwrap_or(0),
+            Intake::Amqp => u64::MAX,
+        };
+        timeline.iter().any(|(t, what)| {
+            let ms = (*t - c.received_utc).num_milliseconds();
+            what.strip_prefix("SIGKILL worker ")
+                .and_then(|i| i.parse::<u32>().ok())
+                .is_some_and(|i| workers & (1 << i) != 0 && (-50..=250).contains(&ms))
+        })
+    };
+    let parked_never_sent_at_kill = never_sent.iter().filter(|c| at_kill(c)).count();
+    // Every unexplained one, then a few at a kill.
+    let (at, orphaned): (Vec<&&claimd::claim::Claim>, Vec<_>) =
+        never_sent.iter().partition(|c| at_kill(c));
+    for c in orphaned.into_iter().chain(at.into_iter().take(10)) {
+        // The chaos around the moment it was received (database clock, same host).
+        let near: Vec<String> = timeline
+            .iter()
+            .filter(|(t, what)| {
+                let ms = (*t - c.received_utc).num_milliseconds();
+                ms.abs() < 1000 || (what.ends_with(" down") && (-30_000..0).contains(&ms))
+            })
+            .map(|(t, what)| format!("{:+}ms {what}", (*t - c.received_utc).num_milliseconds()))
+            .collect();
+        eprintln!(
+            "parked, never sent{}: {} {} attempt {}: {}; chaos near its receipt: {}",
+            if at_kill(c) { " (at a kill)" } else { "" },
+            c.consumer,
+            c.message_id,
+            c.attempt,
+            c.last_error.as_deref().unwrap_or(""),
+            near.join(", ")
+        );
+    }
     let counts = store.counts(None).await.unwrap();
     let total = |f: fn(&claimd::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
     // Emails: copies the sink received per Message-ID.
@@ -1388,7 +1601,10 @@ async fn check(
         bad_refused: ledger.bad_refused.load(Ordering::Relaxed),
         bad_sent: sent.bad,
         dead_lettered: total(|c| c.dead_lettered),
-        emails_acked: emails.iter().filter(|id| acked.contains(*id)).count(),
+        emails_acked: emails
+            .iter()
+            .filter(|id| acked.contains(&(String::new(), id.to_string())))
+            .count(),
         emails_received: per_id.len(),
         emails_completed_unreceived: claims
             .iter()
@@ -1396,6 +1612,12 @@ async fn check(
             .filter(|c| !per_id.contains_key(&format!("<{}@chaos.claimd>", c.idem_key)))
             .count(),
         max_emails_per_id: per_id.values().copied().max().unwrap_or(0),
+        hung_up: ledger.hung_up.load(Ordering::Relaxed),
+        two_tenant_ids: two_tenant_ids.len(),
+        two_tenant_misapplied,
+        completed_unapplied,
+        parked_never_sent: never_sent.len(),
+        parked_never_sent_at_kill,
         kills,
         seconds: started.elapsed().as_secs_f64(),
     }
@@ -1404,6 +1626,19 @@ async fn check(
 /// The invariants every scenario must hold (at a provider that honours keys).
 pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
     assert_eq!(o.lost, 0, "acknowledged messages without a claim: {o:?}");
+    assert_eq!(
+        o.two_tenant_misapplied, 0,
+        "a (tenant, id) sent by two tenants was not applied under a key of its own: {o:?}"
+    );
+    assert_eq!(
+        o.completed_unapplied, 0,
+        "a payment settled completed that the provider never applied: {o:?}"
+    );
+    assert_eq!(
+        o.parked_never_sent - o.parked_never_sent_at_kill,
+        0,
+        "claims parked for a person that never reached the provider, their worker alive: {o:?}"
+    );
     assert_eq!(
         o.stuck_after_sweep, 0,
         "claims still started after the final sweeps: {o:?}"
