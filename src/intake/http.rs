@@ -281,7 +281,7 @@ pub fn submit_error(e: SubmitError) -> Response {
             let mut r = problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store unavailable",
-                "the claim store did not commit the message; nothing was recorded: retry",
+                "the claim store did not confirm the message: retry (if it was recorded after all, the retry is answered as a duplicate and the message is performed once)",
             );
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
