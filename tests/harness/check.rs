@@ -1,0 +1,205 @@
+//! The end-of-run checks: the store, the provider, the SMTP sink and the dead-letter queues
+//! against what was sent.
+
+use super::*;
+
+/// What the ledger sent, by kind.
+pub(super) struct Sent {
+    pub(super) total: usize,
+    pub(super) duplicates: usize,
+    pub(super) mismatches: usize,
+    pub(super) bad: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn check(
+    s: &Scenario,
+    store: &Store,
+    sandbox: &Sandbox,
+    smtp: &SmtpSink,
+    [provider_gate, smtp_gate]: [&Gate; 2],
+    timeline: &[Moment],
+    ledger: &Ledger,
+    emails: &[String],
+    two_tenant_ids: &[String],
+    _settled: bool,
+    sent: Sent,
+    kills: usize,
+    started: Instant,
+) -> Outcome {
+    let claims = store
+        .list(&ClaimFilter {
+            limit: 10_000_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let by_id: HashMap<(&str, &str), &claimd::claim::Claim> = claims
+        .iter()
+        .map(|c| ((c.tenant.as_str(), c.message_id.as_str()), c))
+        .collect();
+    let acked = ledger.acked.lock().unwrap().clone();
+    let lost = acked
+        .iter()
+        .filter(|(t, id)| !by_id.contains_key(&(t.as_str(), id.as_str())))
+        .count();
+    let count = |st: claimd::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
+    // Why claims wait for a person, by consumer and reason (printed: a long run's table alone
+    // does not say).
+    let mut parked: HashMap<(String, String), usize> = HashMap::new();
+    for c in claims
+        .iter()
+        .filter(|c| c.state == claimd::claim::ClaimState::NeedsAttention)
+    {
+        let why: String = c
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .chars()
+            .take(90)
+            .collect();
+        *parked.entry((c.consumer.clone(), why)).or_default() += 1;
+    }
+    for ((consumer, why), n) in &parked {
+        eprintln!("needs_attention: {n} {consumer}: {why}");
+    }
+    let effects = sandbox.effects();
+    let applied: HashMap<&str, u64> = effects
+        .iter()
+        .map(|e| (e.key.as_str(), e.applied))
+        .collect();
+    // Two tenants, one id: each (tenant, id) applied under a key of its own.
+    let two_tenant_misapplied = two_tenant_ids
+        .iter()
+        .map(|id| {
+            let mine = ["acme", "globex"].map(|t| by_id.get(&(t, id.as_str())));
+            match mine {
+                [Some(a), Some(b)] if a.idem_key != b.idem_key => [a, b]
+                    .iter()
+                    .filter(|c| !applied.contains_key(c.idem_key.as_str()))
+                    .count(),
+                [Some(_), Some(_)] => 2, // one key for two payments
+                [a, b] => a.is_none() as usize + b.is_none() as usize,
+            }
+        })
+        .sum();
+    let completed_unapplied = claims
+        .iter()
+        .filter(|c| c.consumer == "payments" && c.state == claimd::claim::ClaimState::Completed)
+        .filter(|c| !applied.contains_key(c.idem_key.as_str()))
+        .count();
+    // Parked, and its key (payments) or recipient (emails) never reached the provider's door.
+    let (keys_seen, rcpts_seen) = (provider_gate.seen(), smtp_gate.seen());
+    let never_sent: Vec<&claimd::claim::Claim> = claims
+        .iter()
+        .filter(|c| c.state == claimd::claim::ClaimState::NeedsAttention)
+        .filter(|c| {
+            if c.consumer == "email" {
+                // Email `e{seed}-{m}` goes to `user{m}@example.com` (list() carries no payloads).
+                let m = c.message_id.rsplit('-').next().unwrap_or_default();
+                !rcpts_seen.contains(&format!("user{m}@example.com"))
+            } else {
+                !keys_seen.contains(&c.idem_key)
+            }
+        })
+        .collect();
+    // A worker SIGKILLed between a claim's commit and its first byte to the provider leaves a
+    // claim that nobody can know was never sent: parked under `park`, rightly. Such a claim was
+    // received just before a kill of a worker it was sent to (HTTP: the ledger knows which;
+    // RabbitMQ: any worker may have taken it). Anything else parked unsent is a claim orphaned
+    // while its worker lived.
+    let sent_to = ledger.sent_to.lock().unwrap().clone();
+    let at_kill = |c: &claimd::claim::Claim| {
+        let workers = match s.intake {
+            Intake::Http => sent_to
+                .get(&(c.tenant.clone(), c.message_id.clone()))
+                .copied()
+                .unwrap_or(0),
+            Intake::Amqp => u64::MAX,
+        };
+        timeline.iter().any(|(t, what)| {
+            let ms = (*t - c.received_utc).num_milliseconds();
+            what.strip_prefix("SIGKILL worker ")
+                .and_then(|i| i.parse::<u32>().ok())
+                .is_some_and(|i| workers & (1 << i) != 0 && (-50..=250).contains(&ms))
+        })
+    };
+    let parked_never_sent_at_kill = never_sent.iter().filter(|c| at_kill(c)).count();
+    // Every unexplained one, then a few at a kill.
+    let (at, orphaned): (Vec<&&claimd::claim::Claim>, Vec<_>) =
+        never_sent.iter().partition(|c| at_kill(c));
+    for c in orphaned.into_iter().chain(at.into_iter().take(10)) {
+        // The chaos around the moment it was received (database clock, same host).
+        let near: Vec<String> = timeline
+            .iter()
+            .filter(|(t, what)| {
+                let ms = (*t - c.received_utc).num_milliseconds();
+                ms.abs() < 1000 || (what.ends_with(" down") && (-30_000..0).contains(&ms))
+            })
+            .map(|(t, what)| format!("{:+}ms {what}", (*t - c.received_utc).num_milliseconds()))
+            .collect();
+        eprintln!(
+            "parked, never sent{}: {} {} attempt {}: {}; chaos near its receipt: {}",
+            if at_kill(c) { " (at a kill)" } else { "" },
+            c.consumer,
+            c.message_id,
+            c.attempt,
+            c.last_error.as_deref().unwrap_or(""),
+            near.join(", ")
+        );
+    }
+    let counts = store.counts(None).await.unwrap();
+    let total = |f: fn(&claimd::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
+    // Emails: copies the sink received per Message-ID.
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for r in smtp.received() {
+        if let Some(id) = r.message_id {
+            *per_id.entry(id).or_default() += 1;
+        }
+    }
+    Outcome {
+        name: s.name.clone(),
+        via_broker: s.intake == Intake::Amqp,
+        sent: sent.total,
+        acknowledged: acked.len(),
+        completed: count(claimd::claim::ClaimState::Completed),
+        failed: count(claimd::claim::ClaimState::Failed),
+        needs_attention: count(claimd::claim::ClaimState::NeedsAttention),
+        needs_attention_emails: parked
+            .iter()
+            .filter(|((c, _), _)| c == "email")
+            .map(|(_, n)| n)
+            .sum(),
+        max_applied_per_key: effects.iter().map(|e| e.applied).max().unwrap_or(0),
+        keys_applied: effects.len(),
+        lost,
+        stuck_after_sweep: total(|c| c.started) as usize,
+        duplicates_sent: sent.duplicates,
+        duplicates_counted: total(|c| c.duplicates),
+        mismatches_sent: sent.mismatches,
+        mismatches_counted: total(|c| c.payload_mismatches),
+        mismatches_refused: ledger.mismatch_refusals.load(Ordering::Relaxed),
+        bad_refused: ledger.bad_refused.load(Ordering::Relaxed),
+        bad_sent: sent.bad,
+        dead_lettered: total(|c| c.dead_lettered),
+        emails_acked: emails
+            .iter()
+            .filter(|id| acked.contains(&(String::new(), id.to_string())))
+            .count(),
+        emails_received: per_id.len(),
+        emails_completed_unreceived: claims
+            .iter()
+            .filter(|c| c.consumer == "email" && c.state == claimd::claim::ClaimState::Completed)
+            .filter(|c| !per_id.contains_key(&format!("<{}@chaos.claimd>", c.idem_key)))
+            .count(),
+        max_emails_per_id: per_id.values().copied().max().unwrap_or(0),
+        hung_up: ledger.hung_up.load(Ordering::Relaxed),
+        two_tenant_ids: two_tenant_ids.len(),
+        two_tenant_misapplied,
+        completed_unapplied,
+        parked_never_sent: never_sent.len(),
+        parked_never_sent_at_kill,
+        kills,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}

@@ -1,0 +1,225 @@
+//! The workers under test: `claimd run` processes started, SIGKILLed and restarted, their
+//! configuration, and the outages of PostgreSQL and RabbitMQ.
+
+use super::*;
+
+pub(super) struct WorkerProc {
+    pub(super) child: Option<Child>,
+    pub(super) port: u16,
+}
+
+/// The set of `claimd run` processes.
+pub(super) struct Fleet {
+    pub(super) config: PathBuf,
+    pub(super) log: PathBuf,
+    pub(super) workers: Vec<WorkerProc>,
+}
+
+impl Fleet {
+    pub(super) fn spawn_one(&self, port: u16) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        Command::new(claimd_bin())
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .env("CLAIMD__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+            .env("CLAIMD__RUN__INSTANCE", format!("w{port}"))
+            .env("CLAIMD_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn claimd")
+    }
+
+    pub(super) async fn wait_up(port: u16) {
+        let c = reqwest::Client::new();
+        for _ in 0..400 {
+            if c.get(format!("http://127.0.0.1:{port}/healthz"))
+                .send()
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("worker on {port} did not come up");
+    }
+
+    pub(super) async fn restart(&mut self, i: usize) {
+        let port = self.workers[i].port;
+        if let Some(mut c) = self.workers[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.workers[i].child = Some(self.spawn_one(port));
+        Self::wait_up(port).await;
+    }
+
+    pub(super) fn ports(&self) -> Vec<u16> {
+        self.workers.iter().map(|w| w.port).collect()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            if let Some(c) = w.child.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+pub(super) fn pg_cluster() -> String {
+    std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .unwrap_or_else(|| "15".into())
+}
+
+pub(super) async fn outage_now(proxy: &proxy::Proxy, real: bool, d: Duration) {
+    if real {
+        postgres_outage(d).await;
+    } else {
+        proxy.down();
+        tokio::time::sleep(d).await;
+        proxy.up();
+    }
+}
+
+/// Stops PostgreSQL for `d`, then starts it and waits until it accepts connections.
+pub async fn postgres_outage(d: Duration) {
+    let v = pg_cluster();
+    let st = Command::new("pg_ctlcluster")
+        .args([
+            "--skip-systemctl-redirect",
+            &v,
+            "main",
+            "stop",
+            "-m",
+            "fast",
+        ])
+        .status()
+        .expect("pg_ctlcluster");
+    assert!(st.success(), "could not stop PostgreSQL");
+    tokio::time::sleep(d).await;
+    let st = Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &v, "main", "start"])
+        .status()
+        .expect("pg_ctlcluster");
+    assert!(st.success(), "could not start PostgreSQL");
+    for _ in 0..100 {
+        if Command::new("pg_isready")
+            .args(["-h", "127.0.0.1", "-q"])
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("PostgreSQL did not come back");
+}
+
+/// Stops RabbitMQ's application (`rabbitmqctl stop_app`; connections drop, durable queues and
+/// persistent messages stay) for `d`, then starts it and waits until it accepts connections.
+pub async fn broker_outage(d: Duration) {
+    let ctl = |arg: &'static str| async move {
+        tokio::process::Command::new("rabbitmqctl")
+            .args(["-q", arg])
+            .stdout(Stdio::null())
+            .status()
+            .await
+            .expect("rabbitmqctl (needed to restart RabbitMQ)")
+    };
+    assert!(ctl("stop_app").await.success(), "could not stop RabbitMQ");
+    tokio::time::sleep(d).await;
+    assert!(ctl("start_app").await.success(), "could not start RabbitMQ");
+    for _ in 0..200 {
+        if Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("RabbitMQ did not come back");
+}
+
+/// The worker configuration of a run.
+pub(super) fn worker_toml(
+    s: &Scenario,
+    worker_db: &str,
+    provider: &str,
+    smtp_port: u16,
+    queues: Option<&Queues>,
+) -> String {
+    let source = |consumer: &str| match queues {
+        Some(q) => q.consumer_toml(consumer),
+        None => "source = \"http\"\n".to_string(),
+    };
+    let tenant_header = if queues.is_some() {
+        "tenant_header = \"tenant\"\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"
+[store]
+url = "{worker_db}"
+max_connections = 8
+[http]
+listen = "127.0.0.1:0"
+max_body_bytes = 4096
+intake_wait = "1s"
+[sweeper]
+schedule = "* * * * * *"
+batch_size = 500
+[retention]
+keep_terminal_for = "2h"
+[run]
+shutdown_grace = "2s"
+[[consumers]]
+name = "payments"
+{payments_source}{tenant_header}concurrency = 64
+lease = "3s"
+max_attempts = 20
+redrive_within = "1h"
+on_unknown = "{on_unknown}"
+key = "{{consumer}}:{{tenant}}:{{message_id}}"
+[consumers.effect]
+kind = "http"
+url = "{provider}/v1/payments"
+timeout = "1s"
+status_url = "{provider}/v1/effects/{{key}}"
+[[consumers]]
+name = "email"
+{email_source}concurrency = 16
+lease = "3s"
+max_attempts = 20
+redrive_within = "1h"
+on_unknown = "park"
+key = "{{message_id}}"
+[consumers.effect]
+kind = "smtp"
+host = "127.0.0.1"
+port = {smtp_port}
+tls = "none"
+message_id_domain = "chaos.claimd"
+from = "claimd <noreply@chaos.claimd>"
+timeout = "1s"
+"#,
+        payments_source = source("payments"),
+        email_source = source("email"),
+        on_unknown = s.on_unknown,
+    )
+}
