@@ -49,14 +49,7 @@ async fn readiness_follows_the_database_and_intake_answers_503_while_it_is_gone(
         "/readyz must turn red when the database goes away"
     );
     let red_after = t.elapsed();
-    let body: serde_json::Value = c
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: serde_json::Value = get_json(&format!("{base}/readyz")).await;
     assert_eq!(body["ready"], false);
     assert_ne!(
         body["store"], "ok",

@@ -104,14 +104,7 @@ async fn metrics_show_attempts_and_stuck_claims_that_match_the_report() {
     assert!(sample(&last, &["claimd_effect_duration_seconds_count"]).unwrap() >= 200.0);
     assert!(!last.contains("m17"), "no message ids in labels");
 
-    let report: serde_json::Value = c
-        .get(format!("{base}/v1/report"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report: serde_json::Value = get_json(&format!("{base}/v1/report")).await;
     let r = &report["consumers"][0];
     assert_eq!(
         sample(&last, &["claimd_claims_created_total", "payments"]).unwrap(),

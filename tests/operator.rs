@@ -296,14 +296,7 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["sweeper"], "ok");
     assert!(v["sweeper_last_run_utc"].is_string());
-    let r: serde_json::Value = client()
-        .get(format!("{base}/v1/report"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: serde_json::Value = get_json(&format!("{base}/v1/report")).await;
     assert_eq!(r["sweeper"]["healthy"], true);
     // And everything the 503s delayed ends completed.
     assert!(

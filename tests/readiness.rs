@@ -116,14 +116,7 @@ async fn stays_ready_through_a_long_sweeper_pass_against_a_failing_provider() {
         "the scenario needs a pass longer than 3 schedule periods (3 s); longest seen {longest_pass:.1}s"
     );
     assert!(saw_metric, "/metrics shows the running pass");
-    let report: serde_json::Value = c
-        .get(format!("{base}/v1/report"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report: serde_json::Value = get_json(&format!("{base}/v1/report")).await;
     assert_eq!(report["sweeper"]["healthy"], true, "{report}");
     eprintln!("{probes} probes, all 200, through a sweeper pass of at least {longest_pass:.1}s");
     running.shutdown(Duration::from_secs(2)).await;

@@ -194,6 +194,18 @@ pub async fn sandbox(options: SandboxOptions) -> (Sandbox, String) {
     (sb, url)
 }
 
+/// `GET url`, answered with JSON (any status), as a value.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Polls `check` until it returns true or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
 where
