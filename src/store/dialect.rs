@@ -347,7 +347,18 @@ impl<DB: Database> Clone for SqlPool<DB> {
     }
 }
 
-impl<DB> SqlPool<DB>
+/// A database whose pool runs [`Arg`]-bound statements: every database with the encodings
+/// claimd binds (implemented for any such sqlx database; the bounds are stated once, here).
+pub trait SqlDb: ClaimDb
+where
+    Self::Arguments: IntoArguments<Self>,
+    for<'c> &'c mut Self::Connection: Executor<'c, Database = Self>,
+{
+    /// `sql` with `args` bound in order.
+    fn query(sql: &'static str, args: &[Arg<'_>]) -> Query<'static, Self, Self::Arguments>;
+}
+
+impl<DB> SqlDb for DB
 where
     DB: ClaimDb,
     DB::Arguments: IntoArguments<DB>,
@@ -360,8 +371,7 @@ where
     for<'t> Option<i32>: Encode<'t, DB> + Type<DB>,
     for<'t> bool: Encode<'t, DB> + Type<DB>,
 {
-    /// `sql` with `args` bound in order.
-    pub fn query(sql: &'static str, args: &[Arg<'_>]) -> Query<'static, DB, DB::Arguments> {
+    fn query(sql: &'static str, args: &[Arg<'_>]) -> Query<'static, DB, DB::Arguments> {
         let mut q = sqlx::query(sql);
         for a in args {
             q = match *a {
@@ -380,19 +390,24 @@ where
     }
 }
 
+impl<DB> SqlPool<DB>
+where
+    DB: SqlDb,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    /// `sql` with `args` bound in order.
+    pub fn query(sql: &'static str, args: &[Arg<'_>]) -> Query<'static, DB, DB::Arguments> {
+        DB::query(sql, args)
+    }
+}
+
 #[async_trait]
 impl<DB> Runner for SqlPool<DB>
 where
-    DB: ClaimDb,
+    DB: SqlDb,
     DB::Arguments: IntoArguments<DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
-    for<'t> Option<&'t str>: Encode<'t, DB> + Type<DB>,
-    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
-    for<'t> i64: Encode<'t, DB> + Type<DB>,
-    for<'t> i32: Encode<'t, DB> + Type<DB>,
-    for<'t> Option<i32>: Encode<'t, DB> + Type<DB>,
-    for<'t> bool: Encode<'t, DB> + Type<DB>,
     DB::Row: SqlRow,
 {
     type Row = DB::Row;
