@@ -51,208 +51,147 @@ fn default_max_connections() -> u32 {
     16
 }
 
-/// `[http]`
+/// `[http]`. Every key may be left out; the defaults are [`HttpConfig::default`]'s.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
     /// Address to listen on.
-    #[serde(default = "default_listen")]
     pub listen: String,
     /// When non-empty, operations routes need `Authorization: Bearer <token>`.
-    #[serde(default, skip_serializing)]
+    #[serde(skip_serializing)]
     pub admin_token: String,
     /// When non-empty, intake routes need `Authorization: Bearer <token>`.
-    #[serde(default, skip_serializing)]
+    #[serde(skip_serializing)]
     pub intake_token: String,
     /// Allow a non-loopback listener without an admin token.
-    #[serde(default)]
     pub allow_insecure_admin: bool,
     /// Allow a non-loopback listener without an intake token: anyone who reaches the port can
     /// ask for payments (for a network where something in front already authenticates).
-    #[serde(default)]
     pub allow_open_intake: bool,
     /// Largest accepted body.
-    #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
     /// How long intake waits for a free effect slot before answering `503` + `Retry-After`.
-    #[serde(default = "default_intake_wait")]
     pub intake_wait: Dur,
     /// Time a client has to send a complete request head (from its first byte, or from the
     /// connection opening).
-    #[serde(default = "default_header_read_timeout")]
     pub header_read_timeout: Dur,
     /// Time a client has to send a whole body, from when claimd starts reading it (`408`).
-    #[serde(default = "default_body_read_timeout")]
     pub body_read_timeout: Dur,
     /// A keep-alive connection without a request for this long is closed (keep it longer than
     /// the load balancer's idle timeout, so the balancer closes first).
-    #[serde(default = "default_idle_timeout")]
     pub idle_timeout: Dur,
     /// Open connections at most; more wait in the listen backlog.
-    #[serde(default = "default_max_connections_http")]
     pub max_connections: usize,
     /// Request bodies held in memory at once, in bytes, across all requests; when spent,
     /// intake answers `503` + `Retry-After` without reading the body.
-    #[serde(default = "default_body_budget")]
     pub body_budget_bytes: usize,
-}
-
-fn default_header_read_timeout() -> Dur {
-    Dur(Duration::from_secs(10))
-}
-fn default_body_read_timeout() -> Dur {
-    Dur(Duration::from_secs(30))
-}
-fn default_idle_timeout() -> Dur {
-    Dur(Duration::from_secs(75))
-}
-fn default_max_connections_http() -> usize {
-    1024
-}
-fn default_body_budget() -> usize {
-    32 * 1024 * 1024
-}
-
-fn default_listen() -> String {
-    "127.0.0.1:8080".into()
-}
-fn default_max_body() -> usize {
-    1_048_576
-}
-fn default_intake_wait() -> Dur {
-    Dur(Duration::from_secs(2))
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
-            listen: default_listen(),
+            listen: "127.0.0.1:8080".into(),
             admin_token: String::new(),
             intake_token: String::new(),
             allow_insecure_admin: false,
             allow_open_intake: false,
-            max_body_bytes: default_max_body(),
-            intake_wait: default_intake_wait(),
-            header_read_timeout: default_header_read_timeout(),
-            body_read_timeout: default_body_read_timeout(),
-            idle_timeout: default_idle_timeout(),
-            max_connections: default_max_connections_http(),
-            body_budget_bytes: default_body_budget(),
+            max_body_bytes: 1_048_576,
+            intake_wait: Dur(Duration::from_secs(2)),
+            header_read_timeout: Dur(Duration::from_secs(10)),
+            body_read_timeout: Dur(Duration::from_secs(30)),
+            idle_timeout: Dur(Duration::from_secs(75)),
+            max_connections: 1024,
+            body_budget_bytes: 32 * 1024 * 1024,
         }
     }
 }
 
-/// `[sweeper]`
+/// `[sweeper]`. Every key may be left out.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct SweeperConfig {
     /// Cron expression with seconds.
-    #[serde(default = "default_sweep_schedule")]
     pub schedule: String,
     /// Most claims taken in one pass.
-    #[serde(default = "default_sweep_batch")]
     pub batch_size: u32,
-}
-
-fn default_sweep_schedule() -> String {
-    "*/10 * * * * *".into()
-}
-fn default_sweep_batch() -> u32 {
-    500
 }
 
 impl Default for SweeperConfig {
     fn default() -> Self {
         SweeperConfig {
-            schedule: default_sweep_schedule(),
-            batch_size: default_sweep_batch(),
+            schedule: "*/10 * * * * *".into(),
+            batch_size: 500,
         }
     }
 }
 
-/// `[retention]`
+/// `[retention]`. Every key may be left out.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetentionConfig {
     /// Cron expression with seconds.
-    #[serde(default = "default_retention_schedule")]
     pub schedule: String,
     /// How long terminal claims are kept.
-    #[serde(default = "default_keep")]
     pub keep_terminal_for: Dur,
     /// Rows deleted per statement.
-    #[serde(default = "default_retention_batch")]
     pub batch_size: u32,
-}
-
-fn default_retention_schedule() -> String {
-    "0 0 3 * * *".into()
-}
-fn default_keep() -> Dur {
-    Dur(Duration::from_secs(14 * 86_400))
-}
-fn default_retention_batch() -> u32 {
-    5000
 }
 
 impl Default for RetentionConfig {
     fn default() -> Self {
         RetentionConfig {
-            schedule: default_retention_schedule(),
-            keep_terminal_for: default_keep(),
-            batch_size: default_retention_batch(),
+            schedule: "0 0 3 * * *".into(),
+            keep_terminal_for: Dur(Duration::from_secs(14 * 86_400)),
+            batch_size: 5000,
         }
     }
 }
 
-/// `[sandbox]`
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+/// `[sandbox]`. Every key may be left out (the simulator is off unless `enabled`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
     /// Run the provider simulator inside `claimd run`.
-    #[serde(default)]
     pub enabled: bool,
     /// Where it listens.
-    #[serde(default = "default_sandbox_listen")]
     pub listen: String,
     /// Simulated provider latency.
-    #[serde(default)]
     pub latency_ms: u64,
     /// Probability of a `503` without applying.
-    #[serde(default)]
     pub fail_rate: f64,
     /// Probability of applying and then answering `500` or dropping the connection.
-    #[serde(default)]
     pub ambiguous_rate: f64,
     /// Behave like a provider without idempotency keys.
-    #[serde(default)]
     pub ignore_keys: bool,
 }
 
-fn default_sandbox_listen() -> String {
-    "127.0.0.1:8090".into()
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            enabled: false,
+            listen: "127.0.0.1:8090".into(),
+            latency_ms: 0,
+            fail_rate: 0.0,
+            ambiguous_rate: 0.0,
+            ignore_keys: false,
+        }
+    }
 }
 
-/// `[run]`
+/// `[run]`. Every key may be left out.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RunConfig {
     /// How long in-flight effects may finish after SIGINT/SIGTERM.
-    #[serde(default = "default_grace")]
     pub shutdown_grace: Dur,
     /// Name of this instance in leases and attempt history (default: host and pid).
-    #[serde(default)]
     pub instance: String,
-}
-
-fn default_grace() -> Dur {
-    Dur(Duration::from_secs(15))
 }
 
 impl Default for RunConfig {
     fn default() -> Self {
         RunConfig {
-            shutdown_grace: default_grace(),
+            shutdown_grace: Dur(Duration::from_secs(15)),
             instance: String::new(),
         }
     }

@@ -233,3 +233,24 @@ fn the_shipped_configs_load() {
         load(&text, &[]).unwrap_or_else(|e| panic!("{file}: {e}"));
     }
 }
+
+#[test]
+fn a_section_left_out_has_the_same_defaults_as_one_given_empty() {
+    let without = load(BASE, &[("PROVIDER_TOKEN", "x")]).unwrap().config;
+    let with = load(
+        &format!("{BASE}\n[http]\n[sweeper]\n[retention]\n[sandbox]\n[run]\n"),
+        &[("PROVIDER_TOKEN", "x")],
+    )
+    .unwrap()
+    .config;
+    assert_eq!(without.sandbox.listen, "127.0.0.1:8090");
+    assert_eq!(with.sandbox.listen, without.sandbox.listen);
+    assert_eq!(with.http.listen, without.http.listen);
+    assert_eq!(with.http.body_budget_bytes, without.http.body_budget_bytes);
+    assert_eq!(with.sweeper.schedule, without.sweeper.schedule);
+    assert_eq!(
+        with.retention.keep_terminal_for.0,
+        without.retention.keep_terminal_for.0
+    );
+    assert_eq!(with.run.shutdown_grace.0, without.run.shutdown_grace.0);
+}
