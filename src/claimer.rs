@@ -16,7 +16,7 @@ use crate::effect::{Lookup, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::{self, Step};
 pub use crate::settle::AttemptEnd;
-use crate::settle::{Settler, completed, error_of, failed, park};
+use crate::settle::{Settler, completed, error_of, failed};
 use crate::store::{ClaimOutcome, Store, StoreError};
 use backon::BackoffBuilder;
 use std::collections::BTreeMap;
@@ -526,14 +526,7 @@ impl Claimer {
                 Step::Park(reason) => {
                     return self
                         .settler
-                        .settle(
-                            &mut slot,
-                            claim,
-                            settle_until,
-                            park(reason, outcome.status()),
-                            "perform",
-                            "unknown",
-                        )
+                        .park_unknown(&mut slot, claim, settle_until, reason, outcome.status())
                         .await;
                 }
                 Step::Retry { retry_after } => (retry_after, true, false),
@@ -566,14 +559,7 @@ impl Claimer {
                         let why = format!("{}; no status endpoint", error_of(&outcome));
                         return self
                             .settler
-                            .settle(
-                                &mut slot,
-                                claim,
-                                settle_until,
-                                park(why, outcome.status()),
-                                "perform",
-                                "unknown",
-                            )
+                            .park_unknown(&mut slot, claim, settle_until, why, outcome.status())
                             .await;
                     }
                 },
@@ -606,14 +592,7 @@ impl Claimer {
             {
                 return self
                     .settler
-                    .settle(
-                        &mut slot,
-                        claim,
-                        settle_until,
-                        park(reason, outcome.status()),
-                        "perform",
-                        "unknown",
-                    )
+                    .park_unknown(&mut slot, claim, settle_until, reason, outcome.status())
                     .await;
             }
             if !not_applied && cfg.on_unknown == OnUnknown::Redrive {

@@ -78,6 +78,27 @@ impl Settler {
         }
     }
 
+    /// Parks a claim whose last call's outcome is unknown and may not be decided here: the
+    /// reason goes to a person (a `perform` line with outcome `unknown`).
+    pub async fn park_unknown(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
+        retry_until: Option<Instant>,
+        reason: String,
+        status: Option<i32>,
+    ) -> AttemptEnd {
+        self.settle(
+            slot,
+            claim,
+            retry_until,
+            park(reason, status),
+            "perform",
+            "unknown",
+        )
+        .await
+    }
+
     /// Counts one re-send after an unknown outcome (for `report`), fenced like a settle.
     pub async fn count_resend(&self, claim: &Claim) {
         if let Err(e) = self.store.note_resent(claim.id, claim.attempt).await {

@@ -32,6 +32,15 @@ pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A claim's identity, as the statements that look one up bind it.
+fn key_args<'a>(consumer: &'a str, tenant: &'a str, message_id: &'a str) -> [Arg<'a>; 3] {
+    [
+        Arg::Text(consumer),
+        Arg::Text(tenant),
+        Arg::Text(message_id),
+    ]
+}
+
 /// The states an operator may move a claim from to reach `to` (at most two, repeated to fill
 /// both parameters): the rule is the claim model's.
 fn operator_from_states(to: ClaimState) -> Option<[&'static str; 2]> {
@@ -171,11 +180,7 @@ impl<D: Dialect> SqlStore<D> {
             .fetch(
                 "state_of",
                 D::SQL.state_of,
-                &[
-                    Arg::Text(consumer),
-                    Arg::Text(tenant),
-                    Arg::Text(message_id),
-                ],
+                &key_args(consumer, tenant, message_id),
             )
             .await?;
         rows.first()
@@ -201,11 +206,7 @@ impl<D: Dialect> SqlStore<D> {
         let Some([from_a, from_b]) = operator_from_states(to) else {
             return Ok(self.state_of(consumer, tenant, message_id).await?.map(Err));
         };
-        let mut args = vec![
-            Arg::Text(consumer),
-            Arg::Text(tenant),
-            Arg::Text(message_id),
-        ];
+        let mut args = key_args(consumer, tenant, message_id).to_vec();
         if to != ClaimState::Started {
             args.push(Arg::Text(to.as_str()));
         }
@@ -293,11 +294,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             .fetch(
                 "get_claim",
                 D::SQL.get_claim,
-                &[
-                    Arg::Text(consumer),
-                    Arg::Text(tenant),
-                    Arg::Text(message_id),
-                ],
+                &key_args(consumer, tenant, message_id),
             )
             .await?;
         rows.first().map(claim_from_row).transpose()
