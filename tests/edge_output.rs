@@ -5,7 +5,7 @@
 
 mod common;
 
-use claimd::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::claim::ClaimState;
 use claimd::store::{ClaimOutcome, NewEvent, Settlement};
 use common::provider::{Script, TestProvider};
 use common::*;
@@ -77,19 +77,7 @@ fn assert_no_formula(csv: &str) {
 }
 
 async fn claim(store: &claimd::store::Store, tenant: &str, id: &str) -> i64 {
-    let n = NewClaim {
-        consumer: "payments".into(),
-        tenant: tenant.into(),
-        message_id: id.into(),
-        idem_key: format!("payments:{tenant}:{id}"),
-        fingerprint: fingerprint(b"{}"),
-        payload: b"{}".to_vec().into(),
-        content_type: "application/json".into(),
-        worker: "dead-worker".into(),
-        lease: Duration::ZERO,
-        claim_token: claimd::claim::new_claim_token(),
-        mark_not_called: false,
-    };
+    let n = orphan_claim("payments", tenant, id, &format!("payments:{tenant}:{id}"));
     match store.claim(&n).await.unwrap() {
         ClaimOutcome::Created(c) => c.id,
         _ => panic!("new claim"),

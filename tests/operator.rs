@@ -4,7 +4,7 @@
 
 mod common;
 
-use claimd::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::claim::ClaimState;
 use claimd::sandbox::SandboxOptions;
 use claimd::store::{ClaimOutcome, NewEvent, Settlement};
 use common::provider::{Script, TestProvider};
@@ -61,19 +61,7 @@ fn bad_configuration_exits_2_with_one_line_naming_the_key() {
 }
 
 async fn stuck_claim(store: &claimd::store::Store, id: &str) -> i64 {
-    let n = NewClaim {
-        consumer: "payments".into(),
-        tenant: String::new(),
-        message_id: id.into(),
-        idem_key: id.into(),
-        fingerprint: fingerprint(b"{}"),
-        payload: b"{}".to_vec().into(),
-        content_type: "application/json".into(),
-        worker: "dead-worker".into(),
-        lease: Duration::ZERO,
-        claim_token: claimd::claim::new_claim_token(),
-        mark_not_called: false,
-    };
+    let n = orphan_claim("payments", "", id, id);
     match store.claim(&n).await.unwrap() {
         ClaimOutcome::Created(c) => c.id,
         _ => panic!("new claim"),

@@ -226,19 +226,7 @@ async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
     let claimed = running
         .app()
         .store
-        .claim(&claimd::claim::NewClaim {
-            consumer: "payments".into(),
-            tenant: String::new(),
-            message_id: "w-1".into(),
-            idem_key: "payments::w-1".into(),
-            fingerprint: claimd::claim::fingerprint(b"{}"),
-            payload: b"{}".to_vec().into(),
-            content_type: "application/json".into(),
-            worker: "crashed-worker".into(),
-            lease: Duration::ZERO,
-            claim_token: claimd::claim::new_claim_token(),
-            mark_not_called: false,
-        })
+        .claim(&orphan_claim("payments", "", "w-1", "payments::w-1"))
         .await
         .unwrap();
     assert!(matches!(claimed, claimd::store::ClaimOutcome::Created(_)));
@@ -350,17 +338,8 @@ async fn a_park_claim_that_was_never_called_is_performed_not_parked() {
     let st = running.app().store.clone();
     for (id, never_called) in [("never-called", true), ("maybe-called", false)] {
         let n = claimd::claim::NewClaim {
-            consumer: "payments".into(),
-            tenant: String::new(),
-            message_id: id.into(),
-            idem_key: format!("payments::{id}"),
-            fingerprint: claimd::claim::fingerprint(b"{}"),
-            payload: b"{}".to_vec().into(),
-            content_type: "application/json".into(),
-            worker: "dead-worker".into(),
-            lease: Duration::ZERO,
-            claim_token: claimd::claim::new_claim_token(),
             mark_not_called: never_called,
+            ..orphan_claim("payments", "", id, &format!("payments::{id}"))
         };
         assert!(matches!(
             st.claim(&n).await.unwrap(),

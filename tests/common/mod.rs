@@ -194,6 +194,29 @@ pub async fn sandbox(options: SandboxOptions) -> (Sandbox, String) {
     (sb, url)
 }
 
+/// A claim of `{}` whose worker died at once (its lease already over), as `ClaimStore::claim`
+/// takes it: what a crash leaves for the sweeper.
+pub fn orphan_claim(
+    consumer: &str,
+    tenant: &str,
+    id: &str,
+    idem_key: &str,
+) -> claimd::claim::NewClaim {
+    claimd::claim::NewClaim {
+        consumer: consumer.into(),
+        tenant: tenant.into(),
+        message_id: id.into(),
+        idem_key: idem_key.into(),
+        fingerprint: claimd::claim::fingerprint(b"{}"),
+        payload: bytes::Bytes::from_static(b"{}"),
+        content_type: "application/json".into(),
+        worker: "dead-worker".into(),
+        lease: Duration::ZERO,
+        claim_token: claimd::claim::new_claim_token(),
+        mark_not_called: false,
+    }
+}
+
 /// `GET url`, answered with JSON (any status), as a value.
 pub async fn get_json(url: &str) -> serde_json::Value {
     client()
