@@ -154,6 +154,8 @@ impl Claimer {
         intake_wait: Duration,
     ) -> Self {
         let metrics = Arc::new(Metrics::new());
+        let names: Vec<String> = consumers.iter().map(|c| c.name().to_string()).collect();
+        metrics.init_consumers(&names);
         Claimer {
             settler: Settler::new(store.clone(), instance.clone(), metrics.clone()),
             store,
@@ -232,6 +234,18 @@ impl Claimer {
     /// up, a broker handler that is aborted) never separates a committed claim from its
     /// effect: from the claim statement on, the work runs in a task of its own.
     pub async fn submit(self: &Arc<Self>, d: Delivery) -> Result<Accepted, SubmitError> {
+        self.submit_held(d, ()).await
+    }
+
+    /// [`Claimer::submit`], keeping `held` (what the delivery's payload costs its intake: the
+    /// HTTP body budget's share) until the claim's call slot is taken or the delivery is
+    /// answered without a call. Payloads claimed and waiting for a slot then count against
+    /// the intake's budget; those in a call are bounded by the consumer's `concurrency`.
+    pub async fn submit_held<H: Send + 'static>(
+        self: &Arc<Self>,
+        d: Delivery,
+        held: H,
+    ) -> Result<Accepted, SubmitError> {
         if !self.is_accepting() {
             return Err(SubmitError::ShuttingDown);
         }
@@ -319,7 +333,7 @@ impl Claimer {
         let (answer, answered) = oneshot::channel();
         let this = self.clone();
         tokio::spawn(async move {
-            this.claim_and_perform(consumer, new, admission, answer)
+            this.claim_and_perform(consumer, new, admission, answer, held)
                 .await
         });
         answered.await.unwrap_or(Err(SubmitError::Interrupted))
@@ -328,12 +342,13 @@ impl Claimer {
     /// Commits the claim, sends the answer for the caller to acknowledge, then performs the
     /// claim if it is new. Runs detached from the caller (see [`Claimer::submit`]).
     #[instrument(skip_all, fields(consumer = %new.consumer, tenant = %new.tenant, message_id = %new.message_id))]
-    async fn claim_and_perform(
+    async fn claim_and_perform<H>(
         self: Arc<Self>,
         consumer: Arc<Consumer>,
         new: NewClaim,
         admission: Admission,
         answer: oneshot::Sender<Result<Accepted, SubmitError>>,
+        held: H,
     ) {
         let m = &self.metrics;
         // The database starts the lease inside the statement; the local clock starts before
@@ -384,6 +399,7 @@ impl Claimer {
             }
             Admission::Slot(slot) => slot,
         };
+        drop(held);
         let slot = Slot::held(permit, &consumer);
         self.drive(&consumer, &claim, hold, false, slot).await;
     }

@@ -193,45 +193,58 @@ async fn handle(router: Router, limits: Limits, req: Request<Incoming>) -> Respo
 /// The byte budget for request bodies held in memory at once (`[http] body_budget_bytes`).
 ///
 /// Intake takes a share of it before reading a body — the declared `Content-Length`, or
-/// `max_body_bytes` for a body of unknown length — and gives it back when the request is
-/// answered. When the budget is spent, intake waits up to `intake_wait` for a share and then
-/// answers `503` + `Retry-After` without reading the body: the backlog waits in the clients,
-/// never in claimd's memory.
+/// `max_body_bytes` for a body of unknown length, trimmed to the real size once read — and
+/// keeps it until the claim's call starts (see [`crate::claimer::Claimer::submit_held`]): a
+/// body waiting to be read, claimed or called counts here; one in a call is bounded by the
+/// consumer's `concurrency` instead. When the budget is spent, intake waits up to
+/// `intake_wait` for a share and then answers `503` + `Retry-After` without reading the body:
+/// the backlog waits in the clients, never in claimd's memory.
 #[derive(Debug)]
 pub struct BodyBudget {
-    kib: Semaphore,
+    kib: Arc<Semaphore>,
     total_kib: usize,
 }
 
 /// A share of the [`BodyBudget`], given back on drop.
 #[derive(Debug)]
-pub struct BodyShare<'a>(#[allow(dead_code)] tokio::sync::SemaphorePermit<'a>);
+pub struct BodyShare(tokio::sync::OwnedSemaphorePermit);
+
+impl BodyShare {
+    /// Gives back what the share holds beyond `bytes` (a body of unknown length was shorter
+    /// than `max_body_bytes`).
+    pub fn trim_to(&mut self, bytes: usize) {
+        let keep = bytes.div_ceil(1024).max(1);
+        if let Some(extra) = self.0.num_permits().checked_sub(keep).filter(|n| *n > 0) {
+            drop(self.0.split(extra));
+        }
+    }
+}
 
 impl BodyBudget {
     /// A budget of `bytes` (counted in KiB, rounded up).
     pub fn new(bytes: usize) -> Self {
         let total_kib = bytes.div_ceil(1024).max(1);
         BodyBudget {
-            kib: Semaphore::new(total_kib),
+            kib: Arc::new(Semaphore::new(total_kib)),
             total_kib,
         }
     }
 
     /// A share for a body of `bytes`, waiting up to `wait` for one; `None` when the budget
     /// stayed spent.
-    pub async fn admit(&self, bytes: usize, wait: Duration) -> Option<BodyShare<'_>> {
+    pub async fn admit(&self, bytes: usize, wait: Duration) -> Option<BodyShare> {
         let kib = u32::try_from(bytes.div_ceil(1024).clamp(1, self.total_kib)).ok()?;
-        if let Ok(p) = self.kib.try_acquire_many(kib) {
+        if let Ok(p) = self.kib.clone().try_acquire_many_owned(kib) {
             return Some(BodyShare(p));
         }
-        tokio::time::timeout(wait, self.kib.acquire_many(kib))
+        tokio::time::timeout(wait, self.kib.clone().acquire_many_owned(kib))
             .await
             .ok()?
             .ok()
             .map(BodyShare)
     }
 
-    /// Bytes of the budget now taken by bodies being read or handled.
+    /// Bytes of the budget now taken by bodies being read, claimed or waiting for a call.
     pub fn in_use_bytes(&self) -> usize {
         (self.total_kib - self.kib.available_permits()) * 1024
     }

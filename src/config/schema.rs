@@ -101,7 +101,7 @@ impl Default for HttpConfig {
             body_read_timeout: Dur(Duration::from_secs(30)),
             idle_timeout: Dur(Duration::from_secs(75)),
             max_connections: 1024,
-            body_budget_bytes: 32 * 1024 * 1024,
+            body_budget_bytes: 16 * 1024 * 1024,
         }
     }
 }

@@ -33,8 +33,10 @@ pub struct MessageView<'a> {
     pub state: &'static str,
     /// Attempt number.
     pub attempt: i32,
-    /// Whether this request was a duplicate.
+    /// Whether this request was a duplicate (on `GET`: whether any duplicate arrived).
     pub duplicate: bool,
+    /// Duplicate deliveries recognised for this message so far (this one included).
+    pub duplicates: i64,
     /// When the claim was first committed.
     pub received_utc: DateTime<Utc>,
     /// When the effect was confirmed.
@@ -50,7 +52,8 @@ impl<'a> MessageView<'a> {
             message_id: &claim.message_id,
             state: claim.state.as_str(),
             attempt: claim.attempt,
-            duplicate,
+            duplicate: duplicate || claim.duplicate_count > 0,
+            duplicates: claim.duplicate_count,
             received_utc: claim.received_utc,
             processed_utc: claim.processed_utc,
         }
@@ -125,8 +128,9 @@ pub async fn post_message(
             "the Idempotency-Key header is required: 1-255 visible ASCII characters",
         );
     };
-    // `_share` (of the body budget) is held until the answer: the body is in memory till then.
-    let (body, _share) = match read_body(&state, &consumer, &headers, body).await {
+    // `share` (of the body budget) goes with the claim until its call starts: the body is in
+    // memory till then, whether or not this client is still waiting.
+    let (body, share) = match read_body(&state, &consumer, &headers, body).await {
         Ok(b) => b,
         Err(refused) => return refused,
     };
@@ -142,7 +146,7 @@ pub async fn post_message(
         payload: body.into(),
         content_type,
     };
-    match state.claimer.submit(delivery).await {
+    match state.claimer.submit_held(delivery, share).await {
         Ok(Accepted::New(claim)) => {
             (StatusCode::ACCEPTED, Json(MessageView::of(&claim, false))).into_response()
         }
@@ -166,19 +170,19 @@ fn too_large(limit: usize) -> Response {
 /// `Retry-After` when the budget stays spent for `intake_wait` (nothing read), `413` past
 /// `max_body_bytes` (a declared length is refused before reading), `408` when it does not
 /// arrive within `body_read_timeout`.
-async fn read_body<'s>(
-    state: &'s AppState,
+async fn read_body(
+    state: &AppState,
     consumer: &str,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(Vec<u8>, BodyShare<'s>), Response> {
+) -> Result<(Vec<u8>, BodyShare), Response> {
     let limit = state.config.http.max_body_bytes;
     let declared = crate::server::declared_length(headers);
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
     let want = declared.map_or(limit, |n| n as usize);
-    let Some(share) = state
+    let Some(mut share) = state
         .body_budget
         .admit(want, state.config.http.intake_wait.0)
         .await
@@ -209,6 +213,7 @@ async fn read_body<'s>(
             buf.extend_from_slice(&data);
         }
     }
+    share.trim_to(buf.len());
     Ok((buf, share))
 }
 
