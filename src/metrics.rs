@@ -325,8 +325,60 @@ impl Metrics {
         self.pruned.inc_by(n);
     }
 
-    /// Reads the store-backed gauges and renders everything as Prometheus text.
-    pub async fn render(&self, store: &Store, consumers: &[String]) -> StoreResult<String> {
+    /// Creates every consumer's labelled series at zero, so a series exists from start and
+    /// `rate()` and `increase()` see its first event (a series born at its first event is
+    /// invisible to them). Label values are the bounded vocabularies of [`vocabulary`].
+    pub fn init_consumers(&self, consumers: &[String]) {
+        for c in consumers {
+            let label = consumer(c);
+            for family in [
+                &self.received,
+                &self.created,
+                &self.duplicates,
+                &self.mismatches,
+            ] {
+                let _ = family.get_or_create(&label);
+            }
+            let _ = self.latency.get_or_create(&label);
+            let reasons = |family: &Family<ReasonLabels, Counter>, names: &[&str]| {
+                for name in names {
+                    let _ = family.get_or_create(&ReasonLabels {
+                        consumer: c.clone(),
+                        reason: (*name).to_string(),
+                    });
+                }
+            };
+            reasons(&self.refused, vocabulary::REFUSED);
+            reasons(&self.dead_lettered, vocabulary::DEAD_LETTERED);
+            reasons(&self.reconciles, vocabulary::LOOKUPS);
+            for state in vocabulary::SETTLED {
+                let _ = self.settled.get_or_create(&StateLabels {
+                    consumer: c.clone(),
+                    state: (*state).to_string(),
+                });
+            }
+            for (outcome, class) in vocabulary::ATTEMPTS {
+                let _ = self.attempts.get_or_create(&OutcomeLabels {
+                    consumer: c.clone(),
+                    outcome: (*outcome).to_string(),
+                    status_class: (*class).to_string(),
+                });
+            }
+        }
+        for action in vocabulary::SWEEP_ACTIONS {
+            let _ = self.sweeper_claims.get_or_create(&ActionLabel {
+                action: (*action).to_string(),
+            });
+        }
+    }
+
+    /// Reads the store-backed gauges and renders everything in `format`.
+    pub async fn render(
+        &self,
+        store: &Store,
+        consumers: &[String],
+        format: Exposition,
+    ) -> StoreResult<String> {
         let open = store.open_counts().await?;
         for name in consumers {
             let c = open
@@ -354,13 +406,154 @@ impl Metrics {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        Ok(out)
+        Ok(match format {
+            Exposition::OpenMetrics => out,
+            Exposition::Text => openmetrics_to_text(&out),
+        })
     }
+}
+
+/// The label values each labelled counter is created with at start ([`Metrics::init_consumers`]).
+/// Values outside these lists still count; they appear at their first event.
+pub mod vocabulary {
+    /// `claimd_messages_refused_total{reason}`.
+    pub const REFUSED: &[&str] = &[
+        "bad_id",
+        "bad_content_type",
+        "bad_payload",
+        "busy",
+        "key_too_long",
+        "store_unavailable",
+        "body_budget",
+    ];
+    /// `claimd_dead_lettered_total{reason}` (the broker intake's dead-letter reasons).
+    pub const DEAD_LETTERED: &[&str] = &[
+        "missing_message_id",
+        "invalid_message_id",
+        "invalid_tenant",
+        "body_too_large",
+        "payload_mismatch",
+        "unusable_payload",
+        "invalid_content_type",
+        "key_too_long",
+    ];
+    /// `claimd_reconcile_outcomes_total{reason}`.
+    pub const LOOKUPS: &[&str] = &["found", "not_found", "unknown"];
+    /// `claimd_claims_settled_total{state}`.
+    pub const SETTLED: &[&str] = &["completed", "failed", "needs_attention"];
+    /// `claimd_effect_attempts_total{outcome,status_class}`: the pairs an alert on the
+    /// provider's error rate divides by.
+    pub const ATTEMPTS: &[(&str, &str)] = &[
+        ("applied", "2xx"),
+        ("rejected", "4xx"),
+        ("not_applied", "5xx"),
+        ("unknown", "5xx"),
+        ("unknown", "none"),
+    ];
+    /// `claimd_sweeper_claims_total{action}`.
+    pub const SWEEP_ACTIONS: &[&str] = &["redrive", "resend", "reconcile", "park"];
+}
+
+/// Which exposition format `/metrics` answers in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposition {
+    /// The Prometheus text format 0.0.4 (`text/plain; version=0.0.4`), the default.
+    Text,
+    /// OpenMetrics 1.0 text, for a scraper whose `Accept` asks for it.
+    OpenMetrics,
+}
+
+impl Exposition {
+    /// Chooses from an `Accept` header: OpenMetrics only when asked for by name.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Exposition::OpenMetrics,
+            _ => Exposition::Text,
+        }
+    }
+
+    /// The `Content-Type` of an answer in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Exposition::Text => "text/plain; version=0.0.4; charset=utf-8",
+            Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// Rewrites OpenMetrics text as the Prometheus text format 0.0.4: a counter's `# HELP` and
+/// `# TYPE` name the family as its samples do (with `_total`), and the OpenMetrics-only lines
+/// (`# UNIT`, `# EOF`) go. Everything else is the same in both formats.
+pub fn openmetrics_to_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(l) => out.push_str(&l),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_format_names_counter_families_with_total_and_drops_eof() {
+        let om = "# HELP a_total_x Things.\n# TYPE a_total_x counter\na_total_x_total{c=\"p\"} 0\n\
+                  # HELP g A gauge.\n# TYPE g gauge\ng 1\n# UNIT g seconds\n# EOF\n";
+        let text = openmetrics_to_text(om);
+        assert_eq!(
+            text,
+            "# HELP a_total_x_total Things.\n# TYPE a_total_x_total counter\n\
+             a_total_x_total{c=\"p\"} 0\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n"
+        );
+    }
+
+    #[test]
+    fn openmetrics_only_when_asked_for() {
+        assert_eq!(Exposition::negotiate(None), Exposition::Text);
+        assert_eq!(Exposition::negotiate(Some("text/plain")), Exposition::Text);
+        assert_eq!(
+            Exposition::negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
+            )),
+            Exposition::OpenMetrics
+        );
+    }
+
+    #[test]
+    fn every_consumer_series_exists_at_zero_from_start() {
+        let m = Metrics::new();
+        m.init_consumers(&["payments".to_string()]);
+        let mut om = String::new();
+        prometheus_client::encoding::text::encode(&mut om, &m.registry).unwrap();
+        for series in [
+            "claimd_dead_lettered_total{consumer=\"payments\",reason=\"invalid_message_id\"} 0",
+            "claimd_claims_settled_total{consumer=\"payments\",state=\"failed\"} 0",
+            "claimd_messages_received_total{consumer=\"payments\"} 0",
+            "claimd_effect_attempts_total{consumer=\"payments\",outcome=\"not_applied\",status_class=\"5xx\"} 0",
+        ] {
+            assert!(om.contains(series), "{series} missing from\n{om}");
+        }
+    }
 
     #[test]
     fn status_classes_are_bounded() {

@@ -100,7 +100,12 @@ pub async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQue
 }
 
 /// `GET /metrics`: Prometheus exposition.
-pub async fn metrics(State(state): State<AppState>) -> Response {
+///
+/// Prometheus text format 0.0.4 unless the scraper's `Accept` asks for OpenMetrics.
+pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    let format = crate::metrics::Exposition::negotiate(
+        headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
+    );
     let names = state.config.consumer_names();
     state.claimer.metrics().local_sweeper(state.sweeper.local());
     state
@@ -110,19 +115,34 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     match state
         .claimer
         .metrics()
-        .render(state.claimer.store(), &names)
+        .render(state.claimer.store(), &names, format)
         .await
     {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                HeaderValue::from_static(format.content_type()),
             )],
             text,
         )
             .into_response(),
         Err(e) => store_down(e),
     }
+}
+
+/// The OpenAPI 3.1 document of this API (`docs/openapi.json`, built in).
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+/// `GET /openapi.json`: the API's OpenAPI document (no token: it holds no data).
+pub async fn openapi() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        OPENAPI,
+    )
+        .into_response()
 }
 
 /// `GET /healthz`: the process answers.

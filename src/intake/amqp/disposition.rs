@@ -40,6 +40,9 @@ pub(super) async fn handle(ctx: Arc<Ctx>, publisher: Channel, d: AmqpDelivery) {
             warn!(reason = reason.as_str(), detail = %sentence, "dead-lettered a bad message");
             ack(&d).await;
             ctx.state.count(reason);
+            ctx.claimer
+                .metrics()
+                .dead_lettered(&ctx.config.name, reason.as_str());
         }
     }
 }
