@@ -12,7 +12,7 @@ pub use crate::http::problem::problem;
 pub use crate::http::state::AppState;
 
 use crate::http::auth::{require_admin, require_intake};
-use crate::http::ops;
+use crate::http::{actions, ops};
 use crate::intake;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -36,6 +36,14 @@ pub fn router(state: AppState) -> Router {
     let admin = Router::new()
         .route("/v1/claims", get(ops::list_claims))
         .route("/v1/report", get(ops::get_report))
+        .route(
+            "/v1/claims/{consumer}/{message_id}/resolve",
+            post(actions::resolve),
+        )
+        .route(
+            "/v1/claims/{consumer}/{message_id}/redrive",
+            post(actions::redrive),
+        )
         .route("/", get(crate::dashboard::page))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()
@@ -44,6 +52,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not found", "no such route") })
         .with_state(state)
 }

@@ -1,7 +1,8 @@
 //! The HTTP side's shared parts, apart from the routes that use them: the state every route
-//! reaches, problem+json errors, bearer-token checks and the operations routes. `api`
+//! reaches, problem+json errors, bearer-token checks, the operations routes and the operator actions. `api`
 //! assembles the router from these, `intake::http` and the operator page (`dashboard`).
 
+pub mod actions;
 pub mod auth;
 pub mod ops;
 pub mod problem;

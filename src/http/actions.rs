@@ -1,0 +1,163 @@
+//! Operator actions over HTTP (admin token): `POST /v1/claims/{consumer}/{message_id}/resolve`
+//! and `.../redrive`, the same store transitions as `claimd claims resolve|redrive`, recorded
+//! in the claim's history with who asked.
+//!
+//! Only `needs_attention` and `failed` claims can be acted on: a `started` claim belongs to the
+//! worker holding its lease and to the sweeper (answered `409`). The store checks the state in
+//! the same statement that changes it, so an action racing the sweeper or retention cannot act
+//! on a claim that moved meanwhile.
+
+use super::ops::ClaimView;
+use super::problem::{problem, store_down};
+use super::state::AppState;
+use crate::claim::{Claim, ClaimState};
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+/// Body of `POST .../resolve`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveRequest {
+    /// `completed` (the provider did it) or `failed` (it did not and will not).
+    pub to: String,
+    /// Why: what the operator saw at the provider. Required.
+    pub note: String,
+    /// The claim's tenant (`""` when none).
+    #[serde(default)]
+    pub tenant: String,
+    /// Who acts, for the history (recorded as `api:<actor>`). Required.
+    pub actor: String,
+}
+
+/// Body of `POST .../redrive`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveRequest {
+    /// The claim's tenant (`""` when none).
+    #[serde(default)]
+    pub tenant: String,
+    /// Who acts, for the history (recorded as `api:<actor>`). Required.
+    pub actor: String,
+}
+
+/// `actor` as recorded: `api:` and the name, when it is 1-64 printable ASCII characters.
+fn actor_of(actor: &str) -> Option<String> {
+    let actor = actor.trim();
+    let printable = actor.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+    (!actor.is_empty() && actor.len() <= 64 && printable).then(|| format!("api:{actor}"))
+}
+
+fn bad_actor() -> Response {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "bad actor",
+        "\"actor\" must name who acts: 1-64 printable ASCII characters",
+    )
+}
+
+fn bad_body(e: JsonRejection) -> Response {
+    problem(StatusCode::BAD_REQUEST, "bad request body", &e.body_text())
+}
+
+/// The answer to a store transition: the claim, `409` for a state that allows no action,
+/// `404` for no such claim.
+fn answer(
+    outcome: crate::store::StoreResult<Option<Result<Claim, ClaimState>>>,
+    consumer: &str,
+    message_id: &str,
+    verb: &str,
+) -> Response {
+    match outcome {
+        Ok(Some(Ok(claim))) => {
+            let now = chrono::Utc::now();
+            Json(ClaimView {
+                stuck: claim.is_stuck(now),
+                claim: &claim,
+            })
+            .into_response()
+        }
+        Ok(Some(Err(state))) => problem(
+            StatusCode::CONFLICT,
+            "not actionable",
+            &format!(
+                "{consumer}/{message_id} is {state}; only needs_attention or failed claims can be {verb}{}",
+                if state == ClaimState::Started {
+                    " (a started claim belongs to the worker and the sweeper)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        Ok(None) => problem(
+            StatusCode::NOT_FOUND,
+            "no such claim",
+            &format!("no claim {consumer}/{message_id} for that tenant"),
+        ),
+        Err(e) => store_down(e),
+    }
+}
+
+/// `POST /v1/claims/{consumer}/{message_id}/resolve`: settles a parked or failed claim by hand.
+pub async fn resolve(
+    State(state): State<AppState>,
+    Path((consumer, message_id)): Path<(String, String)>,
+    body: Result<Json<ResolveRequest>, JsonRejection>,
+) -> Response {
+    let Json(req) = match body {
+        Ok(b) => b,
+        Err(e) => return bad_body(e),
+    };
+    let to = match req.to.as_str() {
+        "completed" => ClaimState::Completed,
+        "failed" => ClaimState::Failed,
+        other => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad target state",
+                &format!("\"to\" is {other:?}; it must be \"completed\" or \"failed\""),
+            );
+        }
+    };
+    if req.note.trim().is_empty() {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "note required",
+            "\"note\" must say why (what the provider shows for this key)",
+        );
+    }
+    let Some(actor) = actor_of(&req.actor) else {
+        return bad_actor();
+    };
+    let outcome = state
+        .claimer
+        .store()
+        .resolve(&consumer, &req.tenant, &message_id, to, &actor, &req.note)
+        .await;
+    answer(outcome, &consumer, &message_id, "resolved")
+}
+
+/// `POST /v1/claims/{consumer}/{message_id}/redrive`: puts a parked or failed claim back to
+/// `started` (new attempt, same key) for the next sweep to perform.
+pub async fn redrive(
+    State(state): State<AppState>,
+    Path((consumer, message_id)): Path<(String, String)>,
+    body: Result<Json<RedriveRequest>, JsonRejection>,
+) -> Response {
+    let Json(req) = match body {
+        Ok(b) => b,
+        Err(e) => return bad_body(e),
+    };
+    let Some(actor) = actor_of(&req.actor) else {
+        return bad_actor();
+    };
+    let outcome = state
+        .claimer
+        .store()
+        .redrive(&consumer, &req.tenant, &message_id, &actor)
+        .await;
+    answer(outcome, &consumer, &message_id, "redriven")
+}
