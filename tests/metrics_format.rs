@@ -74,13 +74,7 @@ fn names_in(text: &str) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_pass_promtool_and_the_shipped_rules_and_dashboard_name_real_series() {
     let Some(tool) = promtool() else { return };
-    let store = TestStore::sqlite();
-    let (_sandbox, provider) = sandbox(Default::default()).await;
-    let running = start(&config_toml(
-        &store.url(),
-        &consumer_toml("payments", &provider, ""),
-    ))
-    .await;
+    let (_store, _sandbox, running) = payments_worker("").await;
     let addr = running.http_addr;
 
     // Before any traffic: the default format, checked by promtool.

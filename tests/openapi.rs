@@ -23,13 +23,7 @@ fn routed_paths() -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_document_matches_the_routes_that_exist() {
-    let store = TestStore::sqlite();
-    let (_sandbox, provider) = sandbox(Default::default()).await;
-    let running = start(&config_toml(
-        &store.url(),
-        &consumer_toml("payments", &provider, ""),
-    ))
-    .await;
+    let (_store, _sandbox, running) = payments_worker("").await;
     let base = format!("http://{}", running.http_addr);
     let r = client()
         .get(format!("{base}/openapi.json"))

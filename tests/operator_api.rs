@@ -31,14 +31,7 @@ async fn parked(store: &Store, id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolve_and_redrive_over_http_act_on_parked_claims_and_record_who() {
-    let store = TestStore::sqlite();
-    let (_sandbox, provider) = sandbox(Default::default()).await;
-    let running = start(&config_toml_with(
-        &store.url(),
-        "admin_token = \"secret-admin-token\"",
-        &consumer_toml("payments", &provider, ""),
-    ))
-    .await;
+    let (_store, _sandbox, running) = payments_worker("admin_token = \"secret-admin-token\"").await;
     let base = format!("http://{}", running.http_addr);
     let s = running.app().store.clone();
     parked(&s, "to-resolve").await;
@@ -146,13 +139,7 @@ async fn resolve_and_redrive_over_http_act_on_parked_claims_and_record_who() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_message_counts_the_duplicates_that_arrived() {
-    let store = TestStore::sqlite();
-    let (_sandbox, provider) = sandbox(Default::default()).await;
-    let running = start(&config_toml(
-        &store.url(),
-        &consumer_toml("payments", &provider, ""),
-    ))
-    .await;
+    let (_store, _sandbox, running) = payments_worker("").await;
     let base = format!("http://{}", running.http_addr);
     let mut statuses = Vec::new();
     for _ in 0..3 {

@@ -442,3 +442,17 @@ pub fn claimd_bin() -> std::path::PathBuf {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/claimd")
         })
 }
+
+/// A worker on a fresh SQLite store with one `payments` consumer calling a fresh sandbox;
+/// `http_extra` goes into `[http]`. Keep the store and the sandbox alive as long as the worker.
+pub async fn payments_worker(http_extra: &str) -> (TestStore, Sandbox, Running) {
+    let store = TestStore::sqlite();
+    let (sandbox, provider) = sandbox(Default::default()).await;
+    let running = start(&config_toml_with(
+        &store.url(),
+        http_extra,
+        &consumer_toml("payments", &provider, ""),
+    ))
+    .await;
+    (store, sandbox, running)
+}
