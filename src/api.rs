@@ -12,7 +12,7 @@ pub use crate::http::problem::problem;
 pub use crate::http::state::AppState;
 
 use crate::http::auth::{require_admin, require_intake};
-use crate::http::{actions, ops};
+use crate::http::{actions, ops, signin};
 use crate::intake;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -53,6 +53,8 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))
+        .route("/signin", get(signin::form).post(signin::sign_in))
+        .route("/signout", post(signin::sign_out))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not found", "no such route") })
         .with_state(state)
 }

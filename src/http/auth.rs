@@ -1,12 +1,15 @@
 //! Bearer tokens: the admin token guards the operations routes and the page, the intake token
-//! guards intake; both compared in constant time.
+//! guards intake; both compared in constant time. A browser signed in on `/signin` passes the
+//! admin check with its session cookie instead ([`super::session`]), and must then send the
+//! session's CSRF token with anything that changes state.
 
 use super::problem::problem;
+use super::session::{self, Session};
 use super::state::AppState;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 /// Compares two secrets in time that depends only on their lengths.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -41,13 +44,81 @@ fn bearer_ok(expected: &str, req: &Request) -> bool {
     }
 }
 
-/// Lets a request through only with the admin token (when one is configured).
+/// The session a request's cookie holds, when it is valid for `secret`.
+fn session_of(secret: &str, req: &Request) -> Option<Session> {
+    let cookies = req.headers().get(header::COOKIE)?.to_str().ok()?;
+    let value = session::cookie_value(cookies, session::COOKIE)?;
+    Session::verify(secret, value, chrono::Utc::now().timestamp())
+}
+
+/// The largest form body read to find its `csrf` field.
+const FORM_LIMIT: usize = 64 * 1024;
+
+/// Lets a request through only with the admin token (when one is configured), or with a
+/// signed-in browser's session cookie; a browser that is not signed in is sent to `/signin`.
+/// A cookie-authenticated request that is not `GET`/`HEAD` needs the session's CSRF token, in
+/// the `X-CSRF-Token` header or a `csrf` form field. The [`Session`] is handed to the route as
+/// a request extension.
 pub async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if bearer_ok(&state.config.http.admin_token, &req) {
-        next.run(req).await
-    } else {
-        unauthorized()
+    let secret = &state.config.http.admin_token;
+    if bearer_ok(secret, &req) {
+        return next.run(req).await;
     }
+    let Some(session) = session_of(secret, &req) else {
+        let wants_html = req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("text/html"));
+        if wants_html && req.method() == Method::GET {
+            return (StatusCode::SEE_OTHER, [(header::LOCATION, "/signin")]).into_response();
+        }
+        return unauthorized(
+            "this route needs Authorization: Bearer <admin_token> (a browser signs in at /signin)",
+        );
+    };
+    let mut req = req;
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let header_token = req
+            .headers()
+            .get(session::CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let token = match header_token {
+            Some(t) => Some(t),
+            None if is_form(&req) => {
+                let (parts, body) = req.into_parts();
+                let Ok(bytes) = axum::body::to_bytes(body, FORM_LIMIT).await else {
+                    return forbidden("the form is over 64 KiB");
+                };
+                let token = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&bytes)
+                    .ok()
+                    .and_then(|fields| fields.into_iter().find(|(k, _)| k == "csrf"))
+                    .map(|(_, v)| v);
+                req = Request::from_parts(parts, axum::body::Body::from(bytes));
+                token
+            }
+            None => None,
+        };
+        if !token.is_some_and(|t| session.csrf_ok(secret, &t)) {
+            return forbidden(
+                "a signed-in browser must send the page's CSRF token (X-CSRF-Token header or csrf form field) with this request; reload the page",
+            );
+        }
+    }
+    req.extensions_mut().insert(session);
+    next.run(req).await
+}
+
+fn is_form(req: &Request) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/x-www-form-urlencoded"))
+}
+
+fn forbidden(detail: &str) -> Response {
+    problem(StatusCode::FORBIDDEN, "missing or wrong CSRF token", detail)
 }
 
 /// Lets a request through only with the intake token (when one is configured).
@@ -55,16 +126,12 @@ pub async fn require_intake(State(state): State<AppState>, req: Request, next: N
     if bearer_ok(&state.config.http.intake_token, &req) {
         next.run(req).await
     } else {
-        unauthorized()
+        unauthorized("this route needs Authorization: Bearer <intake_token>")
     }
 }
 
-fn unauthorized() -> Response {
-    let mut r = problem(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "this route needs Authorization: Bearer <token>",
-    );
+fn unauthorized(detail: &str) -> Response {
+    let mut r = problem(StatusCode::UNAUTHORIZED, "unauthorized", detail);
     r.headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     r

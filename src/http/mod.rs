@@ -6,4 +6,6 @@ pub mod actions;
 pub mod auth;
 pub mod ops;
 pub mod problem;
+pub mod session;
+pub mod signin;
 pub mod state;
