@@ -20,6 +20,7 @@ pub mod effect;
 pub mod http;
 pub mod intake;
 pub mod metrics;
+pub mod operator_command;
 pub mod policy;
 pub mod reconcile;
 pub mod report;

@@ -1,6 +1,7 @@
 //! `claimd report` and `claimd reconcile`.
 
 use super::*;
+use crate::operator_command::OperatorCommands;
 
 pub(super) async fn report_cmd(
     app: &App,
@@ -44,7 +45,14 @@ pub(super) async fn reconcile_cmd(
         Ok(s) => s,
         Err(o) => return o,
     };
-    let audit = match reconcile::audit(&app.claimer, consumer.as_deref(), since).await {
+    let audit = match reconcile::audit(
+        &app.claimer,
+        &OperatorCommands::new(app.config.file.as_deref()),
+        consumer.as_deref(),
+        since,
+    )
+    .await
+    {
         Ok(a) => a,
         Err(e) => return Output::fail(1, e),
     };

@@ -5,6 +5,7 @@
 use super::{Dashboard, OpenKind};
 use crate::claim::ClaimState;
 use crate::http::state::AppState;
+use crate::operator_command::OperatorCommands;
 use crate::report::{self, Window};
 use crate::store::{ClaimFilter, StoreResult};
 
@@ -67,5 +68,6 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
         open,
         store: store.dialect().to_string(),
         instance: state.claimer.instance().to_string(),
+        commands: OperatorCommands::new(state.config.file.as_deref()),
     })
 }

@@ -16,7 +16,7 @@ mod data;
 mod render;
 
 pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};
-pub use commands::{commands_for, shell_quote};
+pub use commands::commands_for;
 pub use data::{COMPLETED_SAMPLE, STARTED_SAMPLE, gather};
 pub use render::{
     escape, human_secs, render, render_attention, render_charts, render_counts, render_tiles,
@@ -24,6 +24,7 @@ pub use render::{
 
 use crate::http::problem::problem;
 use crate::http::state::AppState;
+use crate::operator_command::OperatorCommands;
 use crate::report::{Report, Window};
 use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -61,6 +62,8 @@ pub struct Dashboard {
     pub store: String,
     /// This worker's instance name.
     pub instance: String,
+    /// How the page writes the commands it suggests (with this worker's `--config`).
+    pub commands: OperatorCommands,
 }
 
 /// `GET /?since=DUR`: the operator page. `since` bounds the throughput figures (default 24h).
@@ -175,6 +178,7 @@ mod tests {
             open: vec![(OpenKind::Stuck, 120.0), (OpenKind::NeedsAttention, 4000.0)],
             store: "sqlite".into(),
             instance: "host-1".into(),
+            commands: OperatorCommands::default(),
         }
     }
 
@@ -216,54 +220,20 @@ mod tests {
     }
 
     #[test]
-    fn parked_claims_get_resolve_and_redrive_commands_with_their_tenant() {
-        let a = item("needs_attention", "payments", "", "order-1", "r");
-        let cmds: Vec<String> = commands_for(&a).into_iter().map(|(_, c)| c).collect();
-        assert_eq!(
-            cmds,
-            [
-                "claimd claims show payments order-1",
-                "claimd claims resolve payments order-1 --as completed --note \"...\"",
-                "claimd claims redrive payments order-1",
-            ]
+    fn the_commands_name_the_workers_configuration_file() {
+        let mut d = dashboard(
+            vec![item("needs_attention", "payments", "", "order-1", "r")],
+            true,
         );
-        let a = item("needs_attention", "payments", "acme", "order-1", "r");
-        let cmds: Vec<String> = commands_for(&a).into_iter().map(|(_, c)| c).collect();
-        assert_eq!(
-            cmds[1],
-            "claimd claims resolve payments order-1 --as completed --note \"...\" --tenant acme"
+        d.commands = OperatorCommands::new(Some(std::path::Path::new("/etc/claimd.toml")));
+        let page = render(&d);
+        assert!(page.contains("claimd claims redrive payments order-1 --config /etc/claimd.toml"));
+        assert!(
+            !page.contains("--config PATH"),
+            "no advice to add it by hand"
         );
-        assert_eq!(
-            cmds[2],
-            "claimd claims redrive payments order-1 --tenant acme"
-        );
-    }
-
-    #[test]
-    fn stuck_claims_point_at_a_sweeper_pass() {
-        let a = item("started", "payments", "t", "order-2", "lease expired");
-        let cmds = commands_for(&a);
-        assert_eq!(cmds.last().unwrap().1, "claimd sweep");
-        assert_eq!(cmds[0].1, "claimd claims show payments order-2 --tenant t");
-    }
-
-    #[test]
-    fn commands_quote_what_a_shell_would_read() {
-        assert_eq!(shell_quote("order-1:a/b@c.d"), "order-1:a/b@c.d");
-        assert_eq!(shell_quote("$(rm -rf ~)"), "'$(rm -rf ~)'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote("a;b"), "'a;b'");
-        assert_eq!(shell_quote(""), "''");
-        let a = item("needs_attention", "payments", "-t", "-x", "r");
-        assert_eq!(
-            commands_for(&a)[2].1,
-            "claimd claims redrive --tenant=-t -- payments -x"
-        );
-        let a = item("needs_attention", "payments", "a b", "`id`", "r");
-        assert_eq!(
-            commands_for(&a)[2].1,
-            "claimd claims redrive payments '`id`' --tenant 'a b'"
-        );
+        let page = render(&dashboard(vec![], true));
+        assert!(page.contains("--config PATH"));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use super::chart::{Series, histogram, histogram_svg};
 use super::commands::commands_for;
 use super::{Dashboard, OpenKind, REFRESH_SECONDS};
 use crate::claim::ClaimState;
+use crate::operator_command::OperatorCommands;
 use crate::report::{Report, Window};
 use crate::store::ConsumerCounts;
 use chrono::{DateTime, Utc};
@@ -97,13 +98,17 @@ pub fn render(d: &Dashboard) -> String {
                     (render_tiles(r, d.window))
                     (render_counts(&r.consumers, d.window))
                     (render_charts(d))
-                    (render_attention(r))
+                    (render_attention(r, &d.commands))
                 }
                 footer {
                     "Read-only. The same figures: " code { "claimd report --format json" }
                     " or " code { "GET /v1/report" } ". What each reason means and what to do: \
-                    docs/operations.md. Add " code { "--config PATH" } " to the commands when \
-                    this worker's configuration is not " code { "config/default.toml" } "."
+                    docs/operations.md."
+                    @if !d.commands.names_config() {
+                        " This worker's configuration was not read from a file: add "
+                        code { "--config PATH" } " to the commands when it is not "
+                        code { "config/default.toml" } "."
+                    }
                 }
             }
         }
@@ -269,7 +274,7 @@ pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> Markup {
 }
 
 /// The stuck and parked claims, each with its reason, age, attempt and commands.
-pub fn render_attention(r: &Report) -> Markup {
+pub fn render_attention(r: &Report, commands: &OperatorCommands) -> Markup {
     let (stuck, parked) = open_problems(r);
     let shown = r.attention.len() as i64;
     html! {
@@ -305,7 +310,7 @@ pub fn render_attention(r: &Report) -> Markup {
                         @if a.reason.is_empty() { "(no reason recorded)" } @else { (a.reason) }
                     }
                     div.cmds {
-                        @for (when, cmd) in commands_for(a) {
+                        @for (when, cmd) in commands_for(commands, a) {
                             span.when { (when) }
                             code { (cmd) }
                         }
@@ -315,8 +320,8 @@ pub fn render_attention(r: &Report) -> Markup {
             @if shown < stuck + parked {
                 p.more {
                     "Showing " (shown) " of " (stuck + parked) "; "
-                    code { "claimd claims list --state needs_attention" } " and "
-                    code { "claimd claims list --stuck" } " list them all."
+                    code { (commands.list(&["--state", "needs_attention"])) } " and "
+                    code { (commands.list(&["--stuck"])) } " list them all."
                 }
             }
         }
