@@ -3,8 +3,8 @@
 
 use crate::claim::{Claim, ClaimState};
 use crate::claimer::Claimer;
-use crate::dashboard::shell_quote;
 use crate::effect::Lookup;
+use crate::operator_command::{ClaimRef, Note, OperatorCommands};
 use crate::store::{ClaimFilter, StoreResult};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -70,40 +70,39 @@ pub struct Audit {
     pub mismatches: Vec<Mismatch>,
 }
 
-fn tenant_flag(tenant: &str) -> String {
-    if tenant.is_empty() {
-        String::new()
-    } else {
-        format!(" --tenant {}", shell_quote(tenant))
-    }
-}
-
-fn suggestion(kind: MismatchKind, c: &Claim) -> String {
-    // Ids and tenants come from clients: quoted so the printed command is safe to paste.
-    let who = format!(
-        "{} {}{}",
-        c.consumer,
-        shell_quote(&c.message_id),
-        tenant_flag(&c.tenant)
-    );
+/// What to run about a mismatch: the command, from [`OperatorCommands`] (ids and tenants come
+/// from clients, so the command quotes them).
+fn suggestion(commands: &OperatorCommands, kind: MismatchKind, c: &Claim) -> String {
+    let claim = ClaimRef {
+        consumer: &c.consumer,
+        tenant: &c.tenant,
+        message_id: &c.message_id,
+    };
+    let resolve = || {
+        commands.resolve(
+            claim,
+            ClaimState::Completed,
+            Note::Text("provider has the effect (reconcile)"),
+        )
+    };
     match (kind, c.state) {
         (MismatchKind::CompletedUnknownToProvider, _) => format!(
-            "investigate with the provider; if the effect never happened: claimd claims show {who}, then repair by hand"
+            "investigate with the provider; if the effect never happened: {}, then repair by hand",
+            commands.show(claim)
         ),
-        (MismatchKind::FailedButApplied, _) => format!(
-            "claimd claims resolve {who} --as completed --note \"provider has the effect (reconcile)\""
+        (MismatchKind::FailedButApplied, _) | (_, ClaimState::NeedsAttention) => resolve(),
+        _ => format!(
+            "{} (the sweeper reconciles stuck claims when on_unknown = \"reconcile\")",
+            commands.sweep()
         ),
-        (_, ClaimState::NeedsAttention) => format!(
-            "claimd claims resolve {who} --as completed --note \"provider has the effect (reconcile)\""
-        ),
-        _ => "claimd sweep (the sweeper reconciles stuck claims when on_unknown = \"reconcile\")"
-            .into(),
     }
 }
 
-/// Audits claims received since `since` (of `only`, or every consumer).
+/// Audits claims received since `since` (of `only`, or every consumer); each mismatch comes
+/// with a command written by `commands`.
 pub async fn audit(
     claimer: &Arc<Claimer>,
+    commands: &OperatorCommands,
     only: Option<&str>,
     since: Option<DateTime<Utc>>,
 ) -> StoreResult<Audit> {
@@ -154,7 +153,7 @@ pub async fn audit(
         if let Some(kind) = compare(claim.state, has_it) {
             result.mismatches.push(Mismatch {
                 kind,
-                suggestion: suggestion(kind, &claim),
+                suggestion: suggestion(commands, kind, &claim),
                 consumer: claim.consumer,
                 tenant: claim.tenant,
                 message_id: claim.message_id,

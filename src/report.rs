@@ -1,8 +1,10 @@
 //! The reconciliation report: exact counts per consumer, the sweeper's health and the claims a
-//! person should look at. Built from the store; rendered as table, JSON or CSV by pure functions.
+//! person should look at. Built from the store; rendered as table, JSON or CSV by pure functions
+//! (tables and CSV through [`Table`]).
 
 use crate::claim::ClaimState;
 use crate::store::{ClaimFilter, ConsumerCounts, Store, StoreResult};
+use crate::table::Table;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -333,7 +335,7 @@ pub fn render_table(r: &Report) -> String {
             .map(|t| t.to_rfc3339())
             .unwrap_or_else(|| "the beginning (--since all)".into())
     );
-    let header = [
+    let mut counts = Table::new(&[
         "consumer",
         "received",
         "dups",
@@ -348,33 +350,14 @@ pub fn render_table(r: &Report) -> String {
         "oldest_s",
         "p50_s",
         "p95_s",
-    ];
-    let rows: Vec<Vec<String>> = r
-        .consumers
-        .iter()
-        .map(|c| {
-            vec![
-                c.consumer.clone(),
-                c.received.to_string(),
-                c.duplicates.to_string(),
-                c.payload_mismatches.to_string(),
-                c.started.to_string(),
-                c.stuck.to_string(),
-                c.completed.to_string(),
-                c.failed.to_string(),
-                c.needs_attention.to_string(),
-                c.resent.to_string(),
-                c.dead_lettered.to_string(),
-                opt(c.oldest_started_age_s),
-                opt(c.p50_complete_s),
-                opt(c.p95_complete_s),
-            ]
-        })
-        .collect();
-    out.push_str(&table(&header, &rows));
+    ]);
+    for c in &r.consumers {
+        counts.row(count_cells(c, opt));
+    }
+    out.push_str(&counts.text());
     if !r.attention.is_empty() {
         out.push_str("\nneeds a look:\n");
-        let header = [
+        let mut attention = Table::new(&[
             "consumer",
             "tenant",
             "message_id",
@@ -382,97 +365,67 @@ pub fn render_table(r: &Report) -> String {
             "attempt",
             "age_s",
             "reason",
-        ];
-        let rows: Vec<Vec<String>> = r
-            .attention
-            .iter()
-            .map(|a| {
-                vec![
-                    a.consumer.clone(),
-                    a.tenant.clone(),
-                    a.message_id.clone(),
-                    a.state.clone(),
-                    a.attempt.to_string(),
-                    a.age_s.to_string(),
-                    a.reason.clone(),
-                ]
-            })
-            .collect();
-        out.push_str(&table(&header, &rows));
+        ]);
+        for a in &r.attention {
+            attention.row(vec![
+                a.consumer.clone(),
+                a.tenant.clone(),
+                a.message_id.clone(),
+                a.state.clone(),
+                a.attempt.to_string(),
+                a.age_s.to_string(),
+                a.reason.clone(),
+            ]);
+        }
+        out.push_str(&attention.text());
     }
     out
+}
+
+/// One consumer's counts as cells, an absent figure written by `figure`.
+fn count_cells(c: &ConsumerCounts, figure: fn(Option<f64>) -> String) -> Vec<String> {
+    vec![
+        c.consumer.clone(),
+        c.received.to_string(),
+        c.duplicates.to_string(),
+        c.payload_mismatches.to_string(),
+        c.started.to_string(),
+        c.stuck.to_string(),
+        c.completed.to_string(),
+        c.failed.to_string(),
+        c.needs_attention.to_string(),
+        c.resent.to_string(),
+        c.dead_lettered.to_string(),
+        figure(c.oldest_started_age_s),
+        figure(c.p50_complete_s),
+        figure(c.p95_complete_s),
+    ]
 }
 
 /// The per-consumer counts as CSV (one header line).
 pub fn render_csv(r: &Report) -> String {
-    let mut out = String::from(
-        "consumer,received,duplicates,payload_mismatches,started,stuck,completed,failed,needs_attention,resent,dead_lettered,oldest_started_age_s,p50_complete_s,p95_complete_s\n",
-    );
-    let o = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
+    let mut t = Table::new(&[
+        "consumer",
+        "received",
+        "duplicates",
+        "payload_mismatches",
+        "started",
+        "stuck",
+        "completed",
+        "failed",
+        "needs_attention",
+        "resent",
+        "dead_lettered",
+        "oldest_started_age_s",
+        "p50_complete_s",
+        "p95_complete_s",
+    ]);
     for c in &r.consumers {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            csv_field(&c.consumer),
-            c.received,
-            c.duplicates,
-            c.payload_mismatches,
-            c.started,
-            c.stuck,
-            c.completed,
-            c.failed,
-            c.needs_attention,
-            c.resent,
-            c.dead_lettered,
-            o(c.oldest_started_age_s),
-            o(c.p50_complete_s),
-            o(c.p95_complete_s)
-        );
+        t.row(count_cells(c, |v| {
+            v.map(|x| format!("{x:.3}")).unwrap_or_default()
+        }));
     }
-    out
-}
-
-/// One CSV cell, safe to open in a spreadsheet (the OWASP CSV-injection rule): a cell that
-/// begins with `=`, `+`, `-`, `@`, tab or carriage return would be run as a formula, so it is
-/// prefixed with a single quote and quoted; a cell with a comma, quote or line break is quoted,
-/// inner quotes doubled. Every text cell claimd writes (ids, tenants, reasons) goes through it.
-pub fn csv_field(s: &str) -> String {
-    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-        format!("\"'{}\"", s.replace('"', "\"\""))
-    } else if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
-
-/// Lays rows out under a header, columns padded to their widest cell.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            if i < widths.len() {
-                widths[i] = widths[i].max(cell.chars().count());
-            }
-        }
-    }
-    let mut out = String::new();
-    let line = |cells: Vec<&str>, out: &mut String| {
-        let n = cells.len();
-        for (i, cell) in cells.into_iter().enumerate() {
-            if i + 1 == n {
-                out.push_str(cell);
-            } else {
-                let _ = write!(out, "{:<w$}  ", cell, w = widths[i]);
-            }
-        }
-        out.push('\n');
-    };
-    line(header.to_vec(), &mut out);
-    for row in rows {
-        line(row.iter().map(String::as_str).collect(), &mut out);
-    }
-    out
+    t.csv()
 }
 
 #[cfg(test)]
@@ -554,37 +507,5 @@ mod tests {
         assert!(a.local().running_for.is_some(), "one pass still running");
         drop(g2);
         assert_eq!(a.local().running_for, None);
-    }
-
-    #[test]
-    fn tables_align_and_csv_quotes() {
-        let t = table(&["a", "bb"], &[vec!["xxx".into(), "y".into()]]);
-        assert_eq!(t, "a    bb\nxxx  y\n");
-        assert_eq!(csv_field("a,b"), "\"a,b\"");
-        assert_eq!(csv_field("plain"), "plain");
-        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
-    }
-
-    #[test]
-    fn csv_cells_that_a_spreadsheet_would_run_are_neutralised() {
-        for (cell, want) in [
-            ("=1+1", "\"'=1+1\""),
-            ("+SUM(A1)", "\"'+SUM(A1)\""),
-            ("-2+3", "\"'-2+3\""),
-            ("@SUM(1)", "\"'@SUM(1)\""),
-            ("\t=1", "\"'\t=1\""),
-            ("\r=1", "\"'\r=1\""),
-            (
-                "=HYPERLINK(\"http://x\",\"y\")",
-                "\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\"",
-            ),
-        ] {
-            assert_eq!(csv_field(cell), want, "{cell:?}");
-        }
-        assert_eq!(
-            csv_field("order-1=2"),
-            "order-1=2",
-            "only the first character matters"
-        );
     }
 }

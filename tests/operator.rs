@@ -206,6 +206,11 @@ async fn reconcile_lists_disagreements_worst_first() {
         out.contains("claimd claims resolve payments parked-but-paid --as completed"),
         "{out}"
     );
+    let file = std::fs::canonicalize(&cfg).unwrap();
+    assert!(
+        out.contains(&format!("--config {}", file.display())),
+        "the commands name the configuration reconcile read:\n{out}"
+    );
     let (code, out, _) = cli(&["reconcile", "--format", "json", "--config", &cfg]);
     assert_eq!(code, 3);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

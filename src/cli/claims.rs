@@ -27,60 +27,62 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 (Ok(l), Ok(n)) => (l, n),
                 (Err(e), _) | (_, Err(e)) => return Output::fail(1, e),
             };
+            let stuck_of = |c: &crate::claim::Claim| c.is_stuck(now);
             match format {
                 Format::Json => Output::ok(to_json(&serde_json::json!({ "claims": list }))),
                 Format::Csv => {
-                    let mut s = String::from(
-                        "consumer,tenant,message_id,state,attempt,stuck,received_utc,processed_utc,last_error\n",
-                    );
+                    let mut t = Table::new(&[
+                        "consumer",
+                        "tenant",
+                        "message_id",
+                        "state",
+                        "attempt",
+                        "stuck",
+                        "received_utc",
+                        "processed_utc",
+                        "last_error",
+                    ]);
                     for c in &list {
-                        let _ = writeln!(
-                            s,
-                            "{},{},{},{},{},{},{},{},{}",
-                            csv_field(&c.consumer),
-                            csv_field(&c.tenant),
-                            csv_field(&c.message_id),
-                            c.state,
-                            c.attempt,
-                            c.is_stuck(now),
+                        t.row(vec![
+                            c.consumer.clone(),
+                            c.tenant.clone(),
+                            c.message_id.clone(),
+                            c.state.to_string(),
+                            c.attempt.to_string(),
+                            stuck_of(c).to_string(),
                             c.received_utc.to_rfc3339(),
                             time_or_dash(c.processed_utc),
-                            csv_field(c.last_error.as_deref().unwrap_or(""))
-                        );
+                            c.last_error.clone().unwrap_or_default(),
+                        ]);
                     }
-                    Output::ok(s)
+                    Output::ok(t.csv())
                 }
                 Format::Table => {
-                    let rows: Vec<Vec<String>> = list
-                        .iter()
-                        .map(|c| {
-                            vec![
-                                c.consumer.clone(),
-                                c.tenant.clone(),
-                                c.message_id.clone(),
-                                if c.is_stuck(now) {
-                                    format!("{} (stuck)", c.state)
-                                } else {
-                                    c.state.to_string()
-                                },
-                                c.attempt.to_string(),
-                                c.received_utc.format("%Y-%m-%d %H:%M:%S").to_string(),
-                                c.last_error.clone().unwrap_or_default(),
-                            ]
-                        })
-                        .collect();
-                    Output::ok(table(
-                        &[
-                            "consumer",
-                            "tenant",
-                            "message_id",
-                            "state",
-                            "attempt",
-                            "received_utc",
-                            "last_error",
-                        ],
-                        &rows,
-                    ))
+                    let mut t = Table::new(&[
+                        "consumer",
+                        "tenant",
+                        "message_id",
+                        "state",
+                        "attempt",
+                        "received_utc",
+                        "last_error",
+                    ]);
+                    for c in &list {
+                        t.row(vec![
+                            c.consumer.clone(),
+                            c.tenant.clone(),
+                            c.message_id.clone(),
+                            if stuck_of(c) {
+                                format!("{} (stuck)", c.state)
+                            } else {
+                                c.state.to_string()
+                            },
+                            c.attempt.to_string(),
+                            c.received_utc.format("%Y-%m-%d %H:%M:%S").to_string(),
+                            c.last_error.clone().unwrap_or_default(),
+                        ]);
+                    }
+                    Output::ok(t.text())
                 }
             }
         }
@@ -158,26 +160,21 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 let _ = writeln!(s, "{k:<16} {v}");
             }
             s.push_str("\nhistory:\n");
-            let rows: Vec<Vec<String>> = history
-                .iter()
-                .map(|e| {
-                    vec![
-                        e.at_utc.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
-                        e.attempt.to_string(),
-                        e.actor.clone(),
-                        e.action.clone(),
-                        e.outcome.clone(),
-                        e.provider_status.map(|s| s.to_string()).unwrap_or_default(),
-                        e.detail.clone().unwrap_or_default(),
-                    ]
-                })
-                .collect();
-            s.push_str(&table(
-                &[
-                    "at_utc", "attempt", "actor", "action", "outcome", "status", "detail",
-                ],
-                &rows,
-            ));
+            let mut t = Table::new(&[
+                "at_utc", "attempt", "actor", "action", "outcome", "status", "detail",
+            ]);
+            for e in &history {
+                t.row(vec![
+                    e.at_utc.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+                    e.attempt.to_string(),
+                    e.actor.clone(),
+                    e.action.clone(),
+                    e.outcome.clone(),
+                    e.provider_status.map(|s| s.to_string()).unwrap_or_default(),
+                    e.detail.clone().unwrap_or_default(),
+                ]);
+            }
+            s.push_str(&t.text());
             Output::ok(s)
         }
         ClaimsCommand::Resolve {

@@ -1,6 +1,7 @@
 //! `claimd report` and `claimd reconcile`.
 
 use super::*;
+use crate::operator_command::OperatorCommands;
 
 pub(super) async fn report_cmd(
     app: &App,
@@ -44,32 +45,42 @@ pub(super) async fn reconcile_cmd(
         Ok(s) => s,
         Err(o) => return o,
     };
-    let audit = match reconcile::audit(&app.claimer, consumer.as_deref(), since).await {
+    let audit = match reconcile::audit(
+        &app.claimer,
+        &OperatorCommands::new(app.config.file.as_deref()),
+        consumer.as_deref(),
+        since,
+    )
+    .await
+    {
         Ok(a) => a,
         Err(e) => return Output::fail(1, e),
     };
+    let mut mismatches = Table::new(&[
+        "kind",
+        "consumer",
+        "tenant",
+        "message_id",
+        "state",
+        "suggestion",
+    ]);
+    for m in &audit.mismatches {
+        let kind = serde_json::to_value(m.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        mismatches.row(vec![
+            kind,
+            m.consumer.clone(),
+            m.tenant.clone(),
+            m.message_id.clone(),
+            m.state.clone(),
+            m.suggestion.clone(),
+        ]);
+    }
     let stdout = match format {
         Format::Json => to_json(&audit),
-        Format::Csv => {
-            let mut s = String::from("kind,consumer,tenant,message_id,state,suggestion\n");
-            for m in &audit.mismatches {
-                let kind = serde_json::to_value(m.kind)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default();
-                let _ = writeln!(
-                    s,
-                    "{},{},{},{},{},{}",
-                    kind,
-                    csv_field(&m.consumer),
-                    csv_field(&m.tenant),
-                    csv_field(&m.message_id),
-                    m.state,
-                    csv_field(&m.suggestion)
-                );
-            }
-            s
-        }
+        Format::Csv => mismatches.csv(),
         Format::Table => {
             let mut s = format!(
                 "checked {} claims, {} undecided, {} mismatches{}\n",
@@ -85,36 +96,8 @@ pub(super) async fn reconcile_cmd(
             for c in &audit.skipped_consumers {
                 let _ = writeln!(s, "consumer {c}: no status endpoint; not auditable");
             }
-            if !audit.mismatches.is_empty() {
-                let rows: Vec<Vec<String>> = audit
-                    .mismatches
-                    .iter()
-                    .map(|m| {
-                        let kind = serde_json::to_value(m.kind)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default();
-                        vec![
-                            kind,
-                            m.consumer.clone(),
-                            m.tenant.clone(),
-                            m.message_id.clone(),
-                            m.state.clone(),
-                            m.suggestion.clone(),
-                        ]
-                    })
-                    .collect();
-                s.push_str(&table(
-                    &[
-                        "kind",
-                        "consumer",
-                        "tenant",
-                        "message_id",
-                        "state",
-                        "suggestion",
-                    ],
-                    &rows,
-                ));
+            if !mismatches.is_empty() {
+                s.push_str(&mismatches.text());
             }
             s
         }

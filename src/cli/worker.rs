@@ -64,34 +64,28 @@ pub(super) async fn sweep(app: &App, dry_run: bool) -> Output {
     let sweeper = Sweeper::new(app.claimer.clone(), app.config.sweeper.batch_size);
     match sweeper.pass(dry_run).await {
         Ok(r) => {
-            let rows: Vec<Vec<String>> = r
-                .items
-                .iter()
-                .map(|i| {
-                    vec![
-                        i.consumer.clone(),
-                        i.tenant.clone(),
-                        i.message_id.clone(),
-                        i.attempt.to_string(),
-                        i.action.clone(),
-                        i.result.clone(),
-                    ]
-                })
-                .collect();
-            let mut out = if rows.is_empty() {
+            let mut t = Table::new(&[
+                "consumer",
+                "tenant",
+                "message_id",
+                "attempt",
+                "action",
+                "result",
+            ]);
+            for i in &r.items {
+                t.row(vec![
+                    i.consumer.clone(),
+                    i.tenant.clone(),
+                    i.message_id.clone(),
+                    i.attempt.to_string(),
+                    i.action.clone(),
+                    i.result.clone(),
+                ]);
+            }
+            let mut out = if t.is_empty() {
                 "no stuck claims\n".to_string()
             } else {
-                table(
-                    &[
-                        "consumer",
-                        "tenant",
-                        "message_id",
-                        "attempt",
-                        "action",
-                        "result",
-                    ],
-                    &rows,
-                )
+                t.text()
             };
             if dry_run {
                 out.push_str("(dry run: nothing changed)\n");

@@ -67,7 +67,10 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_toml(&text, path, std::env::vars())
+        let mut loaded = Self::from_toml(&text, path, std::env::vars())?;
+        // Absolute, so a suggested command works from any directory.
+        loaded.config.file = Some(std::fs::canonicalize(path).unwrap_or_else(|_| path.into()));
+        Ok(loaded)
     }
 
     /// Parses `text` (named `path` in errors) with the given environment.

@@ -30,6 +30,10 @@ pub struct Config {
     /// The consumers: one per kind of side effect.
     #[serde(default)]
     pub consumers: Vec<ConsumerConfig>,
+    /// The file this configuration was read from (`None` when it was built from text). Not a
+    /// key of the file: [`Config::load`] sets it, so the commands claimd suggests name it.
+    #[serde(skip)]
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// `[store]`

@@ -1,0 +1,101 @@
+//! What the operator page suggests running about a claim of the attention list, in the order
+//! to try them; the command lines themselves come from [`OperatorCommands`].
+
+use crate::claim::ClaimState;
+use crate::operator_command::{ClaimRef, Note, OperatorCommands};
+use crate::report::AttentionItem;
+
+/// What an operator can do about one claim of the attention list: (when, command), in the
+/// order to try them. Plain text; the page escapes it.
+pub fn commands_for(
+    commands: &OperatorCommands,
+    item: &AttentionItem,
+) -> Vec<(&'static str, String)> {
+    let claim = ClaimRef {
+        consumer: &item.consumer,
+        tenant: &item.tenant,
+        message_id: &item.message_id,
+    };
+    let show = ("look first", commands.show(claim));
+    if item.state == ClaimState::Started.as_str() {
+        vec![show, ("run a sweeper pass now", commands.sweep())]
+    } else {
+        vec![
+            show,
+            (
+                "the provider has the effect",
+                commands.resolve(claim, ClaimState::Completed, Note::ToWrite),
+            ),
+            ("the provider has no record of it", commands.redrive(claim)),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(state: &str, consumer: &str, tenant: &str, id: &str, reason: &str) -> AttentionItem {
+        AttentionItem {
+            consumer: consumer.into(),
+            tenant: tenant.into(),
+            message_id: id.into(),
+            state: state.into(),
+            attempt: 3,
+            reason: reason.into(),
+            age_s: 4000,
+        }
+    }
+
+    #[test]
+    fn parked_claims_get_resolve_and_redrive_commands_with_their_tenant() {
+        let a = item("needs_attention", "payments", "", "order-1", "r");
+        let cmds: Vec<String> = commands_for(&OperatorCommands::default(), &a)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect();
+        assert_eq!(
+            cmds,
+            [
+                "claimd claims show payments order-1",
+                "claimd claims resolve payments order-1 --as completed --note \"...\"",
+                "claimd claims redrive payments order-1",
+            ]
+        );
+        let a = item("needs_attention", "payments", "acme", "order-1", "r");
+        let cmds: Vec<String> = commands_for(&OperatorCommands::default(), &a)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect();
+        assert_eq!(
+            cmds[1],
+            "claimd claims resolve payments order-1 --as completed --note \"...\" --tenant acme"
+        );
+        assert_eq!(
+            cmds[2],
+            "claimd claims redrive payments order-1 --tenant acme"
+        );
+    }
+
+    #[test]
+    fn stuck_claims_point_at_a_sweeper_pass() {
+        let a = item("started", "payments", "t", "order-2", "lease expired");
+        let cmds = commands_for(&OperatorCommands::default(), &a);
+        assert_eq!(cmds.last().unwrap().1, "claimd sweep");
+        assert_eq!(cmds[0].1, "claimd claims show payments order-2 --tenant t");
+    }
+
+    #[test]
+    fn commands_quote_what_a_shell_would_read() {
+        let a = item("needs_attention", "payments", "-t", "-x", "r");
+        assert_eq!(
+            commands_for(&OperatorCommands::default(), &a)[2].1,
+            "claimd claims redrive --tenant=-t -- payments -x"
+        );
+        let a = item("needs_attention", "payments", "a b", "`id`", "r");
+        assert_eq!(
+            commands_for(&OperatorCommands::default(), &a)[2].1,
+            "claimd claims redrive payments '`id`' --tenant 'a b'"
+        );
+    }
+}

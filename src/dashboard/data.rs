@@ -1,0 +1,73 @@
+//! What the operator page shows, read from the store: the report, the newest completed claims
+//! (time to complete) and the newest `started` claims (ages of open work). The only part of
+//! the page that does I/O.
+
+use super::{Dashboard, OpenKind};
+use crate::claim::ClaimState;
+use crate::http::state::AppState;
+use crate::operator_command::OperatorCommands;
+use crate::report::{self, Window};
+use crate::store::{ClaimFilter, StoreResult};
+
+/// How many of the newest completed claims the time-to-complete chart reads.
+pub const COMPLETED_SAMPLE: u32 = 500;
+
+/// How many of the newest `started` claims the open-claim age chart reads.
+pub const STARTED_SAMPLE: u32 = 500;
+
+/// Reads everything the page shows. `window` bounds the throughput figures and the
+/// time-to-complete sample; open work is counted in full.
+pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> {
+    let store = state.claimer.store();
+    let names = state.config.consumer_names();
+    let mut report = report::build(store, &names, None, window, state.sweep_period).await?;
+    let (now, since) = (report.generated_utc, report.since_utc);
+    report.sweeper = state.sweeper_health(report.sweeper.last_run_utc, now);
+    let completed = store
+        .list(&ClaimFilter {
+            state: Some(ClaimState::Completed),
+            since,
+            limit: COMPLETED_SAMPLE,
+            ..Default::default()
+        })
+        .await?;
+    let started = store
+        .list(&ClaimFilter {
+            state: Some(ClaimState::Started),
+            limit: STARTED_SAMPLE,
+            ..Default::default()
+        })
+        .await?;
+    let secs = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
+    let completed_s = completed
+        .iter()
+        .filter_map(|c| c.processed_utc.map(|p| secs(p - c.received_utc)))
+        .collect();
+    let mut open: Vec<(OpenKind, f64)> = started
+        .iter()
+        .map(|c| {
+            let kind = if c.is_stuck(now) {
+                OpenKind::Stuck
+            } else {
+                OpenKind::InFlight
+            };
+            (kind, secs(now - c.received_utc))
+        })
+        .collect();
+    open.extend(
+        report
+            .attention
+            .iter()
+            .filter(|a| a.state == ClaimState::NeedsAttention.as_str())
+            .map(|a| (OpenKind::NeedsAttention, a.age_s as f64)),
+    );
+    Ok(Dashboard {
+        report,
+        window,
+        completed_s,
+        open,
+        store: store.dialect().to_string(),
+        instance: state.claimer.instance().to_string(),
+        commands: OperatorCommands::new(state.config.file.as_deref()),
+    })
+}

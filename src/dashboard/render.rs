@@ -1,0 +1,393 @@
+//! The operator page as HTML: maud templates, checked when claimd compiles, that escape every
+//! spliced value (only the stylesheet, a file compiled in, goes in unescaped). Pure: a
+//! [`Dashboard`] in, markup out.
+
+use super::chart::{Series, histogram, histogram_svg};
+use super::commands::commands_for;
+use super::{Dashboard, OpenKind, REFRESH_SECONDS};
+use crate::claim::ClaimState;
+use crate::operator_command::OperatorCommands;
+use crate::report::{Report, Window};
+use crate::store::ConsumerCounts;
+use chrono::{DateTime, Utc};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+
+/// The page's stylesheet, compiled into the binary: the page loads no external asset.
+const CSS: &str = include_str!("page.css");
+
+/// Escapes text for HTML element content and quoted attribute values, as the templates do
+/// (`&`, `<`, `>` and `"`; attribute values are always double-quoted).
+pub fn escape(s: &str) -> String {
+    html! { (s) }.into_string()
+}
+
+/// A duration for people: `0.4s`, `12s`, `4m 12s`, `3h 05m`, `2d 04h`.
+pub fn human_secs(s: f64) -> String {
+    if !s.is_finite() {
+        return "-".into();
+    }
+    let s = s.max(0.0);
+    if s < 10.0 {
+        let t = format!("{s:.1}");
+        return format!("{}s", t.strip_suffix(".0").unwrap_or(&t));
+    }
+    let n = s.round() as u64;
+    match n {
+        0..60 => format!("{n}s"),
+        60..3600 => format!("{}m {:02}s", n / 60, n % 60),
+        3600..86400 => format!("{}h {:02}m", n / 3600, n % 3600 / 60),
+        _ => format!("{}d {:02}h", n / 86400, n % 86400 / 3600),
+    }
+}
+
+fn fmt_time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+fn window_label(window: Window) -> String {
+    match window {
+        // "the last 24h" rather than "the last 1d".
+        Window::Last(d)
+            if d.0.as_secs() % 3600 == 0 && d.0.as_secs() > 0 && d.0.as_secs() <= 48 * 3600 =>
+        {
+            format!("the last {}h", d.0.as_secs() / 3600)
+        }
+        Window::Last(d) => format!("the last {d}"),
+        Window::All => "all time".into(),
+    }
+}
+
+/// Stuck and parked claims over every consumer.
+fn open_problems(r: &Report) -> (i64, i64) {
+    let stuck = r.consumers.iter().map(|c| c.stuck).sum();
+    let parked = r.consumers.iter().map(|c| c.needs_attention).sum();
+    (stuck, parked)
+}
+
+/// The whole page.
+pub fn render(d: &Dashboard) -> String {
+    let r = &d.report;
+    let (stuck, attention) = open_problems(r);
+    let title = match stuck + attention {
+        0 if r.sweeper.healthy => "claimd: all clear".to_string(),
+        0 => "claimd: sweeper NOT RUNNING".to_string(),
+        n => format!("claimd: {n} need a look"),
+    };
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                meta http-equiv="refresh" content=(REFRESH_SECONDS);
+                link rel="icon" href="data:,";
+                title { (title) }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    h1 { "claimd" }
+                    span.what { "operator page" }
+                    span.meta {
+                        "generated " (fmt_time(r.generated_utc)) " (database clock) · store "
+                        (d.store) " · instance " (d.instance) " · reloads every "
+                        (REFRESH_SECONDS) "s"
+                    }
+                }
+                main {
+                    (render_tiles(r, d.window))
+                    (render_counts(&r.consumers, d.window))
+                    (render_charts(d))
+                    (render_attention(r, &d.commands))
+                }
+                footer {
+                    "Read-only. The same figures: " code { "claimd report --format json" }
+                    " or " code { "GET /v1/report" } ". What each reason means and what to do: \
+                    docs/operations.md."
+                    @if !d.commands.names_config() {
+                        " This worker's configuration was not read from a file: add "
+                        code { "--config PATH" } " to the commands when it is not "
+                        code { "config/default.toml" } "."
+                    }
+                }
+            }
+        }
+    }
+    .into_string()
+}
+
+fn tile(class: &str, label: &str, value: &str, sub: &str) -> Markup {
+    html! {
+        div class={ "tile " (class) } {
+            div.label { (label) }
+            div.value { (value) }
+            div.sub { (sub) }
+        }
+    }
+}
+
+/// The row of tiles: sweeper health, stuck, needs attention, oldest started, failed.
+pub fn render_tiles(r: &Report, window: Window) -> Markup {
+    let last = match r.sweeper.last_run_utc {
+        Some(t) => format!(
+            "last pass {} ago",
+            human_secs((r.generated_utc - t).num_milliseconds() as f64 / 1000.0)
+        ),
+        None => "last pass: never".into(),
+    };
+    let sweeper = if r.sweeper.status == "starting" {
+        // Just started, no pass yet: not a failure, but not a safety net yet either.
+        tile(
+            "warn",
+            "sweeper",
+            "STARTING",
+            &format!("{last}; first pass due within 3 schedule periods of this worker's start"),
+        )
+    } else if r.sweeper.healthy {
+        tile("ok", "sweeper", "healthy", &last)
+    } else {
+        tile(
+            "bad",
+            "sweeper",
+            "NOT RUNNING",
+            &format!("{last}; is a claimd run up?"),
+        )
+    };
+    let (stuck, attention) = open_problems(r);
+    let failed: i64 = r.consumers.iter().map(|c| c.failed).sum();
+    let oldest = r
+        .consumers
+        .iter()
+        .filter_map(|c| c.oldest_started_age_s)
+        .reduce(f64::max);
+    html! {
+        div.tiles {
+            (sweeper)
+            (tile(if stuck > 0 { "warn" } else { "ok" }, "stuck", &stuck.to_string(),
+                "started, lease expired"))
+            (tile(if attention > 0 { "bad" } else { "ok" }, "needs attention",
+                &attention.to_string(), "parked for a person"))
+            (tile(if stuck > 0 { "warn" } else { "" }, "oldest started",
+                &oldest.map_or("-".into(), human_secs), "age of the oldest started claim"))
+            (tile("", "failed", &failed.to_string(),
+                &format!("refused by the provider in {}", window_label(window))))
+        }
+    }
+}
+
+fn count_cell(n: i64, hot: &str) -> Markup {
+    html! { td class=(if n == 0 { "zero" } else { hot }) { (n) } }
+}
+
+fn secs_cell(v: Option<f64>, hot: &str) -> Markup {
+    html! {
+        @match v {
+            Some(s) => td class=(hot) { (human_secs(s)) },
+            None => td.zero { "-" },
+        }
+    }
+}
+
+fn counts_row(c: &ConsumerCounts, class: &str) -> Markup {
+    html! {
+        tr class=(class) {
+            td { (c.consumer) }
+            (count_cell(c.received, ""))
+            (count_cell(c.duplicates, ""))
+            (count_cell(c.payload_mismatches, "warn"))
+            (count_cell(c.started, ""))
+            (count_cell(c.stuck, "bad"))
+            (count_cell(c.completed, ""))
+            (count_cell(c.failed, ""))
+            (count_cell(c.needs_attention, "bad"))
+            (count_cell(c.resent, ""))
+            (secs_cell(c.oldest_started_age_s, if c.stuck > 0 { "warn" } else { "" }))
+            (secs_cell(c.p50_complete_s, ""))
+            (secs_cell(c.p95_complete_s, ""))
+        }
+    }
+}
+
+/// The sum over every consumer (percentiles do not add up, so it has none).
+fn total(consumers: &[ConsumerCounts]) -> ConsumerCounts {
+    let sum = |f: fn(&ConsumerCounts) -> i64| consumers.iter().map(f).sum::<i64>();
+    ConsumerCounts {
+        consumer: "all consumers".into(),
+        received: sum(|c| c.received),
+        duplicates: sum(|c| c.duplicates),
+        payload_mismatches: sum(|c| c.payload_mismatches),
+        started: sum(|c| c.started),
+        stuck: sum(|c| c.stuck),
+        completed: sum(|c| c.completed),
+        failed: sum(|c| c.failed),
+        needs_attention: sum(|c| c.needs_attention),
+        resent: sum(|c| c.resent),
+        dead_lettered: sum(|c| c.dead_lettered),
+        oldest_started_age_s: consumers
+            .iter()
+            .filter_map(|c| c.oldest_started_age_s)
+            .reduce(f64::max),
+        p50_complete_s: None,
+        p95_complete_s: None,
+    }
+}
+
+/// The table of counts per consumer, stuck and attention highlighted.
+pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> Markup {
+    let header = [
+        "consumer",
+        "received",
+        "duplicates",
+        "mismatches",
+        "started",
+        "stuck",
+        "completed",
+        "failed",
+        "needs attention",
+        "resent",
+        "oldest started",
+        "p50",
+        "p95",
+    ];
+    html! {
+        section {
+            h2 { "Claims by consumer" }
+            p.note {
+                "received, duplicates, mismatches, completed, failed, resent and the \
+                receive-to-complete times (p50, p95) over " (window_label(window)) "; started, \
+                stuck, needs attention and the oldest started claim over all claims."
+            }
+            div.scroll {
+                table {
+                    thead { tr { @for h in header { th { (h) } } } }
+                    tbody {
+                        @for c in consumers { (counts_row(c, "")) }
+                        @if consumers.len() > 1 { (counts_row(&total(consumers), "total")) }
+                        @if consumers.is_empty() {
+                            tr { td colspan=(header.len()) { "no consumers configured" } }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The stuck and parked claims, each with its reason, age, attempt and commands.
+pub fn render_attention(r: &Report, commands: &OperatorCommands) -> Markup {
+    let (stuck, parked) = open_problems(r);
+    let shown = r.attention.len() as i64;
+    html! {
+        section {
+            h2 { "Needs a look (" (stuck + parked) ")" }
+            p.note {
+                "Parked claims wait for a decision: check the provider (its records for the \
+                claim's key), then resolve or redrive. Stuck claims wait for the next sweeper \
+                pass. Click a command to select it."
+            }
+            @if r.attention.is_empty() {
+                p.clear { "Nothing is stuck and nothing needs attention." }
+            }
+            @for a in &r.attention {
+                @let (class, badge) = if a.state == ClaimState::Started.as_str() {
+                    ("stuck", "stuck")
+                } else {
+                    ("attention", "needs attention")
+                };
+                div class={ "item " (class) } {
+                    div.head {
+                        span class={ "badge " (class) } { (badge) }
+                        span.who {
+                            (a.consumer) " · " code { (a.message_id) }
+                            @if !a.tenant.is_empty() { " · tenant " (a.tenant) }
+                        }
+                        span.facts {
+                            "attempt " (a.attempt) " · received " (human_secs(a.age_s as f64))
+                            " ago"
+                        }
+                    }
+                    div.reason {
+                        @if a.reason.is_empty() { "(no reason recorded)" } @else { (a.reason) }
+                    }
+                    div.cmds {
+                        @for (when, cmd) in commands_for(commands, a) {
+                            span.when { (when) }
+                            code { (cmd) }
+                        }
+                    }
+                }
+            }
+            @if shown < stuck + parked {
+                p.more {
+                    "Showing " (shown) " of " (stuck + parked) "; "
+                    code { (commands.list(&["--state", "needs_attention"])) } " and "
+                    code { (commands.list(&["--stuck"])) } " list them all."
+                }
+            }
+        }
+    }
+}
+
+/// The two charts: time to complete of recent completed claims, and age of open claims.
+pub fn render_charts(d: &Dashboard) -> Markup {
+    let open_of = |kind: OpenKind| {
+        histogram(
+            d.open
+                .iter()
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, age)| *age),
+        )
+    };
+    let open_total: i64 = d
+        .report
+        .consumers
+        .iter()
+        .map(|c| c.started + c.needs_attention)
+        .sum();
+    let completed = [Series {
+        name: "completed",
+        color: "#0f766e",
+        counts: histogram(d.completed_s.iter().copied()),
+    }];
+    let open = [
+        Series {
+            name: "in flight",
+            color: "#2563eb",
+            counts: open_of(OpenKind::InFlight),
+        },
+        Series {
+            name: "stuck",
+            color: "#d97706",
+            counts: open_of(OpenKind::Stuck),
+        },
+        Series {
+            name: "needs attention",
+            color: "#dc2626",
+            counts: open_of(OpenKind::NeedsAttention),
+        },
+    ];
+    html! {
+        section {
+            h2 { "Timing" }
+            div.charts {
+                div {
+                    h3 { "Time to complete" }
+                    p.note {
+                        "processed minus received, newest " (d.completed_s.len())
+                        " completed claims received in " (window_label(d.window))
+                    }
+                    (histogram_svg("histogram of time to complete", "receive → complete",
+                        &completed))
+                }
+                div {
+                    h3 { "Age of open claims" }
+                    p.note {
+                        "now minus received, " (d.open.len()) " of " (open_total)
+                        " open claims (started and needs attention)"
+                    }
+                    (histogram_svg("histogram of open claim age", "age", &open))
+                }
+            }
+        }
+    }
+}
