@@ -45,6 +45,8 @@ pub fn router(state: AppState) -> Router {
             post(actions::redrive),
         )
         .route("/", get(crate::dashboard::page))
+        .route("/actions/preview", post(crate::dashboard::actions::preview))
+        .route("/actions/apply", post(crate::dashboard::actions::apply))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()
         .merge(intake)

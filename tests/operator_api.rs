@@ -5,37 +5,16 @@
 mod common;
 
 use claimd::claim::ClaimState;
-use claimd::store::{ClaimOutcome, NewEvent, Settlement, Store};
 use common::*;
 use serde_json::json;
-
-async fn parked(store: &Store, id: &str) {
-    let n = orphan_claim("payments", "", id, id);
-    let ClaimOutcome::Created(c) = store.claim(&n).await.unwrap() else {
-        panic!("new claim")
-    };
-    let ev = NewEvent {
-        actor: "test",
-        action: "park",
-        outcome: "unknown",
-        provider_status: None,
-        detail: None,
-    };
-    let parked = Settlement {
-        state: Some(ClaimState::NeedsAttention),
-        error: Some("unknown outcome".into()),
-        ..Default::default()
-    };
-    assert!(store.settle(c.id, 1, &parked, &ev).await.unwrap());
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolve_and_redrive_over_http_act_on_parked_claims_and_record_who() {
     let (_store, _sandbox, running) = payments_worker("admin_token = \"secret-admin-token\"").await;
     let base = format!("http://{}", running.http_addr);
     let s = running.app().store.clone();
-    parked(&s, "to-resolve").await;
-    parked(&s, "to-redrive").await;
+    parked_claim(&s, "payments", "to-resolve", "unknown outcome").await;
+    parked_claim(&s, "payments", "to-redrive", "unknown outcome").await;
     let post = |path: &str, body: serde_json::Value, token: Option<&str>| {
         let mut r = client().post(format!("{base}{path}")).json(&body);
         if let Some(t) = token {

@@ -69,5 +69,6 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
         store: store.dialect().to_string(),
         instance: state.claimer.instance().to_string(),
         commands: OperatorCommands::new(state.config.file.as_deref()),
+        session: None,
     })
 }

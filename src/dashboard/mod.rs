@@ -10,6 +10,7 @@
 //! `commands` says what to run about a claim; `page.css` is the stylesheet, compiled in. This
 //! file holds what they share and the handler.
 
+pub mod actions;
 mod chart;
 mod commands;
 mod data;
@@ -23,10 +24,11 @@ pub use render::{
 };
 
 use crate::http::problem::problem;
+use crate::http::session::Session;
 use crate::http::state::AppState;
 use crate::operator_command::OperatorCommands;
 use crate::report::{Report, Window};
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -64,6 +66,18 @@ pub struct Dashboard {
     pub instance: String,
     /// How the page writes the commands it suggests (with this worker's `--config`).
     pub commands: OperatorCommands,
+    /// The signed-in person, when the page was opened with a session cookie: the page then
+    /// offers actions (see [`actions`]). `None`: read-only.
+    pub session: Option<PageSession>,
+}
+
+/// Who is signed in, and the CSRF token the page's forms carry.
+#[derive(Debug, Clone)]
+pub struct PageSession {
+    /// The name given at sign-in.
+    pub name: String,
+    /// The session's CSRF token.
+    pub csrf: String,
 }
 
 /// `GET /?since=DUR`: the operator page. `since` bounds the throughput figures (default 24h).
@@ -74,13 +88,23 @@ pub struct PageQuery {
 }
 
 /// `GET /`: gathers the data and serves the page (behind the admin token, see `api::router`).
-pub async fn page(State(state): State<AppState>, Query(q): Query<PageQuery>) -> Response {
+pub async fn page(
+    State(state): State<AppState>,
+    session: Option<Extension<Session>>,
+    Query(q): Query<PageQuery>,
+) -> Response {
     let window = match q.since.as_deref().map(str::parse::<Window>).transpose() {
         Ok(w) => w.unwrap_or_default(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
     };
     match gather(&state, window).await {
-        Ok(d) => html(render(&d)),
+        Ok(mut d) => {
+            d.session = session.map(|Extension(s)| PageSession {
+                csrf: s.csrf(&state.config.http.admin_token),
+                name: s.name,
+            });
+            html(render(&d))
+        }
         Err(e) => {
             tracing::warn!(error = %e, "operator page: store read failed");
             problem(
@@ -104,7 +128,7 @@ fn html(body: String) -> Response {
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
             "default-src 'none'; style-src 'unsafe-inline'; img-src data:; \
-             frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+             frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
         ),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -179,6 +203,7 @@ mod tests {
             store: "sqlite".into(),
             instance: "host-1".into(),
             commands: OperatorCommands::default(),
+            session: None,
         }
     }
 

@@ -2,9 +2,10 @@
 //! spliced value (only the stylesheet, a file compiled in, goes in unescaped). Pure: a
 //! [`Dashboard`] in, markup out.
 
+use super::actions::{Target, bulk_form, claim_forms};
 use super::chart::{Series, histogram, histogram_svg};
 use super::commands::commands_for;
-use super::{Dashboard, OpenKind, REFRESH_SECONDS};
+use super::{Dashboard, OpenKind, PageSession, REFRESH_SECONDS};
 use crate::claim::ClaimState;
 use crate::operator_command::OperatorCommands;
 use crate::report::{Report, Window};
@@ -13,7 +14,7 @@ use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 /// The page's stylesheet, compiled into the binary: the page loads no external asset.
-const CSS: &str = include_str!("page.css");
+pub(super) const CSS: &str = include_str!("page.css");
 
 /// Escapes text for HTML element content and quoted attribute values, as the templates do
 /// (`&`, `<`, `>` and `"`; attribute values are always double-quoted).
@@ -79,7 +80,10 @@ pub fn render(d: &Dashboard) -> String {
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
-                meta http-equiv="refresh" content=(REFRESH_SECONDS);
+                // A signed-in person may be typing a note: no reload under them.
+                @if d.session.is_none() {
+                    meta http-equiv="refresh" content=(REFRESH_SECONDS);
+                }
                 link rel="icon" href="data:,";
                 title { (title) }
                 style { (PreEscaped(CSS)) }
@@ -90,18 +94,26 @@ pub fn render(d: &Dashboard) -> String {
                     span.what { "operator page" }
                     span.meta {
                         "generated " (fmt_time(r.generated_utc)) " (database clock) · store "
-                        (d.store) " · instance " (d.instance) " · reloads every "
-                        (REFRESH_SECONDS) "s"
+                        (d.store) " · instance " (d.instance)
+                        @if d.session.is_none() { " · reloads every " (REFRESH_SECONDS) "s" }
+                    }
+                    @if let Some(s) = &d.session {
+                        form.signout method="post" action="/signout" {
+                            "signed in as " strong { (s.name) } " · "
+                            a href="/" { "reload" } " "
+                            button type="submit" { "Sign out" }
+                        }
                     }
                 }
                 main {
                     (render_tiles(r, d.window))
                     (render_counts(&r.consumers, d.window))
                     (render_charts(d))
-                    (render_attention(r, &d.commands))
+                    (render_attention(r, &d.commands, d.session.as_ref()))
                 }
                 footer {
-                    "Read-only. The same figures: " code { "claimd report --format json" }
+                    @if d.session.is_none() { "Read-only (sign in at /signin to act). " }
+                    "The same figures: " code { "claimd report --format json" }
                     " or " code { "GET /v1/report" } ". What each reason means and what to do: \
                     docs/operations.md."
                     @if !d.commands.names_config() {
@@ -274,7 +286,11 @@ pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> Markup {
 }
 
 /// The stuck and parked claims, each with its reason, age, attempt and commands.
-pub fn render_attention(r: &Report, commands: &OperatorCommands) -> Markup {
+pub fn render_attention(
+    r: &Report,
+    commands: &OperatorCommands,
+    session: Option<&PageSession>,
+) -> Markup {
     let (stuck, parked) = open_problems(r);
     let shown = r.attention.len() as i64;
     html! {
@@ -287,6 +303,10 @@ pub fn render_attention(r: &Report, commands: &OperatorCommands) -> Markup {
             }
             @if r.attention.is_empty() {
                 p.clear { "Nothing is stuck and nothing needs attention." }
+            }
+            @if let Some(s) = session.filter(|_| parked > 0) {
+                @let consumers: Vec<String> = r.consumers.iter().filter(|c| c.needs_attention > 0).map(|c| c.consumer.clone()).collect();
+                (bulk_form(&consumers, &s.csrf))
             }
             @for a in &r.attention {
                 @let (class, badge) = if a.state == ClaimState::Started.as_str() {
@@ -314,6 +334,13 @@ pub fn render_attention(r: &Report, commands: &OperatorCommands) -> Markup {
                             span.when { (when) }
                             code { (cmd) }
                         }
+                    }
+                    @if let Some(s) = session.filter(|_| a.state == ClaimState::NeedsAttention.as_str()) {
+                        (claim_forms(&Target {
+                            consumer: a.consumer.clone(),
+                            tenant: a.tenant.clone(),
+                            message_id: a.message_id.clone(),
+                        }, &s.csrf))
                     }
                 }
             }

@@ -2,7 +2,8 @@
 //! session cookie, so a person can use the page (browsers never prompt for a bearer token).
 //! Scripts keep sending `Authorization: Bearer <admin_token>`.
 //!
-//! The cookie is stateless: `v1.<expiry>.<nonce>.<mac>`, the MAC an HMAC-SHA256 keyed with the
+//! The cookie is stateless: `v1.<expiry>.<nonce>.<name>.<mac>` (the name the person gave at
+//! sign-in, recorded as who acted), the MAC an HMAC-SHA256 keyed with the
 //! admin token. Every instance sharing the token accepts it (no session store behind a load
 //! balancer), changing the token signs everyone out, and nothing on the server has to be
 //! cleaned up. It is `HttpOnly` (scripts on the page cannot read it), `SameSite=Strict` (another
@@ -42,40 +43,50 @@ fn mac(secret: &str, parts: &[&str]) -> String {
 pub struct Session {
     /// Random per sign-in; the CSRF token is derived from it.
     pub nonce: String,
+    /// Who signed in (their own word: the admin token is shared), for the history.
+    pub name: String,
     /// Unix seconds after which the cookie is refused.
     pub expires_unix: i64,
 }
 
+/// Whether `name` may name a person in a session: 1-64 of letters, digits and `._@-` (it
+/// travels in the cookie and lands in the history).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b))
+}
+
 impl Session {
-    /// The cookie value for a new session signed with `secret`, valid until `now_unix + ttl`.
-    pub fn issue(secret: &str, now_unix: i64, ttl: Duration, nonce: &str) -> String {
+    /// The cookie value for a new session of `name` signed with `secret`, valid until
+    /// `now_unix + ttl`. `name` must be [`valid_name`].
+    pub fn issue(secret: &str, now_unix: i64, ttl: Duration, nonce: &str, name: &str) -> String {
         let expires = now_unix + i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX / 2);
         let e = expires.to_string();
-        format!(
-            "v1.{e}.{nonce}.{}",
-            mac(secret, &["session", "v1", &e, nonce])
-        )
+        let m = mac(secret, &["session", "v1", &e, nonce, name]);
+        format!("v1.{e}.{nonce}.{name}.{m}")
     }
 
     /// The session a cookie value holds, when its MAC is right and it has not expired.
     pub fn verify(secret: &str, value: &str, now_unix: i64) -> Option<Session> {
-        let mut parts = value.split('.');
-        let (Some("v1"), Some(e), Some(nonce), Some(got), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
+        // The name may hold dots: the MAC is the last field, the name what lies between.
+        let (head, got) = value.rsplit_once('.')?;
+        let mut parts = head.splitn(4, '.');
+        let (Some("v1"), Some(e), Some(nonce), Some(name)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
             return None;
         };
-        let want = mac(secret, &["session", "v1", e, nonce]);
+        let want = mac(secret, &["session", "v1", e, nonce, name]);
         if !super::auth::constant_time_eq(got.as_bytes(), want.as_bytes()) {
             return None;
         }
         let expires_unix: i64 = e.parse().ok()?;
-        (now_unix < expires_unix).then(|| Session {
+        (now_unix < expires_unix && valid_name(name)).then(|| Session {
             nonce: nonce.to_string(),
+            name: name.to_string(),
             expires_unix,
         })
     }
@@ -126,31 +137,43 @@ mod tests {
 
     #[test]
     fn a_session_verifies_until_it_expires_and_only_with_its_secret() {
-        let v = Session::issue("tok", T, Duration::from_secs(60), "abc");
+        let v = Session::issue("tok", T, Duration::from_secs(60), "abc", "ann.lee");
         let s = Session::verify("tok", &v, T + 59).expect("valid");
         assert_eq!(s.expires_unix, T + 60);
+        assert_eq!(s.name, "ann.lee");
         assert!(Session::verify("tok", &v, T + 60).is_none(), "expired");
         assert!(Session::verify("other", &v, T).is_none(), "another token");
     }
 
     #[test]
     fn a_tampered_cookie_is_refused() {
-        let v = Session::issue("tok", T, Duration::from_secs(60), "abc");
-        // A later expiry with the old MAC.
+        let v = Session::issue("tok", T, Duration::from_secs(60), "abc", "ann");
+        // A later expiry, or another name, with the old MAC.
         let longer = v.replacen(&(T + 60).to_string(), &(T + 6000).to_string(), 1);
         assert!(Session::verify("tok", &longer, T).is_none());
-        for bad in ["", "v1", "v1.1.2", "v2.1.2.3", &format!("{v}.x")] {
+        assert!(Session::verify("tok", &v.replacen(".ann.", ".bob.", 1), T).is_none());
+        for bad in ["", "v1", "v1.1.2", "v2.1.2.3.4", &format!("{v}.x")] {
             assert!(Session::verify("tok", bad, T).is_none(), "{bad}");
         }
     }
 
     #[test]
     fn csrf_tokens_belong_to_one_session() {
-        let a = Session::verify("tok", &Session::issue("tok", T, SESSION_TTL, "a"), T).unwrap();
-        let b = Session::verify("tok", &Session::issue("tok", T, SESSION_TTL, "b"), T).unwrap();
+        let a =
+            Session::verify("tok", &Session::issue("tok", T, SESSION_TTL, "a", "x"), T).unwrap();
+        let b =
+            Session::verify("tok", &Session::issue("tok", T, SESSION_TTL, "b", "x"), T).unwrap();
         assert!(a.csrf_ok("tok", &a.csrf("tok")));
         assert!(!a.csrf_ok("tok", &b.csrf("tok")));
         assert!(!a.csrf_ok("tok", ""));
+    }
+
+    #[test]
+    fn names_are_plain_words() {
+        assert!(valid_name("ann.lee@ops"));
+        for bad in ["", "ann lee", "a;b", "é", &"x".repeat(65)] {
+            assert!(!valid_name(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -15,6 +15,9 @@ use serde::Deserialize;
 /// The sign-in form's fields.
 #[derive(Debug, Deserialize)]
 pub struct SignIn {
+    /// Who signs in, recorded in the history of what they do.
+    #[serde(default)]
+    pub name: String,
     /// The admin token.
     pub token: String,
 }
@@ -26,8 +29,10 @@ const PAGE: &str = r#"<!doctype html>
 h1{font-size:1.4rem}label{display:block;margin:1rem 0 .3rem}input[type=password]{width:100%;padding:.5rem;font:inherit}
 button{margin-top:1rem;padding:.5rem 1.2rem;font:inherit}.error{color:#a11;margin:1rem 0}</style></head>
 <body><h1>claimd operator page</h1>{message}
-<form method="post" action="/signin"><label for="token">Admin token (<code>[http] admin_token</code>)</label>
-<input id="token" name="token" type="password" autocomplete="current-password" autofocus required>
+<form method="post" action="/signin"><label for="name">Your name (recorded with what you do: letters, digits, <code>._@-</code>)</label>
+<input id="name" name="name" type="text" autocomplete="username" pattern="[A-Za-z0-9._@-]{1,64}" required autofocus>
+<label for="token">Admin token (<code>[http] admin_token</code>)</label>
+<input id="token" name="token" type="password" autocomplete="current-password" required>
 <button type="submit">Sign in</button></form>
 <p>Signed in for 8 hours in this browser. Scripts send <code>Authorization: Bearer &lt;token&gt;</code> instead.</p>
 </body></html>"#;
@@ -58,8 +63,20 @@ pub async fn sign_in(
     if expected.is_empty() {
         return see_other("/");
     }
-    let given = form.map(|Form(f)| f.token).unwrap_or_default();
-    if !constant_time_eq(given.trim().as_bytes(), expected.as_bytes()) {
+    let Ok(Form(given)) = form else {
+        return page(
+            StatusCode::BAD_REQUEST,
+            r#"<p class="error" role="alert">Enter your name and the admin token.</p>"#,
+        );
+    };
+    let name = given.name.trim();
+    if !session::valid_name(name) {
+        return page(
+            StatusCode::BAD_REQUEST,
+            r#"<p class="error" role="alert">The name must be 1-64 letters, digits or ._@-</p>"#,
+        );
+    }
+    if !constant_time_eq(given.token.trim().as_bytes(), expected.as_bytes()) {
         tracing::warn!("operator page sign-in refused: wrong admin token");
         return page(
             StatusCode::UNAUTHORIZED,
@@ -71,6 +88,7 @@ pub async fn sign_in(
         chrono::Utc::now().timestamp(),
         SESSION_TTL,
         &session::new_nonce(),
+        name,
     );
     let secure = headers
         .get("x-forwarded-proto")

@@ -456,3 +456,26 @@ pub async fn payments_worker(http_extra: &str) -> (TestStore, Sandbox, Running) 
     .await;
     (store, sandbox, running)
 }
+
+/// A `needs_attention` claim `id` of `consumer` (no tenant) parked for `reason`, as the
+/// sweeper leaves one whose outcome it could not decide.
+pub async fn parked_claim(store: &claimd::store::Store, consumer: &str, id: &str, reason: &str) {
+    use claimd::store::{ClaimOutcome, NewEvent, Settlement};
+    let n = orphan_claim(consumer, "", id, id);
+    let ClaimOutcome::Created(c) = store.claim(&n).await.unwrap() else {
+        panic!("new claim {id}")
+    };
+    let ev = NewEvent {
+        actor: "test",
+        action: "park",
+        outcome: "unknown",
+        provider_status: None,
+        detail: None,
+    };
+    let parked = Settlement {
+        state: Some(claimd::claim::ClaimState::NeedsAttention),
+        error: Some(reason.into()),
+        ..Default::default()
+    };
+    assert!(store.settle(c.id, 1, &parked, &ev).await.unwrap());
+}
