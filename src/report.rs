@@ -208,6 +208,8 @@ pub struct AttentionItem {
     pub reason: String,
     /// Seconds since it was received.
     pub age_s: i64,
+    /// The idempotency key sent to the provider: what to look the claim up by there.
+    pub key: String,
 }
 
 /// `report --format json` and `GET /v1/report`.
@@ -297,6 +299,7 @@ pub async fn build(
             message_id: c.message_id,
             state: c.state.as_str().to_string(),
             attempt: c.attempt,
+            key: c.idem_key,
         }));
     }
     let last = store.last_sweep().await?;

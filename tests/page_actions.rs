@@ -80,6 +80,15 @@ async fn a_signed_in_person_resolves_and_redrives_from_the_page() {
         !page.contains("/actions/preview"),
         "no forms without a session"
     );
+    // Each card names the key to look up at the provider; parked claims are grouped by reason.
+    assert!(
+        page.contains("look it up at the provider): <code>paid-1</code>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("By reason: <strong>2</strong> × previous attempt ended without an answer"),
+        "{page}"
+    );
 
     // Sign in as ann; the page now offers actions and carries the CSRF token.
     let r = post(

@@ -44,6 +44,7 @@ mod tests {
             attempt: 3,
             reason: reason.into(),
             age_s: 4000,
+            key: format!("{consumer}:{tenant}:{id}"),
         }
     }
 

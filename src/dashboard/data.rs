@@ -2,7 +2,7 @@
 //! (time to complete) and the newest `started` claims (ages of open work). The only part of
 //! the page that does I/O.
 
-use super::{Dashboard, OpenKind};
+use super::{BrokerView, Dashboard, OpenKind};
 use crate::claim::ClaimState;
 use crate::http::state::AppState;
 use crate::operator_command::OperatorCommands;
@@ -14,6 +14,9 @@ pub const COMPLETED_SAMPLE: u32 = 500;
 
 /// How many of the newest `started` claims the open-claim age chart reads.
 pub const STARTED_SAMPLE: u32 = 500;
+
+/// How many of the newest `failed` claims the page lists.
+pub const FAILED_SHOWN: u32 = 50;
 
 /// Reads everything the page shows. `window` bounds the throughput figures and the
 /// time-to-complete sample; open work is counted in full.
@@ -38,6 +41,31 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
             ..Default::default()
         })
         .await?;
+    let failed = store
+        .list(&ClaimFilter {
+            state: Some(ClaimState::Failed),
+            since,
+            limit: FAILED_SHOWN,
+            ..Default::default()
+        })
+        .await?;
+    let brokers = state
+        .amqp
+        .iter()
+        .flat_map(|a| a.consumers())
+        .map(|c| BrokerView {
+            consumer: c.name().to_string(),
+            down: (!c.connected()).then(|| {
+                c.last_error()
+                    .unwrap_or_else(|| "not connected yet".to_string())
+            }),
+            dead_letters: c
+                .dead_lettered()
+                .into_iter()
+                .map(|(reason, n)| (reason.as_str().to_string(), n))
+                .collect(),
+        })
+        .collect();
     let secs = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
     let completed_s = completed
         .iter()
@@ -69,6 +97,8 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
         store: store.dialect().to_string(),
         instance: state.claimer.instance().to_string(),
         commands: OperatorCommands::new(state.config.file.as_deref()),
+        failed,
+        brokers,
         session: None,
     })
 }

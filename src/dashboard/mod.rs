@@ -66,9 +66,25 @@ pub struct Dashboard {
     pub instance: String,
     /// How the page writes the commands it suggests (with this worker's `--config`).
     pub commands: OperatorCommands,
+    /// The newest `failed` claims in the window (refused by the provider), with their reason.
+    pub failed: Vec<crate::claim::Claim>,
+    /// Each RabbitMQ consumer's connection and the dead letters it wrote since this worker
+    /// started, by reason (the durable count per consumer is in the report's counts).
+    pub brokers: Vec<BrokerView>,
     /// The signed-in person, when the page was opened with a session cookie: the page then
     /// offers actions (see [`actions`]). `None`: read-only.
     pub session: Option<PageSession>,
+}
+
+/// One broker consumer as the page shows it.
+#[derive(Debug, Clone)]
+pub struct BrokerView {
+    /// Consumer name.
+    pub consumer: String,
+    /// `None` when consuming; else why not (the last connection error).
+    pub down: Option<String>,
+    /// Dead letters written by this worker since it started, by reason.
+    pub dead_letters: Vec<(String, u64)>,
 }
 
 /// Who is signed in, and the CSRF token the page's forms carry.
@@ -160,6 +176,7 @@ mod tests {
             attempt: 3,
             reason: reason.into(),
             age_s: 4000,
+            key: format!("{consumer}:{tenant}:{id}"),
         }
     }
 
@@ -203,6 +220,8 @@ mod tests {
             store: "sqlite".into(),
             instance: "host-1".into(),
             commands: OperatorCommands::default(),
+            failed: vec![],
+            brokers: vec![],
             session: None,
         }
     }
@@ -319,12 +338,15 @@ mod tests {
 
     #[test]
     fn durations_read_like_a_person_would_say_them() {
-        assert_eq!(human_secs(0.42), "0.4s");
+        // Sub-second figures (a fast provider's p50) in ms: "0s" would say nothing.
+        assert_eq!(human_secs(0.42), "420ms");
+        assert_eq!(human_secs(0.004), "4ms");
+        assert_eq!(human_secs(1.25), "1.2s");
         assert_eq!(human_secs(3.0), "3s");
         assert_eq!(human_secs(59.4), "59s");
         assert_eq!(human_secs(754.0), "12m 34s");
         assert_eq!(human_secs(4000.0), "1h 06m");
         assert_eq!(human_secs(200_000.0), "2d 07h");
-        assert_eq!(human_secs(-1.0), "0s");
+        assert_eq!(human_secs(-1.0), "0ms");
     }
 }

@@ -28,6 +28,10 @@ pub fn human_secs(s: f64) -> String {
         return "-".into();
     }
     let s = s.max(0.0);
+    if s < 1.0 {
+        // p50 of a fast provider is a few ms: "0s" would say nothing.
+        return format!("{}ms", (s * 1000.0).round());
+    }
     if s < 10.0 {
         let t = format!("{s:.1}");
         return format!("{}s", t.strip_suffix(".0").unwrap_or(&t));
@@ -110,6 +114,8 @@ pub fn render(d: &Dashboard) -> String {
                     (render_counts(&r.consumers, d.window))
                     (render_charts(d))
                     (render_attention(r, &d.commands, d.session.as_ref()))
+                    (render_failed(d))
+                    (render_brokers(d))
                 }
                 footer {
                     @if d.session.is_none() { "Read-only (sign in at /signin to act). " }
@@ -304,6 +310,16 @@ pub fn render_attention(
             @if r.attention.is_empty() {
                 p.clear { "Nothing is stuck and nothing needs attention." }
             }
+            @if parked > 1 {
+                @let groups = reasons(r);
+                p.groups {
+                    "By reason: "
+                    @for (i, (reason, n)) in groups.iter().enumerate() {
+                        @if i > 0 { " · " }
+                        strong { (n) } " × " (reason)
+                    }
+                }
+            }
             @if let Some(s) = session.filter(|_| parked > 0) {
                 @let consumers: Vec<String> = r.consumers.iter().filter(|c| c.needs_attention > 0).map(|c| c.consumer.clone()).collect();
                 (bulk_form(&consumers, &s.csrf))
@@ -329,6 +345,7 @@ pub fn render_attention(
                     div.reason {
                         @if a.reason.is_empty() { "(no reason recorded)" } @else { (a.reason) }
                     }
+                    div.key { "idempotency key (look it up at the provider): " code { (a.key) } }
                     div.cmds {
                         @for (when, cmd) in commands_for(commands, a) {
                             span.when { (when) }
@@ -349,6 +366,92 @@ pub fn render_attention(
                     "Showing " (shown) " of " (stuck + parked) "; "
                     code { (commands.list(&["--state", "needs_attention"])) } " and "
                     code { (commands.list(&["--stuck"])) } " list them all."
+                }
+            }
+        }
+    }
+}
+
+/// Parked claims counted by reason (the text before any `(`, so "outcome unknown (timeout)"
+/// and "outcome unknown (500)" group together), most frequent first.
+fn reasons(r: &Report) -> Vec<(String, usize)> {
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for a in r
+        .attention
+        .iter()
+        .filter(|a| a.state == ClaimState::NeedsAttention.as_str())
+    {
+        let head = a.reason.split(['(', ':']).next().unwrap_or("").trim();
+        *counts.entry(head.to_string()).or_default() += 1;
+    }
+    let mut v: Vec<_> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
+}
+
+/// The newest failed claims with what the provider said.
+pub fn render_failed(d: &Dashboard) -> Markup {
+    html! {
+        @if !d.failed.is_empty() {
+            section {
+                h2 { "Failed (newest " (d.failed.len()) ")" }
+                p.note { "Refused by the provider: final. The provider's status and message say why." }
+                table {
+                    thead { tr { th { "consumer" } th { "message id" } th { "key" } th { "status" } th { "reason" } th { "when" } } }
+                    tbody {
+                        @for c in &d.failed {
+                            tr {
+                                td { (c.consumer) }
+                                td { code { (c.message_id) } @if !c.tenant.is_empty() { " · tenant " (c.tenant) } }
+                                td { code { (c.idem_key) } }
+                                td { @if let Some(s) = c.provider_status { (s) } @else { "-" } }
+                                td { (c.last_error.as_deref().unwrap_or("-")) }
+                                td { (c.processed_utc.map(fmt_time).unwrap_or_default()) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Broker consumers: connected or not, and dead letters by consumer and reason.
+pub fn render_brokers(d: &Dashboard) -> Markup {
+    let durable = |name: &str| {
+        d.report
+            .consumers
+            .iter()
+            .find(|c| c.consumer == name)
+            .map_or(0, |c| c.dead_lettered)
+    };
+    html! {
+        @if !d.brokers.is_empty() {
+            section {
+                h2 { "Broker intake" }
+                table {
+                    thead { tr { th { "consumer" } th { "connection" } th { "dead letters (window)" } th { "by reason, since this worker started" } } }
+                    tbody {
+                        @for b in &d.brokers {
+                            tr {
+                                td { (b.consumer) }
+                                td {
+                                    @match &b.down {
+                                        None => span.ok { "consuming" },
+                                        Some(why) => span.bad { "DISCONNECTED: " (why) },
+                                    }
+                                }
+                                td.num { (durable(&b.consumer)) }
+                                td {
+                                    @if b.dead_letters.is_empty() { "-" }
+                                    @for (i, (reason, n)) in b.dead_letters.iter().enumerate() {
+                                        @if i > 0 { " · " }
+                                        (reason) " " strong { (n) }
+                                    }
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }
