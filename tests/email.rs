@@ -21,7 +21,7 @@ fn effect(port: u16, timeout: Duration) -> SmtpEffect {
     SmtpEffect::new(&SmtpEffectConfig {
         host: "127.0.0.1".into(),
         port,
-        tls: "none".into(),
+        tls: claimd::config::SmtpTls::None,
         username: String::new(),
         password: String::new(),
         message_id_domain: "test.claimd".into(),

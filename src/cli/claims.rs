@@ -27,64 +27,54 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 (Ok(l), Ok(n)) => (l, n),
                 (Err(e), _) | (_, Err(e)) => return Output::fail(1, e),
             };
-            let stuck_of = |c: &crate::claim::Claim| c.is_stuck(now);
-            match format {
-                Format::Json => Output::ok(to_json(&serde_json::json!({ "claims": list }))),
-                Format::Csv => {
-                    let mut t = Table::new(&[
-                        "consumer",
-                        "tenant",
-                        "message_id",
-                        "state",
-                        "attempt",
-                        "stuck",
-                        "received_utc",
-                        "processed_utc",
-                        "last_error",
-                    ]);
-                    for c in &list {
-                        t.row(vec![
-                            c.consumer.clone(),
-                            c.tenant.clone(),
-                            c.message_id.clone(),
-                            c.state.to_string(),
-                            c.attempt.to_string(),
-                            stuck_of(c).to_string(),
-                            c.received_utc.to_rfc3339(),
-                            time_or_dash(c.processed_utc),
-                            c.last_error.clone().unwrap_or_default(),
-                        ]);
-                    }
-                    Output::ok(t.csv())
-                }
-                Format::Table => {
-                    let mut t = Table::new(&[
-                        "consumer",
-                        "tenant",
-                        "message_id",
-                        "state",
-                        "attempt",
-                        "received_utc",
-                        "last_error",
-                    ]);
-                    for c in &list {
-                        t.row(vec![
-                            c.consumer.clone(),
-                            c.tenant.clone(),
-                            c.message_id.clone(),
-                            if stuck_of(c) {
-                                format!("{} (stuck)", c.state)
-                            } else {
-                                c.state.to_string()
-                            },
-                            c.attempt.to_string(),
-                            c.received_utc.format("%Y-%m-%d %H:%M:%S").to_string(),
-                            c.last_error.clone().unwrap_or_default(),
-                        ]);
-                    }
-                    Output::ok(t.text())
-                }
+            if format == Format::Json {
+                return Output::ok(to_json(&serde_json::json!({ "claims": list })));
             }
+            // CSV is for scripts (every field, exact times); the table for people.
+            let csv = format == Format::Csv;
+            let columns = [
+                "consumer",
+                "tenant",
+                "message_id",
+                "state",
+                "attempt",
+                "stuck",
+                "received_utc",
+                "processed_utc",
+                "last_error",
+            ];
+            // The table shows stuck in the state column and leaves out the processed time.
+            let header: Vec<&str> = columns
+                .into_iter()
+                .filter(|c| csv || !matches!(*c, "stuck" | "processed_utc"))
+                .collect();
+            let mut t = Table::new(&header);
+            for c in &list {
+                let stuck = c.is_stuck(now);
+                let mut row = vec![c.consumer.clone(), c.tenant.clone(), c.message_id.clone()];
+                if csv {
+                    row.extend([
+                        c.state.to_string(),
+                        c.attempt.to_string(),
+                        stuck.to_string(),
+                        c.received_utc.to_rfc3339(),
+                        time_or_dash(c.processed_utc),
+                    ]);
+                } else {
+                    row.extend([
+                        if stuck {
+                            format!("{} (stuck)", c.state)
+                        } else {
+                            c.state.to_string()
+                        },
+                        c.attempt.to_string(),
+                        c.received_utc.format("%Y-%m-%d %H:%M:%S").to_string(),
+                    ]);
+                }
+                row.push(c.last_error.clone().unwrap_or_default());
+                t.row(row);
+            }
+            Output::ok(if csv { t.csv() } else { t.text() })
         }
         ClaimsCommand::Show {
             consumer,

@@ -223,55 +223,155 @@ pub enum OnUnknown {
     Park,
 }
 
-/// `[[consumers]]`
+/// `[[consumers]]`. Read from the file's flat shape ([`ConsumerEntry`]): `source` selects a
+/// [`SourceConfig`] variant, which takes the keys of that source.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "ConsumerEntry")]
 pub struct ConsumerConfig {
     /// Unique name; part of the claim key and of intake URLs.
     pub name: String,
-    /// Where messages come from.
-    pub source: Source,
+    /// Where messages come from, with that source's settings.
+    #[serde(flatten)]
+    pub source: SourceConfig,
     /// In-flight effects for this consumer.
-    #[serde(default = "default_concurrency")]
     pub concurrency: u32,
     /// How long one worker owns a claim before the sweeper may take over.
-    #[serde(default = "default_lease")]
     pub lease: Dur,
     /// Attempts (first try plus sweeper takeovers) before a person is asked.
-    #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
     /// How long the provider honours an idempotency key.
-    #[serde(default = "default_redrive_within")]
     pub redrive_within: Dur,
     /// What to do with an unknown outcome.
-    #[serde(default = "default_on_unknown")]
     pub on_unknown: OnUnknown,
     /// Idempotency key template.
-    #[serde(default = "default_key")]
     pub key: String,
-    /// RabbitMQ URL (`source = "amqp"`).
-    #[serde(default)]
-    pub amqp_url: String,
-    /// RabbitMQ queue (`source = "amqp"`).
-    #[serde(default)]
-    pub queue: String,
-    /// Unacknowledged deliveries at once (`source = "amqp"`).
-    #[serde(default = "default_prefetch")]
-    pub prefetch: u16,
-    /// Where bad broker messages go (`source = "amqp"`).
-    #[serde(default)]
-    pub dead_letter_exchange: String,
-    /// Declare exchange and queues at start (`source = "amqp"`).
-    #[serde(default = "default_true")]
-    pub declare: bool,
-    /// Header that overrides the AMQP `message_id` property.
-    #[serde(default)]
-    pub message_id_header: String,
     /// Header carrying the tenant (AMQP header, or HTTP header name for intake; default `Tenant-Id`).
-    #[serde(default)]
     pub tenant_header: String,
     /// The side effect.
     pub effect: EffectConfig,
+}
+
+impl ConsumerConfig {
+    /// The RabbitMQ settings, when `source = "amqp"`.
+    pub fn amqp(&self) -> Option<&AmqpSourceConfig> {
+        match &self.source {
+            SourceConfig::Amqp(a) => Some(a),
+            SourceConfig::Http => None,
+        }
+    }
+}
+
+/// Where a consumer's messages come from (`source = "..."`), with that source's keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "source", rename_all = "lowercase")]
+pub enum SourceConfig {
+    /// `POST /v1/messages/{consumer}`.
+    Http,
+    /// A RabbitMQ queue.
+    Amqp(AmqpSourceConfig),
+}
+
+impl SourceConfig {
+    /// The `source` value that selects this variant.
+    pub fn kind(&self) -> Source {
+        match self {
+            SourceConfig::Http => Source::Http,
+            SourceConfig::Amqp(_) => Source::Amqp,
+        }
+    }
+}
+
+/// The keys of a consumer with `source = "amqp"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AmqpSourceConfig {
+    /// RabbitMQ URL (`amqp_url`).
+    #[serde(rename = "amqp_url")]
+    pub url: String,
+    /// The work queue.
+    pub queue: String,
+    /// Unacknowledged deliveries at once.
+    pub prefetch: u16,
+    /// Where bad broker messages go.
+    pub dead_letter_exchange: String,
+    /// Declare exchange and queues at start.
+    pub declare: bool,
+    /// Header that overrides the AMQP `message_id` property (empty: the property).
+    pub message_id_header: String,
+}
+
+/// A `[[consumers]]` table as written in the file: every key of every source side by side.
+/// [`ConsumerConfig`] is built from it, refusing the keys of a source not selected.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerEntry {
+    name: String,
+    source: Source,
+    #[serde(default = "default_concurrency")]
+    concurrency: u32,
+    #[serde(default = "default_lease")]
+    lease: Dur,
+    #[serde(default = "default_max_attempts")]
+    max_attempts: u32,
+    #[serde(default = "default_redrive_within")]
+    redrive_within: Dur,
+    #[serde(default = "default_on_unknown")]
+    on_unknown: OnUnknown,
+    #[serde(default = "default_key")]
+    key: String,
+    amqp_url: Option<String>,
+    queue: Option<String>,
+    prefetch: Option<u16>,
+    dead_letter_exchange: Option<String>,
+    declare: Option<bool>,
+    message_id_header: Option<String>,
+    #[serde(default)]
+    tenant_header: String,
+    effect: EffectConfig,
+}
+
+impl TryFrom<ConsumerEntry> for ConsumerConfig {
+    type Error = String;
+
+    fn try_from(e: ConsumerEntry) -> Result<Self, String> {
+        let source = match e.source {
+            Source::Amqp => SourceConfig::Amqp(AmqpSourceConfig {
+                url: e.amqp_url.unwrap_or_default(),
+                queue: e.queue.unwrap_or_default(),
+                prefetch: e.prefetch.unwrap_or(64),
+                dead_letter_exchange: e.dead_letter_exchange.unwrap_or_default(),
+                declare: e.declare.unwrap_or(true),
+                message_id_header: e.message_id_header.unwrap_or_default(),
+            }),
+            Source::Http => {
+                let amqp_keys = [
+                    ("amqp_url", e.amqp_url.is_some()),
+                    ("queue", e.queue.is_some()),
+                    ("prefetch", e.prefetch.is_some()),
+                    ("dead_letter_exchange", e.dead_letter_exchange.is_some()),
+                    ("declare", e.declare.is_some()),
+                    ("message_id_header", e.message_id_header.is_some()),
+                ];
+                if let Some((key, _)) = amqp_keys.iter().find(|(_, set)| *set) {
+                    return Err(format!(
+                        "{key}: only a consumer with source = \"amqp\" reads it (this one has source = \"http\")"
+                    ));
+                }
+                SourceConfig::Http
+            }
+        };
+        Ok(ConsumerConfig {
+            name: e.name,
+            source,
+            concurrency: e.concurrency,
+            lease: e.lease,
+            max_attempts: e.max_attempts,
+            redrive_within: e.redrive_within,
+            on_unknown: e.on_unknown,
+            key: e.key,
+            tenant_header: e.tenant_header,
+            effect: e.effect,
+        })
+    }
 }
 
 fn default_concurrency() -> u32 {
@@ -292,9 +392,6 @@ fn default_on_unknown() -> OnUnknown {
 fn default_key() -> String {
     // Keys are unique per provider account: the consumer and the tenant belong in them.
     "{consumer}:{tenant}:{message_id}".into()
-}
-fn default_prefetch() -> u16 {
-    64
 }
 fn default_true() -> bool {
     true
@@ -379,9 +476,9 @@ pub struct SmtpEffectConfig {
     /// SMTP port.
     #[serde(default = "default_smtp_port")]
     pub port: u16,
-    /// `none`, `starttls` or `tls`.
-    #[serde(default = "default_smtp_tls")]
-    pub tls: String,
+    /// How the connection is protected.
+    #[serde(default)]
+    pub tls: SmtpTls,
     /// Login user (empty: no authentication).
     #[serde(default)]
     pub username: String,
@@ -406,11 +503,38 @@ pub struct SmtpEffectConfig {
     pub max_key_length: usize,
 }
 
+/// `tls` of an SMTP effect: `none`, `starttls` or `tls`. Read through `TryFrom<String>` so
+/// that a wrong value's error names the key: the effect is an internally tagged table, inside
+/// which the error path stops at `effect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase", try_from = "String")]
+pub enum SmtpTls {
+    /// Plain SMTP (a local relay).
+    #[default]
+    None,
+    /// STARTTLS, required: a server that does not offer it is refused, never used in clear.
+    Starttls,
+    /// Implicit TLS from the first byte (port 465).
+    Tls,
+}
+
+impl TryFrom<String> for SmtpTls {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "none" => Ok(SmtpTls::None),
+            "starttls" => Ok(SmtpTls::Starttls),
+            "tls" => Ok(SmtpTls::Tls),
+            other => Err(format!(
+                "tls = {other:?}: expected one of \"none\", \"starttls\", \"tls\""
+            )),
+        }
+    }
+}
+
 fn default_smtp_port() -> u16 {
     25
-}
-fn default_smtp_tls() -> String {
-    "none".into()
 }
 fn default_msgid_domain() -> String {
     "claimd.local".into()

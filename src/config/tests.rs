@@ -212,7 +212,7 @@ fn the_compose_overrides_reach_the_rabbitmq_config() {
     )
     .unwrap();
     assert_eq!(
-        l.config.consumers[0].amqp_url,
+        l.config.consumers[0].amqp().unwrap().url,
         "amqp://claimd:claimd@rabbitmq:5672/%2f"
     );
     let EffectConfig::Smtp(s) = &l.config.consumers[1].effect else {
@@ -253,4 +253,60 @@ fn a_section_left_out_has_the_same_defaults_as_one_given_empty() {
         without.retention.keep_terminal_for.0
     );
     assert_eq!(with.run.shutdown_grace.0, without.run.shutdown_grace.0);
+}
+
+#[test]
+fn a_value_that_selects_a_variant_is_refused_naming_the_allowed_ones() {
+    let smtp = |tls: &str| {
+        format!(
+            "[store]\nurl = \"sqlite://x.db\"\n[[consumers]]\nname = \"email\"\nsource = \"http\"\non_unknown = \"park\"\n[consumers.effect]\nkind = \"smtp\"\nhost = \"127.0.0.1\"\n{tls}\n"
+        )
+    };
+    for tls in ["none", "starttls", "tls"] {
+        let l = load(&smtp(&format!("tls = \"{tls}\"")), &[]).unwrap();
+        let EffectConfig::Smtp(s) = &l.config.consumers[0].effect else {
+            panic!("smtp effect")
+        };
+        assert_eq!(toml::Value::try_from(s.tls).unwrap().as_str(), Some(tls));
+    }
+    let l = load(&smtp(""), &[]).unwrap();
+    let EffectConfig::Smtp(s) = &l.config.consumers[0].effect else {
+        panic!("smtp effect")
+    };
+    assert_eq!(s.tls, SmtpTls::None, "the default");
+    let e = error_of(&smtp("tls = \"ssl\""));
+    for needle in ["consumers[0].effect", "tls = \"ssl\"", "none", "starttls"] {
+        assert!(e.contains(needle), "{needle:?} not in {e:?}");
+    }
+    let e = error_of(&BASE.replace("source = \"http\"", "source = \"kafka\""));
+    for needle in ["consumers[0].source", "kafka", "http", "amqp"] {
+        assert!(e.contains(needle), "{needle:?} not in {e:?}");
+    }
+}
+
+#[test]
+fn amqp_keys_belong_to_amqp_consumers() {
+    let l = load(
+        &BASE.replace(
+            "source = \"http\"",
+            "source = \"amqp\"\namqp_url = \"amqp://x\"\nqueue = \"q\"\ndead_letter_exchange = \"q.dlx\"",
+        ),
+        &[],
+    )
+    .unwrap();
+    let a = l.config.consumers[0].amqp().expect("amqp settings");
+    assert_eq!((a.queue.as_str(), a.prefetch, a.declare), ("q", 64, true));
+    assert!(a.message_id_header.is_empty());
+    for key in [
+        "queue = \"q\"",
+        "prefetch = 8",
+        "message_id_header = \"x-id\"",
+    ] {
+        let e = error_of(&BASE.replace("source = \"http\"", &format!("source = \"http\"\n{key}")));
+        let name = key.split(' ').next().unwrap();
+        assert!(
+            e.contains("consumers[0]") && e.contains(name) && e.contains("source = \"amqp\""),
+            "{e}"
+        );
+    }
 }

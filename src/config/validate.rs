@@ -67,42 +67,43 @@ impl Config {
                     ),
                 ));
             }
-            if c.source == Source::Amqp {
-                for (k, v) in [("amqp_url", &c.amqp_url), ("queue", &c.queue)] {
+            if let Some(a) = c.amqp() {
+                for (k, v) in [("amqp_url", &a.url), ("queue", &a.queue)] {
                     if v.is_empty() {
                         return Err((at(k), "required when source = \"amqp\"".into()));
                     }
                 }
-                if c.dead_letter_exchange.is_empty() {
+                if a.dead_letter_exchange.is_empty() {
                     return Err((
                         at("dead_letter_exchange"),
                         "required when source = \"amqp\": bad messages need a place to go".into(),
                     ));
                 }
-                if c.queue.len() > 250 {
+                if a.queue.len() > 250 {
                     return Err((
                         at("queue"),
                         "at most 250 bytes (AMQP names are at most 255, and claimd adds \".dead\")"
                             .into(),
                     ));
                 }
-                if c.dead_letter_exchange.len() > 255 {
+                if a.dead_letter_exchange.len() > 255 {
                     return Err((at("dead_letter_exchange"), "at most 255 bytes".into()));
                 }
                 if let Some(other) = self.consumers[..i].iter().find(|o| {
-                    o.source == Source::Amqp
-                        && o.dead_letter_exchange == c.dead_letter_exchange
-                        && (o.declare || c.declare)
+                    o.amqp().is_some_and(|oa| {
+                        oa.dead_letter_exchange == a.dead_letter_exchange
+                            && (oa.declare || a.declare)
+                    })
                 }) {
                     return Err((
                         at("dead_letter_exchange"),
                         format!(
                             "{:?} is also consumer {:?}'s: it is a fanout, so each <queue>.dead would receive the other's bad messages; give each consumer its own",
-                            c.dead_letter_exchange, other.name
+                            a.dead_letter_exchange, other.name
                         ),
                     ));
                 }
-                if c.prefetch == 0 {
+                if a.prefetch == 0 {
                     return Err((
                         at("prefetch"),
                         "must be at least 1 (0 would let the broker push without limit)".into(),
@@ -163,10 +164,7 @@ impl Config {
                     hosts.entry(host).or_default().push((&c.name, template));
                 }
                 EffectConfig::Smtp(s) => {
-                    if !["none", "starttls", "tls"].contains(&s.tls.as_str()) {
-                        return Err((at("effect.tls"), "must be none, starttls or tls".into()));
-                    }
-                    if s.tls == "none" && !s.username.is_empty() {
+                    if s.tls == SmtpTls::None && !s.username.is_empty() {
                         warnings.push(format!(
                             "consumers[{i}] ({}): effect.username is set with tls = \"none\": the SMTP password crosses the network in clear",
                             c.name
@@ -223,12 +221,12 @@ impl Config {
         crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
         let redact = crate::store::redact_url;
         for (i, c) in self.consumers.iter().enumerate() {
-            if c.source == Source::Amqp && !c.amqp_url.is_empty() {
+            if let Some(a) = c.amqp().filter(|a| !a.url.is_empty()) {
                 // lapin's own parse error repeats the whole URL, password included.
-                c.amqp_url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+                a.url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
                     (
                         format!("consumers[{i}].amqp_url"),
-                        format!("{}: not an AMQP URL ({})", redact(&c.amqp_url), redact(&e)),
+                        format!("{}: not an AMQP URL ({})", redact(&a.url), redact(&e)),
                     )
                 })?;
             }

@@ -34,19 +34,7 @@ pub fn commands_for(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn item(state: &str, consumer: &str, tenant: &str, id: &str, reason: &str) -> AttentionItem {
-        AttentionItem {
-            consumer: consumer.into(),
-            tenant: tenant.into(),
-            message_id: id.into(),
-            state: state.into(),
-            attempt: 3,
-            reason: reason.into(),
-            age_s: 4000,
-            key: format!("{consumer}:{tenant}:{id}"),
-        }
-    }
+    use crate::dashboard::tests::item;
 
     #[test]
     fn parked_claims_get_resolve_and_redrive_commands_with_their_tenant() {

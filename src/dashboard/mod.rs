@@ -167,7 +167,14 @@ mod tests {
     use crate::store::ConsumerCounts;
     use chrono::Utc;
 
-    fn item(state: &str, consumer: &str, tenant: &str, id: &str, reason: &str) -> AttentionItem {
+    /// An attention-list entry (also for the `commands` tests).
+    pub(super) fn item(
+        state: &str,
+        consumer: &str,
+        tenant: &str,
+        id: &str,
+        reason: &str,
+    ) -> AttentionItem {
         AttentionItem {
             consumer: consumer.into(),
             tenant: tenant.into(),

@@ -20,7 +20,7 @@
 
 use super::{Effect, Lookup, MAX_RESPONSE_BYTES, Outcome};
 use crate::claim::Claim;
-use crate::config::SmtpEffectConfig;
+use crate::config::{SmtpEffectConfig, SmtpTls};
 use crate::store::truncate;
 use async_trait::async_trait;
 use lettre::Message;
@@ -45,9 +45,6 @@ const MAX_IDLE_AGE: Duration = Duration::from_secs(30);
 /// Why an SMTP effect cannot be built from its configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum SmtpEffectError {
-    /// `tls` is not `none`, `starttls` or `tls`.
-    #[error("tls {0:?}: expected none, starttls or tls")]
-    BadTls(String),
     /// The TLS parameters could not be built.
     #[error("cannot set up TLS for {host}: {message}")]
     Tls {
@@ -176,11 +173,10 @@ pub fn message_id_left(key: &str) -> String {
 impl SmtpEffect {
     /// Builds the effect from `[consumers.effect]` with `kind = "smtp"`.
     pub fn new(config: &SmtpEffectConfig) -> Result<Self, SmtpEffectError> {
-        let tls = match config.tls.as_str() {
-            "none" => TlsMode::None,
-            "starttls" => TlsMode::StartTls,
-            "tls" => TlsMode::Implicit,
-            other => return Err(SmtpEffectError::BadTls(other.to_string())),
+        let tls = match config.tls {
+            SmtpTls::None => TlsMode::None,
+            SmtpTls::Starttls => TlsMode::StartTls,
+            SmtpTls::Tls => TlsMode::Implicit,
         };
         let tls_params = if tls == TlsMode::None {
             None
@@ -520,7 +516,7 @@ mod tests {
         SmtpEffect::new(&SmtpEffectConfig {
             host: "127.0.0.1".into(),
             port: 2525,
-            tls: "none".into(),
+            tls: SmtpTls::None,
             username: String::new(),
             password: String::new(),
             message_id_domain: "mail.example".into(),

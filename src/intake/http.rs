@@ -7,7 +7,7 @@
 
 use crate::claim::Claim;
 use crate::claimer::{Accepted, Delivery, SubmitError};
-use crate::config::Source;
+use crate::config::SourceConfig;
 use crate::http::problem::problem;
 use crate::http::state::AppState;
 use crate::server::{BodyReadTimeout, BodyShare};
@@ -94,7 +94,7 @@ fn http_consumer_exists(state: &AppState, consumer: &str) -> bool {
     state
         .claimer
         .consumer(consumer)
-        .is_some_and(|c| c.config.source == Source::Http)
+        .is_some_and(|c| c.config.source == SourceConfig::Http)
 }
 
 /// `POST /v1/messages/{consumer}`

@@ -18,7 +18,7 @@ pub(super) async fn handle(ctx: Arc<Ctx>, publisher: Channel, d: AmqpDelivery) {
             sentence,
             message_id,
         } => {
-            if let Err(why) = dead_letter(&ctx.config, &publisher, &d, &sentence).await {
+            if let Err(why) = dead_letter(&ctx.amqp, &publisher, &d, &sentence).await {
                 warn!(error = %why, "dead-letter publish not confirmed; requeueing the message");
                 requeue(&d, DEAD_LETTER_RETRY_DELAY, &why).await;
                 return;
@@ -74,7 +74,7 @@ pub(super) async fn requeue(d: &AmqpDelivery, delay: Duration, why: &str) {
 /// Publishes `d` to the dead-letter exchange, unchanged plus the reason header, and waits for
 /// the broker's confirm. Unroutable (no queue bound) counts as a failure.
 pub(super) async fn dead_letter(
-    c: &ConsumerConfig,
+    c: &AmqpSourceConfig,
     publisher: &Channel,
     d: &AmqpDelivery,
     sentence: &str,

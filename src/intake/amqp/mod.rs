@@ -20,7 +20,7 @@
 //! performed again).
 
 use crate::claimer::{Accepted, Claimer, Delivery, SubmitError};
-use crate::config::{Config, ConsumerConfig, Source};
+use crate::config::{AmqpSourceConfig, Config, ConsumerConfig};
 use backon::BackoffBuilder;
 use futures_util::StreamExt;
 use lapin::message::Delivery as AmqpDelivery;
@@ -210,6 +210,8 @@ pub struct AmqpIntake {
 struct Ctx {
     claimer: Arc<Claimer>,
     config: ConsumerConfig,
+    /// The consumer's RabbitMQ settings (its `source = "amqp"` keys).
+    amqp: AmqpSourceConfig,
     max_body_bytes: usize,
     state: Arc<AmqpConsumerState>,
 }
@@ -222,17 +224,22 @@ impl AmqpIntake {
         let (stop, _) = watch::channel(false);
         let mut states = Vec::new();
         let mut tasks = Vec::new();
-        for c in config.consumers.iter().filter(|c| c.source == Source::Amqp) {
+        for (c, amqp) in config
+            .consumers
+            .iter()
+            .filter_map(|c| Some((c, c.amqp()?.clone())))
+        {
             let state = Arc::new(AmqpConsumerState::new(&c.name));
             states.push(state.clone());
+            let span = info_span!("amqp", consumer = %c.name, queue = %amqp.queue);
             let ctx = Arc::new(Ctx {
                 claimer: claimer.clone(),
                 config: c.clone(),
+                amqp,
                 max_body_bytes: config.http.max_body_bytes,
                 state,
             });
             let rx = stop.subscribe();
-            let span = info_span!("amqp", consumer = %c.name, queue = %c.queue);
             tasks.push(tokio::spawn(run_consumer(ctx, rx).instrument(span)));
         }
         AmqpIntake {

@@ -59,7 +59,7 @@ pub(super) async fn run_consumer(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>)
 /// Declares the dead-letter exchange (durable fanout), `<queue>.dead` bound to it, and the
 /// durable work queue dead-lettering to it. Idempotent; a queue that exists with other
 /// arguments is an error the broker names.
-pub(super) async fn declare(ch: &Channel, c: &ConsumerConfig) -> Result<(), AmqpError> {
+pub(super) async fn declare(ch: &Channel, c: &AmqpSourceConfig) -> Result<(), AmqpError> {
     let dlx = short(&c.dead_letter_exchange)?;
     let dead_name = format!("{}.dead", c.queue);
     let dead = short(&dead_name)?;
@@ -118,7 +118,7 @@ pub(super) async fn session(
     let instance = ctx.claimer.instance().to_string();
     let props = ConnectionProperties::default()
         .with_connection_name(LongString::from(format!("claimd {instance} {}", c.name)));
-    let connect = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&c.amqp_url, props));
+    let connect = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&ctx.amqp.url, props));
     // A stop while connecting (broker unreachable) does not wait for the connect timeout.
     let conn = tokio::select! {
         r = connect => r
@@ -145,17 +145,17 @@ pub(super) async fn consume(
     stop: &mut watch::Receiver<bool>,
     consumed: &mut bool,
 ) -> Result<SessionEnd, AmqpError> {
-    let c = &ctx.config;
+    let (c, a) = (&ctx.config, &ctx.amqp);
     let channel = conn
         .create_channel()
         .await
         .map_err(broker("open channel"))?;
     channel
-        .basic_qos(c.prefetch, BasicQosOptions::default())
+        .basic_qos(a.prefetch, BasicQosOptions::default())
         .await
         .map_err(broker("set prefetch"))?;
-    if c.declare {
-        declare(&channel, c).await?;
+    if a.declare {
+        declare(&channel, a).await?;
     }
     // Dead-letter publishes go on their own channel, in confirm mode.
     let publisher = conn
@@ -170,18 +170,18 @@ pub(super) async fn consume(
     let tag = short(&tag.chars().take(200).collect::<String>())?;
     let mut consumer = channel
         .basic_consume(
-            short(&c.queue)?,
+            short(&a.queue)?,
             tag.clone(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
         .await
-        .map_err(broker(format!("consume from {:?}", c.queue)))?;
+        .map_err(broker(format!("consume from {:?}", a.queue)))?;
     ctx.state.connected.store(true, Ordering::SeqCst);
     ctx.state.sessions.fetch_add(1, Ordering::SeqCst);
     ctx.state.set_error(None);
     *consumed = true;
-    info!(prefetch = c.prefetch, "consuming");
+    info!(prefetch = a.prefetch, "consuming");
 
     let mut handlers = JoinSet::new();
     let end = loop {

@@ -92,15 +92,15 @@ pub(super) fn id_sentence(e: &IdError, field: &str) -> String {
 pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
     let c = &ctx.config;
     let props = &d.properties;
-    let id_field = if c.message_id_header.is_empty() {
+    let id_field = if ctx.amqp.message_id_header.is_empty() {
         "message id (AMQP message_id property)".to_string()
     } else {
         format!(
             "message id (header {:?} or the AMQP message_id property)",
-            c.message_id_header
+            ctx.amqp.message_id_header
         )
     };
-    let raw_id = match message_id_of(props, &c.message_id_header) {
+    let raw_id = match message_id_of(props, &ctx.amqp.message_id_header) {
         Ok(id) => id,
         Err(why) => {
             return Verdict::DeadLetter {

@@ -1,0 +1,141 @@
+//! The claimer: claim (committed alone) → perform → settle.
+//!
+//! Intake hands a [`Delivery`] to [`Claimer::submit`]. The claim row commits before anything
+//! else happens (I1); the caller acknowledges; a task then drives the effect under the claim's
+//! attempt number, retrying transient failures with backoff while the lease lasts, and settles
+//! fenced on that attempt (I2). What it cannot finish stays `started` for the sweeper.
+//!
+//! By role: `submit` (intake's way in, up to the committed claim and the caller's answer),
+//! `drive` (one attempt: calls, retries, the settle); this file holds the [`Claimer`] itself,
+//! its consumers and the shutdown drain. Capacity (call slots, intake places) is in
+//! [`crate::consumer`].
+
+use crate::claim::{
+    Claim, ClaimState, IdError, NewClaim, fingerprint, new_claim_token, validate_content_type,
+    validate_message_id, validate_tenant,
+};
+use crate::config::OnUnknown;
+use crate::consumer::Admission;
+pub use crate::consumer::{Consumer, Hold, Slot};
+use crate::effect::{Lookup, Outcome};
+use crate::metrics::Metrics;
+use crate::policy::{self, Step};
+pub use crate::settle::AttemptEnd;
+use crate::settle::{Settler, completed, error_of, failed};
+use crate::store::{ClaimOutcome, Store, StoreError};
+use backon::BackoffBuilder;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::{debug, info, instrument};
+
+mod drive;
+mod submit;
+
+pub use submit::{Accepted, Delivery, SubmitError};
+
+/// Claims deliveries and drives their effects.
+pub struct Claimer {
+    store: Store,
+    settler: Settler,
+    consumers: BTreeMap<String, Arc<Consumer>>,
+    instance: String,
+    intake_wait: Duration,
+    accepting: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Claimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimer")
+            .field("instance", &self.instance)
+            .field("consumers", &self.consumers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Claimer {
+    /// A claimer over `store` for `consumers`, named `instance` in leases and history.
+    pub fn new(
+        store: Store,
+        consumers: Vec<Arc<Consumer>>,
+        instance: String,
+        intake_wait: Duration,
+    ) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let names: Vec<String> = consumers.iter().map(|c| c.name().to_string()).collect();
+        metrics.init_consumers(&names);
+        Claimer {
+            settler: Settler::new(store.clone(), instance.clone(), metrics.clone()),
+            store,
+            consumers: consumers
+                .into_iter()
+                .map(|c| (c.name().to_string(), c))
+                .collect(),
+            instance,
+            intake_wait,
+            accepting: AtomicBool::new(true),
+            metrics,
+        }
+    }
+
+    /// This instance's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Where this instance's attempts are settled.
+    pub fn settler(&self) -> &Settler {
+        &self.settler
+    }
+
+    /// This instance's name.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// A consumer by name.
+    pub fn consumer(&self, name: &str) -> Option<&Arc<Consumer>> {
+        self.consumers.get(name)
+    }
+
+    /// Every consumer.
+    pub fn consumers(&self) -> impl Iterator<Item = &Arc<Consumer>> {
+        self.consumers.values()
+    }
+
+    /// Whether new deliveries are taken.
+    pub fn is_accepting(&self) -> bool {
+        self.accepting.load(Ordering::SeqCst)
+    }
+
+    /// Stops taking deliveries (graceful shutdown).
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits until no effect is in flight, or `grace` passes. Returns how many were still
+    /// running (they stay `started`; the sweeper owns them).
+    pub async fn drain(&self, grace: Duration) -> usize {
+        let deadline = Instant::now() + grace;
+        loop {
+            let busy: usize = self
+                .consumers
+                .values()
+                .map(|c| c.queued() + c.in_flight() + c.settling())
+                .sum();
+            if busy == 0 || Instant::now() >= deadline {
+                return busy;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
