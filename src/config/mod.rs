@@ -95,7 +95,8 @@ impl Config {
             }
         }
         let mut warnings = Vec::new();
-        expand_vars(&mut value, &env, &mut String::new(), &mut warnings);
+        expand_vars(&mut value, &env, &mut String::new(), &mut warnings)
+            .map_err(|(key, message)| invalid(key, message))?;
         let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
             let key = e.path().to_string();
             invalid(key, one_line(&e.into_inner().to_string()))

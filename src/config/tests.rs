@@ -15,8 +15,13 @@ lease = "60s"
 kind = "http"
 url = "http://127.0.0.1:8090/v1/payments"
 timeout = "10s"
-headers = { Authorization = "Bearer ${PROVIDER_TOKEN}" }
+headers = { Authorization = "Bearer ${PROVIDER_TOKEN:-none}" }
 "#;
+
+/// [`BASE`] with the provider secret written without a default.
+fn strict() -> String {
+    BASE.replace("${PROVIDER_TOKEN:-none}", "${PROVIDER_TOKEN}")
+}
 
 fn load(text: &str, env: &[(&str, &str)]) -> Result<Loaded, ConfigError> {
     Config::from_toml(
@@ -39,10 +44,39 @@ fn loads_with_defaults_and_expands_secrets() {
 }
 
 #[test]
-fn unset_variables_warn() {
-    let l = load(BASE, &[]).unwrap();
+fn an_unset_secret_in_a_provider_header_or_url_refuses_to_start() {
+    for env in [&[][..], &[("PROVIDER_TOKEN", "")][..]] {
+        let e = load(&strict(), env).unwrap_err().to_string();
+        assert!(
+            e.contains("consumers[0].effect.headers.Authorization")
+                && e.contains("${PROVIDER_TOKEN} is not set"),
+            "{e}"
+        );
+    }
+    let in_url = strict().replace("/v1/payments", "/v1/${ACCOUNT}/payments");
+    let e = load(&in_url, &[("PROVIDER_TOKEN", "s3cret")])
+        .unwrap_err()
+        .to_string();
     assert!(
-        l.warnings.iter().any(|w| w.contains("PROVIDER_TOKEN")),
+        e.contains("consumers[0].effect.url") && e.contains("${ACCOUNT}"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_explicit_default_allows_an_empty_secret_and_elsewhere_unset_only_warns() {
+    let explicit = strict().replace("${PROVIDER_TOKEN}", "${PROVIDER_TOKEN:-}");
+    let l = load(&explicit, &[]).unwrap();
+    let EffectConfig::Http(h) = &l.config.consumers[0].effect else {
+        panic!("http effect")
+    };
+    assert_eq!(h.headers["Authorization"], "Bearer ");
+    let token = BASE.replace("[store]", "[http]\nadmin_token = \"${ADMIN}\"\n[store]");
+    let l = load(&token, &[("PROVIDER_TOKEN", "s3cret")]).unwrap();
+    assert!(
+        l.warnings
+            .iter()
+            .any(|w| w.contains("http.admin_token") && w.contains("ADMIN")),
         "{:?}",
         l.warnings
     );
