@@ -9,14 +9,13 @@ use crate::claim::{
     Claim, ClaimState, IdError, NewClaim, fingerprint, new_claim_token, validate_content_type,
     validate_message_id, validate_tenant,
 };
-use crate::config::OnUnknown;
 use crate::consumer::Admission;
 pub use crate::consumer::{Consumer, Hold, Slot};
 use crate::effect::{Lookup, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::{self, Step};
 pub use crate::settle::AttemptEnd;
-use crate::settle::{Settler, completed, error_of, failed};
+use crate::settle::{Resend, ResendRefused, Settler, completed, error_of, failed};
 use crate::store::{ClaimOutcome, Store, StoreError};
 use backon::BackoffBuilder;
 use std::collections::BTreeMap;
@@ -385,7 +384,7 @@ impl Claimer {
             Admission::Slot(slot) => slot,
         };
         let slot = Slot::held(permit, &consumer);
-        self.drive(&consumer, &claim, hold, false, slot).await;
+        self.drive(&consumer, &claim, hold, None, slot).await;
     }
 
     /// After a claim statement failed, it may still have committed (the connection was cut
@@ -418,16 +417,16 @@ impl Claimer {
 
     /// Drives one attempt of `claim` (whose `attempt` this worker holds): calls the provider,
     /// retries while the lease allows, settles fenced. `hold` says when the lease was
-    /// (re)newed and how old the claim was then. `resend` marks the first call as a re-send
-    /// after an unknown outcome. `slot` is released once the provider has answered, before
-    /// the settle.
+    /// (re)newed and how old the claim was then. `resend` says why the first call is a re-send
+    /// after a send that may have applied (counted, and refused past `max_sends`). `slot` is
+    /// released once the provider has answered, before the settle.
     #[instrument(skip_all, fields(consumer = %claim.consumer, tenant = %claim.tenant, message_id = %claim.message_id, attempt = claim.attempt))]
     pub async fn drive(
         &self,
         consumer: &Consumer,
         claim: &Claim,
         hold: Hold,
-        resend: bool,
+        resend: Option<Resend>,
         mut slot: Slot,
     ) -> AttemptEnd {
         let cfg = &consumer.config;
@@ -477,10 +476,16 @@ impl Claimer {
                 }
             }
         }
-        if resend {
-            self.settler.count_resend(claim).await;
-        }
+        let mut resent = claim.resent_count;
+        let mut next_is_resend = resend;
         loop {
+            if let Some(why) = next_is_resend.take()
+                && let Err(end) = self
+                    .admit_resend(consumer, claim, why, &mut resent, &mut slot, settle_until)
+                    .await
+            {
+                return end;
+            }
             let called = Instant::now();
             let outcome = consumer.effect.perform(claim).await;
             self.metrics.attempt(
@@ -492,9 +497,21 @@ impl Claimer {
             debug!(outcome = outcome.name(), status = ?outcome.status(), "provider answered");
             let step =
                 policy::after_outcome(&outcome, cfg.on_unknown, consumer.effect.can_reconcile());
-            // `may_be_applied`: the next send repeats one whose effect may have happened, which
-            // is safe only while the provider keeps the key (I6).
-            let (retry_after, not_applied, may_be_applied) = match step {
+            let error = error_of(&outcome);
+            // The previous call's line in the history, before whatever follows it.
+            let note_call = || {
+                self.settler.note(
+                    claim,
+                    "perform",
+                    outcome.name(),
+                    outcome.status(),
+                    Some(&error),
+                )
+            };
+            let mut noted = false;
+            // `resend`: the next send repeats one whose effect may have happened, which is
+            // safe only while the provider keeps the key (I6), and is counted and capped.
+            let (retry_after, not_applied, resend) = match step {
                 Step::Complete => {
                     let (status, response) = match &outcome {
                         Outcome::Applied { status, response } => (*status, response.clone()),
@@ -529,42 +546,54 @@ impl Claimer {
                         .park_unknown(&mut slot, claim, settle_until, reason, outcome.status())
                         .await;
                 }
-                Step::Retry { retry_after } => (retry_after, true, false),
-                Step::Resend => (None, false, true),
-                Step::Reconcile => match self.lookup(consumer, claim).await {
-                    Some(Lookup::Found { status, response }) => {
-                        return self
-                            .settler
-                            .settle(
-                                &mut slot,
-                                claim,
-                                settle_until,
-                                completed(status, response, true),
-                                "reconcile",
-                                "found",
-                            )
-                            .await;
+                Step::Retry { retry_after } => (retry_after, true, None),
+                Step::Resend => (None, false, Some(Resend::UnknownOutcome)),
+                Step::Reconcile => {
+                    // The unknown call goes into the history before the lookup that decides it.
+                    note_call().await;
+                    match self
+                        .reconcile_inline(consumer, claim, called, deadline)
+                        .await
+                    {
+                        Some(Lookup::Found {
+                            status, response, ..
+                        }) => {
+                            return self
+                                .settler
+                                .settle(
+                                    &mut slot,
+                                    claim,
+                                    settle_until,
+                                    completed(status, response, true),
+                                    "reconcile",
+                                    "found",
+                                )
+                                .await;
+                        }
+                        // The provider has no record; sending again is a re-send, bound by the
+                        // key window and max_sends.
+                        Some(Lookup::NotFound { .. }) => {
+                            noted = true;
+                            (None, false, Some(Resend::NotFound))
+                        }
+                        Some(Lookup::Unknown { error }) => {
+                            let why =
+                                format!("{}; reconcile undecided: {error}", error_of(&outcome));
+                            return self
+                                .settler
+                                .hand_off(&mut slot, claim, &why, outcome.status(), false)
+                                .await;
+                        }
+                        None => {
+                            let why = format!("{}; no status endpoint", error_of(&outcome));
+                            return self
+                                .settler
+                                .park_unknown(&mut slot, claim, settle_until, why, outcome.status())
+                                .await;
+                        }
                     }
-                    // The provider has no record; a lookup may lag a send, so sending again
-                    // is still bound by the key window.
-                    Some(Lookup::NotFound) => (None, true, true),
-                    Some(Lookup::Unknown { error }) => {
-                        let why = format!("{}; reconcile undecided: {error}", error_of(&outcome));
-                        return self
-                            .settler
-                            .hand_off(&mut slot, claim, &why, outcome.status(), false)
-                            .await;
-                    }
-                    None => {
-                        let why = format!("{}; no status endpoint", error_of(&outcome));
-                        return self
-                            .settler
-                            .park_unknown(&mut slot, claim, settle_until, why, outcome.status())
-                            .await;
-                    }
-                },
+                }
             };
-            let error = error_of(&outcome);
             let delay = delays
                 .next()
                 .unwrap_or(Duration::from_secs(5))
@@ -576,17 +605,11 @@ impl Claimer {
                     .hand_off(&mut slot, claim, &error, outcome.status(), not_applied)
                     .await;
             }
-            self.settler
-                .note(
-                    claim,
-                    "perform",
-                    outcome.name(),
-                    outcome.status(),
-                    Some(&error),
-                )
-                .await;
+            if !noted {
+                note_call().await;
+            }
             tokio::time::sleep(delay).await;
-            if may_be_applied
+            if resend.is_some()
                 && let Err(reason) =
                     policy::resend_within_window(hold.age_now(), cfg.redrive_within.0)
             {
@@ -595,22 +618,103 @@ impl Claimer {
                     .park_unknown(&mut slot, claim, settle_until, reason, outcome.status())
                     .await;
             }
-            if !not_applied && cfg.on_unknown == OnUnknown::Redrive {
-                self.settler.count_resend(claim).await;
-            }
+            next_is_resend = resend;
         }
     }
 
-    /// Asks the status endpoint, counting the answer.
+    /// Admits a re-send through the settler; when refused, ends the attempt: parked past
+    /// `max_sends`, left for the sweeper when the count could not be written.
+    async fn admit_resend(
+        &self,
+        consumer: &Consumer,
+        claim: &Claim,
+        why: Resend,
+        resent: &mut i32,
+        slot: &mut Slot,
+        settle_until: Option<Instant>,
+    ) -> Result<(), AttemptEnd> {
+        let refused = match self
+            .settler
+            .admit_resend(claim, why, resent, consumer.config.max_sends)
+            .await
+        {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        Err(match refused {
+            ResendRefused::Capped(reason) => {
+                self.settler
+                    .settle(
+                        slot,
+                        claim,
+                        settle_until,
+                        crate::settle::park(reason, None),
+                        "resend",
+                        "capped",
+                    )
+                    .await
+            }
+            ResendRefused::Lost => AttemptEnd::Lost,
+            ResendRefused::Unrecorded(why) => {
+                self.settler.hand_off(slot, claim, &why, None, false).await
+            }
+        })
+    }
+
+    /// Asks the status endpoint right after a call whose outcome is unknown. A "not found"
+    /// sooner than the effect's `not_found_after` after the call is not trusted: the lookup
+    /// is repeated once that time has passed, if the lease allows, else the answer is
+    /// "unknown" and the sweeper asks again later.
+    async fn reconcile_inline(
+        &self,
+        consumer: &Consumer,
+        claim: &Claim,
+        called: Instant,
+        deadline: Instant,
+    ) -> Option<Lookup> {
+        let wait = consumer.effect.not_found_after();
+        let answer = self.lookup(consumer, claim).await;
+        if !matches!(answer, Some(Lookup::NotFound { .. })) || called.elapsed() >= wait {
+            return answer;
+        }
+        let trusted_at = called + wait;
+        if trusted_at + Duration::from_millis(100) < deadline {
+            tokio::time::sleep_until(trusted_at).await;
+            return self.lookup(consumer, claim).await;
+        }
+        Some(Lookup::Unknown {
+            error: format!(
+                "not found only {:.1}s after the call; not_found_after = {}",
+                called.elapsed().as_secs_f64(),
+                crate::duration::Dur(wait)
+            ),
+        })
+    }
+
+    /// Asks the status endpoint, counting the answer and writing it to the claim's history
+    /// (`lookup` lines: found with the provider's id, not found, unknown with why).
     pub async fn lookup(&self, consumer: &Consumer, claim: &Claim) -> Option<Lookup> {
         let answer = consumer.effect.lookup(claim).await;
-        let name = match &answer {
-            Some(Lookup::Found { .. }) => "found",
-            Some(Lookup::NotFound) => "not_found",
-            Some(Lookup::Unknown { .. }) => "unknown",
+        let (name, status, detail) = match &answer {
+            Some(Lookup::Found {
+                status,
+                provider_id,
+                ..
+            }) => (
+                "found",
+                Some(*status),
+                provider_id.as_ref().map(|id| format!("provider id {id}")),
+            ),
+            Some(Lookup::NotFound { status, detail }) => {
+                ("not_found", Some(*status), Some(detail.clone()))
+            }
+            Some(Lookup::Unknown { error }) => ("unknown", None, Some(error.clone())),
             None => return None,
         };
         self.metrics.reconcile(consumer.name(), name);
+        self.settler
+            .note(claim, "lookup", name, status, detail.as_deref())
+            .await;
         answer
     }
 }

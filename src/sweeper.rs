@@ -6,7 +6,7 @@ use crate::claim::Claim;
 use crate::claimer::{AttemptEnd, Claimer, Consumer, Hold, Slot};
 use crate::effect::Lookup;
 use crate::policy::{self, Takeover, TakeoverFacts};
-use crate::settle;
+use crate::settle::{self, Resend};
 use crate::store::{StoreError, TakenClaim};
 use chrono::Utc;
 use serde::Serialize;
@@ -239,12 +239,20 @@ async fn handle(
     let result = match &decision {
         Takeover::Perform { resend } => end_name(
             &claimer
-                .drive(consumer, claim, hold, *resend, Slot::none())
+                .drive(
+                    consumer,
+                    claim,
+                    hold,
+                    resend.then_some(Resend::Takeover),
+                    Slot::none(),
+                )
                 .await,
         ),
         Takeover::Park(reason) => park(claimer, claim, reason).await,
         Takeover::Reconcile => match claimer.lookup(consumer, claim).await {
-            Some(Lookup::Found { status, response }) => end_name(
+            Some(Lookup::Found {
+                status, response, ..
+            }) => end_name(
                 &claimer
                     .settler()
                     .settle(
@@ -257,11 +265,11 @@ async fn handle(
                     )
                     .await,
             ),
-            Some(Lookup::NotFound) => {
+            Some(Lookup::NotFound { .. }) => {
                 match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0) {
                     Takeover::Perform { .. } => {
                         let end = claimer
-                            .drive(consumer, claim, hold, false, Slot::none())
+                            .drive(consumer, claim, hold, Some(Resend::NotFound), Slot::none())
                             .await;
                         format!("not found at provider; redriven: {}", end_name(&end))
                     }
@@ -271,11 +279,7 @@ async fn handle(
             }
             Some(Lookup::Unknown { error }) => {
                 // Keep the lease: the next pass after it expires asks again, and
-                // max_attempts parks it eventually.
-                claimer
-                    .settler()
-                    .note(claim, "reconcile", "unknown", None, Some(&error))
-                    .await;
+                // max_attempts parks it eventually. (The lookup wrote its own history line.)
                 format!("status unknown ({error}); will ask again")
             }
             None => park(claimer, claim, "no status endpoint to reconcile with").await,

@@ -236,6 +236,11 @@ pub struct ConsumerConfig {
     /// Attempts (first try plus sweeper takeovers) before a person is asked.
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
+    /// Sends of one claim whose effect may have happened (the first send plus re-sends after
+    /// an unknown outcome or a "not found" status check) before it is parked for a person:
+    /// the bound on duplicates when the provider ignores idempotency keys.
+    #[serde(default = "default_max_sends")]
+    pub max_sends: u32,
     /// How long the provider honours an idempotency key.
     #[serde(default = "default_redrive_within")]
     pub redrive_within: Dur,
@@ -278,6 +283,9 @@ fn default_lease() -> Dur {
 }
 fn default_max_attempts() -> u32 {
     8
+}
+fn default_max_sends() -> u32 {
+    3
 }
 fn default_redrive_within() -> Dur {
     Dur(Duration::from_secs(86_400))

@@ -46,6 +46,12 @@ impl Config {
             if c.max_attempts == 0 {
                 return Err((at("max_attempts"), "must be at least 1".into()));
             }
+            if c.max_sends == 0 {
+                return Err((
+                    at("max_sends"),
+                    "must be at least 1 (the first send)".into(),
+                ));
+            }
             let template: KeyTemplate = c.key.parse().map_err(|e| (at("key"), format!("{e}")))?;
             let timeout = c.effect.timeout();
             if c.lease.0 <= timeout {

@@ -209,9 +209,13 @@ impl Effect for HttpEffect {
                 Lookup::Found {
                     status,
                     response: truncate(&String::from_utf8_lossy(&body), MAX_RESPONSE_BYTES),
+                    provider_id: None,
                 }
             }
-            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Lookup::NotFound,
+            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Lookup::NotFound {
+                status: 404,
+                detail: "status endpoint answered 404".into(),
+            },
             Ok(r) => Lookup::Unknown {
                 error: format!("status endpoint answered {}", r.status().as_u16()),
             },
