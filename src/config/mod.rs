@@ -4,10 +4,12 @@
 //! Every error names the file and the key (`consumers[0].lease: ...`) on one line; `main` turns
 //! it into exit code 2. Unknown keys are errors, never ignored.
 
+mod http_effect;
 mod layering;
 mod schema;
 mod validate;
 
+pub use http_effect::*;
 pub use schema::*;
 pub use validate::{parse_cron, validate_cron};
 

@@ -350,13 +350,33 @@ pub struct HttpEffectConfig {
     /// Extra headers (secrets allowed via `${VAR}`; never logged).
     #[serde(default, skip_serializing)]
     pub headers: BTreeMap<String, String>,
-    /// Status endpoint with `{key}`; enables reconciliation.
+    /// Status endpoint with `{key}`; enables reconciliation. May name `{message_id}`,
+    /// `{tenant}`, `{consumer}` and payload fields too (URL-encoded).
     #[serde(default)]
     pub status_url: String,
+    /// How the status endpoint's answer is read.
+    #[serde(default)]
+    pub status: super::StatusCheck,
+    /// How long after the last call a "not found" is trusted (for providers whose status
+    /// search lags their writes).
+    #[serde(default = "default_not_found_after")]
+    pub not_found_after: Dur,
+    /// How the request body is built: `passthrough`, `json` or `form`.
+    #[serde(default)]
+    pub body: super::BodyMode,
+    /// The body for `json` and `form`: a table whose string values may name `{key}`,
+    /// `{message_id}`, `{tenant}`, `{consumer}` and payload fields (`{amount}`,
+    /// `{customer.id}`); a value that is one field keeps the field's JSON type.
+    #[serde(default)]
+    pub body_template: Option<serde_json::Value>,
     /// Longest idempotency key the provider accepts; a message whose rendered key is longer is
     /// refused at intake (HTTP 400, dead letter), never acknowledged.
     #[serde(default = "default_max_key_length")]
     pub max_key_length: usize,
+}
+
+fn default_not_found_after() -> Dur {
+    Dur(Duration::ZERO)
 }
 
 fn default_max_key_length() -> usize {

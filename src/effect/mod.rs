@@ -2,6 +2,8 @@
 //! [`smtp::SmtpEffect`]), and the pure classification of what the provider answered.
 
 pub mod http;
+pub mod http_status;
+pub mod http_template;
 pub mod smtp;
 
 use crate::claim::Claim;
@@ -152,6 +154,14 @@ pub trait Effect: Send + Sync + 'static {
     /// search lags its writes answers "not found" for an effect it has just applied).
     fn not_found_after(&self) -> Duration {
         Duration::ZERO
+    }
+
+    /// Checks at start that the status endpoint answers "not found" for a key that cannot
+    /// exist (a `404` from an endpoint that does not exist must not pass for "not applied").
+    /// `Ok(Some(warning))` when it could not tell or is configured to only warn; `Err(why)`
+    /// when the start must stop. Default: nothing to check.
+    async fn probe_status(&self) -> Result<Option<String>, String> {
+        Ok(None)
     }
 
     /// Checks, before anything is claimed, that this effect can use the payload (an email
