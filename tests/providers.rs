@@ -71,30 +71,73 @@ fn lines(events: &[claimd::store::ClaimEvent]) -> Vec<String> {
         .collect()
 }
 
+/// Starts a sandbox shaped by `modes`.
+async fn shaped_sandbox(options: SandboxOptions, modes: SandboxModes) -> (Sandbox, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let sb = Sandbox::with_modes(options, modes);
+    let served = sb.clone();
+    tokio::spawn(async move {
+        let _ = served.serve(listener, std::future::pending()).await;
+    });
+    (sb, url)
+}
+
+/// One worker in this process with the consumer `consumer(provider_url)` gives, against a
+/// sandbox shaped by `options` and `modes`.
+struct Setup {
+    sandbox: Sandbox,
+    running: claimd::run::Running,
+    base: String,
+    store: claimd::store::Store,
+    _db: TestStore,
+}
+
+async fn setup(
+    options: SandboxOptions,
+    modes: SandboxModes,
+    consumer: impl FnOnce(&str) -> String,
+) -> Setup {
+    let db = TestStore::sqlite();
+    let (sandbox, provider) = shaped_sandbox(options, modes).await;
+    let running = start(&config_toml(&db.url(), &consumer(&provider))).await;
+    Setup {
+        sandbox,
+        base: format!("http://{}", running.http_addr),
+        store: running.app().store.clone(),
+        running,
+        _db: db,
+    }
+}
+
 /// A provider that ignores keys and applies every call, whose answers are always lost: under
 /// `on_unknown = "redrive"` claimd sends at most `max_sends` times, records each re-send with
 /// its reason, counts them in `report` and `/metrics`, and parks the claim saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resends_are_recorded_counted_and_capped_by_max_sends() {
-    let store = TestStore::sqlite();
-    let (sandbox, provider) = sandbox(SandboxOptions {
-        ignore_keys: true,
-        ambiguous_rate: 1.0,
-        ..Default::default()
-    })
+    let Setup {
+        sandbox,
+        running,
+        base,
+        store: s,
+        _db,
+    } = setup(
+        SandboxOptions {
+            ignore_keys: true,
+            ambiguous_rate: 1.0,
+            ..Default::default()
+        },
+        SandboxModes::default(),
+        |provider| {
+            consumer_toml(
+                "payments",
+                provider,
+                "on_unknown = \"redrive\"\nmax_sends = 3\nkey = \"{message_id}\"",
+            )
+        },
+    )
     .await;
-    let toml = config_toml(
-        &store.url(),
-        &consumer_toml(
-            "payments",
-            &provider,
-            "on_unknown = \"redrive\"\nmax_sends = 3\nkey = \"{message_id}\"",
-        ),
-    );
-    let running = start(&toml).await;
-    let base = format!("http://{}", running.http_addr);
     assert_eq!(post(&base, "pay-1", "{}").await, 202);
-    let s = running.app().store.clone();
     let c = wait_state(&s, "pay-1", ClaimState::NeedsAttention).await;
     let why = c.last_error.clone().unwrap();
     assert!(why.contains("max_sends = 3"), "{why}");
@@ -147,20 +190,22 @@ async fn resends_are_recorded_counted_and_capped_by_max_sends() {
 /// Under `reconcile`, the unknown call is in the history before the lookup that found it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unknown_call_before_an_inline_lookup_is_in_the_history() {
-    let store = TestStore::sqlite();
-    let (_sandbox, provider) = sandbox(SandboxOptions {
-        ambiguous_rate: 1.0,
-        ..Default::default()
-    })
+    let Setup {
+        sandbox: _,
+        running,
+        base,
+        store: s,
+        _db,
+    } = setup(
+        SandboxOptions {
+            ambiguous_rate: 1.0,
+            ..Default::default()
+        },
+        SandboxModes::default(),
+        |provider| consumer_toml("payments", provider, "key = \"{message_id}\""),
+    )
     .await;
-    let toml = config_toml(
-        &store.url(),
-        &consumer_toml("payments", &provider, "key = \"{message_id}\""),
-    );
-    let running = start(&toml).await;
-    let base = format!("http://{}", running.http_addr);
     assert_eq!(post(&base, "pay-2", "{}").await, 202);
-    let s = running.app().store.clone();
     let c = wait_state(&s, "pay-2", ClaimState::Completed).await;
     assert!(c.reconciled);
     let history = lines(&s.events(c.id).await.unwrap());
@@ -170,18 +215,6 @@ async fn the_unknown_call_before_an_inline_lookup_is_in_the_history() {
         "{history:?}"
     );
     running.shutdown(Duration::from_secs(5)).await;
-}
-
-/// Starts a sandbox shaped by `modes`.
-async fn shaped_sandbox(options: SandboxOptions, modes: SandboxModes) -> (Sandbox, String) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let sb = Sandbox::with_modes(options, modes);
-    let served = sb.clone();
-    tokio::spawn(async move {
-        let _ = served.serve(listener, std::future::pending()).await;
-    });
-    (sb, url)
 }
 
 /// A consumer whose status check is a search: `200` with a list, found when `/data/0` exists.
@@ -208,23 +241,22 @@ fn applied(sandbox: &Sandbox, key: &str) -> u64 {
 /// found", one with a match is "found", and the provider's id is in the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_search_status_check_reads_the_body_and_keeps_the_providers_id() {
-    let store = TestStore::sqlite();
-    let (sandbox, provider) = shaped_sandbox(
+    let Setup {
+        sandbox,
+        running,
+        base,
+        store: s,
+        _db,
+    } = setup(
         SandboxOptions {
             ambiguous_rate: 1.0,
             ..Default::default()
         },
         SandboxModes::default(),
+        |provider| search_consumer(provider, "key = \"{message_id}\"", ""),
     )
     .await;
-    let toml = config_toml(
-        &store.url(),
-        &search_consumer(&provider, "key = \"{message_id}\"", ""),
-    );
-    let running = start(&toml).await;
-    let base = format!("http://{}", running.http_addr);
     assert_eq!(post(&base, "pay-3", "{}").await, 202);
-    let s = running.app().store.clone();
     let c = wait_state(&s, "pay-3", ClaimState::Completed).await;
     assert!(c.reconciled);
     assert_eq!(applied(&sandbox, "pay-3"), 1);
@@ -274,8 +306,13 @@ async fn a_status_endpoint_that_does_not_exist_is_refused_at_start() {
 /// not trusted, and the claim settles by lookup with the effect applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_found_is_trusted_only_after_not_found_after() {
-    let store = TestStore::sqlite();
-    let (sandbox, provider) = shaped_sandbox(
+    let Setup {
+        sandbox,
+        running,
+        base,
+        store: s,
+        _db,
+    } = setup(
         SandboxOptions {
             ambiguous_rate: 1.0,
             ignore_keys: true,
@@ -285,20 +322,16 @@ async fn not_found_is_trusted_only_after_not_found_after() {
             lookup_delay: Duration::from_secs(3),
             ..Default::default()
         },
+        |provider| {
+            search_consumer(
+                provider,
+                "key = \"{message_id}\"",
+                "not_found_after = \"4s\"",
+            )
+        },
     )
     .await;
-    let toml = config_toml(
-        &store.url(),
-        &search_consumer(
-            &provider,
-            "key = \"{message_id}\"",
-            "not_found_after = \"4s\"",
-        ),
-    );
-    let running = start(&toml).await;
-    let base = format!("http://{}", running.http_addr);
     assert_eq!(post(&base, "pay-4", "{}").await, 202);
-    let s = running.app().store.clone();
     let c = wait_state(&s, "pay-4", ClaimState::Completed).await;
     assert!(c.reconciled);
     assert_eq!(applied(&sandbox, "pay-4"), 1, "sent once");
@@ -310,26 +343,27 @@ async fn not_found_is_trusted_only_after_not_found_after() {
 /// key header. A payload without a field the template needs is refused with 422, unclaimed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_body_template_carries_the_key_in_a_field() {
-    let store = TestStore::sqlite();
-    let (sandbox, provider) = shaped_sandbox(
+    let Setup {
+        sandbox,
+        running,
+        base,
+        store: s,
+        _db,
+    } = setup(
         SandboxOptions::default(),
         SandboxModes {
             key_field: Some("idempotency_key".into()),
             ..Default::default()
         },
+        |provider| {
+            consumer_toml("payments", provider, "key = \"{message_id}\"").replace(
+                "timeout = \"1s\"",
+                "timeout = \"1s\"\nidempotency_header = \"\"\nbody = \"json\"\nbody_template = { idempotency_key = \"{key}\", amount_money = { amount = \"{amount}\", currency = \"EUR\" } }",
+            )
+        },
     )
     .await;
-    let toml = config_toml(
-        &store.url(),
-        &consumer_toml("payments", &provider, "key = \"{message_id}\"").replace(
-            "timeout = \"1s\"",
-            "timeout = \"1s\"\nidempotency_header = \"\"\nbody = \"json\"\nbody_template = { idempotency_key = \"{key}\", amount_money = { amount = \"{amount}\", currency = \"EUR\" } }",
-        ),
-    );
-    let running = start(&toml).await;
-    let base = format!("http://{}", running.http_addr);
     assert_eq!(post(&base, "sq-1", r#"{"amount": 1250}"#).await, 202);
-    let s = running.app().store.clone();
     wait_state(&s, "sq-1", ClaimState::Completed).await;
     assert_eq!(applied(&sandbox, "sq-1"), 1);
     let r = client()
