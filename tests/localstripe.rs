@@ -132,6 +132,9 @@ async fn list_payment_intents(base: &str) -> Vec<Value> {
 struct Faults {
     posts: HashMap<String, u32>,
     dropped: u32,
+    /// Hold each answer of a `POST /v1/payment_intents` this long after localstripe acted
+    /// (a worker can be killed meanwhile).
+    hold: Duration,
 }
 
 /// Closes the connection without an answer (hyper drops it when the service fails).
@@ -204,14 +207,18 @@ async fn proxy_one(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        let mut f = faults.lock().unwrap();
-        let n = f.posts.entry(key).or_default();
-        *n += 1;
-        if *n <= drop_first {
-            // localstripe has acted: the answer is lost on its way back.
-            f.dropped += 1;
-            return Err(Dropped);
-        }
+        let hold = {
+            let mut f = faults.lock().unwrap();
+            let n = f.posts.entry(key).or_default();
+            *n += 1;
+            if *n <= drop_first {
+                // localstripe has acted: the answer is lost on its way back.
+                f.dropped += 1;
+                return Err(Dropped);
+            }
+            f.hold
+        };
+        tokio::time::sleep(hold).await;
     }
     let mut response = Response::new(Full::new(bytes));
     *response.status_mut() = status;
@@ -260,12 +267,13 @@ async fn search(target: &str, query: &str) -> Response<Full<Bytes>> {
     r
 }
 
-/// `config/examples/stripe.toml`, loaded as a user would, with the environment pointing it at
-/// `api` and making its timings fit a test.
-fn stripe_example(store_url: &str, api: &str) -> Config {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/stripe.toml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let env = [
+fn example_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/stripe.toml")
+}
+
+/// The environment that points the Stripe example at `api` and fits its timings to a test.
+fn example_env(store_url: &str, api: &str) -> Vec<(String, String)> {
+    [
         ("STRIPE_API", api),
         ("STRIPE_SECRET_KEY", SECRET),
         ("CLAIMD_STORE_URL", store_url),
@@ -275,14 +283,106 @@ fn stripe_example(store_url: &str, api: &str) -> Config {
         ("CLAIMD__CONSUMERS__0__EFFECT__TIMEOUT", "3s"),
         // The proxy's search is consistent at once; Stripe's is not (the example waits 90s).
         ("CLAIMD__CONSUMERS__0__EFFECT__NOT_FOUND_AFTER", "1s"),
-    ];
-    Config::from_toml(
-        &text,
-        &path,
-        env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
-    .config
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// `config/examples/stripe.toml`, loaded as a user would, pointed at `api`.
+fn stripe_example(store_url: &str, api: &str) -> Config {
+    let path = example_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    Config::from_toml(&text, &path, example_env(store_url, api))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .config
+}
+
+/// `claimd run` on the Stripe example, as a process of its own.
+async fn spawn_worker(store_url: &str, api: &str, port: u16, log: &Path) -> Worker {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let child = std::process::Command::new(claimd_bin())
+        .args(["run", "--config"])
+        .arg(example_path())
+        .envs(example_env(store_url, api))
+        .env("CLAIMD__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+        .env("CLAIMD_LOG", "info")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("spawn claimd");
+    Worker::attach(child, port).await
+}
+
+/// Posts `order-{i}` for each `i`, expecting `status`.
+async fn post_orders(base: &str, orders: std::ops::Range<usize>, status: u16) {
+    for i in orders {
+        let r = client()
+            .post(format!("{base}/v1/messages/stripe-payments"))
+            .header("Idempotency-Key", format!("order-{i}"))
+            .header("Content-Type", "application/json")
+            .body(json!({"amount": 1000 + i, "currency": "eur", "order": i}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "order-{i}");
+    }
+}
+
+/// Checks that localstripe holds exactly one PaymentIntent per message of `store`, with the
+/// message's amount, and none besides; returns them.
+async fn one_payment_intent_each(
+    ls: &LocalStripe,
+    store: &claimd::store::Store,
+    n: usize,
+) -> Vec<Value> {
+    let pis = ls.payment_intents().await;
+    for i in 0..n {
+        let c = order(store, i).await;
+        assert_eq!(
+            c.state,
+            ClaimState::Completed,
+            "order-{i}: {:?}",
+            c.last_error
+        );
+        let mine: Vec<&Value> = pis
+            .iter()
+            .filter(|p| p["metadata"]["claimd_key"] == json!(c.idem_key))
+            .collect();
+        assert_eq!(mine.len(), 1, "order-{i}: exactly one PaymentIntent");
+        assert_eq!(mine[0]["amount"], json!(1000 + i));
+        assert_eq!(mine[0]["metadata"]["order"], json!(i.to_string()));
+    }
+    assert_eq!(pis.len(), n, "no PaymentIntent beyond one per message");
+    pis
+}
+
+/// The claim of `order-{i}`.
+async fn order(store: &claimd::store::Store, i: usize) -> claimd::claim::Claim {
+    store
+        .get("stripe-payments", "", &format!("order-{i}"))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("order-{i} was never claimed"))
+}
+
+async fn all_completed(store: &claimd::store::Store, n: usize) -> bool {
+    eventually(Duration::from_secs(60), || async {
+        let mut all = true;
+        for i in 0..n {
+            let c = store
+                .get("stripe-payments", "", &format!("order-{i}"))
+                .await
+                .unwrap();
+            all &= c.is_some_and(|c| c.state == ClaimState::Completed);
+        }
+        all
+    })
+    .await
 }
 
 /// Each message posted twice, the first answer of each dropped after localstripe created the
@@ -303,73 +403,34 @@ async fn the_stripe_example_creates_one_payment_intent_per_message_through_lost_
     let running = claimd::run::start(app).await.expect("start");
     let base = format!("http://{}", running.http_addr);
     const N: usize = 8;
-    for round in 0..2 {
-        for i in 0..N {
-            let r = client()
-                .post(format!("{base}/v1/messages/stripe-payments"))
-                .header("Idempotency-Key", format!("order-{i}"))
-                .header("Content-Type", "application/json")
-                .body(json!({"amount": 1000 + i, "currency": "eur", "order": i}).to_string())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(
-                r.status().as_u16(),
-                if round == 0 { 202 } else { 200 },
-                "round {round} order-{i}"
-            );
-        }
-    }
+    post_orders(&base, 0..N, 202).await;
+    post_orders(&base, 0..N, 200).await;
     let s = running.app().store.clone();
-    let done = eventually(Duration::from_secs(60), || async {
-        let mut all = true;
-        for i in 0..N {
-            let c = s
-                .get("stripe-payments", "", &format!("order-{i}"))
-                .await
-                .unwrap();
-            all &= c.is_some_and(|c| c.state == ClaimState::Completed);
-        }
-        all
-    })
-    .await;
-    let pis = ls.payment_intents().await;
-    assert!(
-        done,
-        "every claim completes; localstripe has {} PIs",
-        pis.len()
-    );
+    assert!(all_completed(&s, N).await, "every claim completes");
     assert_eq!(
         faults.lock().unwrap().dropped as usize,
         N,
         "every first answer was lost"
     );
+    let pis = one_payment_intent_each(&ls, &s, N).await;
     for i in 0..N {
-        let c = s
-            .get("stripe-payments", "", &format!("order-{i}"))
-            .await
-            .unwrap()
-            .unwrap();
-        let mine: Vec<&Value> = pis
-            .iter()
-            .filter(|p| p["metadata"]["claimd_key"] == json!(c.idem_key))
-            .collect();
-        assert_eq!(mine.len(), 1, "order-{i}: exactly one PaymentIntent");
-        assert_eq!(mine[0]["amount"], json!(1000 + i));
-        assert_eq!(mine[0]["metadata"]["order"], json!(i.to_string()));
+        let c = order(&s, i).await;
         assert!(c.reconciled, "order-{i} settled by the search");
         let history = s.events(c.id).await.unwrap();
         let found = history
             .iter()
             .find(|e| e.action == "lookup" && e.outcome == "found")
             .expect("a lookup found it");
-        let id = mine[0]["id"].as_str().unwrap();
+        let pi = pis
+            .iter()
+            .find(|p| p["metadata"]["claimd_key"] == json!(c.idem_key))
+            .unwrap();
+        let id = pi["id"].as_str().unwrap();
         assert_eq!(
             found.detail.as_deref(),
             Some(format!("provider id {id}").as_str())
         );
     }
-    assert_eq!(pis.len(), N, "no PaymentIntent beyond one per message");
     running.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -393,4 +454,47 @@ async fn the_stripe_example_refuses_a_provider_without_the_search_api() {
         e.contains("consumer stripe-payments: effect.status_url") && e.contains("404"),
         "{e}"
     );
+}
+
+/// A worker SIGKILLed while localstripe's answers are held (after it created the
+/// PaymentIntents): a restarted worker's sweeper finds each one by search and completes the
+/// claim without creating another; duplicates sent to it are recognised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stripe_example_survives_a_sigkill_between_the_payment_and_its_answer() {
+    let Some(bin) = require_localstripe() else {
+        return;
+    };
+    let ls = LocalStripe::start(&bin).await;
+    let faults = Arc::new(Mutex::new(Faults {
+        hold: Duration::from_secs(30),
+        ..Default::default()
+    }));
+    let proxy = fault_proxy(ls.url.clone(), 0, faults.clone()).await;
+    let store = TestStore::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workers.log");
+    let port = free_port();
+    let first = spawn_worker(&store.url(), &proxy, port, &log).await;
+    const N: usize = 5;
+    post_orders(&first.base, 0..N, 202).await;
+    let created = eventually(Duration::from_secs(30), || async {
+        ls.payment_intents().await.len() == N
+    })
+    .await;
+    assert!(created, "localstripe created the PaymentIntents");
+    first.kill();
+    faults.lock().unwrap().hold = Duration::ZERO;
+    let second = spawn_worker(&store.url(), &proxy, port, &log).await;
+    post_orders(&second.base, 0..N, 200).await;
+    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    assert!(
+        all_completed(&s, N).await,
+        "every claim completes after the restart"
+    );
+    one_payment_intent_each(&ls, &s, N).await;
+    for i in 0..N {
+        let c = order(&s, i).await;
+        assert!(c.reconciled && c.attempt >= 2, "order-{i}: {c:?}");
+    }
+    second.kill();
 }
