@@ -15,7 +15,7 @@ use crate::effect::{Lookup, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::{self, Step};
 pub use crate::settle::AttemptEnd;
-use crate::settle::{Resend, ResendRefused, Settler, completed, error_of, failed};
+use crate::settle::{Resend, Settler, completed, error_of, failed};
 use crate::store::{ClaimOutcome, Store, StoreError};
 use backon::BackoffBuilder;
 use std::collections::BTreeMap;
@@ -481,7 +481,15 @@ impl Claimer {
         loop {
             if let Some(why) = next_is_resend.take()
                 && let Err(end) = self
-                    .admit_resend(consumer, claim, why, &mut resent, &mut slot, settle_until)
+                    .settler
+                    .resend_or_end(
+                        &mut slot,
+                        claim,
+                        why,
+                        &mut resent,
+                        cfg.max_sends,
+                        settle_until,
+                    )
                     .await
             {
                 return end;
@@ -620,101 +628,5 @@ impl Claimer {
             }
             next_is_resend = resend;
         }
-    }
-
-    /// Admits a re-send through the settler; when refused, ends the attempt: parked past
-    /// `max_sends`, left for the sweeper when the count could not be written.
-    async fn admit_resend(
-        &self,
-        consumer: &Consumer,
-        claim: &Claim,
-        why: Resend,
-        resent: &mut i32,
-        slot: &mut Slot,
-        settle_until: Option<Instant>,
-    ) -> Result<(), AttemptEnd> {
-        let refused = match self
-            .settler
-            .admit_resend(claim, why, resent, consumer.config.max_sends)
-            .await
-        {
-            Ok(()) => return Ok(()),
-            Err(refused) => refused,
-        };
-        Err(match refused {
-            ResendRefused::Capped(reason) => {
-                self.settler
-                    .settle(
-                        slot,
-                        claim,
-                        settle_until,
-                        crate::settle::park(reason, None),
-                        "resend",
-                        "capped",
-                    )
-                    .await
-            }
-            ResendRefused::Lost => AttemptEnd::Lost,
-            ResendRefused::Unrecorded(why) => {
-                self.settler.hand_off(slot, claim, &why, None, false).await
-            }
-        })
-    }
-
-    /// Asks the status endpoint right after a call whose outcome is unknown. A "not found"
-    /// sooner than the effect's `not_found_after` after the call is not trusted: the lookup
-    /// is repeated once that time has passed, if the lease allows, else the answer is
-    /// "unknown" and the sweeper asks again later.
-    async fn reconcile_inline(
-        &self,
-        consumer: &Consumer,
-        claim: &Claim,
-        called: Instant,
-        deadline: Instant,
-    ) -> Option<Lookup> {
-        let wait = consumer.effect.not_found_after();
-        let answer = self.lookup(consumer, claim).await;
-        if !matches!(answer, Some(Lookup::NotFound { .. })) || called.elapsed() >= wait {
-            return answer;
-        }
-        let trusted_at = called + wait;
-        if trusted_at + Duration::from_millis(100) < deadline {
-            tokio::time::sleep_until(trusted_at).await;
-            return self.lookup(consumer, claim).await;
-        }
-        Some(Lookup::Unknown {
-            error: format!(
-                "not found only {:.1}s after the call; not_found_after = {}",
-                called.elapsed().as_secs_f64(),
-                crate::duration::Dur(wait)
-            ),
-        })
-    }
-
-    /// Asks the status endpoint, counting the answer and writing it to the claim's history
-    /// (`lookup` lines: found with the provider's id, not found, unknown with why).
-    pub async fn lookup(&self, consumer: &Consumer, claim: &Claim) -> Option<Lookup> {
-        let answer = consumer.effect.lookup(claim).await;
-        let (name, status, detail) = match &answer {
-            Some(Lookup::Found {
-                status,
-                provider_id,
-                ..
-            }) => (
-                "found",
-                Some(*status),
-                provider_id.as_ref().map(|id| format!("provider id {id}")),
-            ),
-            Some(Lookup::NotFound { status, detail }) => {
-                ("not_found", Some(*status), Some(detail.clone()))
-            }
-            Some(Lookup::Unknown { error }) => ("unknown", None, Some(error.clone())),
-            None => return None,
-        };
-        self.metrics.reconcile(consumer.name(), name);
-        self.settler
-            .note(claim, "lookup", name, status, detail.as_deref())
-            .await;
-        answer
     }
 }

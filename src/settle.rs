@@ -188,6 +188,38 @@ impl Settler {
         Ok(())
     }
 
+    /// Admits a re-send ([`Settler::admit_resend`]); when refused, ends the attempt: parked past
+    /// `max_sends`, left for the sweeper when the count could not be written.
+    pub async fn resend_or_end(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
+        why: Resend,
+        resent: &mut i32,
+        max_sends: u32,
+        settle_until: Option<Instant>,
+    ) -> Result<(), AttemptEnd> {
+        let refused = match self.admit_resend(claim, why, resent, max_sends).await {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        Err(match refused {
+            ResendRefused::Capped(reason) => {
+                self.settle(
+                    slot,
+                    claim,
+                    settle_until,
+                    park(reason, None),
+                    "resend",
+                    "capped",
+                )
+                .await
+            }
+            ResendRefused::Lost => AttemptEnd::Lost,
+            ResendRefused::Unrecorded(why) => self.hand_off(slot, claim, &why, None, false).await,
+        })
+    }
+
     /// Leaves the claim `started`, releasing the lease so the sweeper need not wait it out.
     /// `not_applied`: the answers so far prove nothing was applied, so the sweeper may send
     /// again even under `on_unknown = "park"`.
