@@ -288,3 +288,69 @@ fn a_section_left_out_has_the_same_defaults_as_one_given_empty() {
     );
     assert_eq!(with.run.shutdown_grace.0, without.run.shutdown_grace.0);
 }
+
+#[test]
+fn request_shaping_is_checked_at_load_naming_the_key() {
+    let with = |effect_lines: &str| {
+        let text = BASE.replace(
+            "timeout = \"10s\"",
+            &format!("timeout = \"10s\"\n{effect_lines}"),
+        );
+        load(&text, &[]).map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert!(with("body = \"form\"\nbody_template = { amount = \"{amount}\", metadata = { k = \"{key}\" } }").is_ok());
+    for (lines, key, why) in [
+        ("body = \"json\"", "effect.body_template", "is required"),
+        (
+            "body_template = { a = \"b\" }",
+            "effect.body_template",
+            "only used",
+        ),
+        (
+            "body = \"json\"\nbody_template = { a = \"{unclosed\" }",
+            "effect.body_template",
+            "closing",
+        ),
+        (
+            "idempotency_header = \"\"",
+            "effect.idempotency_header",
+            "never see the key",
+        ),
+        (
+            "status_url = \"http://p/v1/search?ref={message_id}\"",
+            "effect.status_url",
+            "{key}",
+        ),
+        (
+            "status_url = \"http://p/v1/{customer id}/{key}\"",
+            "effect.status_url",
+            "not a field name",
+        ),
+        (
+            "status = { found_pointer = \"data/0\" }",
+            "effect.status.found_pointer",
+            "JSON pointer",
+        ),
+    ] {
+        let e = with(lines).unwrap_err();
+        assert!(
+            e.contains(&format!("consumers[0].{key}")) && e.contains(why),
+            "{lines}: {e}"
+        );
+    }
+    // The key in the body is enough without a header.
+    assert!(with("idempotency_header = \"\"\nbody = \"json\"\nbody_template = { idempotency_key = \"{key}\" }").is_ok());
+}
+
+#[test]
+fn max_sends_defaults_to_three_and_must_allow_the_first_send() {
+    let l = load(BASE, &[]).unwrap();
+    assert_eq!(l.config.consumers[0].max_sends, 3);
+    let e = load(
+        &BASE.replace("lease = \"60s\"", "lease = \"60s\"\nmax_sends = 0"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("consumers[0].max_sends"), "{e}");
+}
