@@ -17,6 +17,8 @@
 //!   optional; when present the effect is counted under it), nothing is replayed or refused.
 //! - `GET /v1/effects/{key}` returns the [`EffectRecord`] or `404 {"error":"not found"}`;
 //!   `GET /v1/effects` returns `{"effects":[...]}` sorted by key; `GET /healthz` returns `200`.
+//! - Other provider shapes ([`Sandbox::with_modes`], [`SandboxModes`]): the key in a JSON body
+//!   field, lookups that lag writes, no lookup endpoint, and `GET /v1/search?key=K`.
 //!
 //! Once the latency sleep has started, the effect is applied even if the client goes away
 //! (the work runs in its own task), just as a real provider keeps going after a client
