@@ -8,6 +8,7 @@
 //! cargo build --release && cargo run --release --example chaos
 //! CHAOS_MESSAGES=100000 CHAOS_KILLS=60 CHAOS_SEED=7 CHAOS_REAL_DB_RESTART=1 cargo run --release --example chaos
 //! CHAOS_INTAKE=amqp CHAOS_BROKER_OUTAGE_S=10 CHAOS_SEED=7 cargo run --release --example chaos
+//! CHAOS_IGNORE_KEYS=1 CHAOS_AMBIGUOUS_RATE=0.1 cargo run --release --example chaos  # keys ignored, reconcile
 //! ```
 //! `CHAOS_REAL_DB_RESTART=1` stops and starts the real PostgreSQL server (`pg_ctlcluster`, as
 //! root); without it the workers' connections are cut at a proxy instead. `CHAOS_INTAKE=amqp`
@@ -54,9 +55,15 @@ async fn main() {
             latency: Duration::from_millis(env_or("CHAOS_LATENCY_MS", 10)),
             fail_rate: env_or("CHAOS_FAIL_RATE", 0.05),
             ambiguous_rate: env_or("CHAOS_AMBIGUOUS_RATE", 0.02),
-            ignore_keys: false,
+            // CHAOS_IGNORE_KEYS=1: a provider without idempotency, reconciled instead of
+            // re-sent (issue 14's "key-ignoring provider behind the dropping proxy").
+            ignore_keys: env_or("CHAOS_IGNORE_KEYS", 0u8) == 1,
         },
-        on_unknown: "redrive",
+        on_unknown: if env_or("CHAOS_IGNORE_KEYS", 0u8) == 1 {
+            "reconcile"
+        } else {
+            "redrive"
+        },
         db_outage: Some(Duration::from_secs(env_or("CHAOS_DB_OUTAGE_S", 20))),
         real_db_restart: env_or("CHAOS_REAL_DB_RESTART", 0u8) == 1,
         clients: env_or("CHAOS_CLIENTS", 32),

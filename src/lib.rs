@@ -19,6 +19,7 @@ pub mod duration;
 pub mod effect;
 pub mod http;
 pub mod intake;
+pub mod lookup;
 pub mod metrics;
 pub mod operator_command;
 pub mod policy;

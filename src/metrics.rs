@@ -57,6 +57,7 @@ pub struct Metrics {
     latency: Family<ConsumerLabel, Histogram>,
     settled: Family<StateLabels, Counter>,
     reconciles: Family<ReasonLabels, Counter>,
+    resent: Family<ReasonLabels, Counter>,
     sweeper_passes: Counter,
     sweeper_claims: Family<ActionLabel, Counter>,
     pruned: Counter,
@@ -115,6 +116,7 @@ impl Metrics {
             }),
             settled: Family::default(),
             reconciles: Family::default(),
+            resent: Family::default(),
             sweeper_passes: Counter::default(),
             sweeper_claims: Family::default(),
             pruned: Counter::default(),
@@ -173,6 +175,11 @@ impl Metrics {
             "reconcile_outcomes",
             "Status-endpoint answers: found, not_found, unknown",
             m.reconciles.clone(),
+        );
+        registry.register(
+            "resent",
+            "Sends of a claim after one whose effect may have happened, by reason",
+            m.resent.clone(),
         );
         registry.register(
             "sweeper_passes",
@@ -292,6 +299,16 @@ impl Metrics {
             .get_or_create(&ReasonLabels {
                 consumer: c.to_string(),
                 reason: outcome.to_string(),
+            })
+            .inc();
+    }
+    /// A claim was sent again after a send whose effect may have happened (`reason`: a
+    /// short class such as `unknown_outcome`, `not_found`, `takeover`).
+    pub fn resent(&self, c: &str, reason: &str) {
+        self.resent
+            .get_or_create(&ReasonLabels {
+                consumer: c.to_string(),
+                reason: reason.to_string(),
             })
             .inc();
     }

@@ -143,7 +143,7 @@ pub async fn audit(
         };
         let has_it = match lookup {
             Some(Lookup::Found { .. }) => true,
-            Some(Lookup::NotFound) => false,
+            Some(Lookup::NotFound { .. }) => false,
             _ => {
                 result.undecided += 1;
                 continue;

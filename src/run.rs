@@ -40,6 +40,15 @@ pub enum RunError {
         "[http] listen = {0:?} is not a loopback address and [http] intake_token is empty: anyone who reaches the port could ask for payments; set intake_token, or allow_open_intake = true when something in front authenticates"
     )]
     OpenIntake(String),
+    /// A status endpoint did not answer a key that cannot exist with the configured "not
+    /// found" shape (`effect.status.probe = "refuse"`).
+    #[error("consumer {consumer}: effect.status_url: {why}")]
+    StatusProbe {
+        /// The consumer.
+        consumer: String,
+        /// What the probe saw.
+        why: String,
+    },
     /// The scheduler refused a job.
     #[error("scheduler: {0}")]
     Scheduler(String),
@@ -138,6 +147,22 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     } else {
         None
     };
+
+    // Status endpoints first (the sandbox may be the provider): a 404 from an endpoint that does
+    // not exist must not pass for "not applied" later.
+    for consumer in app.claimer.consumers() {
+        match consumer.effect.probe_status().await {
+            Ok(None) => {}
+            Ok(Some(warning)) => warn!(consumer = consumer.name(), "{warning}"),
+            Err(why) => {
+                let _ = stop.send(true);
+                return Err(RunError::StatusProbe {
+                    consumer: consumer.name().to_string(),
+                    why,
+                });
+            }
+        }
+    }
 
     // RabbitMQ intake: one task per `source = "amqp"` consumer; connects in the background.
     let amqp = Arc::new(AmqpIntake::start(app.claimer.clone(), &config));

@@ -26,6 +26,55 @@ pub enum AttemptEnd {
     Lost,
 }
 
+/// Why a claim is sent again after a send whose effect may have happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resend {
+    /// The last call's outcome was unknown and `on_unknown = "redrive"`.
+    UnknownOutcome,
+    /// The provider's status check found no record of the key.
+    NotFound,
+    /// The sweeper took over a claim whose last attempt ended without an answer, under
+    /// `on_unknown = "redrive"`.
+    Takeover,
+}
+
+impl Resend {
+    /// Short class for history and the `claimd_resent_total` metric.
+    pub fn class(self) -> &'static str {
+        match self {
+            Resend::UnknownOutcome => "unknown_outcome",
+            Resend::NotFound => "not_found",
+            Resend::Takeover => "takeover",
+        }
+    }
+
+    /// The reason, for a person.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Resend::UnknownOutcome => {
+                "sent again with the same key: the last call's outcome was unknown (on_unknown = \"redrive\")"
+            }
+            Resend::NotFound => {
+                "sent again: the provider's status check found no record of the key"
+            }
+            Resend::Takeover => {
+                "sent again with the same key: the previous attempt ended without an answer (on_unknown = \"redrive\")"
+            }
+        }
+    }
+}
+
+/// Why a re-send was not made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResendRefused {
+    /// `max_sends` reached: park with this reason.
+    Capped(String),
+    /// The claim was taken over by another worker.
+    Lost,
+    /// The re-send could not be counted (store error): leave the claim for the sweeper.
+    Unrecorded(String),
+}
+
 /// Writes the outcomes of the attempts this instance holds.
 #[derive(Clone)]
 pub struct Settler {
@@ -99,11 +148,76 @@ impl Settler {
         .await
     }
 
-    /// Counts one re-send after an unknown outcome (for `report`), fenced like a settle.
-    pub async fn count_resend(&self, claim: &Claim) {
-        if let Err(e) = self.store.note_resent(claim.id, claim.attempt).await {
-            warn!(error = %e, "could not count a re-send");
+    /// Admits one re-send (a send after one whose effect may have happened): refused once the
+    /// claim has been sent `max_sends` times (`*resent` re-sends plus the first send), else
+    /// counted on the claim (fenced like a settle), written to the history with its reason and
+    /// counted in metrics. `*resent` is the claim's re-send count so far; it is bumped.
+    pub async fn admit_resend(
+        &self,
+        claim: &Claim,
+        why: Resend,
+        resent: &mut i32,
+        max_sends: u32,
+    ) -> Result<(), ResendRefused> {
+        let sends = i64::from(*resent) + 1;
+        if sends >= i64::from(max_sends) {
+            return Err(ResendRefused::Capped(format!(
+                "{}, but the claim was already sent {sends} time(s) and max_sends = {max_sends}: one of them may have been applied (the provider may ignore idempotency keys); a person must check the provider before resolving or redriving",
+                why.describe()
+            )));
         }
+        match self.store.note_resent(claim.id, claim.attempt).await {
+            Ok(true) => {}
+            Ok(false) => return Err(ResendRefused::Lost),
+            Err(e) => {
+                return Err(ResendRefused::Unrecorded(format!(
+                    "{}; could not count the re-send ({e}); not sent",
+                    why.describe()
+                )));
+            }
+        }
+        *resent += 1;
+        self.metrics.resent(&claim.consumer, why.class());
+        let detail = format!(
+            "send {} of at most {max_sends}: {}",
+            *resent + 1,
+            why.describe()
+        );
+        self.note(claim, "resend", why.class(), None, Some(&detail))
+            .await;
+        Ok(())
+    }
+
+    /// Admits a re-send ([`Settler::admit_resend`]); when refused, ends the attempt: parked past
+    /// `max_sends`, left for the sweeper when the count could not be written.
+    pub async fn resend_or_end(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
+        why: Resend,
+        resent: &mut i32,
+        max_sends: u32,
+        settle_until: Option<Instant>,
+    ) -> Result<(), AttemptEnd> {
+        let refused = match self.admit_resend(claim, why, resent, max_sends).await {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        Err(match refused {
+            ResendRefused::Capped(reason) => {
+                self.settle(
+                    slot,
+                    claim,
+                    settle_until,
+                    park(reason, None),
+                    "resend",
+                    "capped",
+                )
+                .await
+            }
+            ResendRefused::Lost => AttemptEnd::Lost,
+            ResendRefused::Unrecorded(why) => self.hand_off(slot, claim, &why, None, false).await,
+        })
     }
 
     /// Leaves the claim `started`, releasing the lease so the sweeper need not wait it out.

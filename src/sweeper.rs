@@ -6,7 +6,7 @@ use crate::claim::Claim;
 use crate::claimer::{AttemptEnd, Claimer, Consumer, Hold, Slot};
 use crate::effect::Lookup;
 use crate::policy::{self, Takeover, TakeoverFacts};
-use crate::settle;
+use crate::settle::{self, Resend};
 use crate::store::{StoreError, TakenClaim};
 use chrono::Utc;
 use serde::Serialize;
@@ -137,7 +137,10 @@ impl Sweeper {
 }
 
 /// Takes up to `batch` stale claims of one consumer, in chunks no larger than its
-/// concurrency, so a taken claim never waits for a slot longer than its lease allows.
+/// concurrency, so a taken claim never waits for a slot longer than its lease allows. The pass
+/// waits for a chunk at most one effect timeout: a claim still running then (a slow provider,
+/// a long backoff) finishes in the background under its own lease, and the pass goes on.
+/// After each chunk the sweeper's heartbeat is written, so a long pass shows progress.
 async fn sweep_consumer(
     claimer: &Arc<Claimer>,
     consumer: &Arc<Consumer>,
@@ -145,6 +148,7 @@ async fn sweep_consumer(
     cutoff: chrono::DateTime<Utc>,
 ) -> Result<Vec<SweepItem>, StoreError> {
     let cfg = &consumer.config;
+    let wait = cfg.effect.timeout().min(cfg.lease.0);
     let mut items = Vec::new();
     let mut remaining = batch;
     while remaining > 0 {
@@ -164,17 +168,41 @@ async fn sweep_consumer(
         for t in taken {
             let claimer = claimer.clone();
             let consumer = consumer.clone();
-            tasks.push(tokio::spawn(async move {
-                let _slot = consumer.slot().await;
-                handle(&claimer, &consumer, t, lease_start).await
-            }));
+            let background = item(&t.claim, &decide(&consumer, &t), String::new());
+            tasks.push((
+                background,
+                tokio::spawn(async move {
+                    let _slot = consumer.slot().await;
+                    handle(&claimer, &consumer, t, lease_start).await
+                }),
+            ));
         }
-        for t in tasks {
-            match t.await {
-                Ok(i) => items.push(i),
-                Err(e) => warn!(error = %e, "sweeper task failed"),
+        let until = lease_start + wait;
+        let mut in_background = 0;
+        for (mut background, task) in tasks {
+            match tokio::time::timeout_at(until, task).await {
+                Ok(Ok(i)) => items.push(i),
+                Ok(Err(e)) => warn!(error = %e, "sweeper task failed"),
+                Err(_) => {
+                    // Dropping the handle detaches the task; it keeps the claim's lease.
+                    in_background += 1;
+                    background.result = format!(
+                        "still running after {}; finishing in the background",
+                        crate::duration::Dur(wait)
+                    );
+                    items.push(background);
+                }
             }
         }
+        if let Err(e) = claimer.store().mark_sweep(claimer.instance()).await {
+            warn!(error = %e, "could not record the sweeper's progress");
+        }
+        info!(
+            consumer = %cfg.name,
+            done = items.len(),
+            in_background,
+            "sweeper pass progress"
+        );
     }
     Ok(items)
 }
@@ -239,12 +267,20 @@ async fn handle(
     let result = match &decision {
         Takeover::Perform { resend } => end_name(
             &claimer
-                .drive(consumer, claim, hold, *resend, Slot::none())
+                .drive(
+                    consumer,
+                    claim,
+                    hold,
+                    resend.then_some(Resend::Takeover),
+                    Slot::none(),
+                )
                 .await,
         ),
         Takeover::Park(reason) => park(claimer, claim, reason).await,
         Takeover::Reconcile => match claimer.lookup(consumer, claim).await {
-            Some(Lookup::Found { status, response }) => end_name(
+            Some(Lookup::Found {
+                status, response, ..
+            }) => end_name(
                 &claimer
                     .settler()
                     .settle(
@@ -257,11 +293,21 @@ async fn handle(
                     )
                     .await,
             ),
-            Some(Lookup::NotFound) => {
+            Some(Lookup::NotFound { .. })
+                if !not_found_trusted(claimer, claim, consumer.effect.not_found_after()).await =>
+            {
+                // Keep the lease: the next pass asks again once the provider's search has
+                // had not_found_after to catch up.
+                format!(
+                    "not found, but too soon after the last call to trust (not_found_after = {}); will ask again",
+                    crate::duration::Dur(consumer.effect.not_found_after())
+                )
+            }
+            Some(Lookup::NotFound { .. }) => {
                 match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0) {
                     Takeover::Perform { .. } => {
                         let end = claimer
-                            .drive(consumer, claim, hold, false, Slot::none())
+                            .drive(consumer, claim, hold, Some(Resend::NotFound), Slot::none())
                             .await;
                         format!("not found at provider; redriven: {}", end_name(&end))
                     }
@@ -271,17 +317,37 @@ async fn handle(
             }
             Some(Lookup::Unknown { error }) => {
                 // Keep the lease: the next pass after it expires asks again, and
-                // max_attempts parks it eventually.
-                claimer
-                    .settler()
-                    .note(claim, "reconcile", "unknown", None, Some(&error))
-                    .await;
+                // max_attempts parks it eventually. (The lookup wrote its own history line.)
                 format!("status unknown ({error}); will ask again")
             }
             None => park(claimer, claim, "no status endpoint to reconcile with").await,
         },
     };
     item(claim, &decision, result)
+}
+
+/// Whether a "not found" may be trusted: `not_found_after` has passed since the last call.
+/// The history proves when the claim was last quiet: a lookup line (this one aside) followed
+/// by nothing but hand-offs means no call was made after it (a call is preceded by a `resend`
+/// line or followed by a `perform` line). Without such proof the last call may have just
+/// happened (a worker that died mid-call writes nothing), so it is not trusted yet.
+async fn not_found_trusted(claimer: &Claimer, claim: &Claim, not_found_after: Duration) -> bool {
+    if not_found_after.is_zero() {
+        return true;
+    }
+    let store = claimer.store();
+    let (Ok(events), Ok(now)) = (store.events(claim.id).await, store.now().await) else {
+        return false;
+    };
+    let quiet_since = events
+        .iter()
+        .rev()
+        // This attempt's own lookup line.
+        .skip_while(|e| e.attempt == claim.attempt && e.action == "lookup")
+        .find(|e| e.action != "handoff")
+        .filter(|e| e.action == "lookup")
+        .map(|e| e.at_utc);
+    quiet_since.is_some_and(|t| (now - t).to_std().unwrap_or_default() >= not_found_after)
 }
 
 /// Parks a taken claim for a person (one try: a store error leaves it for the next pass).

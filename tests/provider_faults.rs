@@ -217,7 +217,8 @@ async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
     let consumer = consumer_toml(
         "payments",
         &provider,
-        "on_unknown = \"redrive\"\nlease = \"6s\"\nredrive_within = \"6s\"\nmax_attempts = 8",
+        // max_sends out of the way: this is about the key window.
+        "on_unknown = \"redrive\"\nlease = \"6s\"\nredrive_within = \"6s\"\nmax_attempts = 8\nmax_sends = 100",
     )
     .replace("status_url = ", "# status_url = ");
     // No intake attempt: the claim is committed 4.5 s old with its lease already over, as a

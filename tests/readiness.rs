@@ -55,15 +55,17 @@ async fn stays_ready_through_a_long_sweeper_pass_against_a_failing_provider() {
         ..Default::default()
     })
     .await;
-    // 1-second schedule, 20-second lease: a pass that takes claims over keeps retrying them
-    // for up to 20 s, far past three schedule periods.
+    // 1-second schedule, 20-second lease, 8-second effect timeout: a pass that takes claims
+    // over waits for them up to one effect timeout (then they go on in the background), far
+    // past three schedule periods.
     let running = start(&config_toml(
         &store.url(),
         &consumer_toml(
             "payments",
             &provider.url,
             "lease = \"20s\"\nmax_attempts = 50\nconcurrency = 4",
-        ),
+        )
+        .replace("timeout = \"1s\"", "timeout = \"8s\""),
     ))
     .await;
     let base = format!("http://{}", running.http_addr);

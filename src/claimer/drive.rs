@@ -1,21 +1,21 @@
 //! Driving one attempt: [`Claimer::drive`] calls the provider, retries within the lease and
-//! ends in one settle (through the [`Settler`]); [`Claimer::lookup`] asks the status endpoint.
+//! ends in one settle (through the [`Settler`]); asking the status endpoint is in `lookup`.
 
 use super::*;
 
 impl Claimer {
     /// Drives one attempt of `claim` (whose `attempt` this worker holds): calls the provider,
     /// retries while the lease allows, settles fenced. `hold` says when the lease was
-    /// (re)newed and how old the claim was then. `resend` marks the first call as a re-send
-    /// after an unknown outcome. `slot` is released once the provider has answered, before
-    /// the settle.
+    /// (re)newed and how old the claim was then. `resend` says why the first call is a re-send
+    /// after a send that may have applied (counted, and refused past `max_sends`). `slot` is
+    /// released once the provider has answered, before the settle.
     #[instrument(skip_all, fields(consumer = %claim.consumer, tenant = %claim.tenant, message_id = %claim.message_id, attempt = claim.attempt))]
     pub async fn drive(
         &self,
         consumer: &Consumer,
         claim: &Claim,
         hold: Hold,
-        resend: bool,
+        resend: Option<Resend>,
         mut slot: Slot,
     ) -> AttemptEnd {
         let cfg = &consumer.config;
@@ -65,10 +65,24 @@ impl Claimer {
                 }
             }
         }
-        if resend {
-            self.settler.count_resend(claim).await;
-        }
+        let mut resent = claim.resent_count;
+        let mut next_is_resend = resend;
         loop {
+            if let Some(why) = next_is_resend.take()
+                && let Err(end) = self
+                    .settler
+                    .resend_or_end(
+                        &mut slot,
+                        claim,
+                        why,
+                        &mut resent,
+                        cfg.max_sends,
+                        settle_until,
+                    )
+                    .await
+            {
+                return end;
+            }
             let called = Instant::now();
             let outcome = consumer.effect.perform(claim).await;
             self.metrics.attempt(
@@ -80,9 +94,21 @@ impl Claimer {
             debug!(outcome = outcome.name(), status = ?outcome.status(), "provider answered");
             let step =
                 policy::after_outcome(&outcome, cfg.on_unknown, consumer.effect.can_reconcile());
-            // `may_be_applied`: the next send repeats one whose effect may have happened, which
-            // is safe only while the provider keeps the key (I6).
-            let (retry_after, not_applied, may_be_applied) = match step {
+            let error = error_of(&outcome);
+            // The previous call's line in the history, before whatever follows it.
+            let note_call = || {
+                self.settler.note(
+                    claim,
+                    "perform",
+                    outcome.name(),
+                    outcome.status(),
+                    Some(&error),
+                )
+            };
+            let mut noted = false;
+            // `resend`: the next send repeats one whose effect may have happened, which is
+            // safe only while the provider keeps the key (I6), and is counted and capped.
+            let (retry_after, not_applied, resend) = match step {
                 Step::Complete => {
                     let (status, response) = match &outcome {
                         Outcome::Applied { status, response } => (*status, response.clone()),
@@ -117,42 +143,54 @@ impl Claimer {
                         .park_unknown(&mut slot, claim, settle_until, reason, outcome.status())
                         .await;
                 }
-                Step::Retry { retry_after } => (retry_after, true, false),
-                Step::Resend => (None, false, true),
-                Step::Reconcile => match self.lookup(consumer, claim).await {
-                    Some(Lookup::Found { status, response }) => {
-                        return self
-                            .settler
-                            .settle(
-                                &mut slot,
-                                claim,
-                                settle_until,
-                                completed(status, response, true),
-                                "reconcile",
-                                "found",
-                            )
-                            .await;
+                Step::Retry { retry_after } => (retry_after, true, None),
+                Step::Resend => (None, false, Some(Resend::UnknownOutcome)),
+                Step::Reconcile => {
+                    // The unknown call goes into the history before the lookup that decides it.
+                    note_call().await;
+                    match self
+                        .reconcile_inline(consumer, claim, called, deadline)
+                        .await
+                    {
+                        Some(Lookup::Found {
+                            status, response, ..
+                        }) => {
+                            return self
+                                .settler
+                                .settle(
+                                    &mut slot,
+                                    claim,
+                                    settle_until,
+                                    completed(status, response, true),
+                                    "reconcile",
+                                    "found",
+                                )
+                                .await;
+                        }
+                        // The provider has no record; sending again is a re-send, bound by the
+                        // key window and max_sends.
+                        Some(Lookup::NotFound { .. }) => {
+                            noted = true;
+                            (None, false, Some(Resend::NotFound))
+                        }
+                        Some(Lookup::Unknown { error }) => {
+                            let why =
+                                format!("{}; reconcile undecided: {error}", error_of(&outcome));
+                            return self
+                                .settler
+                                .hand_off(&mut slot, claim, &why, outcome.status(), false)
+                                .await;
+                        }
+                        None => {
+                            let why = format!("{}; no status endpoint", error_of(&outcome));
+                            return self
+                                .settler
+                                .park_unknown(&mut slot, claim, settle_until, why, outcome.status())
+                                .await;
+                        }
                     }
-                    // The provider has no record; a lookup may lag a send, so sending again
-                    // is still bound by the key window.
-                    Some(Lookup::NotFound) => (None, true, true),
-                    Some(Lookup::Unknown { error }) => {
-                        let why = format!("{}; reconcile undecided: {error}", error_of(&outcome));
-                        return self
-                            .settler
-                            .hand_off(&mut slot, claim, &why, outcome.status(), false)
-                            .await;
-                    }
-                    None => {
-                        let why = format!("{}; no status endpoint", error_of(&outcome));
-                        return self
-                            .settler
-                            .park_unknown(&mut slot, claim, settle_until, why, outcome.status())
-                            .await;
-                    }
-                },
+                }
             };
-            let error = error_of(&outcome);
             let delay = delays
                 .next()
                 .unwrap_or(Duration::from_secs(5))
@@ -164,17 +202,11 @@ impl Claimer {
                     .hand_off(&mut slot, claim, &error, outcome.status(), not_applied)
                     .await;
             }
-            self.settler
-                .note(
-                    claim,
-                    "perform",
-                    outcome.name(),
-                    outcome.status(),
-                    Some(&error),
-                )
-                .await;
+            if !noted {
+                note_call().await;
+            }
             tokio::time::sleep(delay).await;
-            if may_be_applied
+            if resend.is_some()
                 && let Err(reason) =
                     policy::resend_within_window(hold.age_now(), cfg.redrive_within.0)
             {
@@ -183,22 +215,7 @@ impl Claimer {
                     .park_unknown(&mut slot, claim, settle_until, reason, outcome.status())
                     .await;
             }
-            if !not_applied && cfg.on_unknown == OnUnknown::Redrive {
-                self.settler.count_resend(claim).await;
-            }
+            next_is_resend = resend;
         }
-    }
-
-    /// Asks the status endpoint, counting the answer.
-    pub async fn lookup(&self, consumer: &Consumer, claim: &Claim) -> Option<Lookup> {
-        let answer = consumer.effect.lookup(claim).await;
-        let name = match &answer {
-            Some(Lookup::Found { .. }) => "found",
-            Some(Lookup::NotFound) => "not_found",
-            Some(Lookup::Unknown { .. }) => "unknown",
-            None => return None,
-        };
-        self.metrics.reconcile(consumer.name(), name);
-        answer
     }
 }

@@ -14,14 +14,13 @@ use crate::claim::{
     Claim, ClaimState, IdError, NewClaim, fingerprint, new_claim_token, validate_content_type,
     validate_message_id, validate_tenant,
 };
-use crate::config::OnUnknown;
 use crate::consumer::Admission;
 pub use crate::consumer::{Consumer, Hold, Slot};
 use crate::effect::{Lookup, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::{self, Step};
 pub use crate::settle::AttemptEnd;
-use crate::settle::{Settler, completed, error_of, failed};
+use crate::settle::{Resend, Settler, completed, error_of, failed};
 use crate::store::{ClaimOutcome, Store, StoreError};
 use backon::BackoffBuilder;
 use std::collections::BTreeMap;

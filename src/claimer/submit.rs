@@ -277,7 +277,7 @@ impl Claimer {
         };
         drop(held);
         let slot = Slot::held(permit, &consumer);
-        self.drive(&consumer, &claim, hold, false, slot).await;
+        self.drive(&consumer, &claim, hold, None, slot).await;
     }
 
     /// After a claim statement failed, it may still have committed (the connection was cut

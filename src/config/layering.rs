@@ -53,16 +53,19 @@ pub(super) fn parse_scalar(raw: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(raw.to_string()))
 }
 
-/// Expands `${VAR}` and `${VAR:-default}` inside every string value.
+/// Expands `${VAR}` and `${VAR:-default}` inside every string value. In a provider's URL or
+/// header (see [`must_be_set`]) a `${VAR}` without a default that is unset or empty is an error
+/// (the first one is returned as `(key, message)`): it would send `Bearer ` with nothing after
+/// it to a payments provider. Elsewhere it only warns (an empty admin token is a valid choice).
 pub(super) fn expand_vars(
     value: &mut toml::Value,
     env: &BTreeMap<String, String>,
     at: &mut String,
     warnings: &mut Vec<String>,
-) {
+) -> Result<(), (String, String)> {
     match value {
         toml::Value::String(s) if s.contains("${") => {
-            *s = expand_string(s, env, at, warnings);
+            *s = expand_string(s, env, at, warnings)?;
         }
         toml::Value::Table(t) => {
             for (k, v) in t.iter_mut() {
@@ -71,20 +74,34 @@ pub(super) fn expand_vars(
                     at.push('.');
                 }
                 at.push_str(k);
-                expand_vars(v, env, at, warnings);
+                let expanded = expand_vars(v, env, at, warnings);
                 at.truncate(len);
+                expanded?;
             }
         }
         toml::Value::Array(a) => {
             for (i, v) in a.iter_mut().enumerate() {
                 let len = at.len();
                 at.push_str(&format!("[{i}]"));
-                expand_vars(v, env, at, warnings);
+                let expanded = expand_vars(v, env, at, warnings);
                 at.truncate(len);
+                expanded?;
             }
         }
         _ => {}
     }
+    Ok(())
+}
+
+/// Whether the value at dotted key `at` goes to a provider in a URL or a header
+/// (`consumers[0].effect.url`, `.status_url`, `.headers.Authorization`), where an unset
+/// secret must stop the start instead of being sent empty.
+pub(super) fn must_be_set(at: &str) -> bool {
+    let Some((_, rest)) = at.split_once("].effect.") else {
+        return false;
+    };
+    at.starts_with("consumers[")
+        && (rest == "url" || rest == "status_url" || rest.starts_with("headers."))
 }
 
 pub(super) fn expand_string(
@@ -92,23 +109,31 @@ pub(super) fn expand_string(
     env: &BTreeMap<String, String>,
     at: &str,
     warnings: &mut Vec<String>,
-) -> String {
+) -> Result<String, (String, String)> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let Some(end) = rest[start..].find('}') else {
             out.push_str(&rest[start..]);
-            return out;
+            return Ok(out);
         };
         let inner = &rest[start + 2..start + end];
         let (name, default) = match inner.split_once(":-") {
             Some((n, d)) => (n, Some(d)),
             None => (inner, None),
         };
-        match (env.get(name), default) {
+        match (env.get(name).filter(|v| !v.is_empty()), default) {
             (Some(v), _) => out.push_str(v),
             (None, Some(d)) => out.push_str(d),
+            (None, None) if must_be_set(at) => {
+                return Err((
+                    at.to_string(),
+                    format!(
+                        "${{{name}}} is not set (or empty): the provider would get an empty value; set {name}, or write a default explicitly (${{{name}:-}} for an empty one)"
+                    ),
+                ));
+            }
             (None, None) => {
                 // An empty admin token is a valid "no auth" choice, so only warn.
                 warnings.push(format!(
@@ -119,5 +144,5 @@ pub(super) fn expand_string(
         rest = &rest[start + end + 1..];
     }
     out.push_str(rest);
-    out
+    Ok(out)
 }

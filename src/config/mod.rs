@@ -4,10 +4,12 @@
 //! Every error names the file and the key (`consumers[0].lease: ...`) on one line; `main` turns
 //! it into exit code 2. Unknown keys are errors, never ignored.
 
+mod http_effect;
 mod layering;
 mod schema;
 mod validate;
 
+pub use http_effect::*;
 pub use schema::*;
 pub use validate::{parse_cron, validate_cron};
 
@@ -98,7 +100,8 @@ impl Config {
             }
         }
         let mut warnings = Vec::new();
-        expand_vars(&mut value, &env, &mut String::new(), &mut warnings);
+        expand_vars(&mut value, &env, &mut String::new(), &mut warnings)
+            .map_err(|(key, message)| invalid(key, message))?;
         let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
             let key = e.path().to_string();
             invalid(key, one_line(&e.into_inner().to_string()))

@@ -239,6 +239,10 @@ pub struct ConsumerConfig {
     pub lease: Dur,
     /// Attempts (first try plus sweeper takeovers) before a person is asked.
     pub max_attempts: u32,
+    /// Sends of one claim whose effect may have happened (the first send plus re-sends after
+    /// an unknown outcome or a "not found" status check) before it is parked for a person:
+    /// the bound on duplicates when the provider ignores idempotency keys.
+    pub max_sends: u32,
     /// How long the provider honours an idempotency key.
     pub redrive_within: Dur,
     /// What to do with an unknown outcome.
@@ -312,6 +316,8 @@ pub struct ConsumerEntry {
     lease: Dur,
     #[serde(default = "default_max_attempts")]
     max_attempts: u32,
+    #[serde(default = "default_max_sends")]
+    max_sends: u32,
     #[serde(default = "default_redrive_within")]
     redrive_within: Dur,
     #[serde(default = "default_on_unknown")]
@@ -365,6 +371,7 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
             concurrency: e.concurrency,
             lease: e.lease,
             max_attempts: e.max_attempts,
+            max_sends: e.max_sends,
             redrive_within: e.redrive_within,
             on_unknown: e.on_unknown,
             key: e.key,
@@ -382,6 +389,9 @@ fn default_lease() -> Dur {
 }
 fn default_max_attempts() -> u32 {
     8
+}
+fn default_max_sends() -> u32 {
+    3
 }
 fn default_redrive_within() -> Dur {
     Dur(Duration::from_secs(86_400))
@@ -443,13 +453,33 @@ pub struct HttpEffectConfig {
     /// Extra headers (secrets allowed via `${VAR}`; never logged).
     #[serde(default, skip_serializing)]
     pub headers: BTreeMap<String, String>,
-    /// Status endpoint with `{key}`; enables reconciliation.
+    /// Status endpoint with `{key}`; enables reconciliation. May name `{message_id}`,
+    /// `{tenant}`, `{consumer}` and payload fields too (URL-encoded).
     #[serde(default)]
     pub status_url: String,
+    /// How the status endpoint's answer is read.
+    #[serde(default)]
+    pub status: super::StatusCheck,
+    /// How long after the last call a "not found" is trusted (for providers whose status
+    /// search lags their writes).
+    #[serde(default = "default_not_found_after")]
+    pub not_found_after: Dur,
+    /// How the request body is built: `passthrough`, `json` or `form`.
+    #[serde(default)]
+    pub body: super::BodyMode,
+    /// The body for `json` and `form`: a table whose string values may name `{key}`,
+    /// `{message_id}`, `{tenant}`, `{consumer}` and payload fields (`{amount}`,
+    /// `{customer.id}`); a value that is one field keeps the field's JSON type.
+    #[serde(default)]
+    pub body_template: Option<serde_json::Value>,
     /// Longest idempotency key the provider accepts; a message whose rendered key is longer is
     /// refused at intake (HTTP 400, dead letter), never acknowledged.
     #[serde(default = "default_max_key_length")]
     pub max_key_length: usize,
+}
+
+fn default_not_found_after() -> Dur {
+    Dur(Duration::ZERO)
 }
 
 fn default_max_key_length() -> usize {

@@ -15,8 +15,13 @@ lease = "60s"
 kind = "http"
 url = "http://127.0.0.1:8090/v1/payments"
 timeout = "10s"
-headers = { Authorization = "Bearer ${PROVIDER_TOKEN}" }
+headers = { Authorization = "Bearer ${PROVIDER_TOKEN:-none}" }
 "#;
+
+/// [`BASE`] with the provider secret written without a default.
+fn strict() -> String {
+    BASE.replace("${PROVIDER_TOKEN:-none}", "${PROVIDER_TOKEN}")
+}
 
 fn load(text: &str, env: &[(&str, &str)]) -> Result<Loaded, ConfigError> {
     Config::from_toml(
@@ -39,10 +44,39 @@ fn loads_with_defaults_and_expands_secrets() {
 }
 
 #[test]
-fn unset_variables_warn() {
-    let l = load(BASE, &[]).unwrap();
+fn an_unset_secret_in_a_provider_header_or_url_refuses_to_start() {
+    for env in [&[][..], &[("PROVIDER_TOKEN", "")][..]] {
+        let e = load(&strict(), env).unwrap_err().to_string();
+        assert!(
+            e.contains("consumers[0].effect.headers.Authorization")
+                && e.contains("${PROVIDER_TOKEN} is not set"),
+            "{e}"
+        );
+    }
+    let in_url = strict().replace("/v1/payments", "/v1/${ACCOUNT}/payments");
+    let e = load(&in_url, &[("PROVIDER_TOKEN", "s3cret")])
+        .unwrap_err()
+        .to_string();
     assert!(
-        l.warnings.iter().any(|w| w.contains("PROVIDER_TOKEN")),
+        e.contains("consumers[0].effect.url") && e.contains("${ACCOUNT}"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_explicit_default_allows_an_empty_secret_and_elsewhere_unset_only_warns() {
+    let explicit = strict().replace("${PROVIDER_TOKEN}", "${PROVIDER_TOKEN:-}");
+    let l = load(&explicit, &[]).unwrap();
+    let EffectConfig::Http(h) = &l.config.consumers[0].effect else {
+        panic!("http effect")
+    };
+    assert_eq!(h.headers["Authorization"], "Bearer ");
+    let token = BASE.replace("[store]", "[http]\nadmin_token = \"${ADMIN}\"\n[store]");
+    let l = load(&token, &[("PROVIDER_TOKEN", "s3cret")]).unwrap();
+    assert!(
+        l.warnings
+            .iter()
+            .any(|w| w.contains("http.admin_token") && w.contains("ADMIN")),
         "{:?}",
         l.warnings
     );
@@ -309,4 +343,70 @@ fn amqp_keys_belong_to_amqp_consumers() {
             "{e}"
         );
     }
+}
+
+#[test]
+fn request_shaping_is_checked_at_load_naming_the_key() {
+    let with = |effect_lines: &str| {
+        let text = BASE.replace(
+            "timeout = \"10s\"",
+            &format!("timeout = \"10s\"\n{effect_lines}"),
+        );
+        load(&text, &[]).map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert!(with("body = \"form\"\nbody_template = { amount = \"{amount}\", metadata = { k = \"{key}\" } }").is_ok());
+    for (lines, key, why) in [
+        ("body = \"json\"", "effect.body_template", "is required"),
+        (
+            "body_template = { a = \"b\" }",
+            "effect.body_template",
+            "only used",
+        ),
+        (
+            "body = \"json\"\nbody_template = { a = \"{unclosed\" }",
+            "effect.body_template",
+            "closing",
+        ),
+        (
+            "idempotency_header = \"\"",
+            "effect.idempotency_header",
+            "never see the key",
+        ),
+        (
+            "status_url = \"http://p/v1/search?ref={message_id}\"",
+            "effect.status_url",
+            "{key}",
+        ),
+        (
+            "status_url = \"http://p/v1/{customer id}/{key}\"",
+            "effect.status_url",
+            "not a field name",
+        ),
+        (
+            "status = { found_pointer = \"data/0\" }",
+            "effect.status.found_pointer",
+            "JSON pointer",
+        ),
+    ] {
+        let e = with(lines).unwrap_err();
+        assert!(
+            e.contains(&format!("consumers[0].{key}")) && e.contains(why),
+            "{lines}: {e}"
+        );
+    }
+    // The key in the body is enough without a header.
+    assert!(with("idempotency_header = \"\"\nbody = \"json\"\nbody_template = { idempotency_key = \"{key}\" }").is_ok());
+}
+
+#[test]
+fn max_sends_defaults_to_three_and_must_allow_the_first_send() {
+    let l = load(BASE, &[]).unwrap();
+    assert_eq!(l.config.consumers[0].max_sends, 3);
+    let e = load(
+        &BASE.replace("lease = \"60s\"", "lease = \"60s\"\nmax_sends = 0"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("consumers[0].max_sends"), "{e}");
 }

@@ -46,6 +46,12 @@ impl Config {
             if c.max_attempts == 0 {
                 return Err((at("max_attempts"), "must be at least 1".into()));
             }
+            if c.max_sends == 0 {
+                return Err((
+                    at("max_sends"),
+                    "must be at least 1 (the first send)".into(),
+                ));
+            }
             let template: KeyTemplate = c.key.parse().map_err(|e| (at("key"), format!("{e}")))?;
             let timeout = c.effect.timeout();
             if c.lease.0 <= timeout {
@@ -136,20 +142,12 @@ impl Config {
             }
             match &c.effect {
                 EffectConfig::Http(h) => {
+                    // Parsed once here, as the effect parses it: URL and status URL templates,
+                    // the body template, where the key goes, the status pointers.
+                    crate::effect::http::RequestShape::parse(h)
+                        .map_err(|(key, why)| (at(&format!("effect.{key}")), why))?;
                     let url = reqwest::Url::parse(&h.url)
                         .map_err(|e| (at("effect.url"), format!("{:?}: {e}", h.url)))?;
-                    reqwest::Method::from_bytes(h.method.as_bytes()).map_err(|_| {
-                        (
-                            at("effect.method"),
-                            format!("{:?} is not an HTTP method", h.method),
-                        )
-                    })?;
-                    if h.idempotency_header.is_empty() {
-                        return Err((at("effect.idempotency_header"), "must not be empty".into()));
-                    }
-                    if !h.status_url.is_empty() && !h.status_url.contains("{key}") {
-                        return Err((at("effect.status_url"), "must contain {key}".into()));
-                    }
                     if c.on_unknown == OnUnknown::Reconcile && h.status_url.is_empty() {
                         warnings.push(format!(
                             "consumers[{i}] ({}): on_unknown = \"reconcile\" without effect.status_url: unknown outcomes will be parked for a person",
@@ -239,8 +237,10 @@ impl Config {
                     format!("{}: {e}", redact(&h.url)),
                 )
             })?;
-            crate::effect::http::check_header(&h.idempotency_header, "x")
-                .map_err(|m| (format!("consumers[{i}].effect.idempotency_header"), m))?;
+            if !h.idempotency_header.is_empty() {
+                crate::effect::http::check_header(&h.idempotency_header, "x")
+                    .map_err(|m| (format!("consumers[{i}].effect.idempotency_header"), m))?;
+            }
             for (name, value) in &h.headers {
                 crate::effect::http::check_header(name, value)
                     .map_err(|m| (format!("consumers[{i}].effect.headers.{name}"), m))?;

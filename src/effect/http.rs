@@ -1,15 +1,20 @@
-//! The HTTP effect: one request per attempt, the payload verbatim, the idempotency key in the
-//! configured header. Secrets (configured headers, URL query strings) never reach logs or errors.
+//! The HTTP effect: one request per attempt, shaped as configured (the payload verbatim, or a
+//! JSON or form body from a template; the idempotency key in a header and/or the body), and a
+//! status lookup read by [`http_status`](super::http_status). Secrets (configured headers, URL query strings) never reach logs or errors.
 
+use super::http_status::read_answer;
+use super::http_template::{BodyTemplate, Field, RenderError, Template, Vars, form_encode};
 use super::{
     Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status, parse_retry_after,
 };
 use crate::claim::Claim;
-use crate::config::HttpEffectConfig;
+use crate::config::{BodyMode, HttpEffectConfig, ProbeMode, StatusCheck};
 use crate::store::truncate;
 use async_trait::async_trait;
+use bytes::Bytes;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Client, Method, Url};
+use std::time::Duration;
 
 /// Why an HTTP effect cannot be built from its configuration.
 #[derive(Debug, thiserror::Error)]
@@ -17,15 +22,12 @@ pub enum HttpEffectError {
     /// A configured header name or value is not valid HTTP.
     #[error("header {0:?} is not a valid HTTP header")]
     BadHeader(String),
-    /// The method is not valid.
-    #[error("method {0:?} is not an HTTP method")]
-    BadMethod(String),
-    /// The URL cannot be parsed.
-    #[error("url is not valid: {0}")]
-    BadUrl(String),
     /// The HTTP client could not be built.
     #[error("cannot build HTTP client: {0}")]
     Client(String),
+    /// The URL, templates or key placement are unusable (the message names the key).
+    #[error("{0}")]
+    Shape(String),
 }
 
 /// Checks one configured provider header, as configuration validation does before anything
@@ -43,25 +45,218 @@ pub fn check_header(name: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The parts of an HTTP effect's configuration parsed once, at config load and when the
+/// effect is built: the method, the URL (parsed, or a template), the status URL template, the
+/// body template, the key header. An error names the configuration key (`effect.url`).
+#[derive(Debug, Clone)]
+pub struct RequestShape {
+    method: Method,
+    url: Target,
+    idem_header: Option<HeaderName>,
+    status_url: Option<Template>,
+    body: BodyMode,
+    body_template: Option<BodyTemplate>,
+}
+
+/// Where a request goes: a URL parsed once, or a template rendered per message.
+#[derive(Debug, Clone)]
+enum Target {
+    Fixed(Url),
+    Template(Template),
+}
+
+impl RequestShape {
+    /// Parses the shape of `[consumers.effect]`; `Err((key, why))` names the key under
+    /// `effect.`.
+    pub fn parse(config: &HttpEffectConfig) -> Result<RequestShape, (&'static str, String)> {
+        let method = Method::from_bytes(config.method.as_bytes()).map_err(|_| {
+            (
+                "method",
+                format!("{:?} is not an HTTP method", config.method),
+            )
+        })?;
+        let url_template = Template::parse(&config.url).map_err(|e| ("url", e))?;
+        let url = if url_template.fields().next().is_none() {
+            Target::Fixed(Url::parse(&config.url).map_err(|e| ("url", e.to_string()))?)
+        } else {
+            // Checked with sample values, so a template that cannot make a URL fails now.
+            let sample = url_template
+                .render(&SAMPLE, encode_path_segment)
+                .unwrap_or_default();
+            Url::parse(&sample).map_err(|e| ("url", format!("{e} (with sample values)")))?;
+            Target::Template(url_template)
+        };
+        let idem_header = match config.idempotency_header.as_str() {
+            "" => None,
+            h => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                (
+                    "idempotency_header",
+                    format!("{h:?} is not a valid HTTP header name"),
+                )
+            })?),
+        };
+        let status_url = match config.status_url.as_str() {
+            "" => None,
+            u => {
+                let t = Template::parse(u).map_err(|e| ("status_url", e))?;
+                if !t.fields().any(|f| *f == Field::Key) {
+                    return Err(("status_url", "must contain {key}".into()));
+                }
+                let sample = t.render(&SAMPLE, encode_path_segment).unwrap_or_default();
+                Url::parse(&sample)
+                    .map_err(|e| ("status_url", format!("{e} (with sample values)")))?;
+                Some(t)
+            }
+        };
+        let body_template = match (config.body, &config.body_template) {
+            (BodyMode::Passthrough, None) => None,
+            (BodyMode::Passthrough, Some(_)) => {
+                return Err((
+                    "body_template",
+                    "is only used with body = \"json\" or \"form\"".into(),
+                ));
+            }
+            (_, None) => {
+                return Err((
+                    "body_template",
+                    "is required with body = \"json\" or \"form\"".into(),
+                ));
+            }
+            (mode, Some(v)) => {
+                if !v.is_object() {
+                    return Err(("body_template", "must be a table".into()));
+                }
+                let t = BodyTemplate::parse(v).map_err(|e| ("body_template", e))?;
+                if mode == BodyMode::Form && has_null(v) {
+                    return Err((
+                        "body_template",
+                        "a form body has no null; leave the field out".into(),
+                    ));
+                }
+                Some(t)
+            }
+        };
+        let shape = RequestShape {
+            method,
+            url,
+            idem_header,
+            status_url,
+            body: config.body,
+            body_template,
+        };
+        if shape.idem_header.is_none() && !shape.sends_key_elsewhere() {
+            return Err((
+                "idempotency_header",
+                "is empty, and neither the URL nor the body template contains {key}: the provider would never see the key".into(),
+            ));
+        }
+        for (key, pointer) in [
+            ("status.found_pointer", &config.status.found_pointer),
+            ("status.id_pointer", &config.status.id_pointer),
+        ] {
+            crate::config::check_pointer(pointer).map_err(|e| (key, e))?;
+        }
+        Ok(shape)
+    }
+
+    fn templates(&self) -> impl Iterator<Item = &Template> {
+        let url = match &self.url {
+            Target::Template(t) => Some(t),
+            Target::Fixed(_) => None,
+        };
+        url.into_iter()
+            .chain(self.status_url.iter())
+            .chain(self.body_template.iter().flat_map(|b| b.templates()))
+    }
+
+    fn sends_key_elsewhere(&self) -> bool {
+        let url = match &self.url {
+            Target::Template(t) => Some(t),
+            Target::Fixed(_) => None,
+        };
+        url.into_iter()
+            .chain(self.body_template.iter().flat_map(|b| b.templates()))
+            .any(|t| t.fields().any(|f| *f == Field::Key))
+    }
+
+    /// Whether any template names a payload field (then the payload must be a JSON object).
+    pub fn needs_payload(&self) -> bool {
+        self.templates().any(Template::needs_payload)
+    }
+
+    /// The request's URL for a claim.
+    fn url(&self, vars: &Vars<'_>) -> Result<Url, String> {
+        match &self.url {
+            Target::Fixed(u) => Ok(u.clone()),
+            Target::Template(t) => {
+                let text = t
+                    .render(vars, encode_path_segment)
+                    .map_err(|e| e.to_string())?;
+                Url::parse(&text).map_err(|e| format!("the rendered URL is not valid: {e}"))
+            }
+        }
+    }
+
+    /// The body and its content type for a claim (pass-through: the message's own).
+    fn body(&self, claim: &Claim, vars: &Vars<'_>) -> Result<(Bytes, String), RenderError> {
+        let Some(template) = &self.body_template else {
+            return Ok((claim.payload.clone(), claim.content_type.clone()));
+        };
+        let value = template.render(vars)?;
+        Ok(match self.body {
+            BodyMode::Form => (
+                Bytes::from(form_encode(&value)),
+                "application/x-www-form-urlencoded".into(),
+            ),
+            _ => (Bytes::from(value.to_string()), "application/json".into()),
+        })
+    }
+}
+
+fn has_null(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Null => true,
+        serde_json::Value::Object(m) => m.values().any(has_null),
+        serde_json::Value::Array(a) => a.iter().any(has_null),
+        _ => false,
+    }
+}
+
+/// Values a template is checked with at config load.
+const SAMPLE: Vars<'static> = Vars {
+    key: "k",
+    message_id: "m",
+    tenant: "t",
+    consumer: "c",
+    payload: None,
+};
+
+/// The values for a claim's templates; `payload` is the claim's payload parsed when needed.
+fn vars<'a>(claim: &'a Claim, payload: Option<&'a serde_json::Value>) -> Vars<'a> {
+    Vars {
+        key: &claim.idem_key,
+        message_id: &claim.message_id,
+        tenant: &claim.tenant,
+        consumer: &claim.consumer,
+        payload,
+    }
+}
+
 /// Calls a provider over HTTP.
 #[derive(Debug, Clone)]
 pub struct HttpEffect {
     client: Client,
-    method: Method,
-    url: Url,
-    idem_header: HeaderName,
+    shape: RequestShape,
     headers: HeaderMap,
-    status_url: Option<String>,
+    status: StatusCheck,
+    not_found_after: Duration,
 }
 
 impl HttpEffect {
     /// Builds the effect from `[consumers.effect]`.
     pub fn new(config: &HttpEffectConfig) -> Result<Self, HttpEffectError> {
-        let method = Method::from_bytes(config.method.as_bytes())
-            .map_err(|_| HttpEffectError::BadMethod(config.method.clone()))?;
-        let url = Url::parse(&config.url).map_err(|e| HttpEffectError::BadUrl(e.to_string()))?;
-        let idem_header = HeaderName::from_bytes(config.idempotency_header.as_bytes())
-            .map_err(|_| HttpEffectError::BadHeader(config.idempotency_header.clone()))?;
+        let shape = RequestShape::parse(config)
+            .map_err(|(key, why)| HttpEffectError::Shape(format!("effect.{key}: {why}")))?;
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
             let n = HeaderName::from_bytes(name.as_bytes())
@@ -74,18 +269,55 @@ impl HttpEffect {
         }
         let client = Client::builder()
             .timeout(config.timeout.0)
-            .connect_timeout(config.timeout.0.min(std::time::Duration::from_secs(5)))
+            .connect_timeout(config.timeout.0.min(Duration::from_secs(5)))
             .pool_max_idle_per_host(256)
             .build()
             .map_err(|e| HttpEffectError::Client(e.to_string()))?;
         Ok(HttpEffect {
             client,
-            method,
-            url,
-            idem_header,
+            shape,
             headers,
-            status_url: (!config.status_url.is_empty()).then(|| config.status_url.clone()),
+            status: config.status.clone(),
+            not_found_after: config.not_found_after.0,
         })
+    }
+
+    /// The claim's payload as JSON, when a template needs its fields.
+    fn payload(&self, claim: &Claim) -> Result<Option<serde_json::Value>, String> {
+        if !self.shape.needs_payload() {
+            return Ok(None);
+        }
+        serde_json::from_slice(&claim.payload)
+            .map(Some)
+            .map_err(|e| {
+                format!("the payload is not JSON ({e}); the request template needs its fields")
+            })
+    }
+
+    /// One GET of the status endpoint for `vars`, read as the configuration says.
+    async fn ask(&self, template: &Template, vars: &Vars<'_>) -> Lookup {
+        let url = match template.render(vars, encode_path_segment) {
+            Ok(u) => u,
+            Err(e) => {
+                return Lookup::Unknown {
+                    error: format!("status_url: {e}"),
+                };
+            }
+        };
+        let mut request = self.client.get(&url).headers(self.headers.clone());
+        if let Some(h) = &self.shape.idem_header {
+            request = request.header(h, vars.key);
+        }
+        match request.send().await {
+            Err(e) => Lookup::Unknown {
+                error: format!("status endpoint {}", describe(&e)),
+            },
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let body = r.bytes().await.unwrap_or_default();
+                read_answer(&self.status, status, &body)
+            }
+        }
     }
 }
 
@@ -129,14 +361,34 @@ fn describe(e: &reqwest::Error) -> String {
 #[async_trait]
 impl Effect for HttpEffect {
     async fn perform(&self, claim: &Claim) -> Outcome {
+        let built = self.payload(claim).and_then(|payload| {
+            let vars = vars(claim, payload.as_ref());
+            let url = self.shape.url(&vars)?;
+            let body = self.shape.body(claim, &vars).map_err(|e| e.to_string())?;
+            Ok((url, body))
+        });
+        let (url, (body, content_type)) = match built {
+            Ok(b) => b,
+            // Checked at intake; a claim made under another configuration can still miss a
+            // field. Nothing was sent.
+            Err(error) => {
+                return Outcome::NotApplied {
+                    status: None,
+                    retry_after: None,
+                    error: format!("could not build the request: {error}"),
+                };
+            }
+        };
         let mut request = self
             .client
-            .request(self.method.clone(), self.url.clone())
+            .request(self.shape.method.clone(), url)
             .headers(self.headers.clone())
-            .header(&self.idem_header, claim.idem_key.as_str())
-            .body(claim.payload.clone());
-        if !claim.content_type.is_empty() {
-            request = request.header(CONTENT_TYPE, claim.content_type.as_str());
+            .body(body);
+        if let Some(h) = &self.shape.idem_header {
+            request = request.header(h, claim.idem_key.as_str());
+        }
+        if !content_type.is_empty() {
+            request = request.header(CONTENT_TYPE, content_type);
         }
         let response = match request.send().await {
             Ok(r) => r,
@@ -190,36 +442,78 @@ impl Effect for HttpEffect {
     }
 
     async fn lookup(&self, claim: &Claim) -> Option<Lookup> {
-        let template = self.status_url.as_ref()?;
-        let url = template.replace("{key}", &encode_path_segment(&claim.idem_key));
-        let answer = self
-            .client
-            .get(&url)
-            .headers(self.headers.clone())
-            .header(&self.idem_header, claim.idem_key.as_str())
-            .send()
-            .await;
-        Some(match answer {
-            Err(e) => Lookup::Unknown {
-                error: format!("status endpoint {}", describe(&e)),
-            },
-            Ok(r) if r.status().is_success() => {
-                let status = i32::from(r.status().as_u16());
-                let body = r.bytes().await.unwrap_or_default();
-                Lookup::Found {
-                    status,
-                    response: truncate(&String::from_utf8_lossy(&body), MAX_RESPONSE_BYTES),
-                }
-            }
-            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Lookup::NotFound,
-            Ok(r) => Lookup::Unknown {
-                error: format!("status endpoint answered {}", r.status().as_u16()),
-            },
+        let template = self.shape.status_url.as_ref()?;
+        Some(match self.payload(claim) {
+            Ok(payload) => self.ask(template, &vars(claim, payload.as_ref())).await,
+            Err(error) => Lookup::Unknown { error },
         })
     }
 
     fn can_reconcile(&self) -> bool {
-        self.status_url.is_some()
+        self.shape.status_url.is_some()
+    }
+
+    fn not_found_after(&self) -> Duration {
+        self.not_found_after
+    }
+
+    fn validate(&self, payload: &[u8], _content_type: &str) -> Result<(), String> {
+        if !self.shape.needs_payload() {
+            return Ok(());
+        }
+        let json: serde_json::Value = serde_json::from_slice(payload).map_err(|e| {
+            format!(
+                "the payload must be a JSON object with the fields the request template names ({e})"
+            )
+        })?;
+        let vars = Vars {
+            payload: Some(&json),
+            ..SAMPLE
+        };
+        for t in self.shape.templates() {
+            t.render(&vars, |s| s.to_string())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    async fn probe_status(&self) -> Result<Option<String>, String> {
+        let Some(template) = &self.shape.status_url else {
+            return Ok(None);
+        };
+        if self.status.probe == ProbeMode::Off {
+            return Ok(None);
+        }
+        if template.needs_payload() {
+            return Ok(Some(
+                "effect.status_url names payload fields: not probed at start".into(),
+            ));
+        }
+        let key = format!("claimd-probe-{:016x}", fastrand::u64(..));
+        let vars = Vars {
+            key: &key,
+            message_id: &key,
+            ..SAMPLE
+        };
+        let why = match self.ask(template, &vars).await {
+            Lookup::NotFound { .. } => return Ok(None),
+            Lookup::Found { status, .. } => format!(
+                "a lookup of a key that cannot exist ({key}) answered {status} and reads as \"found\": every unknown outcome would be settled as applied; set effect.status.found_pointer to what only a real match has"
+            ),
+            Lookup::Unknown { error } if error.starts_with("status endpoint answered") => format!(
+                "a lookup of a key that cannot exist ({key}) did not come back \"not found\" ({error}); is effect.status_url right, and effect.status.not_found_status / found_pointer?"
+            ),
+            // No answer (down, unreachable): it says nothing about the endpoint's shape.
+            Lookup::Unknown { error } => {
+                return Ok(Some(format!(
+                    "could not probe effect.status_url at start: {error}"
+                )));
+            }
+        };
+        match self.status.probe {
+            ProbeMode::Warn => Ok(Some(why)),
+            _ => Err(why),
+        }
     }
 }
 

@@ -2,6 +2,8 @@
 //! [`smtp::SmtpEffect`]), and the pure classification of what the provider answered.
 
 pub mod http;
+pub mod http_status;
+pub mod http_template;
 pub mod smtp;
 
 use crate::claim::Claim;
@@ -79,15 +81,23 @@ impl Outcome {
 /// What the provider's status endpoint said about a key.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Lookup {
-    /// `2xx`: the effect exists.
+    /// The answer shows the effect exists (its status and, when configured, a body condition).
     Found {
         /// Provider status.
         status: i32,
         /// Up to 4 KiB of the answer.
         response: String,
+        /// The provider's own id for the effect, when the effect says where it is in the answer.
+        provider_id: Option<String>,
     },
-    /// `404`: it never happened.
-    NotFound,
+    /// The answer has the configured "no record" shape: it never happened (as far as the
+    /// provider knows now; see [`Effect::not_found_after`]).
+    NotFound {
+        /// Provider status.
+        status: i32,
+        /// What showed it (for the history).
+        detail: String,
+    },
     /// Anything else: no decision.
     Unknown {
         /// What happened.
@@ -139,6 +149,20 @@ pub trait Effect: Send + Sync + 'static {
 
     /// Whether [`Effect::lookup`] can answer.
     fn can_reconcile(&self) -> bool;
+
+    /// How long after the last call a "not found" may be trusted (a provider whose status
+    /// search lags its writes answers "not found" for an effect it has just applied).
+    fn not_found_after(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    /// Checks at start that the status endpoint answers "not found" for a key that cannot
+    /// exist (a `404` from an endpoint that does not exist must not pass for "not applied").
+    /// `Ok(Some(warning))` when it could not tell or is configured to only warn; `Err(why)`
+    /// when the start must stop. Default: nothing to check.
+    async fn probe_status(&self) -> Result<Option<String>, String> {
+        Ok(None)
+    }
 
     /// Checks, before anything is claimed, that this effect can use the payload (an email
     /// needs a recipient, say). `Err` carries a readable sentence; intake refuses the message

@@ -17,14 +17,18 @@
 //!   optional; when present the effect is counted under it), nothing is replayed or refused.
 //! - `GET /v1/effects/{key}` returns the [`EffectRecord`] or `404 {"error":"not found"}`;
 //!   `GET /v1/effects` returns `{"effects":[...]}` sorted by key; `GET /healthz` returns `200`.
+//! - Other provider shapes ([`Sandbox::with_modes`], [`SandboxModes`]): the key in a JSON body
+//!   field, lookups that lag writes, no lookup endpoint, and `GET /v1/search?key=K`.
 //!
 //! Once the latency sleep has started, the effect is applied even if the client goes away
 //! (the work runs in its own task), just as a real provider keeps going after a client
 //! timeout. State lives in memory only, in sharded maps whose locks are never held across an
 //! `.await`, so the simulator keeps up with a 100,000-message benchmark.
 
+mod modes;
 mod responses;
 
+pub use modes::SandboxModes;
 use responses::*;
 use std::collections::HashMap;
 use std::fmt;
@@ -122,6 +126,7 @@ impl fmt::Debug for Sandbox {
 
 struct Inner {
     options: SandboxOptions,
+    modes: SandboxModes,
     shards: Vec<Mutex<HashMap<String, Slot>>>,
     hasher: RandomState,
     requests: AtomicU64,
@@ -170,6 +175,11 @@ enum Aftermath {
 impl Sandbox {
     /// Create a simulator with empty state. Rates are clamped to `0.0..=1.0`.
     pub fn new(options: SandboxOptions) -> Self {
+        Self::with_modes(options, SandboxModes::default())
+    }
+
+    /// Like [`Sandbox::new`], shaped like another kind of provider (see [`SandboxModes`]).
+    pub fn with_modes(options: SandboxOptions, modes: SandboxModes) -> Self {
         let clamp = |p: f64| if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
         let options = SandboxOptions {
             fail_rate: clamp(options.fail_rate),
@@ -179,6 +189,7 @@ impl Sandbox {
         Self {
             inner: Arc::new(Inner {
                 options,
+                modes,
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
                 hasher: RandomState::new(),
                 requests: AtomicU64::new(0),
@@ -389,6 +400,16 @@ async fn handle(inner: Arc<Inner>, request: Request<Incoming>) -> Reply {
             _ => method_not_allowed("GET"),
         });
     }
+    let lookup = path == "/v1/search" || path.starts_with("/v1/effects/");
+    if lookup && inner.modes.lookup_missing {
+        return Ok(modes::no_route(&path));
+    }
+    if path == "/v1/search" {
+        return Ok(match method {
+            Method::GET | Method::HEAD => modes::search(&inner, request.uri().query()),
+            _ => method_not_allowed("GET"),
+        });
+    }
     if let Some(raw_key) = path.strip_prefix("/v1/effects/") {
         return Ok(match method {
             Method::GET | Method::HEAD => {
@@ -396,7 +417,8 @@ async fn handle(inner: Arc<Inner>, request: Request<Incoming>) -> Reply {
                 let found = decoded
                     .as_deref()
                     .and_then(|key| inner.effect(key))
-                    .or_else(|| inner.effect(raw_key));
+                    .or_else(|| inner.effect(raw_key))
+                    .filter(|r| inner.modes.visible(r));
                 match found {
                     Some(record) => json_response(StatusCode::OK, &record),
                     None => json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})),
@@ -450,6 +472,18 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
     let body_sha256 = hex::encode(Sha256::digest(&body));
 
     let options = &inner.options;
+    let key = match inner.modes.key_from_body(&body) {
+        Some(Ok(key)) => Some(Ok(key)),
+        Some(Err(why)) if !options.ignore_keys => {
+            return Ok(problem(
+                StatusCode::BAD_REQUEST,
+                "Missing idempotency key",
+                why,
+            ));
+        }
+        Some(Err(_)) => None,
+        None => key,
+    };
     let key = match key {
         Some(Ok(key)) => Some(key),
         Some(Err(())) if options.ignore_keys => None,

@@ -1,0 +1,74 @@
+//! The HTTP effect's request shaping and status-check settings (`[consumers.effect]` with
+//! `kind = "http"`, and its `[consumers.effect.status]` table): the parts of the HTTP effect's
+//! configuration that say how a request is built from a message and how a status answer is
+//! read. Their defaults keep the behaviour of a plain pass-through effect.
+
+use serde::{Deserialize, Serialize};
+
+/// How the request body is built from the message (`effect.body`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BodyMode {
+    /// The message body, verbatim, with its content type (the default).
+    #[default]
+    Passthrough,
+    /// `effect.body_template` rendered as JSON (`application/json`).
+    Json,
+    /// `effect.body_template` rendered as `application/x-www-form-urlencoded`, nested tables
+    /// and lists named the way Stripe reads them (`metadata[order]=7`, `items[0][price]=p`).
+    Form,
+}
+
+/// Whether the status endpoint is checked when `claimd run` starts (`effect.status.probe`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeMode {
+    /// A probe answered with something other than the "not found" shape stops the start.
+    #[default]
+    Refuse,
+    /// It is logged as a warning; the worker starts.
+    Warn,
+    /// No probe.
+    Off,
+}
+
+/// How a status endpoint's answer is read (`[consumers.effect.status]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatusCheck {
+    /// Statuses that mean "the provider has no record of this key" (default `[404]`). Leave
+    /// it empty when the endpoint is a search that answers `200` with an empty list: then a
+    /// `404` (an endpoint that does not exist) is "unknown", never "not applied".
+    pub not_found_status: Vec<u16>,
+    /// A JSON pointer (RFC 6901, like `/data/0`) that must be present and not null in a `2xx`
+    /// answer for "found"; a `2xx` answer without it is "not found". Empty: any `2xx` is
+    /// "found".
+    pub found_pointer: String,
+    /// A JSON pointer to the provider's own id of the effect in a "found" answer (like
+    /// `/data/0/id`), written to the claim's history.
+    pub id_pointer: String,
+    /// The start-up probe: a lookup of a key that cannot exist must come back "not found".
+    pub probe: ProbeMode,
+}
+
+impl Default for StatusCheck {
+    fn default() -> Self {
+        StatusCheck {
+            not_found_status: vec![404],
+            found_pointer: String::new(),
+            id_pointer: String::new(),
+            probe: ProbeMode::Refuse,
+        }
+    }
+}
+
+/// Checks a JSON pointer's syntax: empty, or `/`-separated tokens.
+pub fn check_pointer(pointer: &str) -> Result<(), String> {
+    if pointer.is_empty() || pointer.starts_with('/') {
+        Ok(())
+    } else {
+        Err(format!(
+            "{pointer:?} is not a JSON pointer: it must start with '/' (like \"/data/0\")"
+        ))
+    }
+}

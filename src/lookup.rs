@@ -1,0 +1,69 @@
+//! Asking the provider's status endpoint for a claim: each lookup counted and written to the
+//! claim's history with its answer, and the lookup right after a call whose outcome is unknown,
+//! which trusts a "not found" only `not_found_after` past that call.
+
+use crate::claim::Claim;
+use crate::claimer::Claimer;
+use crate::consumer::Consumer;
+use crate::effect::Lookup;
+use std::time::Duration;
+use tokio::time::Instant;
+
+impl Claimer {
+    /// Asks the status endpoint right after a call whose outcome is unknown. A "not found"
+    /// sooner than the effect's `not_found_after` after the call is not trusted: the lookup
+    /// is repeated once that time has passed, if the lease allows, else the answer is
+    /// "unknown" and the sweeper asks again later.
+    pub(crate) async fn reconcile_inline(
+        &self,
+        consumer: &Consumer,
+        claim: &Claim,
+        called: Instant,
+        deadline: Instant,
+    ) -> Option<Lookup> {
+        let wait = consumer.effect.not_found_after();
+        let answer = self.lookup(consumer, claim).await;
+        if !matches!(answer, Some(Lookup::NotFound { .. })) || called.elapsed() >= wait {
+            return answer;
+        }
+        let trusted_at = called + wait;
+        if trusted_at + Duration::from_millis(100) < deadline {
+            tokio::time::sleep_until(trusted_at).await;
+            return self.lookup(consumer, claim).await;
+        }
+        Some(Lookup::Unknown {
+            error: format!(
+                "not found only {:.1}s after the call; not_found_after = {}",
+                called.elapsed().as_secs_f64(),
+                crate::duration::Dur(wait)
+            ),
+        })
+    }
+
+    /// Asks the status endpoint, counting the answer and writing it to the claim's history
+    /// (`lookup` lines: found with the provider's id, not found, unknown with why).
+    pub async fn lookup(&self, consumer: &Consumer, claim: &Claim) -> Option<Lookup> {
+        let answer = consumer.effect.lookup(claim).await;
+        let (name, status, detail) = match &answer {
+            Some(Lookup::Found {
+                status,
+                provider_id,
+                ..
+            }) => (
+                "found",
+                Some(*status),
+                provider_id.as_ref().map(|id| format!("provider id {id}")),
+            ),
+            Some(Lookup::NotFound { status, detail }) => {
+                ("not_found", Some(*status), Some(detail.clone()))
+            }
+            Some(Lookup::Unknown { error }) => ("unknown", None, Some(error.clone())),
+            None => return None,
+        };
+        self.metrics().reconcile(consumer.name(), name);
+        self.settler()
+            .note(claim, "lookup", name, status, detail.as_deref())
+            .await;
+        answer
+    }
+}

@@ -1,0 +1,77 @@
+//! The sandbox's provider shapes beyond the default: the key in a JSON body field (Square's
+//! `idempotency_key`), status lookups that lag writes (a search that is eventually consistent,
+//! as Stripe documents for its search API), and a lookup endpoint that does not exist (every
+//! lookup answers `404`). Also the search route: `GET /v1/search?key=K` answers
+//! `200 {"object":"search_result","data":[...]}`, an empty list when nothing matches.
+
+use super::*;
+
+/// How the simulated provider deviates from the default shape. Every field may be left at
+/// its default (the default shape).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxModes {
+    /// Read the idempotency key from this top-level field of a JSON body instead of the
+    /// `Idempotency-Key` header (a request without it gets `400`).
+    pub key_field: Option<String>,
+    /// An applied effect shows in lookups (`/v1/effects/{key}`, `/v1/search`) only this long
+    /// after it was first applied.
+    pub lookup_delay: Duration,
+    /// Every lookup answers `404` as if the route did not exist.
+    pub lookup_missing: bool,
+}
+
+impl SandboxModes {
+    /// Whether a record is visible to lookups yet.
+    pub(super) fn visible(&self, record: &EffectRecord) -> bool {
+        let age = (Utc::now() - record.first_applied_utc)
+            .to_std()
+            .unwrap_or_default();
+        age >= self.lookup_delay
+    }
+
+    /// The key from the body field, when that is where this provider reads it.
+    pub(super) fn key_from_body(&self, body: &[u8]) -> Option<Result<String, String>> {
+        let field = self.key_field.as_ref()?;
+        let key = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v.get(field).and_then(Value::as_str).map(str::to_string))
+            .filter(|k| !k.is_empty() && k.len() <= 255);
+        Some(
+            key.ok_or_else(|| format!("the JSON body needs a {field:?} field of 1-255 characters")),
+        )
+    }
+}
+
+/// `GET /v1/search?key=K`.
+pub(super) fn search(inner: &Inner, query: Option<&str>) -> Response<Full<Bytes>> {
+    let key = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("key="))
+        .and_then(|k| percent_decode(&k.replace('+', " ")));
+    let Some(key) = key else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Bad Request",
+            "search needs ?key=".into(),
+        );
+    };
+    let data: Vec<EffectRecord> = inner
+        .effect(&key)
+        .filter(|r| inner.modes.visible(r))
+        .into_iter()
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "search_result", "data": data}),
+    )
+}
+
+/// What a lookup route answers when this provider has no lookup endpoint.
+pub(super) fn no_route(path: &str) -> Response<Full<Bytes>> {
+    problem(
+        StatusCode::NOT_FOUND,
+        "Not Found",
+        format!("no route for {path}"),
+    )
+}
