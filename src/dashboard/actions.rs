@@ -159,22 +159,38 @@ fn read_only() -> Response {
     )
 }
 
+/// What both steps check first: a signed-in person, an action, and a note for a resolve.
+fn admit(
+    session: Option<Extension<Session>>,
+    fields: Vec<(String, String)>,
+) -> Result<(Session, Posted, Action), Box<Response>> {
+    let Some(Extension(session)) = session else {
+        return Err(Box::new(read_only()));
+    };
+    let p = Posted::read(fields);
+    let Some(action) = p.action else {
+        return Err(Box::new(refuse(
+            "Choose an action: complete, fail or redrive.",
+        )));
+    };
+    if action != Action::Redrive && p.note.is_empty() {
+        return Err(Box::new(refuse(
+            "A resolve needs a note: what the provider shows for the claim's key.",
+        )));
+    }
+    Ok((session, p, action))
+}
+
 /// `POST /actions/preview`: what the action would do, to which claims, with a confirm button.
 pub async fn preview(
     State(state): State<AppState>,
     session: Option<Extension<Session>>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
-    let Some(Extension(session)) = session else {
-        return read_only();
+    let (session, mut p, action) = match admit(session, fields) {
+        Ok(a) => a,
+        Err(r) => return *r,
     };
-    let mut p = Posted::read(fields);
-    let Some(action) = p.action else {
-        return refuse("Choose an action: complete, fail or redrive.");
-    };
-    if action != Action::Redrive && p.note.is_empty() {
-        return refuse("A resolve needs a note: what the provider shows for the claim's key.");
-    }
     if let Some(consumer) = p.consumer.clone() {
         let filter = ClaimFilter {
             state: Some(ClaimState::NeedsAttention),
@@ -234,16 +250,10 @@ pub async fn apply(
     session: Option<Extension<Session>>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
-    let Some(Extension(session)) = session else {
-        return read_only();
+    let (session, p, action) = match admit(session, fields) {
+        Ok(a) => a,
+        Err(r) => return *r,
     };
-    let p = Posted::read(fields);
-    let Some(action) = p.action else {
-        return refuse("Choose an action: complete, fail or redrive.");
-    };
-    if action != Action::Redrive && p.note.is_empty() {
-        return refuse("A resolve needs a note.");
-    }
     if p.claims.is_empty() || p.claims.len() > BULK_LIMIT as usize {
         return refuse("No claims, or too many, in the form: start again from the page.");
     }
