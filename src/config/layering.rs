@@ -22,6 +22,16 @@ pub(super) fn apply_override(root: &mut toml::Value, path: &str, raw: &str) -> R
                     t.insert(seg.clone(), parse_scalar(raw));
                     return Ok(());
                 }
+                // A list entry cannot be made up from the environment: its index must exist.
+                let next_is_index = segments
+                    .get(n + 1)
+                    .is_some_and(|s| s.parse::<usize>().is_ok());
+                if next_is_index && !t.contains_key(seg) {
+                    return Err(format!(
+                        "there is no {seg}[{}] in the file to override (entries of a list come from the file)",
+                        segments[n + 1]
+                    ));
+                }
                 t.entry(seg.clone())
                     .or_insert_with(|| toml::Value::Table(toml::Table::new()))
             }
@@ -43,6 +53,23 @@ pub(super) fn apply_override(root: &mut toml::Value, path: &str, raw: &str) -> R
         };
     }
     Ok(())
+}
+
+/// The dotted key an override sets, as configuration errors name it:
+/// `CONSUMERS__0__LEASE` → `consumers[0].lease`.
+pub(super) fn key_of(path: &str) -> String {
+    let mut key = String::new();
+    for seg in path.split("__").map(str::to_ascii_lowercase) {
+        if seg.parse::<usize>().is_ok() {
+            key.push_str(&format!("[{seg}]"));
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(&seg);
+        }
+    }
+    key
 }
 
 /// An override is read as a TOML value when it is one (`64`, `true`), else as a string.

@@ -88,17 +88,31 @@ impl Config {
                 path: path.to_path_buf(),
                 message: one_line(&e.to_string()),
             })?;
-        let invalid = |key: String, message: String| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            key,
-            message,
-        };
+        // Keys set from the environment, so an error in one names the variable, not the file.
+        let mut from_env: Vec<(String, String)> = Vec::new();
         for (name, raw) in &env {
             if let Some(rest) = name.strip_prefix("CLAIMD__") {
-                apply_override(&mut value, rest, raw)
-                    .map_err(|m| invalid(format!("environment {name}"), m))?;
+                apply_override(&mut value, rest, raw).map_err(|m| ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    key: format!("environment {name}"),
+                    message: m,
+                })?;
+                from_env.push((layering::key_of(rest), name.clone()));
             }
         }
+        let invalid = |key: String, message: String| {
+            let set_by = from_env
+                .iter()
+                .find(|(k, _)| key == *k || key.starts_with(&format!("{k}.")));
+            ConfigError::Invalid {
+                path: match set_by {
+                    Some((_, var)) => PathBuf::from(format!("environment {var}")),
+                    None => path.to_path_buf(),
+                },
+                key,
+                message,
+            }
+        };
         let mut warnings = Vec::new();
         expand_vars(&mut value, &env, &mut String::new(), &mut warnings)
             .map_err(|(key, message)| invalid(key, message))?;

@@ -407,14 +407,48 @@ fn default_true() -> bool {
     true
 }
 
-/// `[consumers.effect]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `[consumers.effect]`, selected by `kind`. Read by hand rather than as a serde-tagged enum:
+/// a tagged enum buffers the table and its errors lose the field (`consumers[0].effect:
+/// invalid duration`); this one names it (`consumers[0].effect: timeout: invalid duration`).
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum EffectConfig {
     /// An HTTP call to the provider.
     Http(HttpEffectConfig),
     /// An email over SMTP.
     Smtp(SmtpEffectConfig),
+}
+
+impl<'de> Deserialize<'de> for EffectConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(d)?;
+        let kind = match table.remove("kind") {
+            Some(toml::Value::String(k)) => k,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "kind = {other}: expected \"http\" or \"smtp\""
+                )));
+            }
+            None => return Err(D::Error::missing_field("kind")),
+        };
+        fn variant<T: serde::de::DeserializeOwned, E: Error>(t: toml::Table) -> Result<T, E> {
+            serde_path_to_error::deserialize(toml::Value::Table(t)).map_err(|e| {
+                let at = e.path().to_string();
+                let why = e.into_inner().to_string();
+                E::custom(if at == "." {
+                    why
+                } else {
+                    format!("{at}: {why}")
+                })
+            })
+        }
+        match kind.as_str() {
+            "http" => variant(table).map(EffectConfig::Http),
+            "smtp" => variant(table).map(EffectConfig::Smtp),
+            other => Err(D::Error::unknown_variant(other, &["http", "smtp"])),
+        }
+    }
 }
 
 impl EffectConfig {

@@ -410,3 +410,50 @@ fn max_sends_defaults_to_three_and_must_allow_the_first_send() {
     .to_string();
     assert!(e.contains("consumers[0].max_sends"), "{e}");
 }
+
+#[test]
+fn an_error_in_an_environment_override_names_the_variable_not_the_file() {
+    let e = load(BASE, &[("CLAIMD__HTTP__MAX_BODY_BYTES", "lots")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("environment CLAIMD__HTTP__MAX_BODY_BYTES: http.max_body_bytes:"),
+        "{e}"
+    );
+    let e = load(BASE, &[("CLAIMD__CONSUMERS__0__LEASE", "soon")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("environment CLAIMD__CONSUMERS__0__LEASE"), "{e}");
+    // An entry of a list that the file does not have cannot be made up.
+    let e = load(BASE, &[("CLAIMD__CONSUMERS__3__LEASE", "90s")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("CLAIMD__CONSUMERS__3__LEASE"), "{e}");
+    let bare = "[store]\nurl = \"sqlite://x.db\"\n";
+    let e = load(bare, &[("CLAIMD__CONSUMERS__0__LEASE", "90s")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("there is no consumers[0] in the file"), "{e}");
+    // Errors in what the file says still name the file.
+    let e = error_of(&BASE.replace("lease = \"60s\"", "lease = \"soon\""));
+    assert!(e.starts_with("c.toml: consumers[0].lease"), "{e}");
+}
+
+#[test]
+fn an_error_inside_the_effect_names_the_field() {
+    let e = error_of(&BASE.replace("timeout = \"10s\"", "timeout = \"zz\""));
+    assert!(
+        e.contains("consumers[0].effect: timeout: invalid duration"),
+        "{e}"
+    );
+    let e = error_of(&BASE.replace("timeout = \"10s\"", "timeout = \"10s\"\ntimeuot = \"1s\""));
+    assert!(
+        e.contains("consumers[0].effect") && e.contains("timeuot"),
+        "{e}"
+    );
+    let e = error_of(&BASE.replace("kind = \"http\"", "kind = \"kafka\""));
+    assert!(
+        e.contains("kafka") && e.contains("http") && e.contains("smtp"),
+        "{e}"
+    );
+}
