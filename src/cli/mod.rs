@@ -24,6 +24,7 @@ use crate::sandbox::{Sandbox, SandboxOptions};
 use crate::store::ClaimFilter;
 use crate::sweeper::Sweeper;
 use crate::table::Table;
+use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -85,7 +86,7 @@ pub enum Command {
         consumer: Option<String>,
         /// Window for throughput figures, like 24h, or `all` (open work is always counted in
         /// full; `all` reads every claim in the table).
-        #[arg(long, default_value_t)]
+        #[arg(long, default_value = "24h")]
         since: Window,
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
@@ -144,7 +145,7 @@ pub enum ClaimsCommand {
     /// List claims, newest first.
     List {
         /// Only this state.
-        #[arg(long)]
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["started", "completed", "failed", "needs_attention"]).map(|s| s.parse::<ClaimState>().expect("a listed state")))]
         state: Option<ClaimState>,
         /// Only started claims whose lease expired.
         #[arg(long)]
@@ -179,7 +180,7 @@ pub enum ClaimsCommand {
         /// Message id.
         message_id: String,
         /// The decision.
-        #[arg(long = "as", value_parser = resolution)]
+        #[arg(long = "as", value_parser = clap::builder::PossibleValuesParser::new(["completed", "failed"]).map(|s| resolution(&s).expect("a listed decision")))]
         to: ClaimState,
         /// Why (kept in the claim's history).
         #[arg(long)]
@@ -233,6 +234,23 @@ pub(super) fn resolution(s: &str) -> Result<ClaimState, String> {
             "{other:?}: a claim can be resolved only as completed or failed"
         )),
     }
+}
+
+/// A store without claimd's tables answers "no such table" (SQLite) or "relation ... does
+/// not exist" (PostgreSQL): say what to do about it.
+fn never_migrated(mut out: Output, config: &std::path::Path) -> Output {
+    let e = &out.stderr;
+    if out.code == 1
+        && (e.contains("no such table")
+            || (e.contains("relation \"") && e.contains("does not exist")))
+    {
+        out.stderr = format!(
+            "{}claimd: this database has no claimd tables yet: run `claimd --config {} migrate` (or start `claimd run`, which migrates)\n",
+            out.stderr,
+            crate::operator_command::shell_quote(&config.to_string_lossy())
+        );
+    }
+    out
 }
 
 /// What a command produced: text for stdout and stderr, and the exit code.
@@ -320,7 +338,8 @@ pub async fn execute(cli: Cli) -> Output {
         Ok(a) => a,
         Err(e) => return Output::fail(1, e),
     };
-    match cli.command {
+    let config_path = cli.config.clone();
+    let out = match cli.command {
         Command::Run => run_worker(app).await,
         Command::Migrate => Output::ok(format!(
             "migrations applied to the {} store\n",
@@ -356,7 +375,8 @@ pub async fn execute(cli: Cli) -> Output {
             }
         }
         Command::Sandbox { .. } => unreachable!("handled above"),
-    }
+    };
+    never_migrated(out, &config_path)
 }
 
 pub(super) async fn since_utc(
