@@ -430,14 +430,7 @@ async fn batches(store: TestStore) {
         new_claim("b3", lease),
     ];
     let out = s.claim_many(&batch).await.unwrap();
-    let kinds: Vec<&str> = out
-        .iter()
-        .map(|o| match o {
-            ClaimOutcome::Created(_) => "created",
-            ClaimOutcome::Duplicate(_) => "duplicate",
-            ClaimOutcome::Mismatch(_) => "mismatch",
-        })
-        .collect();
+    let kinds: Vec<&str> = out.iter().map(kind).collect();
     assert_eq!(
         kinds,
         [
@@ -516,6 +509,134 @@ async fn batched_claims_and_settles_postgres() {
         return;
     };
     batches(store).await;
+}
+
+/// What a claim came to, by kind.
+fn kind(o: &ClaimOutcome) -> &'static str {
+    match o {
+        ClaimOutcome::Created(_) => "created",
+        ClaimOutcome::Duplicate(_) => "duplicate",
+        ClaimOutcome::Mismatch(_) => "mismatch",
+    }
+}
+
+/// Group commit through the plain `claim` and `settle` calls: many callers at once (they are
+/// written together), with duplicates and a mismatch of each other inside the batch, and
+/// calls whose rows an earlier batch committed without its answer arriving (a lost batch,
+/// retried with the same token). Each caller gets its own answer; every settle is fenced on
+/// its own attempt.
+async fn concurrent_calls(store: TestStore) {
+    let s = open(&store).await;
+    let lease = Duration::from_secs(60);
+    // A batch that committed but whose callers never heard back.
+    let lost = vec![new_claim("lost-1", lease), new_claim("lost-2", lease)];
+    s.claim_many(&lost).await.unwrap();
+    let mut calls: Vec<(NewClaim, &str)> = (0..30)
+        .map(|i| (new_claim(&format!("c{i}"), lease), "created"))
+        .collect();
+    // The same messages again (other deliveries, other tokens), in the same batch.
+    calls.push((new_claim("c1", lease), "duplicate"));
+    calls.push((new_claim("c2", lease), "duplicate"));
+    let mut other = new_claim("c3", lease);
+    other.fingerprint = fingerprint(b"another payload");
+    calls.push((other, "mismatch"));
+    // The lost batch's calls, retried: their own rows, new claims, nothing counted.
+    calls.extend(lost.iter().map(|n| (n.clone(), "created")));
+    let tasks: Vec<_> = calls
+        .iter()
+        .map(|(n, _)| {
+            let (s, n) = (s.clone(), n.clone());
+            tokio::spawn(async move { s.claim(&n).await.unwrap() })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+    // Which delivery of c1 (or c2) wins is the batch's order; each message is created once.
+    for id in ["c1", "c2", "c3"] {
+        let mut kinds: Vec<&str> = calls
+            .iter()
+            .zip(&outcomes)
+            .filter(|((n, _), _)| n.message_id == id)
+            .map(|(_, o)| kind(o))
+            .collect();
+        kinds.sort();
+        let want: &[&str] = if id == "c3" {
+            &["created", "mismatch"]
+        } else {
+            &["created", "duplicate"]
+        };
+        assert_eq!(kinds, want, "{id}");
+    }
+    for ((n, want), o) in calls.iter().zip(&outcomes) {
+        if !["c1", "c2", "c3"].contains(&n.message_id.as_str()) {
+            assert_eq!(kind(o), *want, "{}", n.message_id);
+        }
+        if let ClaimOutcome::Created(c) = o {
+            assert_eq!(c.payload, n.payload, "{}: ready to perform", n.message_id);
+        }
+    }
+    for (id, counts) in [
+        ("c1", (1, 0)),
+        ("c3", (0, 1)),
+        ("c4", (0, 0)),
+        ("lost-1", (0, 0)),
+    ] {
+        let c = s.get("payments", "", id).await.unwrap().unwrap();
+        assert_eq!((c.duplicate_count, c.mismatch_count), counts, "{id}");
+    }
+
+    // Settles at once; c5 was taken over by a sweeper first, so its settle changes nothing.
+    take_over(&s, "c5").await;
+    let created: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            ClaimOutcome::Created(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(created.len(), 32);
+    let tasks: Vec<_> = created
+        .iter()
+        .map(|c| {
+            let (s, id, attempt) = (s.clone(), c.id, c.attempt);
+            tokio::spawn(async move {
+                let done = Settlement {
+                    state: Some(ClaimState::Completed),
+                    provider_status: Some(200),
+                    ..Default::default()
+                };
+                s.settle(id, attempt, &done, &ev()).await.unwrap()
+            })
+        })
+        .collect();
+    for (c, t) in created.iter().zip(tasks) {
+        assert_eq!(t.await.unwrap(), c.message_id != "c5", "{}", c.message_id);
+    }
+    let c5 = s.get("payments", "", "c5").await.unwrap().unwrap();
+    assert_eq!((c5.state, c5.attempt), (ClaimState::Started, 2));
+    let c6 = s.get("payments", "", "c6").await.unwrap().unwrap();
+    assert_eq!(c6.state, ClaimState::Completed);
+    assert_eq!(s.events(c6.id).await.unwrap().len(), 1, "one history line");
+}
+
+#[tokio::test]
+async fn concurrent_claims_and_settles_are_committed_together_sqlite() {
+    concurrent_calls(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_and_settles_are_committed_together_sqlite_threads() {
+    concurrent_calls(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn concurrent_claims_and_settles_are_committed_together_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    concurrent_calls(store).await;
 }
 
 /// Regression: two workers starting together on a fresh database both migrate; an index built

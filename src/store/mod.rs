@@ -2,15 +2,18 @@
 //! over a [`dialect::Dialect`] per database ([`postgres::PgStore`], [`sqlite::SqliteStore`]).
 //!
 //! - `sql_store`: the one body — every operation, its arguments and its rules.
+//! - `batch`: group commit — concurrent claims and settles written together, for both.
 //! - `dialect`: what a database supplies (statement texts, how a time is stored, the extras
 //!   only it has) and the binding and row reading shared by all.
-//! - `rows`: claims from rows. `postgres` (`sql`, `batch`) and `sqlite` (`sql`): the dialects.
+//! - `rows`: claims from rows. `postgres` (`sql`, `many`) and `sqlite` (`sql`, `many`): the
+//!   dialects.
 //!
 //! Every state change is a conditional update fenced on `attempt` and `state = 'started'`
 //! (invariant I2); every time is the database's clock, never the worker's.
 
 #[macro_use]
 pub mod dialect;
+mod batch;
 pub mod postgres;
 mod rows;
 pub mod sql_store;
@@ -421,22 +424,20 @@ pub trait ClaimStore: Send + Sync + 'static {
 /// A shared store handle.
 pub type Store = Arc<dyn ClaimStore>;
 
-/// Opens the store named by `url` (PostgreSQL with batched writes: see [`open_with`]).
+/// Opens the store named by `url`, with batched writes (see [`open_with`]).
 pub async fn open(url: &str, max_connections: u32) -> StoreResult<Store> {
     open_with(url, max_connections, true).await
 }
 
-/// Opens the store named by `url`. `batch_writes` lets the PostgreSQL driver send concurrent
-/// claims and settles together (see [`postgres::PgStore`]); SQLite ignores it (its writes are
-/// serialised anyway).
+/// Opens the store named by `url`. `batch_writes` lets the driver commit concurrent claims
+/// and settles together (see [`sql_store::SqlStore`]); `false` commits each on its own.
 pub async fn open_with(url: &str, max_connections: u32, batch_writes: bool) -> StoreResult<Store> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let pg = postgres::PgStore::connect(url, max_connections).await?;
         Ok(Arc::new(if batch_writes { pg } else { pg.unbatched() }))
     } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(
-            sqlite::SqliteStore::connect(url, max_connections).await?,
-        ))
+        let lite = sqlite::SqliteStore::connect(url, max_connections).await?;
+        Ok(Arc::new(if batch_writes { lite } else { lite.unbatched() }))
     } else {
         Err(StoreError::BadUrl(url.to_string()))
     }

@@ -2,12 +2,14 @@
 //! [`Dialect`](super::dialect::Dialect) that supplies what really differs between PostgreSQL
 //! and SQLite — the SQL text of each named statement, how times are stored (`timestamptz` in
 //! one and integer milliseconds in the other), and the extras only one of them has
-//! (PostgreSQL's batched writes and advisory lock, SQLite's percentiles).
+//! (PostgreSQL's advisory lock and multi-row statements, SQLite's percentiles). Concurrent
+//! claims and settles are committed together through the [`batch`](super::batch) module.
 //!
 //! Every rule lives here or in the claim model: fencing (`attempt` and `state = 'started'`) is
 //! in the arguments every settle binds, and which states an operator may move a claim from is
 //! asked of [`ClaimState::can_move_to`] and bound into the statement's `WHERE`.
 
+use super::batch::Batcher;
 use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
 use super::rows::{claim_from_row, taken_from_row};
 use super::{
@@ -18,13 +20,43 @@ use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::instrument;
 
 /// A claim store over one SQL dialect.
+///
+/// Unless made [`unbatched`](SqlStore::unbatched), concurrent
+/// [`claim`](ClaimStore::claim) and [`settle`](ClaimStore::settle) calls are committed
+/// together (see the `batch` module); every answer still waits for the commit of its row.
 #[derive(Debug, Clone)]
 pub struct SqlStore<D> {
     pub(crate) dialect: D,
+    /// Where concurrent writes wait to be committed together; `None`: one by one.
+    batch: Option<Arc<Batcher>>,
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// The store over `dialect`, with concurrent claims and settles committed together. Must
+    /// be called inside a Tokio runtime (it starts the batching tasks).
+    pub(crate) fn batched(dialect: D) -> Self {
+        let plain = SqlStore {
+            dialect,
+            batch: None,
+        };
+        SqlStore {
+            batch: Some(Batcher::start(plain.clone())),
+            ..plain
+        }
+    }
+
+    /// The same store with every call written on its own (one commit per claim or settle).
+    pub fn unbatched(self) -> Self {
+        SqlStore {
+            batch: None,
+            ..self
+        }
+    }
 }
 
 /// Milliseconds of a duration, saturating.
@@ -39,6 +71,69 @@ fn key_args<'a>(consumer: &'a str, tenant: &'a str, message_id: &'a str) -> [Arg
         Arg::Text(tenant),
         Arg::Text(message_id),
     ]
+}
+
+/// The arguments of the `insert_claim` statement.
+pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; 11] {
+    [
+        Arg::Text(&new.consumer),
+        Arg::Text(&new.tenant),
+        Arg::Text(&new.message_id),
+        Arg::Text(&new.idem_key),
+        Arg::Text(&new.fingerprint),
+        Arg::Bytes(&new.payload),
+        Arg::Text(&new.content_type),
+        Arg::Text(&new.worker),
+        Arg::I64(ms(new.lease)),
+        Arg::Text(&new.claim_token),
+        Arg::Bool(new.mark_not_called),
+    ]
+}
+
+/// The arguments of the `count_repeat` statement.
+pub(crate) fn repeat_args(new: &NewClaim) -> [Arg<'_>; 5] {
+    [
+        Arg::Text(&new.consumer),
+        Arg::Text(&new.tenant),
+        Arg::Text(&new.message_id),
+        Arg::Text(&new.fingerprint),
+        Arg::Text(&new.claim_token),
+    ]
+}
+
+/// The arguments of the fenced `settle` statement (I2: the attempt held).
+pub(crate) fn settle_args(id: i64, attempt: i32, s: &Settlement) -> [Arg<'_>; 9] {
+    [
+        Arg::I64(id),
+        Arg::I32(attempt),
+        Arg::OptText(s.state.map(ClaimState::as_str)),
+        Arg::OptI32(s.provider_status),
+        Arg::OptText(s.provider_response.as_deref()),
+        Arg::OptText(s.error.as_deref()),
+        Arg::Bool(s.reconciled),
+        Arg::Bool(s.handoff_not_applied),
+        Arg::Bool(s.release_lease),
+    ]
+}
+
+/// A new claim as its caller gets it: with its payload, ready to perform.
+pub(crate) fn created(new: &NewClaim, mut claim: Claim) -> ClaimOutcome {
+    claim.payload = new.payload.clone();
+    ClaimOutcome::Created(claim)
+}
+
+/// What a claim whose key was already taken is to `new`: its own row (a commit whose reply
+/// was lost), a duplicate, or a mismatch. The repeat was counted by `count_repeat`.
+pub(crate) fn repeat_outcome(new: &NewClaim, claim: Claim) -> ClaimOutcome {
+    if new.inserted(&claim) {
+        // This call's own row: its commit's reply was lost (or its batch failed as a whole
+        // after committing). It is new, not a duplicate.
+        created(new, claim)
+    } else if claim.fingerprint == new.fingerprint {
+        ClaimOutcome::Duplicate(claim)
+    } else {
+        ClaimOutcome::Mismatch(claim)
+    }
 }
 
 /// The states an operator may move a claim from to reach `to` (at most two, repeated to fill
@@ -82,55 +177,16 @@ impl<D: Dialect> SqlStore<D> {
         // the two statements makes the repeat-count miss; the loop then claims it afresh.
         for _ in 0..3 {
             let inserted = self
-                .fetch(
-                    "insert_claim",
-                    sql.insert_claim,
-                    &[
-                        Arg::Text(&new.consumer),
-                        Arg::Text(&new.tenant),
-                        Arg::Text(&new.message_id),
-                        Arg::Text(&new.idem_key),
-                        Arg::Text(&new.fingerprint),
-                        Arg::Bytes(&new.payload),
-                        Arg::Text(&new.content_type),
-                        Arg::Text(&new.worker),
-                        Arg::I64(ms(new.lease)),
-                        Arg::Text(&new.claim_token),
-                        Arg::Bool(new.mark_not_called),
-                    ],
-                )
+                .fetch("insert_claim", sql.insert_claim, &insert_args(new))
                 .await?;
             if let Some(row) = inserted.first() {
-                let mut claim = claim_from_row(row)?;
-                claim.payload = new.payload.clone();
-                return Ok(ClaimOutcome::Created(claim));
+                return Ok(created(new, claim_from_row(row)?));
             }
             let existing = self
-                .fetch(
-                    "count_repeat",
-                    sql.count_repeat,
-                    &[
-                        Arg::Text(&new.consumer),
-                        Arg::Text(&new.tenant),
-                        Arg::Text(&new.message_id),
-                        Arg::Text(&new.fingerprint),
-                        Arg::Text(&new.claim_token),
-                    ],
-                )
+                .fetch("count_repeat", sql.count_repeat, &repeat_args(new))
                 .await?;
             if let Some(row) = existing.first() {
-                let mut claim = claim_from_row(row)?;
-                if new.inserted(&claim) {
-                    // This call's own row: its commit's reply was lost (or its batch failed
-                    // as a whole after committing). It is new, not a duplicate.
-                    claim.payload = new.payload.clone();
-                    return Ok(ClaimOutcome::Created(claim));
-                }
-                return Ok(if claim.fingerprint == new.fingerprint {
-                    ClaimOutcome::Duplicate(claim)
-                } else {
-                    ClaimOutcome::Mismatch(claim)
-                });
+                return Ok(repeat_outcome(new, claim_from_row(row)?));
             }
         }
         Err(StoreError::Corrupt(format!(
@@ -147,17 +203,7 @@ impl<D: Dialect> SqlStore<D> {
         s: &Settlement,
         event: &NewEvent<'_>,
     ) -> StoreResult<bool> {
-        let args = [
-            Arg::I64(id),
-            Arg::I32(attempt),
-            Arg::OptText(s.state.map(ClaimState::as_str)),
-            Arg::OptI32(s.provider_status),
-            Arg::OptText(s.provider_response.as_deref()),
-            Arg::OptText(s.error.as_deref()),
-            Arg::Bool(s.reconciled),
-            Arg::Bool(s.handoff_not_applied),
-            Arg::Bool(s.release_lease),
-        ];
+        let args = settle_args(id, attempt, s);
         let changed = self
             .dialect
             .update_logged(LoggedWrite {
@@ -262,7 +308,9 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
 
     #[instrument(skip_all, fields(consumer = %new.consumer, tenant = %new.tenant, message_id = %new.message_id))]
     async fn claim(&self, new: &NewClaim) -> StoreResult<ClaimOutcome> {
-        if let Some(answer) = self.dialect.claim_batched(new).await {
+        if let Some(b) = &self.batch
+            && let Some(answer) = b.claim(new).await
+        {
             return answer;
         }
         self.claim_one(new).await
@@ -270,14 +318,19 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
 
     async fn claim_many(&self, new: &[NewClaim]) -> StoreResult<Vec<ClaimOutcome>> {
         let refs: Vec<&NewClaim> = new.iter().collect();
-        let created = match self.dialect.insert_many(&refs).await {
-            Some(created) if new.len() > 1 => created?,
-            _ => vec![None; new.len()],
+        let many = if new.len() > 1 || D::BATCH_SINGLES {
+            self.dialect.insert_many(&refs).await
+        } else {
+            None
+        };
+        let decided = match many {
+            Some(decided) => decided?,
+            None => vec![None; new.len()],
         };
         let mut out = Vec::with_capacity(new.len());
-        for (n, c) in new.iter().zip(created) {
-            out.push(match c {
-                Some(c) => ClaimOutcome::Created(c),
+        for (n, o) in new.iter().zip(decided) {
+            out.push(match o {
+                Some(o) => o,
                 None => self.claim_one(n).await?,
             });
         }
@@ -308,14 +361,16 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         s: &Settlement,
         event: &NewEvent<'_>,
     ) -> StoreResult<bool> {
-        if let Some(answer) = self.dialect.settle_batched(id, attempt, s, event).await {
+        if let Some(b) = &self.batch
+            && let Some(answer) = b.settle(id, attempt, s, event).await
+        {
             return answer;
         }
         self.settle_one(id, attempt, s, event).await
     }
 
     async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
-        if items.len() > 1
+        if (items.len() > 1 || D::BATCH_SINGLES)
             && let Some(done) = self.dialect.settle_many(items).await
         {
             return done;
