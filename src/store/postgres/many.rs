@@ -4,8 +4,8 @@
 //! one-row path, which counts the repeat.
 
 use crate::claim::{Claim, NewClaim};
+use crate::store::args::{created as created_outcome, ms};
 use crate::store::rows::claim_from_row;
-use crate::store::sql_store::{created as created_outcome, ms};
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use sqlx::PgPool;
 use std::collections::HashMap;

@@ -9,9 +9,9 @@
 
 use super::{SqliteDialect, sql};
 use crate::claim::NewClaim;
+use crate::store::args::{created, insert_args, repeat_args, repeat_outcome, settle_args};
 use crate::store::dialect::{LoggedWrite, SqlPool, SqlRow, event_args};
 use crate::store::rows::claim_from_row;
-use crate::store::sql_store::{created, insert_args, repeat_args, repeat_outcome, settle_args};
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Sqlite, SqliteConnection};
