@@ -40,8 +40,10 @@ pub type SqliteStore = SqlStore<SqliteDialect>;
 #[derive(Debug, Clone)]
 pub struct SqliteDialect {
     sql: SqlPool<Sqlite>,
-    /// The transactions of this process queue here for SQLite's one write lock, instead of in
-    /// its busy handler (which sleeps up to 100 ms between tries).
+    /// The batches of this process queue here for SQLite's one write lock, instead of in its
+    /// busy handler (which sleeps up to 100 ms between tries). The one-row writes (operator
+    /// moves, fallbacks, `batch_writes = false`) do not take it: held by settles alone it
+    /// starved them behind claims that were not queued on it.
     writer: Arc<Mutex<()>>,
     /// One pruner at a time within the (single) process.
     prune_lock: Arc<Mutex<()>>,
@@ -140,7 +142,6 @@ impl Dialect for SqliteDialect {
     }
 
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<SqliteRow>> {
-        let _writer = self.writer.lock().await;
         let mut tx = self.sql.pool.begin().await.map_err(err("begin"))?;
         let row = many::logged(&mut tx, w).await?;
         if row.is_some() {
