@@ -23,18 +23,20 @@
 //! `BENCH_CONCURRENCY` client connections [64]; `BENCH_POOL` database pool size [16];
 //! `BENCH_CONSUMER_CONCURRENCY` claimd's consumer `concurrency` [= BENCH_CONCURRENCY];
 //! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,
-//! claimd-pg-wide]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
-//! before claiming (the intake order before claims-ahead), `claimd-pg-unbatched` has
-//! `[store] batch_writes = false`, `claimd-pg-wide` consumer concurrency
+//! claimd-pg-wide,underway]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
+//! before claiming (the intake order before claims-ahead), `claimd-pg-unbatched` (and
+//! `claimd-sqlite-unbatched`, not run by default) has `[store] batch_writes = false`, `claimd-pg-wide` consumer concurrency
 //! `BENCH_WIDE_CONCURRENCY` [256]: more effects in flight than client connections; `BENCH_DB_CALLERS` concurrent callers of the batched store
 //! [256]; `BENCH_DB_N` claims in the
 //! database-only section [50000, 0 skips it]; `BENCH_BATCH` batch size there [64];
+//! `underway`: the job-queue peer (see `peers`), `BENCH_PEER_N` posts per peer run [20000];
 //! `BENCH_INFLIGHT` one extra claimd-pg run (`claimd-pg-memory`) `latency_ms:concurrency:n` for memory with many
 //! effects in flight [2000:1000:10000, empty skips it]; `BENCH_PG` admin URL
 //! [postgres://postgres@127.0.0.1:5432/postgres]; `BENCH_CSV` [target/bench/throughput.csv].
 
 mod client;
 mod db_only;
+mod peers;
 mod run;
 mod servers;
 #[path = "../support/mod.rs"]
@@ -62,8 +64,35 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use client::*;
 use db_only::*;
+use peers::*;
 use run::*;
 use servers::*;
+
+/// claimd's throughput as a multiple of each peer's, per provider latency (from this run).
+fn print_peer_ratios(rates: &[(String, u64, f64)]) {
+    let rate = |d: &str, l: u64| {
+        rates
+            .iter()
+            .find(|(x, y, _)| x == d && *y == l)
+            .map(|r| r.2)
+    };
+    let mut lines = Vec::new();
+    for (peer, latency, peer_rate) in rates.iter().filter(|r| PEERS.contains(&r.0.as_str())) {
+        for claimd in ["claimd-pg", "claimd-sqlite", "claimd-pg-wide"] {
+            if let Some(c) = rate(claimd, *latency) {
+                lines.push(format!(
+                    "| {claimd} / {peer} | {latency} | {c:.0} | {peer_rate:.0} | {:.1}× |",
+                    c / peer_rate
+                ));
+            }
+        }
+    }
+    if !lines.is_empty() {
+        println!("\n| claimd / peer | provider latency ms | claimd msgs/s | peer msgs/s | ratio |");
+        println!("|---|---|---|---|---|");
+        println!("{}", lines.join("\n"));
+    }
+}
 
 #[tokio::main]
 async fn main() {
@@ -73,6 +102,7 @@ async fn main() {
         return;
     }
     let n: usize = env_or("BENCH_N", 100_000);
+    let peer_n: usize = env_or("BENCH_PEER_N", 20_000);
     let concurrency: usize = env_or("BENCH_CONCURRENCY", 64);
     let pool: u32 = env_or("BENCH_POOL", 16);
     let consumer_concurrency: u32 = env_or("BENCH_CONSUMER_CONCURRENCY", concurrency as u32);
@@ -83,7 +113,8 @@ async fn main() {
         .collect();
     let designs: Vec<String> = env_or(
         "BENCH_DESIGNS",
-        "direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,claimd-pg-wide"
+        "direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,claimd-pg-wide,\
+         underway"
             .to_string(),
     )
     .split(',')
@@ -113,7 +144,11 @@ async fn main() {
                 } else {
                     consumer_concurrency
                 },
-                n,
+                n: if PEERS.contains(&d.as_str()) {
+                    peer_n
+                } else {
+                    n
+                },
             });
         }
     }
@@ -130,6 +165,7 @@ async fn main() {
     let mut csv = String::from(
         "design,latency_ms,n,client_concurrency,pool,consumer_concurrency,msgs_per_s,ack_p50_ms,ack_p99_ms,settled_p50_ms,settled_p99_ms,peak_rss_mib,peak_in_flight,pg_xacts_per_msg,retries_503,non_2xx,load1_before,load1_after\n",
     );
+    let mut rates: Vec<(String, u64, f64)> = Vec::new();
     let mut table = vec![
         format!(
             "client connections: {concurrency}; database pool: {pool} (txn, claimd-pg, claimd-sqlite); 10% of posts are duplicates"
@@ -141,7 +177,8 @@ async fn main() {
     for (i, run) in runs.iter().enumerate() {
         eprintln!("running {run:?} (load {:.2})", load1());
         let r = run_one(&pg, run, concurrency, pool, i).await;
-        let cc = if run.design.starts_with("claimd") {
+        rates.push((run.design.clone(), run.latency_ms, r.msgs_per_s));
+        let cc = if run.design.starts_with("claimd") || PEERS.contains(&run.design.as_str()) {
             run.consumer_concurrency.to_string()
         } else {
             "-".into()
@@ -195,6 +232,7 @@ async fn main() {
     std::fs::write(&csv_path, &csv).unwrap();
     println!("{}", table.join("\n"));
     println!("\n(csv: {csv_path})");
+    print_peer_ratios(&rates);
 
     if db_n > 0 {
         let rows = db_only(&pg, db_n, pool, batch, db_callers).await;

@@ -107,7 +107,8 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         | "claimd-pg-wide"
         | "claimd-pg-memory"
         | "claimd-pg-park" => ("claimd", pg.create(&dbname).await),
-        "claimd-sqlite" => (
+        "underway" => ("underway", pg.create(&dbname).await),
+        "claimd-sqlite" | "claimd-sqlite-unbatched" => (
             "claimd",
             format!("sqlite://{}", tmp.path().join("claims.db").display()),
         ),
@@ -122,7 +123,7 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         .env("BENCH_POOL", pool.to_string())
         .env(
             "CLAIMD__STORE__BATCH_WRITES",
-            (run.design != "claimd-pg-unbatched").to_string(),
+            (!run.design.ends_with("-unbatched")).to_string(),
         )
         .env(
             "BENCH_CONSUMER_CONCURRENCY",
@@ -162,6 +163,9 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
     let mut polls = 0i64;
     let (settled, elapsed) = if mode == "claimd" {
         let (lat, last) = wait_settled(&store, &mut polls).await;
+        (lat, (last - start_wall).max(client_s))
+    } else if PEERS.contains(&mode) {
+        let (lat, last) = wait_jobs(mode, &store, &mut polls).await;
         (lat, (last - start_wall).max(client_s))
     } else {
         (client.ack_ms.clone(), client_s)

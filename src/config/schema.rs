@@ -45,8 +45,9 @@ pub struct StoreConfig {
     /// Connection pool size.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
-    /// PostgreSQL: send concurrent claims and settles together, one statement per batch
-    /// (default `true`; each message still gets its answer only after its row committed).
+    /// Commit concurrent claims (and, apart, settles) together: one multi-row statement per
+    /// batch on PostgreSQL, one transaction per batch on SQLite (default `true`; each message
+    /// still gets its answer only after the commit that holds its row).
     #[serde(default = "default_true")]
     pub batch_writes: bool,
 }

@@ -15,8 +15,8 @@ macro_rules! claim_cols {
     };
 }
 
-use super::{ClaimOutcome, NewEvent, SettleItem, Settlement, StoreError, StoreResult};
-use crate::claim::{Claim, NewClaim};
+use super::{ClaimOutcome, NewEvent, SettleItem, StoreError, StoreResult};
+use crate::claim::NewClaim;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::query::Query;
@@ -140,7 +140,7 @@ pub struct Statements {
 
 /// What a database supplies to the one body.
 #[async_trait]
-pub trait Dialect: Send + Sync + 'static {
+pub trait Dialect: Clone + Send + Sync + 'static {
     /// Its result rows.
     type Row: SqlRow;
 
@@ -168,29 +168,26 @@ pub trait Dialect: Send + Sync + 'static {
     /// whatever happens to the pruning task.
     async fn retention_lock(&self) -> StoreResult<Option<Box<dyn RetentionLock>>>;
 
-    /// Claims through the dialect's batching, when it has one.
-    async fn claim_batched(&self, _new: &NewClaim) -> Option<StoreResult<ClaimOutcome>> {
-        None
-    }
+    /// Background tasks per kind of batched write ([`batch`](super::batch)).
+    const BATCH_WORKERS: usize;
 
-    /// Settles through the dialect's batching, when it has one.
-    async fn settle_batched(
+    /// Whether a batch of one call also goes through [`insert_many`](Dialect::insert_many)
+    /// and [`settle_many`](Dialect::settle_many) (SQLite: every write then queues for the one
+    /// writer in process, instead of in SQLite's sleeping busy handler).
+    const BATCH_SINGLES: bool = false;
+
+    /// Claims many at once, committed together, when the dialect can: per item its outcome,
+    /// or `None` when it is left to the one-row path (a key already claimed, which that path
+    /// counts as a repeat).
+    async fn insert_many(
         &self,
-        _id: i64,
-        _attempt: i32,
-        _s: &Settlement,
-        _event: &NewEvent<'_>,
-    ) -> Option<StoreResult<bool>> {
+        _new: &[&NewClaim],
+    ) -> Option<StoreResult<Vec<Option<ClaimOutcome>>>> {
         None
     }
 
-    /// Inserts many claims in one statement, when the dialect can: per item the new claim,
-    /// or `None` when the key was already claimed.
-    async fn insert_many(&self, _new: &[&NewClaim]) -> Option<StoreResult<Vec<Option<Claim>>>> {
-        None
-    }
-
-    /// Settles many claims (distinct ids) in one statement, when the dialect can.
+    /// Settles many claims (distinct ids) in one commit, when the dialect can, each fenced on
+    /// its own attempt, each with its history line.
     async fn settle_many(&self, _items: &[SettleItem<'_>]) -> Option<StoreResult<Vec<bool>>> {
         None
     }

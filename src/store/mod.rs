@@ -2,19 +2,30 @@
 //! over a [`dialect::Dialect`] per database ([`postgres::PgStore`], [`sqlite::SqliteStore`]).
 //!
 //! - `sql_store`: the one body — every operation, its arguments and its rules.
+//! - `batch`: group commit — concurrent claims and settles written together, for both.
 //! - `dialect`: what a database supplies (statement texts, how a time is stored, the extras
 //!   only it has) and the binding and row reading shared by all.
-//! - `rows`: claims from rows. `postgres` (`sql`, `batch`) and `sqlite` (`sql`): the dialects.
+//! - `args`: what each statement binds, and what a key already taken means for a claim.
+//! - `error`: [`StoreError`]; `url`: store URLs redacted for display and checked at load.
+//! - `rows`: claims from rows. `postgres` (`sql`, `many`) and `sqlite` (`sql`, `many`): the
+//!   dialects.
 //!
 //! Every state change is a conditional update fenced on `attempt` and `state = 'started'`
 //! (invariant I2); every time is the database's clock, never the worker's.
 
 #[macro_use]
 pub mod dialect;
+mod args;
+mod batch;
+mod error;
 pub mod postgres;
 mod rows;
 pub mod sql_store;
 pub mod sqlite;
+mod url;
+
+pub use error::{StoreError, StoreResult};
+pub use url::{check_url, redact_url};
 
 pub use crate::claim::Handoff;
 use crate::claim::{Claim, ClaimState, NewClaim};
@@ -23,62 +34,6 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What can go wrong talking to the store.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database cannot be reached (connection refused, pool timed out, I/O).
-    #[error("store unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
-    /// A statement failed for another reason.
-    #[error("store query {query} failed: {source}")]
-    Query {
-        /// The named statement.
-        query: &'static str,
-        /// The driver's error.
-        source: sqlx::Error,
-    },
-    /// Migrations could not be applied.
-    #[error("migrations failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    /// A stored value makes no sense (an unknown state name, say).
-    #[error("corrupt row in claims: {0}")]
-    Corrupt(String),
-    /// The store URL is not one claimd knows (shown with its credentials redacted).
-    #[error("store url {}: expected sqlite:... or postgres://...", redact_url(.0))]
-    BadUrl(String),
-}
-
-impl StoreError {
-    /// Wraps a driver error from the named statement, telling outages apart from bugs.
-    pub fn from_sqlx(query: &'static str, source: sqlx::Error) -> Self {
-        match source {
-            sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(source),
-            sqlx::Error::Database(ref db)
-                if db.code().is_some_and(|c| {
-                    // 57P01 admin shutdown, 57P03 cannot connect now, 08xxx connection errors,
-                    // SQLITE_BUSY (5) and SQLITE_LOCKED (6).
-                    c.starts_with("08") || c == "57P01" || c == "57P03" || c == "5" || c == "6"
-                }) =>
-            {
-                StoreError::Unavailable(source)
-            }
-            source => StoreError::Query { query, source },
-        }
-    }
-
-    /// Whether retrying later may succeed.
-    pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
-    }
-}
-
-/// Result alias for store calls.
-pub type StoreResult<T> = Result<T, StoreError>;
 
 /// The answer to a claim attempt.
 #[derive(Debug, Clone)]
@@ -421,111 +376,23 @@ pub trait ClaimStore: Send + Sync + 'static {
 /// A shared store handle.
 pub type Store = Arc<dyn ClaimStore>;
 
-/// Opens the store named by `url` (PostgreSQL with batched writes: see [`open_with`]).
+/// Opens the store named by `url`, with batched writes (see [`open_with`]).
 pub async fn open(url: &str, max_connections: u32) -> StoreResult<Store> {
     open_with(url, max_connections, true).await
 }
 
-/// Opens the store named by `url`. `batch_writes` lets the PostgreSQL driver send concurrent
-/// claims and settles together (see [`postgres::PgStore`]); SQLite ignores it (its writes are
-/// serialised anyway).
+/// Opens the store named by `url`. `batch_writes` lets the driver commit concurrent claims
+/// and settles together (see [`sql_store::SqlStore`]); `false` commits each on its own.
 pub async fn open_with(url: &str, max_connections: u32, batch_writes: bool) -> StoreResult<Store> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let pg = postgres::PgStore::connect(url, max_connections).await?;
         Ok(Arc::new(if batch_writes { pg } else { pg.unbatched() }))
     } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(
-            sqlite::SqliteStore::connect(url, max_connections).await?,
-        ))
+        let lite = sqlite::SqliteStore::connect(url, max_connections).await?;
+        Ok(Arc::new(if batch_writes { lite } else { lite.unbatched() }))
     } else {
         Err(StoreError::BadUrl(url.to_string()))
     }
-}
-
-/// Query parameters whose values are secrets (libpq's `password`, tokens in HTTP URLs).
-const SECRET_PARAMS: [&str; 8] = [
-    "password",
-    "sslpassword",
-    "pass",
-    "token",
-    "secret",
-    "access_token",
-    "api_key",
-    "apikey",
-];
-
-/// `url` as claimd prints it (errors, logs, report, page): the password of the user part
-/// (`user:***@host`) and the values of secret query parameters (`?password=***`) replaced.
-///
-/// Works on text that is not a valid URL too (a mistyped `postgres//user:pw@host/db` is shown
-/// as `postgres//user:***@host/db`): whatever precedes the last `@` of the authority is
-/// credentials.
-pub fn redact_url(url: &str) -> String {
-    // The authority starts after `//`; without one, everything before the last `@` is
-    // treated as credentials.
-    let start = url.find("//").map(|i| i + 2).unwrap_or(0);
-    let (head, rest) = url.split_at(start);
-    let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
-    let (before_query, query) = rest.split_at(query_at);
-    let mut out = String::with_capacity(url.len());
-    out.push_str(head);
-    match before_query.rfind('@') {
-        Some(at) => {
-            let userinfo = &before_query[..at];
-            match userinfo.split_once(':') {
-                Some((user, _password)) => {
-                    out.push_str(user);
-                    out.push_str(":***");
-                }
-                None => out.push_str(userinfo),
-            }
-            out.push_str(&before_query[at..]);
-        }
-        None => out.push_str(before_query),
-    }
-    let Some(params) = query.strip_prefix('?') else {
-        out.push_str(query);
-        return out;
-    };
-    let (params, fragment) = params.split_at(params.find('#').unwrap_or(params.len()));
-    out.push('?');
-    let redacted: Vec<String> = params
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str()) => {
-                format!("{k}=***")
-            }
-            _ => pair.to_string(),
-        })
-        .collect();
-    out.push_str(&redacted.join("&"));
-    out.push_str(fragment);
-    out
-}
-
-/// Checks a `[store] url` at configuration load: `sqlite:...`, or a `postgres://` /
-/// `postgresql://` URL the driver can parse. The error shows the URL redacted.
-pub fn check_url(url: &str) -> Result<(), String> {
-    if url.starts_with("sqlite:") {
-        return std::str::FromStr::from_str(url)
-            .map(|_: sqlx::sqlite::SqliteConnectOptions| ())
-            .map_err(|e| format!("{}: {e}", redact_url(url)));
-    }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return std::str::FromStr::from_str(url)
-            .map(|_: sqlx::postgres::PgConnectOptions| ())
-            .map_err(|e| {
-                format!(
-                    "{}: not a PostgreSQL URL the driver can read ({})",
-                    redact_url(url),
-                    redact_url(&e.to_string())
-                )
-            });
-    }
-    Err(format!(
-        "{}: must start with sqlite: or postgres:// (postgresql://)",
-        redact_url(url)
-    ))
 }
 
 /// A message id as a dead-letter record keeps it: control characters escaped, at most 255 bytes.
@@ -544,58 +411,4 @@ pub fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     s[..end].to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_and_secret_parameters_are_redacted_from_urls() {
-        for (url, want) in [
-            (
-                "postgres://claimd:hunter2@db:5432/claims",
-                "postgres://claimd:***@db:5432/claims",
-            ),
-            (
-                "postgres//claimd:hunter2@db/claims",
-                "postgres//claimd:***@db/claims",
-            ),
-            (
-                "postgresql+tls://claimd:hunter2@db/claims",
-                "postgresql+tls://claimd:***@db/claims",
-            ),
-            ("postgres://u:p@ss:w@rd@db/x", "postgres://u:***@db/x"),
-            (
-                "postgres://db/x?user=u&password=hunter2&sslmode=require",
-                "postgres://db/x?user=u&password=***&sslmode=require",
-            ),
-            (
-                "amqp://guest:guest@rabbit:5672/%2f",
-                "amqp://guest:***@rabbit:5672/%2f",
-            ),
-            ("postgres://claimd@db/claims", "postgres://claimd@db/claims"),
-            ("sqlite://claimd.db", "sqlite://claimd.db"),
-            ("user:hunter2@db", "user:***@db"),
-        ] {
-            assert_eq!(redact_url(url), want, "{url}");
-        }
-    }
-
-    #[test]
-    fn store_urls_are_checked_without_printing_the_password() {
-        assert!(check_url("sqlite://claimd.db").is_ok());
-        assert!(check_url("postgres://claimd:pw@db:5432/claims").is_ok());
-        for bad in [
-            "postgres//claimd:hunter2@db/claims",
-            "postgresql+tls://claimd:hunter2@db/claims",
-            "postgres://claimd:hunter2@db:notaport/claims",
-            "mysql://claimd:hunter2@db/claims",
-        ] {
-            let e = check_url(bad).unwrap_err();
-            assert!(!e.contains("hunter2"), "{e}");
-        }
-        let e = StoreError::BadUrl("mysql://u:hunter2@db/x".into()).to_string();
-        assert!(!e.contains("hunter2") && e.contains("u:***@db"), "{e}");
-    }
 }

@@ -2,12 +2,18 @@
 //! [`Dialect`](super::dialect::Dialect) that supplies what really differs between PostgreSQL
 //! and SQLite — the SQL text of each named statement, how times are stored (`timestamptz` in
 //! one and integer milliseconds in the other), and the extras only one of them has
-//! (PostgreSQL's batched writes and advisory lock, SQLite's percentiles).
+//! (PostgreSQL's advisory lock and multi-row statements, SQLite's percentiles). Concurrent
+//! claims and settles are committed together through the [`batch`](super::batch) module.
 //!
 //! Every rule lives here or in the claim model: fencing (`attempt` and `state = 'started'`) is
 //! in the arguments every settle binds, and which states an operator may move a claim from is
 //! asked of [`ClaimState::can_move_to`] and bound into the statement's `WHERE`.
 
+use super::args::{
+    created, insert_args, key_args, ms, operator_from_states, repeat_args, repeat_outcome,
+    settle_args,
+};
+use super::batch::Batcher;
 use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
 use super::rows::{claim_from_row, taken_from_row};
 use super::{
@@ -18,41 +24,42 @@ use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::instrument;
 
 /// A claim store over one SQL dialect.
+///
+/// Unless made [`unbatched`](SqlStore::unbatched), concurrent
+/// [`claim`](ClaimStore::claim) and [`settle`](ClaimStore::settle) calls are committed
+/// together (see the `batch` module); every answer still waits for the commit of its row.
 #[derive(Debug, Clone)]
 pub struct SqlStore<D> {
     pub(crate) dialect: D,
+    /// Where concurrent writes wait to be committed together; `None`: one by one.
+    batch: Option<Arc<Batcher>>,
 }
 
-/// Milliseconds of a duration, saturating.
-pub(crate) fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+impl<D: Dialect> SqlStore<D> {
+    /// The store over `dialect`, with concurrent claims and settles committed together. Must
+    /// be called inside a Tokio runtime (it starts the batching tasks).
+    pub(crate) fn batched(dialect: D) -> Self {
+        let plain = SqlStore {
+            dialect,
+            batch: None,
+        };
+        SqlStore {
+            batch: Some(Batcher::start(plain.clone())),
+            ..plain
+        }
+    }
 
-/// A claim's identity, as the statements that look one up bind it.
-fn key_args<'a>(consumer: &'a str, tenant: &'a str, message_id: &'a str) -> [Arg<'a>; 3] {
-    [
-        Arg::Text(consumer),
-        Arg::Text(tenant),
-        Arg::Text(message_id),
-    ]
-}
-
-/// The states an operator may move a claim from to reach `to` (at most two, repeated to fill
-/// both parameters): the rule is the claim model's.
-fn operator_from_states(to: ClaimState) -> Option<[&'static str; 2]> {
-    let from: Vec<&'static str> = [ClaimState::NeedsAttention, ClaimState::Failed]
-        .into_iter()
-        .filter(|s| s.can_move_to(to))
-        .map(ClaimState::as_str)
-        .collect();
-    match from.as_slice() {
-        [] => None,
-        [one] => Some([one, one]),
-        [a, b, ..] => Some([a, b]),
+    /// The same store with every call written on its own (one commit per claim or settle).
+    pub fn unbatched(self) -> Self {
+        SqlStore {
+            batch: None,
+            ..self
+        }
     }
 }
 
@@ -82,55 +89,16 @@ impl<D: Dialect> SqlStore<D> {
         // the two statements makes the repeat-count miss; the loop then claims it afresh.
         for _ in 0..3 {
             let inserted = self
-                .fetch(
-                    "insert_claim",
-                    sql.insert_claim,
-                    &[
-                        Arg::Text(&new.consumer),
-                        Arg::Text(&new.tenant),
-                        Arg::Text(&new.message_id),
-                        Arg::Text(&new.idem_key),
-                        Arg::Text(&new.fingerprint),
-                        Arg::Bytes(&new.payload),
-                        Arg::Text(&new.content_type),
-                        Arg::Text(&new.worker),
-                        Arg::I64(ms(new.lease)),
-                        Arg::Text(&new.claim_token),
-                        Arg::Bool(new.mark_not_called),
-                    ],
-                )
+                .fetch("insert_claim", sql.insert_claim, &insert_args(new))
                 .await?;
             if let Some(row) = inserted.first() {
-                let mut claim = claim_from_row(row)?;
-                claim.payload = new.payload.clone();
-                return Ok(ClaimOutcome::Created(claim));
+                return Ok(created(new, claim_from_row(row)?));
             }
             let existing = self
-                .fetch(
-                    "count_repeat",
-                    sql.count_repeat,
-                    &[
-                        Arg::Text(&new.consumer),
-                        Arg::Text(&new.tenant),
-                        Arg::Text(&new.message_id),
-                        Arg::Text(&new.fingerprint),
-                        Arg::Text(&new.claim_token),
-                    ],
-                )
+                .fetch("count_repeat", sql.count_repeat, &repeat_args(new))
                 .await?;
             if let Some(row) = existing.first() {
-                let mut claim = claim_from_row(row)?;
-                if new.inserted(&claim) {
-                    // This call's own row: its commit's reply was lost (or its batch failed
-                    // as a whole after committing). It is new, not a duplicate.
-                    claim.payload = new.payload.clone();
-                    return Ok(ClaimOutcome::Created(claim));
-                }
-                return Ok(if claim.fingerprint == new.fingerprint {
-                    ClaimOutcome::Duplicate(claim)
-                } else {
-                    ClaimOutcome::Mismatch(claim)
-                });
+                return Ok(repeat_outcome(new, claim_from_row(row)?));
             }
         }
         Err(StoreError::Corrupt(format!(
@@ -147,17 +115,7 @@ impl<D: Dialect> SqlStore<D> {
         s: &Settlement,
         event: &NewEvent<'_>,
     ) -> StoreResult<bool> {
-        let args = [
-            Arg::I64(id),
-            Arg::I32(attempt),
-            Arg::OptText(s.state.map(ClaimState::as_str)),
-            Arg::OptI32(s.provider_status),
-            Arg::OptText(s.provider_response.as_deref()),
-            Arg::OptText(s.error.as_deref()),
-            Arg::Bool(s.reconciled),
-            Arg::Bool(s.handoff_not_applied),
-            Arg::Bool(s.release_lease),
-        ];
+        let args = settle_args(id, attempt, s);
         let changed = self
             .dialect
             .update_logged(LoggedWrite {
@@ -262,7 +220,9 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
 
     #[instrument(skip_all, fields(consumer = %new.consumer, tenant = %new.tenant, message_id = %new.message_id))]
     async fn claim(&self, new: &NewClaim) -> StoreResult<ClaimOutcome> {
-        if let Some(answer) = self.dialect.claim_batched(new).await {
+        if let Some(b) = &self.batch
+            && let Some(answer) = b.claim(new).await
+        {
             return answer;
         }
         self.claim_one(new).await
@@ -270,14 +230,19 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
 
     async fn claim_many(&self, new: &[NewClaim]) -> StoreResult<Vec<ClaimOutcome>> {
         let refs: Vec<&NewClaim> = new.iter().collect();
-        let created = match self.dialect.insert_many(&refs).await {
-            Some(created) if new.len() > 1 => created?,
-            _ => vec![None; new.len()],
+        let many = if new.len() > 1 || D::BATCH_SINGLES {
+            self.dialect.insert_many(&refs).await
+        } else {
+            None
+        };
+        let decided = match many {
+            Some(decided) => decided?,
+            None => vec![None; new.len()],
         };
         let mut out = Vec::with_capacity(new.len());
-        for (n, c) in new.iter().zip(created) {
-            out.push(match c {
-                Some(c) => ClaimOutcome::Created(c),
+        for (n, o) in new.iter().zip(decided) {
+            out.push(match o {
+                Some(o) => o,
                 None => self.claim_one(n).await?,
             });
         }
@@ -308,14 +273,16 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         s: &Settlement,
         event: &NewEvent<'_>,
     ) -> StoreResult<bool> {
-        if let Some(answer) = self.dialect.settle_batched(id, attempt, s, event).await {
+        if let Some(b) = &self.batch
+            && let Some(answer) = b.settle(id, attempt, s, event).await
+        {
             return answer;
         }
         self.settle_one(id, attempt, s, event).await
     }
 
     async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
-        if items.len() > 1
+        if (items.len() > 1 || D::BATCH_SINGLES)
             && let Some(done) = self.dialect.settle_many(items).await
         {
             return done;
@@ -630,28 +597,5 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         .await;
         lock.release().await;
         pruned
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn operators_move_claims_only_from_the_states_the_model_allows() {
-        assert_eq!(
-            operator_from_states(ClaimState::Completed),
-            Some(["needs_attention", "failed"])
-        );
-        // failed -> failed is no move.
-        assert_eq!(
-            operator_from_states(ClaimState::Failed),
-            Some(["needs_attention", "needs_attention"])
-        );
-        assert_eq!(
-            operator_from_states(ClaimState::Started),
-            Some(["needs_attention", "failed"])
-        );
-        assert_eq!(operator_from_states(ClaimState::NeedsAttention), None);
     }
 }

@@ -2,52 +2,40 @@
 //! arbitrates claims, `FOR UPDATE SKIP LOCKED` splits stale claims between sweepers, and an
 //! advisory lock lets one instance prune at a time. The store's behaviour is the one body of
 //! [`SqlStore`]; this module supplies PostgreSQL's statements ([`sql`]), how values are bound
-//! and read, the batched writes ([`batch`]) and the retention lock.
+//! and read, the multi-row writes the group commit uses ([`many`]) and the retention lock.
 
 #[macro_use]
 mod sql;
-mod batch;
+mod many;
 
 pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
 
-use crate::claim::{Claim, NewClaim};
+use crate::claim::NewClaim;
 use crate::store::dialect::{
     ClaimDb, Dialect, LoggedWrite, RetentionLock, SqlPool, Statements, event_args,
 };
 use crate::store::sql_store::SqlStore;
-use crate::store::{ClaimOutcome, NewEvent, SettleItem, Settlement, StoreError, StoreResult};
+use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use async_trait::async_trait;
-use batch::{Batcher, PendingClaim, PendingSettle};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgPool, Postgres, Row};
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, mpsc, oneshot};
 
 /// The PostgreSQL claim store.
 ///
-/// Unless made with [`PgStore::unbatched`], concurrent [`claim`](crate::store::ClaimStore::claim)
-/// and [`settle`](crate::store::ClaimStore::settle) calls are coalesced into multi-row
-/// statements (see the `batch` module); every answer still waits for the commit of its row.
+/// Unless made [`unbatched`](SqlStore::unbatched), concurrent
+/// [`claim`](crate::store::ClaimStore::claim) and [`settle`](crate::store::ClaimStore::settle)
+/// calls are coalesced into multi-row statements; every answer still waits for the commit of
+/// its row.
 pub type PgStore = SqlStore<PgDialect>;
 
-/// PostgreSQL as a [`Dialect`]: the pool and, when writes are batched, where they wait.
-#[derive(Clone)]
+/// PostgreSQL as a [`Dialect`]: the pool.
+#[derive(Debug, Clone)]
 pub struct PgDialect {
     sql: SqlPool<Postgres>,
-    batch: Option<Arc<Batcher>>,
-}
-
-impl std::fmt::Debug for PgDialect {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgDialect")
-            .field("pool", &self.sql.pool)
-            .field("batched", &self.batch.is_some())
-            .finish()
-    }
 }
 
 impl SqlStore<PgDialect> {
@@ -61,38 +49,9 @@ impl SqlStore<PgDialect> {
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy_with(options);
-        let plain = SqlStore {
-            dialect: PgDialect {
-                sql: SqlPool { pool },
-                batch: None,
-            },
-        };
-        let (claims, claims_rx) = mpsc::channel(batch::MAX_BATCH * batch::BATCH_WORKERS);
-        let (settles, settles_rx) = mpsc::channel(batch::MAX_BATCH * batch::BATCH_WORKERS);
-        let (claims_rx, settles_rx) = (
-            Arc::new(Mutex::new(claims_rx)),
-            Arc::new(Mutex::new(settles_rx)),
-        );
-        for _ in 0..batch::BATCH_WORKERS {
-            tokio::spawn(batch::claim_worker(plain.clone(), claims_rx.clone()));
-            tokio::spawn(batch::settle_worker(plain.clone(), settles_rx.clone()));
-        }
-        Ok(SqlStore {
-            dialect: PgDialect {
-                batch: Some(Arc::new(Batcher { claims, settles })),
-                ..plain.dialect
-            },
-        })
-    }
-
-    /// The same store with every call sent on its own (one statement per claim or settle).
-    pub fn unbatched(self) -> Self {
-        SqlStore {
-            dialect: PgDialect {
-                batch: None,
-                ..self.dialect
-            },
-        }
+        Ok(SqlStore::batched(PgDialect {
+            sql: SqlPool { pool },
+        }))
     }
 
     /// The pool, for tests and benchmarks that need raw SQL.
@@ -147,6 +106,8 @@ impl Dialect for PgDialect {
     type Runner = SqlPool<Postgres>;
     const NAME: &'static str = "postgres";
     const SQL: Statements = sql::STATEMENTS;
+    /// Several statements in flight at once: PostgreSQL commits them in parallel.
+    const BATCH_WORKERS: usize = 4;
 
     async fn migrate(&self) -> StoreResult<()> {
         sqlx::migrate!("migrations/postgres")
@@ -192,44 +153,14 @@ impl Dialect for PgDialect {
         Ok(locked.then(|| Box::new(PgRetentionLock(conn)) as Box<dyn RetentionLock>))
     }
 
-    async fn claim_batched(&self, new: &NewClaim) -> Option<StoreResult<ClaimOutcome>> {
-        let b = self.batch.as_ref()?;
-        let (done, answer) = oneshot::channel();
-        let p = PendingClaim {
-            new: new.clone(),
-            done,
-        };
-        if b.claims.send(p).await.is_ok()
-            && let Ok(r) = answer.await
-        {
-            return Some(r);
-        }
-        None
-    }
-
-    async fn settle_batched(
+    async fn insert_many(
         &self,
-        id: i64,
-        attempt: i32,
-        s: &Settlement,
-        event: &NewEvent<'_>,
-    ) -> Option<StoreResult<bool>> {
-        let b = self.batch.as_ref()?;
-        let (done, answer) = oneshot::channel();
-        let p = PendingSettle::new(id, attempt, s, event, done);
-        if b.settles.send(p).await.is_ok()
-            && let Ok(r) = answer.await
-        {
-            return Some(r);
-        }
-        None
-    }
-
-    async fn insert_many(&self, new: &[&NewClaim]) -> Option<StoreResult<Vec<Option<Claim>>>> {
-        Some(batch::insert_batch(&self.sql.pool, new).await)
+        new: &[&NewClaim],
+    ) -> Option<StoreResult<Vec<Option<ClaimOutcome>>>> {
+        Some(many::insert_batch(&self.sql.pool, new).await)
     }
 
     async fn settle_many(&self, items: &[SettleItem<'_>]) -> Option<StoreResult<Vec<bool>>> {
-        Some(batch::settle_batch(&self.sql.pool, items).await)
+        Some(many::settle_batch(&self.sql.pool, items).await)
     }
 }

@@ -2,17 +2,19 @@
 //! by SQLite itself, `synchronous = FULL` so an acknowledged claim survives a power cut.
 //! Times are INTEGER milliseconds from SQLite's clock. The store's behaviour is the one body
 //! of [`SqlStore`]; this module supplies SQLite's statements ([`sql`]), how values are bound
-//! and read, a transaction for a write and its history line, an in-process retention lock,
-//! and nearest-rank percentiles (SQLite has no percentile function).
+//! and read, a transaction for a write and its history line, the transactions of its group
+//! commit ([`many`]), an in-process retention lock, and nearest-rank percentiles (SQLite has
+//! no percentile function).
 
+mod many;
 mod sql;
 
+use crate::claim::NewClaim;
 use crate::store::dialect::{
     Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, Runner, SqlPool, SqlRow, Statements,
-    event_args,
 };
 use crate::store::sql_store::SqlStore;
-use crate::store::{StoreError, StoreResult};
+use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::query::Query;
@@ -27,18 +29,30 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 /// The SQLite claim store.
+///
+/// Unless made [`unbatched`](SqlStore::unbatched), concurrent
+/// [`claim`](crate::store::ClaimStore::claim) and [`settle`](crate::store::ClaimStore::settle)
+/// calls are committed together, one transaction per batch; every answer still waits for the
+/// commit of its row.
 pub type SqliteStore = SqlStore<SqliteDialect>;
 
-/// SQLite as a [`Dialect`]: the pool and the in-process retention lock.
+/// SQLite as a [`Dialect`]: the pool, the writer lock and the in-process retention lock.
 #[derive(Debug, Clone)]
 pub struct SqliteDialect {
     sql: SqlPool<Sqlite>,
+    /// The batches of this process queue here for SQLite's one write lock, instead of in its
+    /// busy handler (which sleeps up to 100 ms between tries). The one-row writes (operator
+    /// moves, fallbacks, `batch_writes = false`) do not take it: held by settles alone it
+    /// starved them behind claims that were not queued on it.
+    writer: Arc<Mutex<()>>,
     /// One pruner at a time within the (single) process.
     prune_lock: Arc<Mutex<()>>,
 }
 
 impl SqlStore<SqliteDialect> {
-    /// Opens (creating if needed) the database named by `url`.
+    /// Opens (creating if needed) the database named by `url`, with concurrent claims and
+    /// settles committed together (see [`SqliteStore`]). Must be called inside a Tokio runtime
+    /// (it starts the batching tasks).
     pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| StoreError::from_sqlx("connect", e))?
@@ -53,12 +67,11 @@ impl SqlStore<SqliteDialect> {
             .connect_with(options)
             .await
             .map_err(|e| StoreError::from_sqlx("connect", e))?;
-        Ok(SqlStore {
-            dialect: SqliteDialect {
-                sql: SqlPool { pool },
-                prune_lock: Arc::new(Mutex::new(())),
-            },
-        })
+        Ok(SqlStore::batched(SqliteDialect {
+            sql: SqlPool { pool },
+            writer: Arc::new(Mutex::new(())),
+            prune_lock: Arc::new(Mutex::new(())),
+        }))
     }
 
     /// The pool, for tests and benchmarks that need raw SQL.
@@ -111,6 +124,10 @@ impl Dialect for SqliteDialect {
     type Runner = SqlPool<Sqlite>;
     const NAME: &'static str = "sqlite";
     const SQL: Statements = sql::STATEMENTS;
+    /// One writer: a second task would only wait for the first one's lock, while the calls
+    /// arriving meanwhile make the next batch larger.
+    const BATCH_WORKERS: usize = 1;
+    const BATCH_SINGLES: bool = true;
 
     async fn migrate(&self) -> StoreResult<()> {
         sqlx::migrate!("migrations/sqlite")
@@ -126,23 +143,22 @@ impl Dialect for SqliteDialect {
 
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<SqliteRow>> {
         let mut tx = self.sql.pool.begin().await.map_err(err("begin"))?;
-        let Some(row) = SqlPool::<Sqlite>::query(w.sql, w.args)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err(w.name))?
-        else {
-            return Ok(None);
-        };
-        let (id, attempt) = (row.i64("id")?, row.i32("attempt")?);
-        SqlPool::<Sqlite>::query(
-            sql::STATEMENTS.insert_event,
-            &event_args(id, attempt, w.event),
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(err("insert_event"))?;
-        tx.commit().await.map_err(err("commit"))?;
-        Ok(Some(row))
+        let row = many::logged(&mut tx, w).await?;
+        if row.is_some() {
+            tx.commit().await.map_err(err("commit"))?;
+        }
+        Ok(row)
+    }
+
+    async fn insert_many(
+        &self,
+        new: &[&NewClaim],
+    ) -> Option<StoreResult<Vec<Option<ClaimOutcome>>>> {
+        Some(self.claim_together(new).await)
+    }
+
+    async fn settle_many(&self, items: &[SettleItem<'_>]) -> Option<StoreResult<Vec<bool>>> {
+        Some(self.settle_together(items).await)
     }
 
     async fn retention_lock(&self) -> StoreResult<Option<Box<dyn RetentionLock>>> {

@@ -1,19 +1,14 @@
-//! PostgreSQL's batched writes: concurrent `claim` and `settle` calls wait here briefly and a
-//! few background tasks send whatever is waiting as one multi-row statement
-//! ([`INSERT_CLAIMS`], [`SETTLE_MANY`]), so under load one commit serves many messages. Each
-//! caller still gets its own answer only after the statement carrying its row has committed
-//! (I1), and each settle stays fenced on its own `attempt` (I2). With one call waiting, the
-//! one-row statement of the common body is used, so an idle worker adds no delay.
+//! PostgreSQL's multi-row writes, used by the group commit of the `batch` module: many claims
+//! in one `INSERT … SELECT … FROM unnest(…)` ([`INSERT_CLAIMS`]) and many fenced settles with
+//! their history lines in one statement ([`SETTLE_MANY`]). A conflicting claim is left to the
+//! one-row path, which counts the repeat.
 
-use super::PgStore;
 use crate::claim::{Claim, NewClaim};
+use crate::store::args::{created as created_outcome, ms};
 use crate::store::rows::claim_from_row;
-use crate::store::sql_store::ms;
-use crate::store::{ClaimOutcome, NewEvent, SettleItem, Settlement, StoreError, StoreResult};
+use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use sqlx::PgPool;
 use std::collections::HashMap;
-use std::sync::Arc;
-use tokio::sync::{Mutex, mpsc, oneshot};
 
 /// Many claims in one statement (committed together, before any effect: I1). Rows that
 /// conflict are skipped here and looked at one by one afterwards.
@@ -57,160 +52,12 @@ pub(super) const SETTLE_MANY: &str = "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     SELECT id, attempt, actor, action, outcome, estatus, detail FROM s RETURNING claim_id";
 
-/// Background tasks per kind of batched statement (each holds at most one connection).
-pub(super) const BATCH_WORKERS: usize = 4;
-/// Most rows in one batched statement.
-pub(super) const MAX_BATCH: usize = 256;
-
-/// Where `claim` and `settle` calls wait to be sent together.
-pub(super) struct Batcher {
-    pub(super) claims: mpsc::Sender<PendingClaim>,
-    pub(super) settles: mpsc::Sender<PendingSettle>,
-}
-
-pub(super) struct PendingClaim {
-    pub(super) new: NewClaim,
-    pub(super) done: oneshot::Sender<StoreResult<ClaimOutcome>>,
-}
-
-pub(super) struct PendingSettle {
-    id: i64,
-    attempt: i32,
-    settlement: Settlement,
-    actor: String,
-    action: String,
-    outcome: String,
-    provider_status: Option<i32>,
-    detail: Option<String>,
-    done: oneshot::Sender<StoreResult<bool>>,
-}
-
-impl PendingSettle {
-    /// A settle to send with others; `done` gets its answer.
-    pub(super) fn new(
-        id: i64,
-        attempt: i32,
-        s: &Settlement,
-        event: &NewEvent<'_>,
-        done: oneshot::Sender<StoreResult<bool>>,
-    ) -> Self {
-        PendingSettle {
-            id,
-            attempt,
-            settlement: s.clone(),
-            actor: event.actor.to_string(),
-            action: event.action.to_string(),
-            outcome: event.outcome.to_string(),
-            provider_status: event.provider_status,
-            detail: event.detail.map(str::to_string),
-            done,
-        }
-    }
-
-    fn item(&self) -> SettleItem<'_> {
-        SettleItem {
-            id: self.id,
-            attempt: self.attempt,
-            settlement: self.settlement.clone(),
-            event: self.event(),
-        }
-    }
-
-    fn event(&self) -> NewEvent<'_> {
-        NewEvent {
-            actor: &self.actor,
-            action: &self.action,
-            outcome: &self.outcome,
-            provider_status: self.provider_status,
-            detail: self.detail.as_deref(),
-        }
-    }
-}
-
-/// Waits for one call, then takes every other call already waiting (up to [`MAX_BATCH`]).
-async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>) -> Option<Vec<T>> {
-    let mut rx = rx.lock().await;
-    let first = rx.recv().await?;
-    let mut batch = vec![first];
-    while batch.len() < MAX_BATCH {
-        match rx.try_recv() {
-            Ok(p) => batch.push(p),
-            Err(_) => break,
-        }
-    }
-    Some(batch)
-}
-
-pub(super) async fn claim_worker(store: PgStore, rx: Arc<Mutex<mpsc::Receiver<PendingClaim>>>) {
-    while let Some(mut batch) = next_batch(&rx).await {
-        if batch.len() == 1 {
-            let p = batch.pop().expect("one");
-            let _ = p.done.send(store.claim_one(&p.new).await);
-            continue;
-        }
-        let news: Vec<&NewClaim> = batch.iter().map(|p| &p.new).collect();
-        match insert_batch(store.pool(), &news).await {
-            Ok(created) => {
-                for (p, c) in batch.into_iter().zip(created) {
-                    match c {
-                        Some(c) => {
-                            let _ = p.done.send(Ok(ClaimOutcome::Created(c)));
-                        }
-                        // A repeat: counted one by one, without holding up the others.
-                        None => {
-                            let s = store.clone();
-                            tokio::spawn(async move {
-                                let _ = p.done.send(s.claim_one(&p.new).await);
-                            });
-                        }
-                    }
-                }
-            }
-            // The statement failed. It may still have committed (the connection was cut after
-            // the commit): one by one, each with its own token, so a row the batch did insert
-            // is recognised as its caller's new claim, not taken for a duplicate.
-            Err(_) => {
-                for p in batch {
-                    let _ = p.done.send(store.claim_one(&p.new).await);
-                }
-            }
-        }
-    }
-}
-
-pub(super) async fn settle_worker(store: PgStore, rx: Arc<Mutex<mpsc::Receiver<PendingSettle>>>) {
-    while let Some(mut batch) = next_batch(&rx).await {
-        // One statement per round of distinct ids (a repeated id waits for the next round).
-        while !batch.is_empty() {
-            let mut seen = std::collections::HashSet::new();
-            let (round, rest): (Vec<_>, Vec<_>) =
-                batch.into_iter().partition(|p| seen.insert(p.id));
-            batch = rest;
-            if round.len() > 1 {
-                let items: Vec<SettleItem<'_>> = round.iter().map(PendingSettle::item).collect();
-                if let Ok(done) = settle_batch(store.pool(), &items).await {
-                    for (p, d) in round.into_iter().zip(done) {
-                        let _ = p.done.send(Ok(d));
-                    }
-                    continue;
-                }
-            }
-            // One call, or the batch failed as a whole (nothing committed): one by one.
-            for p in round {
-                let r = store
-                    .settle_one(p.id, p.attempt, &p.settlement, &p.event())
-                    .await;
-                let _ = p.done.send(r);
-            }
-        }
-    }
-}
-
+/// Inserts many claims in one statement: per item its new claim, or `None` when the key was
 /// already claimed (before, or earlier in this batch).
 pub(super) async fn insert_batch(
     pool: &PgPool,
     new: &[&NewClaim],
-) -> StoreResult<Vec<Option<Claim>>> {
+) -> StoreResult<Vec<Option<ClaimOutcome>>> {
     let col = |f: fn(&NewClaim) -> &str| new.iter().map(|n| f(n)).collect::<Vec<&str>>();
     let rows = sqlx::query(INSERT_CLAIMS)
         .bind(col(|n| &n.consumer))
@@ -247,10 +94,7 @@ pub(super) async fn insert_batch(
         .map(|n| {
             created
                 .remove(&(n.consumer.clone(), n.tenant.clone(), n.message_id.clone()))
-                .map(|mut c| {
-                    c.payload = n.payload.clone();
-                    c
-                })
+                .map(|c| created_outcome(n, c))
         })
         .collect())
 }

@@ -1,0 +1,128 @@
+//! What each statement of the one body binds ([`Arg`]s in the order its `Statements` field
+//! documents), and the rules the rows are read by that more than one write path shares: what
+//! a key already taken means for a claim ([`repeat_outcome`]), and which states an operator may
+//! move a claim from ([`operator_from_states`]).
+
+use super::dialect::Arg;
+use super::{ClaimOutcome, Settlement};
+use crate::claim::{Claim, ClaimState, NewClaim};
+use std::time::Duration;
+
+/// Milliseconds of a duration, saturating.
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A claim's identity, as the statements that look one up bind it.
+pub(crate) fn key_args<'a>(
+    consumer: &'a str,
+    tenant: &'a str,
+    message_id: &'a str,
+) -> [Arg<'a>; 3] {
+    [
+        Arg::Text(consumer),
+        Arg::Text(tenant),
+        Arg::Text(message_id),
+    ]
+}
+
+/// The arguments of the `insert_claim` statement.
+pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; 11] {
+    [
+        Arg::Text(&new.consumer),
+        Arg::Text(&new.tenant),
+        Arg::Text(&new.message_id),
+        Arg::Text(&new.idem_key),
+        Arg::Text(&new.fingerprint),
+        Arg::Bytes(&new.payload),
+        Arg::Text(&new.content_type),
+        Arg::Text(&new.worker),
+        Arg::I64(ms(new.lease)),
+        Arg::Text(&new.claim_token),
+        Arg::Bool(new.mark_not_called),
+    ]
+}
+
+/// The arguments of the `count_repeat` statement.
+pub(crate) fn repeat_args(new: &NewClaim) -> [Arg<'_>; 5] {
+    [
+        Arg::Text(&new.consumer),
+        Arg::Text(&new.tenant),
+        Arg::Text(&new.message_id),
+        Arg::Text(&new.fingerprint),
+        Arg::Text(&new.claim_token),
+    ]
+}
+
+/// The arguments of the fenced `settle` statement (I2: the attempt held).
+pub(crate) fn settle_args(id: i64, attempt: i32, s: &Settlement) -> [Arg<'_>; 9] {
+    [
+        Arg::I64(id),
+        Arg::I32(attempt),
+        Arg::OptText(s.state.map(ClaimState::as_str)),
+        Arg::OptI32(s.provider_status),
+        Arg::OptText(s.provider_response.as_deref()),
+        Arg::OptText(s.error.as_deref()),
+        Arg::Bool(s.reconciled),
+        Arg::Bool(s.handoff_not_applied),
+        Arg::Bool(s.release_lease),
+    ]
+}
+
+/// A new claim as its caller gets it: with its payload, ready to perform.
+pub(crate) fn created(new: &NewClaim, mut claim: Claim) -> ClaimOutcome {
+    claim.payload = new.payload.clone();
+    ClaimOutcome::Created(claim)
+}
+
+/// What a claim whose key was already taken is to `new`: its own row (a commit whose reply
+/// was lost), a duplicate, or a mismatch. The repeat was counted by `count_repeat`.
+pub(crate) fn repeat_outcome(new: &NewClaim, claim: Claim) -> ClaimOutcome {
+    if new.inserted(&claim) {
+        // This call's own row: its commit's reply was lost (or its batch failed as a whole
+        // after committing). It is new, not a duplicate.
+        created(new, claim)
+    } else if claim.fingerprint == new.fingerprint {
+        ClaimOutcome::Duplicate(claim)
+    } else {
+        ClaimOutcome::Mismatch(claim)
+    }
+}
+
+/// The states an operator may move a claim from to reach `to` (at most two, repeated to fill
+/// both parameters): the rule is the claim model's.
+pub(crate) fn operator_from_states(to: ClaimState) -> Option<[&'static str; 2]> {
+    let from: Vec<&'static str> = [ClaimState::NeedsAttention, ClaimState::Failed]
+        .into_iter()
+        .filter(|s| s.can_move_to(to))
+        .map(ClaimState::as_str)
+        .collect();
+    match from.as_slice() {
+        [] => None,
+        [one] => Some([one, one]),
+        [a, b, ..] => Some([a, b]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operators_move_claims_only_from_the_states_the_model_allows() {
+        assert_eq!(
+            operator_from_states(ClaimState::Completed),
+            Some(["needs_attention", "failed"])
+        );
+        // failed -> failed is no move.
+        assert_eq!(
+            operator_from_states(ClaimState::Failed),
+            Some(["needs_attention", "needs_attention"])
+        );
+        assert_eq!(
+            operator_from_states(ClaimState::Started),
+            Some(["needs_attention", "failed"])
+        );
+        assert_eq!(operator_from_states(ClaimState::NeedsAttention), None);
+    }
+}
