@@ -90,9 +90,11 @@ pub fn on_takeover(f: TakeoverFacts) -> Takeover {
         return Takeover::Perform { resend: false };
     }
     if i64::from(f.attempt) > i64::from(f.max_attempts) {
+        // `attempt` is the takeover about to start; the last one that ran was `attempt - 1`.
         return Takeover::Park(format!(
-            "attempts exhausted: attempt {} of max_attempts {}",
-            f.attempt, f.max_attempts
+            "attempts exhausted: {} attempts ended without a decision (max_attempts = {})",
+            f.attempt - 1,
+            f.max_attempts
         ));
     }
     if f.handoff == Some(Handoff::NotCalled) {
@@ -175,7 +177,8 @@ mod tests {
         };
         assert_eq!(on_takeover(f), Takeover::Perform { resend: false });
         let exhausted = TakeoverFacts { attempt: 9, ..f };
-        assert!(matches!(on_takeover(exhausted), Takeover::Park(_)));
+        assert!(matches!(on_takeover(exhausted), Takeover::Park(r)
+            if r == "attempts exhausted: 8 attempts ended without a decision (max_attempts = 8)"));
     }
 
     #[test]
