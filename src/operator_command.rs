@@ -240,7 +240,7 @@ mod tests {
                         };
                         let expect_config = config.unwrap_or(Path::new("config/default.toml"));
                         let cli = parse(&commands.redrive(claim));
-                        assert_eq!(cli.config, expect_config);
+                        assert_eq!(cli.config_path(), expect_config);
                         match cli.command {
                             Command::Claims {
                                 command:

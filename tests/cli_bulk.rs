@@ -13,19 +13,10 @@ use common::*;
 
 /// Runs `claimd --config CONFIG ARGS...` as operator `tester`: (exit code, stdout, stderr).
 fn claimd(config: &std::path::Path, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(claimd_bin())
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env("CLAIMD_LOG", "warn")
-        .env("CLAIMD_OPERATOR", "tester")
-        .output()
-        .expect("run claimd");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let config = config.to_string_lossy();
+    let mut all = vec!["--config", &config];
+    all.extend_from_slice(args);
+    cli_with_env(&all, &[("CLAIMD_OPERATOR", "tester")])
 }
 
 /// A migrated store with a `payments` consumer, and its configuration file.

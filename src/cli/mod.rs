@@ -323,11 +323,12 @@ pub fn init_logging(cli: Option<LogFormat>, config: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CLAIMD_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,sqlx=warn,tokio_cron_scheduler=warn")
     });
-    let format = cli
-        .unwrap_or(config)
-        .resolve(std::io::stderr().is_terminal());
+    let terminal = std::io::stderr().is_terminal();
+    let format = cli.unwrap_or(config).resolve(terminal);
+    // Colours only for a terminal: pretty lines sent to a file stay plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(terminal)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().with_current_span(true).try_init(),

@@ -343,9 +343,15 @@ fn unsafe_sigterm(pid: u32) {
 
 /// Runs a `claimd` CLI command to completion: (exit code, stdout, stderr).
 pub fn cli(args: &[&str]) -> (i32, String, String) {
+    cli_with_env(args, &[])
+}
+
+/// [`cli`] with these environment variables set too.
+pub fn cli_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = std::process::Command::new(claimd_bin())
         .args(args)
         .env("CLAIMD_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .expect("run claimd");
     (
