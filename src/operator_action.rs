@@ -141,7 +141,7 @@ pub async fn select_parked(
 #[derive(Debug)]
 pub enum Outcome {
     /// Done: the claim after the change.
-    Done(Claim),
+    Done(Box<Claim>),
     /// Not changed: the claim is in a state the action does not apply to (it moved since it
     /// was shown).
     Skipped(ClaimState),
@@ -196,7 +196,7 @@ pub async fn act(
         }
     };
     match result {
-        Ok(Some(Ok(c))) => Outcome::Done(c),
+        Ok(Some(Ok(c))) => Outcome::Done(Box::new(c)),
         Ok(Some(Err(s))) => Outcome::Skipped(s),
         Ok(None) => Outcome::Gone,
         Err(e) => Outcome::Failed(e),

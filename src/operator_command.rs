@@ -317,7 +317,12 @@ mod tests {
                 let line = commands.bulk(action, "-p", reason, reason, apply);
                 let (bulk, note) = match parse(&line).command {
                     Command::Claims {
-                        command: ClaimsCommand::Redrive { bulk, consumer: None, .. },
+                        command:
+                            ClaimsCommand::Redrive {
+                                bulk,
+                                consumer: None,
+                                ..
+                            },
                     } => (bulk, String::new()),
                     Command::Claims {
                         command:

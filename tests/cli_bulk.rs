@@ -49,7 +49,10 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
     }
     parked_claim(&s, "payments", "p4", "unknown outcome after timeout").await;
     parked_claim(&s, "refunds", "r1", "attempts exhausted: 503 from provider").await;
-    let before = s.events(s.get("payments", "", "p1").await.unwrap().unwrap().id).await.unwrap();
+    let before = s
+        .events(s.get("payments", "", "p1").await.unwrap().unwrap().id)
+        .await
+        .unwrap();
 
     let resolve = [
         "claims",
@@ -76,40 +79,75 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
     assert!(!lists(&out, "p4") && !lists(&out, "r1"), "{out}");
     assert!(out.contains("nothing changed"), "{out}");
     assert!(
-        out.contains("--reason-prefix 'attempts exhausted' --as failed --note 'provider shows no charge'")
-            && out.contains(" --yes"),
+        out.contains(
+            "--reason-prefix 'attempts exhausted' --as failed --note 'provider shows no charge'"
+        ) && out.contains(" --yes"),
         "the apply command is shown: {out}"
     );
     // The preview changed nothing.
-    for (consumer, id) in [("payments", "p1"), ("payments", "p2"), ("payments", "p3"), ("payments", "p4"), ("refunds", "r1")] {
-        assert_eq!(state(&s, consumer, id).await, (ClaimState::NeedsAttention, 1), "{id}");
+    for (consumer, id) in [
+        ("payments", "p1"),
+        ("payments", "p2"),
+        ("payments", "p3"),
+        ("payments", "p4"),
+        ("refunds", "r1"),
+    ] {
+        assert_eq!(
+            state(&s, consumer, id).await,
+            (ClaimState::NeedsAttention, 1),
+            "{id}"
+        );
     }
     let id1 = s.get("payments", "", "p1").await.unwrap().unwrap().id;
     assert_eq!(s.events(id1).await.unwrap().len(), before.len());
 
     // Someone redrives p2 between the preview and --yes.
-    s.redrive("payments", "", "p2", "operator:someone-else").await.unwrap().unwrap().unwrap();
+    s.redrive("payments", "", "p2", "operator:someone-else")
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 
     let mut apply = resolve.to_vec();
     apply.push("--yes");
     let (code, out, err) = claimd(&cfg, &apply);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("2 done"), "{out}");
-    assert!(!lists(&out, "p2"), "p2 is no longer parked with that reason: {out}");
+    assert!(
+        !lists(&out, "p2"),
+        "p2 is no longer parked with that reason: {out}"
+    );
     for id in ["p1", "p3"] {
-        assert_eq!(state(&s, "payments", id).await, (ClaimState::Failed, 1), "{id}");
+        assert_eq!(
+            state(&s, "payments", id).await,
+            (ClaimState::Failed, 1),
+            "{id}"
+        );
         let c = s.get("payments", "", id).await.unwrap().unwrap();
         let last = s.events(c.id).await.unwrap().pop().unwrap();
         assert_eq!(last.actor, "operator:tester", "{id}");
-        assert_eq!(last.detail.as_deref(), Some("provider shows no charge"), "{id}");
+        assert_eq!(
+            last.detail.as_deref(),
+            Some("provider shows no charge"),
+            "{id}"
+        );
     }
     // p2 stays where the other operator put it; p4 and r1 were never selected.
     assert_eq!(state(&s, "payments", "p2").await, (ClaimState::Started, 2));
-    assert_eq!(state(&s, "payments", "p4").await, (ClaimState::NeedsAttention, 1));
-    assert_eq!(state(&s, "refunds", "r1").await, (ClaimState::NeedsAttention, 1));
+    assert_eq!(
+        state(&s, "payments", "p4").await,
+        (ClaimState::NeedsAttention, 1)
+    );
+    assert_eq!(
+        state(&s, "refunds", "r1").await,
+        (ClaimState::NeedsAttention, 1)
+    );
 
     // A bulk redrive of what is left (any reason), then nothing to do.
-    let (code, out, err) = claimd(&cfg, &["claims", "redrive", "--consumer", "payments", "--yes"]);
+    let (code, out, err) = claimd(
+        &cfg,
+        &["claims", "redrive", "--consumer", "payments", "--yes"],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("1 done") && lists(&out, "p4"), "{out}");
     assert_eq!(state(&s, "payments", "p4").await, (ClaimState::Started, 2));
@@ -121,17 +159,33 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
     // moved in between is skipped and stays as it was moved.
     parked_claim(&s, "payments", "t1", "timeout").await;
     parked_claim(&s, "payments", "t2", "timeout").await;
-    let listed = select_parked(s.as_ref(), "payments", "timeout").await.unwrap();
+    let listed = select_parked(s.as_ref(), "payments", "timeout")
+        .await
+        .unwrap();
     assert_eq!(listed.claims.len(), 2);
     assert!(!listed.more);
-    s.resolve("payments", "", "t2", ClaimState::Completed, "operator:other", "found it")
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    s.resolve(
+        "payments",
+        "",
+        "t2",
+        ClaimState::Completed,
+        "operator:other",
+        "found it",
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .unwrap();
     let mut results = Vec::new();
     for c in &listed.claims {
-        let o = act(s.as_ref(), Action::Redrive, &Target::of(c), "operator:tester", "").await;
+        let o = act(
+            s.as_ref(),
+            Action::Redrive,
+            &Target::of(c),
+            "operator:tester",
+            "",
+        )
+        .await;
         results.push((c.message_id.clone(), o));
     }
     for (id, o) in &results {
@@ -141,7 +195,10 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!(state(&s, "payments", "t2").await, (ClaimState::Completed, 1));
+    assert_eq!(
+        state(&s, "payments", "t2").await,
+        (ClaimState::Completed, 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,7 +223,14 @@ async fn bulk_is_capped(store: TestStore) {
         parked_claim(&s, "payments", &format!("m{i:03}"), "50% off_ by one").await;
     }
     parked_claim(&s, "payments", "other", "50x off by one").await;
-    let args = ["claims", "redrive", "--consumer", "payments", "--reason-prefix", "50% off_"];
+    let args = [
+        "claims",
+        "redrive",
+        "--consumer",
+        "payments",
+        "--reason-prefix",
+        "50% off_",
+    ];
     let (code, out, err) = claimd(&cfg, &args);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("would redrive 200 parked claims"), "{out}");
@@ -177,9 +241,14 @@ async fn bulk_is_capped(store: TestStore) {
     let (code, out, err) = claimd(&cfg, &apply);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("200 done"), "{out}");
-    let left = select_parked(s.as_ref(), "payments", "50% off_").await.unwrap();
+    let left = select_parked(s.as_ref(), "payments", "50% off_")
+        .await
+        .unwrap();
     assert_eq!(left.claims.len(), 1);
-    assert_eq!(state(&s, "payments", "other").await, (ClaimState::NeedsAttention, 1));
+    assert_eq!(
+        state(&s, "payments", "other").await,
+        (ClaimState::NeedsAttention, 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,7 +267,14 @@ async fn bulk_forms_are_capped_at_200_postgres() {
 /// The single and bulk forms cannot be mixed, and `--yes` belongs to the bulk form.
 #[test]
 fn the_two_forms_are_exclusive() {
-    let (code, _, err) = cli(&["claims", "redrive", "payments", "m1", "--consumer", "payments"]);
+    let (code, _, err) = cli(&[
+        "claims",
+        "redrive",
+        "payments",
+        "m1",
+        "--consumer",
+        "payments",
+    ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("cannot be used with"), "{err}");
     let (code, _, err) = cli(&["claims", "redrive", "payments", "m1", "--yes"]);

@@ -79,7 +79,9 @@ fn log_format_comes_from_the_configuration_unless_the_command_line_says() {
     let lines = warnings(&err);
     assert!(!lines.is_empty(), "a warning is logged: {err}");
     assert!(
-        lines.iter().all(|l| !l.starts_with('{') && l.contains("WARN")),
+        lines
+            .iter()
+            .all(|l| !l.starts_with('{') && l.contains("WARN")),
         "pretty lines: {err}"
     );
 
@@ -96,12 +98,18 @@ fn log_format_comes_from_the_configuration_unless_the_command_line_says() {
     let (code, _, err) = cli(&["--config", &auto, "report"]);
     assert_eq!(code, 0, "{err}");
     let lines = warnings(&err);
-    assert!(!lines.is_empty() && lines.iter().all(|l| l.starts_with('{')), "{err}");
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| l.starts_with('{')),
+        "{err}"
+    );
 
     let wrong = config_file(dir.path(), "[log]\nformat = \"loud\"\n");
     let (code, _, err) = cli(&["--config", &wrong, "report"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("log.format") && err.contains("pretty"), "{err}");
+    assert!(
+        err.contains("log.format") && err.contains("pretty"),
+        "{err}"
+    );
 }
 
 /// A `claimd` process killed when the test ends.
@@ -169,7 +177,15 @@ fn sandbox_reads_its_section_of_the_configuration_and_flags_win() {
 
     let other = free_port();
     let listen = format!("127.0.0.1:{other}");
-    let _flags = spawn(&["sandbox", "--config", &cfg, "--fail-rate", "0", "--listen", &listen]);
+    let _flags = spawn(&[
+        "sandbox",
+        "--config",
+        &cfg,
+        "--fail-rate",
+        "0",
+        "--listen",
+        &listen,
+    ]);
     let status = post_effect(other, "k2");
     assert!((200..300).contains(&status), "{status}");
 

@@ -20,7 +20,10 @@ pub(super) async fn bulk(
     config: &std::path::Path,
 ) -> Output {
     let Some(consumer) = args.consumer.as_deref() else {
-        return Output::fail(2, "name a claim (CONSUMER MESSAGE_ID) or a --consumer to select");
+        return Output::fail(
+            2,
+            "name a claim (CONSUMER MESSAGE_ID) or a --consumer to select",
+        );
     };
     let reason = args.reason_prefix.as_deref().unwrap_or("");
     let selection = match select_parked(app.store.as_ref(), consumer, reason).await {
@@ -56,7 +59,11 @@ pub(super) async fn bulk(
         let _ = writeln!(
             s,
             "over {BULK_LIMIT} claims match: {} the {BULK_LIMIT} newest; run it again for the rest, or narrow --reason-prefix",
-            if args.yes { "this acts on" } else { "this lists" }
+            if args.yes {
+                "this acts on"
+            } else {
+                "this lists"
+            }
         );
     }
     let commands = OperatorCommands::new(Some(config));

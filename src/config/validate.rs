@@ -16,7 +16,10 @@ impl Config {
             ("sandbox.ambiguous_rate", self.sandbox.ambiguous_rate),
         ] {
             if !(0.0..=1.0).contains(&p) {
-                return Err((key.into(), format!("{p} is not a probability between 0 and 1")));
+                return Err((
+                    key.into(),
+                    format!("{p} is not a probability between 0 and 1"),
+                ));
             }
         }
         for (key, schedule) in [

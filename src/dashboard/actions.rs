@@ -114,10 +114,11 @@ pub async fn preview(
         Err(r) => return *r,
     };
     if let Some(consumer) = p.consumer.clone() {
-        let selection = match select_parked(state.claimer.store().as_ref(), &consumer, &p.reason).await {
-            Ok(s) => s,
-            Err(e) => return crate::http::problem::store_down(e),
-        };
+        let selection =
+            match select_parked(state.claimer.store().as_ref(), &consumer, &p.reason).await {
+                Ok(s) => s,
+                Err(e) => return crate::http::problem::store_down(e),
+            };
         if selection.more {
             return refuse(&format!(
                 "Over {BULK_LIMIT} claims match: narrow the reason, or act on them in parts."
@@ -173,7 +174,9 @@ pub async fn apply(
     let store = state.claimer.store();
     let mut rows = Vec::new();
     for t in &p.claims {
-        let said = act(store.as_ref(), action, t, &actor, &p.note).await.describe();
+        let said = act(store.as_ref(), action, t, &actor, &p.note)
+            .await
+            .describe();
         tracing::info!(actor = %actor, action = action.name(), claim = %t.label(), result = %said, "operator page action");
         rows.push((t.label(), said));
     }

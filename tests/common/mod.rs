@@ -466,8 +466,20 @@ pub async fn payments_worker(http_extra: &str) -> (TestStore, Sandbox, Running) 
 /// A `needs_attention` claim `id` of `consumer` (no tenant) parked for `reason`, as the
 /// sweeper leaves one whose outcome it could not decide.
 pub async fn parked_claim(store: &claimd::store::Store, consumer: &str, id: &str, reason: &str) {
+    parked_claim_with_key(store, consumer, id, id, reason).await
+}
+
+/// [`parked_claim`] with idempotency key `key` (`payments::order-1001` is what the default
+/// template gives a claim without a tenant).
+pub async fn parked_claim_with_key(
+    store: &claimd::store::Store,
+    consumer: &str,
+    id: &str,
+    key: &str,
+    reason: &str,
+) {
     use claimd::store::{ClaimOutcome, NewEvent, Settlement};
-    let n = orphan_claim(consumer, "", id, id);
+    let n = orphan_claim(consumer, "", id, key);
     let ClaimOutcome::Created(c) = store.claim(&n).await.unwrap() else {
         panic!("new claim {id}")
     };
