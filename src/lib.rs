@@ -21,6 +21,7 @@ pub mod http;
 pub mod intake;
 pub mod lookup;
 pub mod metrics;
+pub mod operator_action;
 pub mod operator_command;
 pub mod policy;
 pub mod reconcile;

@@ -34,7 +34,6 @@ fn main() {
 
 async fn run() {
     let cli = claimd::cli::Cli::parse();
-    claimd::cli::init_logging(cli.log_format);
     let out = claimd::cli::execute(cli).await;
     let _ = std::io::stdout().write_all(out.stdout.as_bytes());
     let _ = std::io::stderr().write_all(out.stderr.as_bytes());

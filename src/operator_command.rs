@@ -8,6 +8,7 @@
 //! the same store.
 
 use crate::claim::ClaimState;
+use crate::operator_action::Action;
 use std::path::Path;
 
 /// Quotes a word for a POSIX shell (and zsh) so a pasted command passes it verbatim: plain
@@ -88,6 +89,40 @@ impl OperatorCommands {
     /// `claimd claims redrive ...`
     pub fn redrive(&self, claim: ClaimRef<'_>) -> String {
         self.claims("redrive", claim, vec![])
+    }
+
+    /// The bulk form: `claimd claims resolve|redrive --consumer C --reason-prefix R` (with
+    /// `--as` and `--note` for a resolve), then `--yes` when `apply`.
+    pub fn bulk(
+        &self,
+        action: Action,
+        consumer: &str,
+        reason_prefix: &str,
+        note: &str,
+        apply: bool,
+    ) -> String {
+        let mut options = vec![option("--consumer", consumer)];
+        if !reason_prefix.is_empty() {
+            options.push(option("--reason-prefix", reason_prefix));
+        }
+        let sub = match action {
+            Action::Redrive => "redrive",
+            Action::Complete | Action::Fail => {
+                let to = if action == Action::Complete {
+                    ClaimState::Completed
+                } else {
+                    ClaimState::Failed
+                };
+                options.push(option("--as", to.as_str()));
+                options.push(option("--note", note));
+                "resolve"
+            }
+        };
+        let mut cmd = self.with_options(format!("claimd claims {sub}"), options);
+        if apply {
+            cmd.push_str(" --yes");
+        }
+        cmd
     }
 
     /// `claimd sweep`
@@ -205,14 +240,15 @@ mod tests {
                         };
                         let expect_config = config.unwrap_or(Path::new("config/default.toml"));
                         let cli = parse(&commands.redrive(claim));
-                        assert_eq!(cli.config, expect_config);
+                        assert_eq!(cli.config_path(), expect_config);
                         match cli.command {
                             Command::Claims {
                                 command:
                                     ClaimsCommand::Redrive {
-                                        consumer: c,
-                                        message_id: m,
+                                        consumer: Some(c),
+                                        message_id: Some(m),
                                         tenant: t,
+                                        ..
                                     },
                             } => assert_eq!(
                                 (c.as_str(), t.as_str(), m.as_str()),
@@ -225,11 +261,12 @@ mod tests {
                             Command::Claims {
                                 command:
                                     ClaimsCommand::Resolve {
-                                        consumer: c,
-                                        message_id: m,
+                                        consumer: Some(c),
+                                        message_id: Some(m),
                                         to,
                                         note,
                                         tenant: t,
+                                        ..
                                     },
                             } => {
                                 assert_eq!(
@@ -269,6 +306,43 @@ mod tests {
                     command: ClaimsCommand::List { stuck: true, .. }
                 }
             ));
+        }
+    }
+
+    #[test]
+    fn bulk_commands_parse_back_to_the_same_selection() {
+        let commands = OperatorCommands::new(Some(Path::new("/etc/claimd/it's here.toml")));
+        for reason in HOSTILE.into_iter().chain([""]) {
+            for (action, apply) in [(Action::Redrive, false), (Action::Fail, true)] {
+                let line = commands.bulk(action, "-p", reason, reason, apply);
+                let (bulk, note) = match parse(&line).command {
+                    Command::Claims {
+                        command:
+                            ClaimsCommand::Redrive {
+                                bulk,
+                                consumer: None,
+                                ..
+                            },
+                    } => (bulk, String::new()),
+                    Command::Claims {
+                        command:
+                            ClaimsCommand::Resolve {
+                                bulk,
+                                note,
+                                to: ClaimState::Failed,
+                                consumer: None,
+                                ..
+                            },
+                    } => (bulk, note),
+                    other => panic!("{line}: {other:?}"),
+                };
+                assert_eq!(bulk.consumer.as_deref(), Some("-p"), "{line}");
+                assert_eq!(bulk.reason_prefix.unwrap_or_default(), reason, "{line}");
+                assert_eq!(bulk.yes, apply, "{line}");
+                if action != Action::Redrive {
+                    assert_eq!(note, reason, "{line}");
+                }
+            }
         }
     }
 

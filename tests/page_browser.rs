@@ -1,8 +1,8 @@
 //! The operator page in a real browser (issue 15): headless Chromium, driven through
 //! ChromeDriver's WebDriver protocol (plain HTTP + JSON), signs in, resolves one parked claim
 //! and redrives another by clicking the page's own forms, and the store is checked after each.
-//! Screenshots of the signed-in page and of a preview go to `target/` (copied to docs/ by
-//! hand). Needs `chromium` and `chromedriver` (Debian `chromium`, `chromium-driver`; `.ci/run`
+//! Screenshots of the signed-in page and of a preview go to `target/`, and also to
+//! `$CLAIMD_SCREENSHOT_DIR` when set (`CLAIMD_SCREENSHOT_DIR=docs` regenerates docs' pictures). Needs `chromium` and `chromedriver` (Debian `chromium`, `chromium-driver`; `.ci/run`
 //! installs them): missing, the test fails under `CI=true` and skips with a reason elsewhere.
 
 mod common;
@@ -183,7 +183,11 @@ impl Browser {
         assert!(png.starts_with(b"\x89PNG"));
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(name), png).unwrap();
+        std::fs::write(dir.join(name), &png).unwrap();
+        // `CLAIMD_SCREENSHOT_DIR=docs` regenerates the pictures README and docs show.
+        if let Some(docs) = std::env::var_os("CLAIMD_SCREENSHOT_DIR") {
+            std::fs::write(Path::new(&docs).join(name), &png).unwrap();
+        }
     }
 
     async fn quit(self) {
@@ -203,20 +207,50 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin\"").await;
     let base = format!("http://{}", running.http_addr);
     let s = running.app().store.clone();
-    parked_claim(
+    // A day's worth of ordinary work first (the page is also README's picture): payments
+    // posted through intake and performed by the provider, then two the sweeper had to park.
+    let http = client();
+    for (i, (amount, customer)) in [(4200, "cus_8472"), (1299, "cus_1175"), (15000, "cus_0931")]
+        .into_iter()
+        .enumerate()
+    {
+        let r = http
+            .post(format!("{base}/v1/messages/payments"))
+            .header("Idempotency-Key", format!("order-09{:02}", 71 + i))
+            .body(format!(
+                r#"{{"amount": {amount}, "currency": "EUR", "customer": "{customer}"}}"#
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    parked_claim_with_key(
         &s,
         "payments",
         "order-1001",
-        "outcome unknown (timeout); on_unknown = \"park\"",
+        "payments::order-1001",
+        "outcome unknown (timeout after 10s, request sent); on_unknown = \"park\"",
     )
     .await;
-    parked_claim(
+    parked_claim_with_key(
         &s,
         "payments",
         "order-1002",
-        "previous attempt ended without an answer",
+        "payments::order-1002",
+        "previous attempt ended without an answer (crash or timeout); on_unknown = \"park\"",
     )
     .await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            s.get("payments", "", "order-0973")
+                .await
+                .unwrap()
+                .is_some_and(|c| c.state == ClaimState::Completed)
+        })
+        .await,
+        "the posted payments complete"
+    );
 
     // The page sends a browser that is not signed in to the form.
     b.go(&format!("{base}/")).await;
@@ -225,7 +259,13 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     b.type_into("#token", "s3cret-admin").await;
     b.click("button[type=submit]").await;
     b.wait_for("signed in as").await;
-    b.screenshot("page-signed-in.png").await;
+    // The sweeper (every second here) has reported a pass: the page shows it running.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while b.source().await.contains("STARTING") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        b.go(&format!("{base}/")).await;
+    }
+    b.screenshot("dashboard.png").await;
 
     // Resolve order-1001 as completed, with a note, from its card.
     let card = "form.act:has(input[value=\"payments\t\torder-1001\"])";

@@ -1,5 +1,6 @@
 //! A provider of the user's own (not the sandbox): outages, permanent rejections, and proof
-//! that the provider is never called before the claim is committed (I1).
+//! that the provider is never called before the claim is committed (I1). A claim that
+//! completes after transient errors shows no last error; its history keeps them.
 
 mod common;
 
@@ -68,6 +69,24 @@ async fn outage_then_recovery(store: TestStore) {
         assert!(
             history.iter().any(|e| e.outcome == "not_applied"),
             "history shows the 503s"
+        );
+        // The 503s did not decide the outcome: a completed claim shows no last error (the
+        // history keeps them), in the store and over HTTP.
+        assert_eq!(c.last_error, None, "{key}");
+        let seen = get_json(&format!("{base}/v1/messages/payments/{key}")).await;
+        assert_eq!(seen["state"], "completed", "{seen}");
+        assert!(seen["last_error"].is_null(), "{seen}");
+        let listed = get_json(&format!("{base}/v1/claims?consumer=payments")).await;
+        let row = listed["claims"]
+            .as_array()
+            .and_then(|l| l.iter().find(|c| c["message_id"] == key.as_str()))
+            .unwrap_or_else(|| panic!("{listed}"));
+        assert!(row["last_error"].is_null(), "{row}");
+        assert!(
+            history
+                .iter()
+                .any(|e| e.detail.as_deref().is_some_and(|d| d.contains("503"))),
+            "{key}: the history keeps the error: {history:?}"
         );
     }
     running.shutdown(Duration::from_secs(5)).await;

@@ -1,12 +1,14 @@
-//! `claimd claims list|show|resolve|redrive`.
+//! `claimd claims list|show|resolve|redrive` (the bulk forms of resolve and redrive are in
+//! `bulk.rs`).
 
 use super::*;
+use crate::operator_action::Action;
 
 pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
 }
 
-pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
+pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path::Path) -> Output {
     let store = &app.store;
     match command {
         ClaimsCommand::List {
@@ -173,10 +175,15 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             to,
             note,
             tenant,
+            bulk,
         } => {
             if note.trim().is_empty() {
                 return Output::fail(2, "--note must say why");
             }
+            let (Some(consumer), Some(message_id)) = (consumer, message_id) else {
+                return super::bulk::bulk(app, &bulk, Action::resolve_as(to), note.trim(), config)
+                    .await;
+            };
             let actor = operator_name();
             match store
                 .resolve(&consumer, &tenant, &message_id, to, &actor, &note)
@@ -208,7 +215,11 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             consumer,
             message_id,
             tenant,
+            bulk,
         } => {
+            let (Some(consumer), Some(message_id)) = (consumer, message_id) else {
+                return super::bulk::bulk(app, &bulk, Action::Redrive, "", config).await;
+            };
             let actor = operator_name();
             match store.redrive(&consumer, &tenant, &message_id, &actor).await {
                 Ok(Some(Ok(c))) => Output::ok(format!(

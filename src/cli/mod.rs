@@ -4,6 +4,7 @@
 //! Exit codes: `0` ok, `1` runtime failure, `2` bad usage or configuration, `3` a check found
 //! problems.
 
+mod bulk;
 mod claims;
 mod reports;
 mod worker;
@@ -34,10 +35,12 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "claimd", version, about)]
 pub struct Cli {
-    /// Configuration file.
-    #[arg(long, global = true, default_value = "config/default.toml")]
-    pub config: PathBuf,
-    /// Log format (default: json when stderr is not a terminal).
+    /// Configuration file [default: config/default.toml] (`claimd sandbox` reads one only
+    /// when given).
+    #[arg(long, global = true, value_name = "CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log format; wins over the configuration's `[log] format` [default: auto: pretty when
+    /// stderr is a terminal, json otherwise].
     #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormat>,
     /// What to do.
@@ -45,13 +48,18 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// One JSON object per line.
-    Json,
-    /// Human-readable.
-    Pretty,
+pub use crate::config::LogFormat;
+
+/// Where the configuration is read from when `--config` is not given.
+pub const DEFAULT_CONFIG: &str = "config/default.toml";
+
+impl Cli {
+    /// The configuration file: `--config`, else [`DEFAULT_CONFIG`].
+    pub fn config_path(&self) -> PathBuf {
+        self.config
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG))
+    }
 }
 
 /// Output format of reports and listings.
@@ -119,20 +127,21 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Run the provider simulator alone.
+    /// Run the provider simulator alone. With --config, the file's [sandbox] section sets
+    /// each option that is not given here (`enabled` is not needed).
     Sandbox {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8090")]
-        listen: String,
-        /// Latency added to each effect, in milliseconds.
-        #[arg(long, default_value_t = 0)]
-        latency_ms: u64,
-        /// Probability of answering 503 without applying.
-        #[arg(long, default_value_t = 0.0, value_parser = probability)]
-        fail_rate: f64,
-        /// Probability of applying, then answering 500 or dropping the connection.
-        #[arg(long, default_value_t = 0.0, value_parser = probability)]
-        ambiguous_rate: f64,
+        /// Address to listen on [default: 127.0.0.1:8090].
+        #[arg(long)]
+        listen: Option<String>,
+        /// Latency added to each effect, in milliseconds [default: 0].
+        #[arg(long)]
+        latency_ms: Option<u64>,
+        /// Probability of answering 503 without applying [default: 0].
+        #[arg(long, value_parser = probability)]
+        fail_rate: Option<f64>,
+        /// Probability of applying, then answering 500 or dropping the connection [default: 0].
+        #[arg(long, value_parser = probability)]
+        ambiguous_rate: Option<f64>,
         /// Behave like a provider without idempotency keys.
         #[arg(long)]
         ignore_keys: bool,
@@ -173,32 +182,58 @@ pub enum ClaimsCommand {
         #[arg(long, value_enum, default_value_t)]
         format: Format,
     },
-    /// Operator decision on a needs_attention (or failed) claim.
+    /// Operator decision on a needs_attention (or failed) claim, or (with --consumer and
+    /// --reason-prefix) on every parked claim of a consumer with that reason: previewed unless
+    /// --yes.
     Resolve {
-        /// Consumer.
-        consumer: String,
-        /// Message id.
-        message_id: String,
+        /// Consumer (one claim).
+        #[arg(required_unless_present = "bulk_consumer", requires = "message_id")]
+        consumer: Option<String>,
+        /// Message id (one claim).
+        message_id: Option<String>,
         /// The decision.
         #[arg(long = "as", value_parser = clap::builder::PossibleValuesParser::new(["completed", "failed"]).map(|s| resolution(&s).expect("a listed decision")))]
         to: ClaimState,
         /// Why (kept in the claim's history).
         #[arg(long)]
         note: String,
-        /// Tenant.
-        #[arg(long, default_value = "")]
+        /// Tenant (one claim).
+        #[arg(long, default_value = "", conflicts_with = "bulk_consumer")]
         tenant: String,
+        /// The bulk form's selection (parked claims of this consumer and reason).
+        #[command(flatten)]
+        bulk: BulkArgs,
     },
-    /// Put a needs_attention/failed claim back to started so the next sweep performs it again.
+    /// Put a needs_attention/failed claim back to started so the next sweep performs it again;
+    /// with --consumer and --reason-prefix, every parked claim of a consumer with that reason:
+    /// previewed unless --yes.
     Redrive {
-        /// Consumer.
-        consumer: String,
-        /// Message id.
-        message_id: String,
-        /// Tenant.
-        #[arg(long, default_value = "")]
+        /// Consumer (one claim).
+        #[arg(required_unless_present = "bulk_consumer", requires = "message_id")]
+        consumer: Option<String>,
+        /// Message id (one claim).
+        message_id: Option<String>,
+        /// Tenant (one claim).
+        #[arg(long, default_value = "", conflicts_with = "bulk_consumer")]
         tenant: String,
+        /// The bulk form's selection (parked claims of this consumer and reason).
+        #[command(flatten)]
+        bulk: BulkArgs,
     },
+}
+
+/// The bulk form of `claims resolve|redrive`: which parked claims, and whether to act.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BulkArgs {
+    /// Bulk form: the parked claims of this consumer (at most 200 at a time).
+    #[arg(long = "consumer", id = "bulk_consumer", value_name = "CONSUMER", conflicts_with_all = ["consumer", "message_id"])]
+    pub consumer: Option<String>,
+    /// Bulk form: only parked claims whose reason starts with this text (default: any reason).
+    #[arg(long, requires = "bulk_consumer", conflicts_with = "consumer")]
+    pub reason_prefix: Option<String>,
+    /// Bulk form: act; without it the command only lists what it would do.
+    #[arg(long, requires = "bulk_consumer", conflicts_with = "consumer")]
+    pub yes: bool,
 }
 
 impl clap::builder::ValueParserFactory for ClaimState {
@@ -280,23 +315,24 @@ impl Output {
     }
 }
 
-/// Sets up `tracing` on stderr.
-pub fn init_logging(format: Option<LogFormat>) {
+/// Sets up `tracing` on stderr: `--log-format` if given, else the configuration's
+/// `[log] format`, `auto` deciding by whether stderr is a terminal. A second call (tests run
+/// commands in one process) keeps the first set-up.
+pub fn init_logging(cli: Option<LogFormat>, config: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("CLAIMD_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,sqlx=warn,tokio_cron_scheduler=warn")
     });
-    let format = format.unwrap_or(if std::io::stderr().is_terminal() {
-        LogFormat::Pretty
-    } else {
-        LogFormat::Json
-    });
+    let terminal = std::io::stderr().is_terminal();
+    let format = cli.unwrap_or(config).resolve(terminal);
+    // Colours only for a terminal: pretty lines sent to a file stay plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(terminal)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().with_current_span(true).try_init(),
-        LogFormat::Pretty => builder.compact().try_init(),
+        LogFormat::Pretty | LogFormat::Auto => builder.compact().try_init(),
     };
 }
 
@@ -307,29 +343,18 @@ pub(super) fn to_json<T: serde::Serialize>(v: &T) -> String {
     s
 }
 
-/// Runs one command.
+/// Runs one command: reads the configuration, sets up logging (after the configuration, whose
+/// `[log] format` it follows), then does the work.
 pub async fn execute(cli: Cli) -> Output {
-    if let Command::Sandbox {
-        listen,
-        latency_ms,
-        fail_rate,
-        ambiguous_rate,
-        ignore_keys,
-    } = &cli.command
-    {
-        return sandbox(
-            listen,
-            *latency_ms,
-            *fail_rate,
-            *ambiguous_rate,
-            *ignore_keys,
-        )
-        .await;
+    if let Command::Sandbox { .. } = &cli.command {
+        return sandbox(&cli).await;
     }
-    let loaded = match Config::load(&cli.config) {
+    let config_path = cli.config_path();
+    let loaded = match Config::load(&config_path) {
         Ok(l) => l,
         Err(e) => return Output::fail(2, e),
     };
+    init_logging(cli.log_format, loaded.config.log.format);
     for w in &loaded.warnings {
         tracing::warn!("{}", w);
     }
@@ -338,7 +363,6 @@ pub async fn execute(cli: Cli) -> Output {
         Ok(a) => a,
         Err(e) => return Output::fail(1, e),
     };
-    let config_path = cli.config.clone();
     let out = match cli.command {
         Command::Run => run_worker(app).await,
         Command::Migrate => Output::ok(format!(
@@ -357,7 +381,7 @@ pub async fn execute(cli: Cli) -> Output {
             since,
             format,
         } => reconcile_cmd(&app, consumer, since, format).await,
-        Command::Claims { command } => claims(&app, command).await,
+        Command::Claims { command } => claims(&app, command, &config_path).await,
         Command::Prune { dry_run } => {
             match retention::prune(&app.store, &app.config.retention, dry_run).await {
                 Ok(r) if r.skipped_locked => {

@@ -2,24 +2,48 @@
 
 use super::*;
 
-pub(super) async fn sandbox(
-    listen: &str,
-    latency_ms: u64,
-    fail_rate: f64,
-    ambiguous_rate: f64,
-    ignore_keys: bool,
-) -> Output {
-    let listener = match tokio::net::TcpListener::bind(listen).await {
-        Ok(l) => l,
-        Err(e) => return Output::fail(1, format!("cannot listen on {listen}: {e}")),
-    };
-    tracing::info!(listen, "sandbox provider listening");
-    let sandbox = Sandbox::new(SandboxOptions {
-        latency: Duration::from_millis(latency_ms),
+/// `claimd sandbox`: options from the command line, each one not given taken from the
+/// `[sandbox]` section of `--config` when a file is named, else from the defaults.
+pub(super) async fn sandbox(cli: &Cli) -> Output {
+    let Command::Sandbox {
+        listen,
+        latency_ms,
         fail_rate,
         ambiguous_rate,
         ignore_keys,
-    });
+    } = &cli.command
+    else {
+        unreachable!("called for `claimd sandbox` only")
+    };
+    let (file, log) = match &cli.config {
+        Some(path) => match Config::load(path) {
+            Ok(l) => (l.config.sandbox, l.config.log.format),
+            Err(e) => return Output::fail(2, e),
+        },
+        None => (Default::default(), Default::default()),
+    };
+    init_logging(cli.log_format, log);
+    let listen = listen.clone().unwrap_or(file.listen);
+    let options = SandboxOptions {
+        latency: Duration::from_millis(latency_ms.unwrap_or(file.latency_ms)),
+        fail_rate: fail_rate.unwrap_or(file.fail_rate),
+        ambiguous_rate: ambiguous_rate.unwrap_or(file.ambiguous_rate),
+        // A flag can only turn it on; the file may have turned it on already.
+        ignore_keys: *ignore_keys || file.ignore_keys,
+    };
+    let listener = match tokio::net::TcpListener::bind(&listen).await {
+        Ok(l) => l,
+        Err(e) => return Output::fail(1, format!("cannot listen on {listen}: {e}")),
+    };
+    tracing::info!(
+        listen,
+        latency_ms = options.latency.as_millis() as u64,
+        fail_rate = options.fail_rate,
+        ambiguous_rate = options.ambiguous_rate,
+        ignore_keys = options.ignore_keys,
+        "sandbox provider listening"
+    );
+    let sandbox = Sandbox::new(options);
     match sandbox.serve(listener, shutdown_signal()).await {
         Ok(()) => Output::default(),
         Err(e) => Output::fail(1, e),
@@ -48,7 +72,12 @@ pub(super) async fn run_worker(app: App) -> Output {
     let grace = app.config.run.shutdown_grace.0;
     let running = match run::start(app).await {
         Ok(r) => r,
-        Err(e @ (run::RunError::InsecureAdmin(_) | run::RunError::OpenIntake(_))) => {
+        // Configuration problems (exit 2): fixed in the file, not by trying again.
+        Err(
+            e @ (run::RunError::InsecureAdmin(_)
+            | run::RunError::OpenIntake(_)
+            | run::RunError::StatusProbe { .. }),
+        ) => {
             return Output::fail(2, e);
         }
         Err(e) => return Output::fail(1, e),

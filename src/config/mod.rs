@@ -6,10 +6,12 @@
 
 mod http_effect;
 mod layering;
+mod log;
 mod schema;
 mod validate;
 
 pub use http_effect::*;
+pub use log::{LogConfig, LogFormat};
 pub use schema::*;
 pub use validate::{parse_cron, validate_cron};
 

@@ -27,6 +27,9 @@ pub struct Config {
     /// Process-level settings of `claimd run`.
     #[serde(default)]
     pub run: RunConfig,
+    /// Log lines.
+    #[serde(default)]
+    pub log: super::LogConfig,
     /// The consumers: one per kind of side effect.
     #[serde(default)]
     pub consumers: Vec<ConsumerConfig>,

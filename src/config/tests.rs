@@ -457,3 +457,29 @@ fn an_error_inside_the_effect_names_the_field() {
         "{e}"
     );
 }
+
+#[test]
+fn log_format_is_read_and_unknown_values_are_refused_by_key() {
+    let l = load(BASE, &[]).unwrap();
+    assert_eq!(l.config.log.format, LogFormat::Auto);
+    assert_eq!(LogFormat::Auto.resolve(true), LogFormat::Pretty);
+    assert_eq!(LogFormat::Auto.resolve(false), LogFormat::Json);
+    let text = format!("[log]\nformat = \"pretty\"\n{BASE}");
+    assert_eq!(
+        load(&text, &[]).unwrap().config.log.format,
+        LogFormat::Pretty
+    );
+    assert_eq!(LogFormat::Pretty.resolve(false), LogFormat::Pretty);
+    let env = [("CLAIMD__LOG__FORMAT", "json")];
+    assert_eq!(
+        load(&text, &env).unwrap().config.log.format,
+        LogFormat::Json
+    );
+    let e = load(&format!("[log]\nformat = \"loud\"\n{BASE}"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("c.toml: log.format:") && e.contains("pretty"),
+        "{e}"
+    );
+}

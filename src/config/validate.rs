@@ -11,6 +11,17 @@ impl Config {
         if self.store.max_connections == 0 {
             return Err(("store.max_connections".into(), "must be at least 1".into()));
         }
+        for (key, p) in [
+            ("sandbox.fail_rate", self.sandbox.fail_rate),
+            ("sandbox.ambiguous_rate", self.sandbox.ambiguous_rate),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err((
+                    key.into(),
+                    format!("{p} is not a probability between 0 and 1"),
+                ));
+            }
+        }
         for (key, schedule) in [
             ("sweeper.schedule", &self.sweeper.schedule),
             ("retention.schedule", &self.retention.schedule),

@@ -10,92 +10,14 @@
 //! admin token stays read-only. Apply acts on the claims the person saw, not on a filter run
 //! again: claims that moved meanwhile are reported as not actionable, not changed.
 
-use crate::claim::ClaimState;
 use crate::http::session::Session;
 use crate::http::state::AppState;
-use crate::store::ClaimFilter;
+pub use crate::operator_action::{Action, BULK_LIMIT, Target};
+use crate::operator_action::{act, select_parked};
 use axum::Form;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
-
-/// The most claims one bulk action takes (a larger set: narrow the reason, or repeat).
-pub const BULK_LIMIT: u32 = 200;
-
-/// What an action does to each claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Settle as `completed` (the provider has the effect).
-    Complete,
-    /// Settle as `failed` (it does not and will not).
-    Fail,
-    /// Back to `started` for the next sweep, same key.
-    Redrive,
-}
-
-impl Action {
-    fn parse(s: &str) -> Option<Action> {
-        match s {
-            "complete" => Some(Action::Complete),
-            "fail" => Some(Action::Fail),
-            "redrive" => Some(Action::Redrive),
-            _ => None,
-        }
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Action::Complete => "complete",
-            Action::Fail => "fail",
-            Action::Redrive => "redrive",
-        }
-    }
-    fn describe(self) -> &'static str {
-        match self {
-            Action::Complete => "resolve as completed (the provider has the effect)",
-            Action::Fail => "resolve as failed (the provider does not have it and never will)",
-            Action::Redrive => {
-                "redrive: back to started, sent again with the same key by the next sweep"
-            }
-        }
-    }
-}
-
-/// One claim, as the forms carry it: `consumer`, tab, `tenant`, tab, `message_id` (none of the
-/// three can hold a tab).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// Consumer.
-    pub consumer: String,
-    /// Tenant (empty: none).
-    pub tenant: String,
-    /// Message id.
-    pub message_id: String,
-}
-
-impl Target {
-    /// The form value.
-    pub fn encode(&self) -> String {
-        format!("{}\t{}\t{}", self.consumer, self.tenant, self.message_id)
-    }
-    fn decode(s: &str) -> Option<Target> {
-        let mut p = s.splitn(3, '\t');
-        Some(Target {
-            consumer: p.next()?.to_string(),
-            tenant: p.next()?.to_string(),
-            message_id: p.next()?.to_string(),
-        })
-    }
-    fn label(&self) -> String {
-        if self.tenant.is_empty() {
-            format!("{}/{}", self.consumer, self.message_id)
-        } else {
-            format!(
-                "{}/{} (tenant {})",
-                self.consumer, self.message_id, self.tenant
-            )
-        }
-    }
-}
 
 /// A posted action form: `action`, `note`, `claim` (repeated) or `consumer` + `reason` for a
 /// bulk selection. Repeated fields rule out a derived struct.
@@ -192,26 +114,17 @@ pub async fn preview(
         Err(r) => return *r,
     };
     if let Some(consumer) = p.consumer.clone() {
-        let filter = ClaimFilter {
-            state: Some(ClaimState::NeedsAttention),
-            consumer: Some(consumer),
-            stuck: false,
-            since: None,
-            limit: BULK_LIMIT + 1,
-        };
-        let parked = match state.claimer.store().list(&filter).await {
-            Ok(c) => c,
-            Err(e) => return crate::http::problem::store_down(e),
-        };
-        p.claims = parked
-            .into_iter()
-            .filter(|c| c.last_error.as_deref().unwrap_or("").starts_with(&p.reason))
-            .map(|c| Target {
-                consumer: c.consumer,
-                tenant: c.tenant,
-                message_id: c.message_id,
-            })
-            .collect();
+        let selection =
+            match select_parked(state.claimer.store().as_ref(), &consumer, &p.reason).await {
+                Ok(s) => s,
+                Err(e) => return crate::http::problem::store_down(e),
+            };
+        if selection.more {
+            return refuse(&format!(
+                "Over {BULK_LIMIT} claims match: narrow the reason, or act on them in parts."
+            ));
+        }
+        p.claims = selection.claims.iter().map(Target::of).collect();
     }
     if p.claims.is_empty() {
         return refuse("No parked claim matches: nothing would change.");
@@ -261,29 +174,9 @@ pub async fn apply(
     let store = state.claimer.store();
     let mut rows = Vec::new();
     for t in &p.claims {
-        let outcome = match action {
-            Action::Complete | Action::Fail => {
-                let to = if action == Action::Complete {
-                    ClaimState::Completed
-                } else {
-                    ClaimState::Failed
-                };
-                store
-                    .resolve(&t.consumer, &t.tenant, &t.message_id, to, &actor, &p.note)
-                    .await
-            }
-            Action::Redrive => {
-                store
-                    .redrive(&t.consumer, &t.tenant, &t.message_id, &actor)
-                    .await
-            }
-        };
-        let said = match outcome {
-            Ok(Some(Ok(c))) => format!("now {} (attempt {})", c.state, c.attempt),
-            Ok(Some(Err(s))) => format!("not changed: it is {s} now"),
-            Ok(None) => "not changed: no such claim any more".to_string(),
-            Err(e) => format!("not changed: the store failed ({e})"),
-        };
+        let said = act(store.as_ref(), action, t, &actor, &p.note)
+            .await
+            .describe();
         tracing::info!(actor = %actor, action = action.name(), claim = %t.label(), result = %said, "operator page action");
         rows.push((t.label(), said));
     }
@@ -341,17 +234,6 @@ pub fn bulk_form(consumers: &[String], csrf: &str) -> maud::Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn targets_round_trip_through_the_form() {
-        let t = Target {
-            consumer: "payments".into(),
-            tenant: "".into(),
-            message_id: "-odd id:1".into(),
-        };
-        assert_eq!(Target::decode(&t.encode()), Some(t));
-        assert_eq!(Target::decode("no-tabs"), None);
-    }
 
     #[test]
     fn a_posted_form_reads_repeated_claims_and_the_action() {

@@ -97,6 +97,9 @@ pub struct Statements {
     pub note_resent: &'static str,
     /// Claims by filter, newest first: state, consumer, stuck, since, limit.
     pub list_claims: &'static str,
+    /// `needs_attention` claims of a consumer whose `last_error` starts with a prefix, newest
+    /// first: consumer, prefix, limit.
+    pub list_parked_by_reason: &'static str,
     /// A claim's history, oldest first: claim id.
     pub list_events: &'static str,
     /// Take stale claims (attempt + 1, new lease), returning them with payload, `age_ms`,

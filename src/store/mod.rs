@@ -303,6 +303,16 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Claims matching the filter, newest first.
     async fn list(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>>;
 
+    /// Parked (`needs_attention`) claims of `consumer` whose reason (`last_error`) starts with
+    /// `reason_prefix` (empty: any), newest first, at most `limit`: what a bulk operator action
+    /// selects.
+    async fn parked_by_reason(
+        &self,
+        consumer: &str,
+        reason_prefix: &str,
+        limit: u32,
+    ) -> StoreResult<Vec<Claim>>;
+
     /// The claim's history, oldest first.
     async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>>;
 

@@ -346,6 +346,26 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         rows.iter().map(claim_from_row).collect()
     }
 
+    async fn parked_by_reason(
+        &self,
+        consumer: &str,
+        reason_prefix: &str,
+        limit: u32,
+    ) -> StoreResult<Vec<Claim>> {
+        let rows = self
+            .fetch(
+                "list_parked_by_reason",
+                D::SQL.list_parked_by_reason,
+                &[
+                    Arg::Text(consumer),
+                    Arg::Text(reason_prefix),
+                    Arg::I64(i64::from(limit)),
+                ],
+            )
+            .await?;
+        rows.iter().map(claim_from_row).collect()
+    }
+
     async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>> {
         let rows = self
             .fetch("list_events", D::SQL.list_events, &[Arg::I64(id)])

@@ -343,9 +343,15 @@ fn unsafe_sigterm(pid: u32) {
 
 /// Runs a `claimd` CLI command to completion: (exit code, stdout, stderr).
 pub fn cli(args: &[&str]) -> (i32, String, String) {
+    cli_with_env(args, &[])
+}
+
+/// [`cli`] with these environment variables set too.
+pub fn cli_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = std::process::Command::new(claimd_bin())
         .args(args)
         .env("CLAIMD_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .expect("run claimd");
     (
@@ -460,8 +466,20 @@ pub async fn payments_worker(http_extra: &str) -> (TestStore, Sandbox, Running) 
 /// A `needs_attention` claim `id` of `consumer` (no tenant) parked for `reason`, as the
 /// sweeper leaves one whose outcome it could not decide.
 pub async fn parked_claim(store: &claimd::store::Store, consumer: &str, id: &str, reason: &str) {
+    parked_claim_with_key(store, consumer, id, id, reason).await
+}
+
+/// [`parked_claim`] with idempotency key `key` (`payments::order-1001` is what the default
+/// template gives a claim without a tenant).
+pub async fn parked_claim_with_key(
+    store: &claimd::store::Store,
+    consumer: &str,
+    id: &str,
+    key: &str,
+    reason: &str,
+) {
     use claimd::store::{ClaimOutcome, NewEvent, Settlement};
-    let n = orphan_claim(consumer, "", id, id);
+    let n = orphan_claim(consumer, "", id, key);
     let ClaimOutcome::Created(c) = store.claim(&n).await.unwrap() else {
         panic!("new claim {id}")
     };

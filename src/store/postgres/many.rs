@@ -25,7 +25,8 @@ pub(super) const INSERT_CLAIMS: &str = concat!(
 );
 
 /// Many fenced settles and their history lines in one statement: each row is updated only
-/// `WHERE id = u.id AND attempt = u.attempt AND state = 'started'` (I2), as in [`SETTLE`].
+/// `WHERE id = u.id AND attempt = u.attempt AND state = 'started'` (I2), as in [`SETTLE`];
+/// a claim that completes drops its last error there too.
 pub(super) const SETTLE_MANY: &str = "\
     WITH u AS ( \
       SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::text[], \
@@ -38,7 +39,7 @@ pub(super) const SETTLE_MANY: &str = "\
         state = COALESCE(u.st, c.state), \
         provider_status = COALESCE(u.pstatus, c.provider_status), \
         provider_response = COALESCE(u.presp, c.provider_response), \
-        last_error = COALESCE(u.err, c.last_error), \
+        last_error = CASE WHEN u.st = 'completed' THEN NULL ELSE COALESCE(u.err, c.last_error) END, \
         reconciled = c.reconciled OR u.rec, \
         handoff = CASE WHEN u.hoff THEN 'not_applied' ELSE c.handoff END, \
         handoff_attempt = CASE WHEN u.hoff THEN c.attempt ELSE c.handoff_attempt END, \

@@ -39,13 +39,15 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     state_of: "SELECT state FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3",
     // Fenced settle and its history line in one statement (I2), returning the row it changed.
+    // A claim that completes drops its last error: a transient error that did not decide the
+    // outcome would read as the reason for it (the history keeps every error).
     settle: "\
     WITH s AS ( \
       UPDATE claims SET \
         state = COALESCE($3::text, state), \
         provider_status = COALESCE($4, provider_status), \
         provider_response = COALESCE($5, provider_response), \
-        last_error = COALESCE($6, last_error), \
+        last_error = CASE WHEN $3::text = 'completed' THEN NULL ELSE COALESCE($6, last_error) END, \
         reconciled = reconciled OR $7, \
         handoff = CASE WHEN $8 THEN 'not_applied' ELSE handoff END, \
         handoff_attempt = CASE WHEN $8 THEN attempt ELSE handoff_attempt END, \
@@ -82,6 +84,15 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND (NOT $3 OR (state = 'started' AND lease_until < now())) \
        AND ($4::timestamptz IS NULL OR received_utc >= $4) \
      ORDER BY received_utc DESC, id DESC LIMIT $5"
+    ),
+    // A prefix compared with substr (not LIKE): the operator's text may hold `%` or `_`.
+    list_parked_by_reason: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims \
+     WHERE state = 'needs_attention' AND consumer = $1 \
+       AND substr(COALESCE(last_error, ''), 1, length($2::text)) = $2::text \
+     ORDER BY received_utc DESC, id DESC LIMIT $3"
     ),
     list_events: "\
     SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \

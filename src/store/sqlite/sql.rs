@@ -50,6 +50,8 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3"
     ),
     state_of: "SELECT state FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3",
+    // A claim that completes drops its last error: a transient error that did not decide the
+    // outcome would read as the reason for it (the history keeps every error).
     // Fenced settle (I2), returning the row it changed; its history line follows in the same
     // transaction.
     settle: concat!(
@@ -57,7 +59,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        state = COALESCE(?3, state), \
        provider_status = COALESCE(?4, provider_status), \
        provider_response = COALESCE(?5, provider_response), \
-       last_error = COALESCE(?6, last_error), \
+       last_error = CASE WHEN ?3 = 'completed' THEN NULL ELSE COALESCE(?6, last_error) END, \
        reconciled = reconciled OR ?7, \
        handoff = CASE WHEN ?8 THEN 'not_applied' ELSE handoff END, \
        handoff_attempt = CASE WHEN ?8 THEN attempt ELSE handoff_attempt END, \
@@ -97,6 +99,15 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         ")) AND (?4 IS NULL OR received_utc >= ?4) \
      ORDER BY received_utc DESC, id DESC LIMIT ?5"
+    ),
+    // A prefix compared with substr (not LIKE): the operator's text may hold `%` or `_`.
+    list_parked_by_reason: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims \
+     WHERE state = 'needs_attention' AND consumer = ?1 \
+       AND substr(COALESCE(last_error, ''), 1, length(?2)) = ?2 \
+     ORDER BY received_utc DESC, id DESC LIMIT ?3"
     ),
     list_events: "\
     SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \

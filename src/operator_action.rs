@@ -1,0 +1,221 @@
+//! Operator actions on parked claims, shared by the page (`/actions/preview|apply`) and the
+//! command line (`claimd claims resolve|redrive --consumer ... --reason-prefix ...`): which
+//! claims a bulk action selects, and acting on one claim through the store's guarded
+//! transitions. Both front ends show the selection before acting and act on the claims they
+//! showed, so a claim whose state changed in between is reported, not changed.
+
+use crate::claim::{Claim, ClaimState};
+use crate::store::{ClaimStore, StoreError, StoreResult};
+
+/// The most claims one bulk action takes (a larger set: narrow the reason, or repeat).
+pub const BULK_LIMIT: u32 = 200;
+
+/// What an action does to each claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Settle as `completed` (the provider has the effect).
+    Complete,
+    /// Settle as `failed` (it does not and will not).
+    Fail,
+    /// Back to `started` for the next sweep, same key.
+    Redrive,
+}
+
+impl Action {
+    /// The resolve action for a decided state (`completed` or `failed`).
+    pub fn resolve_as(to: ClaimState) -> Action {
+        if to == ClaimState::Completed {
+            Action::Complete
+        } else {
+            Action::Fail
+        }
+    }
+
+    /// The form value: `complete`, `fail` or `redrive`.
+    pub fn parse(s: &str) -> Option<Action> {
+        match s {
+            "complete" => Some(Action::Complete),
+            "fail" => Some(Action::Fail),
+            "redrive" => Some(Action::Redrive),
+            _ => None,
+        }
+    }
+
+    /// The form value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Complete => "complete",
+            Action::Fail => "fail",
+            Action::Redrive => "redrive",
+        }
+    }
+
+    /// What it does, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Action::Complete => "resolve as completed (the provider has the effect)",
+            Action::Fail => "resolve as failed (the provider does not have it and never will)",
+            Action::Redrive => {
+                "redrive: back to started, sent again with the same key by the next sweep"
+            }
+        }
+    }
+}
+
+/// One claim an action is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Consumer.
+    pub consumer: String,
+    /// Tenant (empty: none).
+    pub tenant: String,
+    /// Message id.
+    pub message_id: String,
+}
+
+impl Target {
+    /// The claim's address.
+    pub fn of(claim: &Claim) -> Target {
+        Target {
+            consumer: claim.consumer.clone(),
+            tenant: claim.tenant.clone(),
+            message_id: claim.message_id.clone(),
+        }
+    }
+
+    /// The form value: `consumer`, tab, `tenant`, tab, `message_id` (none of the three can hold
+    /// a tab).
+    pub fn encode(&self) -> String {
+        format!("{}\t{}\t{}", self.consumer, self.tenant, self.message_id)
+    }
+
+    /// Reads [`Target::encode`]'s value.
+    pub fn decode(s: &str) -> Option<Target> {
+        let mut p = s.splitn(3, '\t');
+        Some(Target {
+            consumer: p.next()?.to_string(),
+            tenant: p.next()?.to_string(),
+            message_id: p.next()?.to_string(),
+        })
+    }
+
+    /// `consumer/message_id`, with the tenant only when there is one (an empty tenant is no
+    /// part of what a person reads).
+    pub fn label(&self) -> String {
+        if self.tenant.is_empty() {
+            format!("{}/{}", self.consumer, self.message_id)
+        } else {
+            format!(
+                "{}/{} (tenant {})",
+                self.consumer, self.message_id, self.tenant
+            )
+        }
+    }
+}
+
+/// The claims a bulk action selects.
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// At most [`BULK_LIMIT`] parked claims, newest first.
+    pub claims: Vec<Claim>,
+    /// More than [`BULK_LIMIT`] matched: `claims` holds the newest of them.
+    pub more: bool,
+}
+
+/// Parked (`needs_attention`) claims of `consumer` whose reason starts with `reason_prefix`
+/// (empty: any reason), at most [`BULK_LIMIT`] of them.
+pub async fn select_parked(
+    store: &dyn ClaimStore,
+    consumer: &str,
+    reason_prefix: &str,
+) -> StoreResult<Selection> {
+    let mut claims = store
+        .parked_by_reason(consumer, reason_prefix, BULK_LIMIT + 1)
+        .await?;
+    let more = claims.len() > BULK_LIMIT as usize;
+    claims.truncate(BULK_LIMIT as usize);
+    Ok(Selection { claims, more })
+}
+
+/// What an action did to one claim.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Done: the claim after the change.
+    Done(Box<Claim>),
+    /// Not changed: the claim is in a state the action does not apply to (it moved since it
+    /// was shown).
+    Skipped(ClaimState),
+    /// Not changed: no such claim any more (pruned).
+    Gone,
+    /// Not changed: the store failed.
+    Failed(StoreError),
+}
+
+impl Outcome {
+    /// Whether the claim changed.
+    pub fn done(&self) -> bool {
+        matches!(self, Outcome::Done(_))
+    }
+
+    /// One line for a person: `now completed (attempt 2)`, `not changed: it is started now`.
+    pub fn describe(&self) -> String {
+        match self {
+            Outcome::Done(c) => format!("now {} (attempt {})", c.state, c.attempt),
+            Outcome::Skipped(s) => format!("not changed: it is {s} now"),
+            Outcome::Gone => "not changed: no such claim any more".to_string(),
+            Outcome::Failed(e) => format!("not changed: the store failed ({e})"),
+        }
+    }
+}
+
+/// Acts on one claim through the store's guarded transition (resolve or redrive, each allowed
+/// only from a parked or failed state), recorded in its history as `actor` with `note`.
+pub async fn act(
+    store: &dyn ClaimStore,
+    action: Action,
+    target: &Target,
+    actor: &str,
+    note: &str,
+) -> Outcome {
+    let t = target;
+    let result = match action {
+        Action::Complete | Action::Fail => {
+            let to = if action == Action::Complete {
+                ClaimState::Completed
+            } else {
+                ClaimState::Failed
+            };
+            store
+                .resolve(&t.consumer, &t.tenant, &t.message_id, to, actor, note)
+                .await
+        }
+        Action::Redrive => {
+            store
+                .redrive(&t.consumer, &t.tenant, &t.message_id, actor)
+                .await
+        }
+    };
+    match result {
+        Ok(Some(Ok(c))) => Outcome::Done(Box::new(c)),
+        Ok(Some(Err(s))) => Outcome::Skipped(s),
+        Ok(None) => Outcome::Gone,
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_round_trip_through_the_form() {
+        let t = Target {
+            consumer: "payments".into(),
+            tenant: "".into(),
+            message_id: "-odd id:1".into(),
+        };
+        assert_eq!(Target::decode(&t.encode()), Some(t.clone()));
+        assert_eq!(Target::decode("no-tabs"), None);
+        assert_eq!(t.label(), "payments/-odd id:1");
+    }
+}
