@@ -123,7 +123,10 @@ pub(crate) fn claimd_toml(
     pool: u32,
     concurrency: u32,
     on_unknown: &str,
+    latency_ms: u64,
 ) -> String {
+    // The call must outlive the provider's latency (the memory runs use seconds).
+    let timeout_s = (latency_ms * 3 / 1000).max(10);
     format!(
         r#"
 [store]
@@ -144,11 +147,29 @@ key = "{{message_id}}"
 [consumers.effect]
 kind = "http"
 url = "{provider}/v1/payments"
-timeout = "10s"
+timeout = "{timeout_s}s"
 status_url = "{provider}/v1/effects/{{key}}"
 "#
     )
 }
+
+/// The allocator setting the `claimd` binary makes first thing (src/main.rs): a fixed 128 KiB
+/// mmap threshold. The server here is the library in the bench binary, so it is made here too,
+/// or the peak RSS measured would not be the one `claimd run` has.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn as_the_claimd_binary() {
+    const M_MMAP_THRESHOLD: std::os::raw::c_int = -3;
+    unsafe extern "C" {
+        fn mallopt(param: std::os::raw::c_int, value: std::os::raw::c_int) -> std::os::raw::c_int;
+    }
+    // SAFETY: mallopt only changes allocator tuning (glibc takes its arena lock).
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn as_the_claimd_binary() {}
 
 pub(crate) async fn child(mode: &str) {
     let provider: String = std::env::var("BENCH_PROVIDER").expect("BENCH_PROVIDER");
@@ -193,10 +214,12 @@ pub(crate) async fn child(mode: &str) {
             addr
         }
         "claimd" => {
+            as_the_claimd_binary();
             let store = std::env::var("BENCH_STORE").expect("BENCH_STORE");
             let conc: u32 = env_or("BENCH_CONSUMER_CONCURRENCY", 64);
             let on_unknown: String = env_or("BENCH_ON_UNKNOWN", "reconcile".to_string());
-            let toml = claimd_toml(&store, &provider, pool_size, conc, &on_unknown);
+            let latency_ms: u64 = env_or("BENCH_LATENCY_MS", 0);
+            let toml = claimd_toml(&store, &provider, pool_size, conc, &on_unknown, latency_ms);
             let config = Config::from_toml(&toml, Path::new("bench.toml"), std::env::vars())
                 .expect("config")
                 .config;
