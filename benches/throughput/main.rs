@@ -289,7 +289,7 @@ async fn main() {
             r.non_2xx,
             r.load_before,
             r.load_after,
-            run.prefill.unwrap_or(0),
+            run.prefill.map(|p| p.to_string()).unwrap_or_default(),
             fill_s,
             run.instances,
             r.rss_each

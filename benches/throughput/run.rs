@@ -57,7 +57,7 @@ pub(crate) fn thousands(n: i64) -> String {
     let s = n.abs().to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -161,7 +161,22 @@ struct Server {
 }
 
 async fn spawn_server(run: &Run, mode: &str, provider: &str, store: &str, pool: u32) -> Server {
-    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+    // `BENCH_CHILD_WRAP` (e.g. `heaptrack -o /tmp/ht`) runs the server under a profiler; its
+    // peak RSS is then the wrapper's child's, not measured.
+    let wrap: Vec<String> = env_or("BENCH_CHILD_WRAP", String::new())
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let exe = std::env::current_exe().unwrap();
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = tokio::process::Command::new(program);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => tokio::process::Command::new(&exe),
+    };
+    let mut child = command
         .args(["--mode", mode])
         .env("BENCH_PROVIDER", provider)
         .env("BENCH_STORE", store)
