@@ -180,7 +180,12 @@ async fn main() {
         let (l, c, m) = (l.parse().unwrap(), c.parse().unwrap(), m.parse().unwrap());
         runs.push(Run::new("claimd-pg-memory", l, c, m, clients));
     }
-    for &size in &prefill {
+    // Table-size runs, then instance runs: claimd-pg at each latency.
+    let scale_runs = prefill
+        .iter()
+        .map(|&size| (Some(size), 1))
+        .chain(instances.iter().map(|&k| (None, k as usize)));
+    for (size, k) in scale_runs {
         for &latency_ms in &latencies {
             let mut run = Run::new(
                 "claimd-pg",
@@ -189,20 +194,8 @@ async fn main() {
                 n,
                 concurrency,
             );
-            run.prefill = Some(size);
-            runs.push(run);
-        }
-    }
-    for &k in &instances {
-        for &latency_ms in &latencies {
-            let mut run = Run::new(
-                "claimd-pg",
-                latency_ms,
-                consumer_concurrency,
-                n,
-                concurrency,
-            );
-            run.instances = k as usize;
+            run.prefill = size;
+            run.instances = k;
             runs.push(run);
         }
     }

@@ -152,6 +152,16 @@ impl Pg {
     }
 }
 
+/// Applies claimd's migrations to the database at `url`.
+pub(crate) async fn migrate(url: &str) {
+    PgStore::connect(url, 1)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+}
+
 /// One server process of a run: its pid, its address, and its stdout (for `PEAK`).
 struct Server {
     child: tokio::process::Child,
@@ -261,12 +271,7 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
         "direct" => ("direct", String::new()),
         "txn" => {
             let url = pg.create(&dbname).await;
-            PgStore::connect(&url, 1)
-                .await
-                .unwrap()
-                .migrate()
-                .await
-                .unwrap();
+            migrate(&url).await;
             ("txn", url)
         }
         "claimd-pg" if kept.is_some() => ("claimd", pg.url(&dbname)),

@@ -30,12 +30,7 @@ impl Prefill {
             pg.create(PREFILL_DB).await;
         }
         let url = pg.url(PREFILL_DB);
-        PgStore::connect(&url, 1)
-            .await
-            .unwrap()
-            .migrate()
-            .await
-            .unwrap();
+        migrate(&url).await;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
             .connect(&url)

@@ -153,24 +153,6 @@ status_url = "{provider}/v1/effects/{{key}}"
     )
 }
 
-/// The allocator setting the `claimd` binary makes first thing (src/main.rs): a fixed 128 KiB
-/// mmap threshold. The server here is the library in the bench binary, so it is made here too,
-/// or the peak RSS measured would not be the one `claimd run` has.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn as_the_claimd_binary() {
-    const M_MMAP_THRESHOLD: std::os::raw::c_int = -3;
-    unsafe extern "C" {
-        fn mallopt(param: std::os::raw::c_int, value: std::os::raw::c_int) -> std::os::raw::c_int;
-    }
-    // SAFETY: mallopt only changes allocator tuning (glibc takes its arena lock).
-    unsafe {
-        mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn as_the_claimd_binary() {}
-
 pub(crate) async fn child(mode: &str) {
     let provider: String = std::env::var("BENCH_PROVIDER").expect("BENCH_PROVIDER");
     let pool_size: u32 = env_or("BENCH_POOL", 16);
@@ -214,7 +196,8 @@ pub(crate) async fn child(mode: &str) {
             addr
         }
         "claimd" => {
-            as_the_claimd_binary();
+            // As the `claimd` binary does first thing, or the peak RSS would not be its.
+            claimd::run::return_large_buffers_to_the_system();
             let store = std::env::var("BENCH_STORE").expect("BENCH_STORE");
             let conc: u32 = env_or("BENCH_CONSUMER_CONCURRENCY", 64);
             let on_unknown: String = env_or("BENCH_ON_UNKNOWN", "reconcile".to_string());
