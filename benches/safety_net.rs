@@ -13,7 +13,8 @@
 //! `completed`, 1% `failed`, 0.1% `needs_attention`; 90% consumer `payments`, 10% `emails`.
 //! Received times grow with insertion order, as in a real table (claims are inserted when they
 //! are received), spread evenly so that the largest size covers the 30 days: the last 24 hours
-//! hold 1/30 of the rows at the largest size (none at the smaller ones).
+//! hold 1/30 of the rows at the largest size (none at the smaller ones). The bulk rows come
+//! from `support::fill`, shared with the throughput bench's table-size runs.
 
 mod support;
 
@@ -142,41 +143,13 @@ async fn main() {
         let mut load_s = 0.0;
         if loaded < size {
             let t = Instant::now();
-            // Bulk history in one statement per million rows.
-            let mut from = loaded + 1;
-            while from <= size {
-                let to = (from + 999_999).min(size);
-                sqlx::query(
-                    "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, \
-                       payload, content_type, state, attempt, lease_owner, lease_until, \
-                       received_utc, started_utc, processed_utc, updated_utc, provider_status) \
-                     SELECT CASE WHEN g % 10 = 0 THEN 'emails' ELSE 'payments' END, '', \
-                       'bulk-' || g, 'k-' || g, 'f', '\\x7b7d'::bytea, 'application/json', \
-                       CASE WHEN g % 1000 = 7 THEN 'needs_attention' \
-                            WHEN g % 100 = 3 THEN 'failed' ELSE 'completed' END, 1, NULL, NULL, \
-                       r, r, r + interval '80 milliseconds', r + interval '80 milliseconds', 200 \
-                     FROM (SELECT g, now() - ($3::bigint - g) * ($4::float8 * interval '1 second') AS r \
-                           FROM generate_series($1::bigint, $2::bigint) g) s",
-                )
-                .bind(from)
-                .bind(to)
-                .bind(largest)
-                .bind(2_592_000.0 / largest as f64)
-                .execute(&pool)
-                .await
-                .unwrap();
-                eprintln!("loaded {to} claims ({:.0} s)", t.elapsed().as_secs_f64());
-                from = to + 1;
-            }
+            support::fill::fill_bulk(&pool, loaded + 1, size, largest).await;
             sqlx::query("UPDATE bench_meta SET bulk = $1")
                 .bind(size)
                 .execute(&pool)
                 .await
                 .unwrap();
-            sqlx::query("VACUUM (ANALYZE) claims")
-                .execute(&pool)
-                .await
-                .unwrap();
+            support::fill::vacuum_analyze(&pool).await;
             load_s = t.elapsed().as_secs_f64();
             loaded = size;
         }

@@ -19,6 +19,30 @@ use tokio::task::JoinHandle;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tracing::{error, info, warn};
 
+/// Large buffers (request bodies, payloads up to `max_body_bytes`) come and go with the load.
+/// glibc's malloc raises its mmap threshold after the first large free, so later bodies are
+/// carved from per-thread heaps that are seldom given back: under a flood of 1 MiB bodies the
+/// process kept its peak for good. A fixed 128 KiB threshold maps every large buffer on its own
+/// and returns it to the system when freed (see docs/performance.md, "Memory"). The `claimd`
+/// binary calls this first thing, before its runtime starts; so do the benchmarks that run the
+/// worker in-process, to measure the memory `claimd run` has.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn return_large_buffers_to_the_system() {
+    const M_MMAP_THRESHOLD: std::os::raw::c_int = -3;
+    unsafe extern "C" {
+        fn mallopt(param: std::os::raw::c_int, value: std::os::raw::c_int) -> std::os::raw::c_int;
+    }
+    // SAFETY: mallopt only changes allocator tuning and takes glibc's arena lock; called first
+    // thing, it applies to every later allocation.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
+/// Elsewhere the allocator is left as it is.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn return_large_buffers_to_the_system() {}
+
 /// Why the worker could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {

@@ -1,6 +1,8 @@
 //! What every benchmark reads from its environment and the machine.
 #![allow(dead_code)]
 
+pub mod fill;
+
 /// `name` parsed from the environment, else `default`.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

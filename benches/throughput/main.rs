@@ -30,14 +30,22 @@
 //! [256]; `BENCH_DB_N` claims in the
 //! database-only section [50000, 0 skips it]; `BENCH_BATCH` batch size there [64];
 //! `underway`: the job-queue peer (see `peers`), `BENCH_PEER_N` posts per peer run [20000];
-//! `BENCH_INFLIGHT` one extra claimd-pg run (`claimd-pg-memory`) `latency_ms:concurrency:n` for memory with many
-//! effects in flight [2000:1000:10000, empty skips it]; `BENCH_PG` admin URL
+//! `BENCH_INFLIGHT` extra claimd-pg runs (`claimd-pg-memory`) for memory with many effects in
+//! flight, comma-separated `latency_ms:concurrency:n[:client_connections]`
+//! [2000:1000:10000, empty skips them]; `BENCH_PG` admin URL
 //! [postgres://postgres@127.0.0.1:5432/postgres]; `BENCH_CSV` [target/bench/throughput.csv].
+//!
+//! Scale of work (`scale`), not run by default: `BENCH_PREFILL` table sizes, comma-separated
+//! (e.g. `0,1000000,10000000`): claimd-pg at each of `BENCH_LATENCIES` on one database filled
+//! with that many settled claims first (grown between sizes, kept afterwards with
+//! `BENCH_KEEP=1`); `BENCH_INSTANCES` instance counts (e.g. `1,2,3`): that many claimd-pg
+//! processes on one database, the `BENCH_CONCURRENCY` client connections spread over them.
 
 mod client;
 mod db_only;
 mod peers;
 mod run;
+mod scale;
 mod servers;
 #[path = "../support/mod.rs"]
 mod support;
@@ -66,6 +74,7 @@ use client::*;
 use db_only::*;
 use peers::*;
 use run::*;
+use scale::*;
 use servers::*;
 
 /// claimd's throughput as a multiple of each peer's, per provider latency (from this run).
@@ -125,6 +134,16 @@ async fn main() {
     let db_callers: usize = env_or("BENCH_DB_CALLERS", 256);
     let batch: usize = env_or("BENCH_BATCH", 64);
     let inflight: String = env_or("BENCH_INFLIGHT", "2000:1000:10000".to_string());
+    let list = |name: &str| -> Vec<i64> {
+        env_or(name, String::new())
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect()
+    };
+    let mut prefill = list("BENCH_PREFILL");
+    prefill.sort_unstable();
+    let instances = list("BENCH_INSTANCES");
+    let keep = std::env::var("BENCH_KEEP").is_ok_and(|v| v == "1");
     let csv_path: String = env_or("BENCH_CSV", "target/bench/throughput.csv".to_string());
     let pg = Pg {
         admin: env_or(
@@ -136,34 +155,53 @@ async fn main() {
     let mut runs = Vec::new();
     for &latency_ms in &latencies {
         for d in &designs {
-            runs.push(Run {
-                design: d.clone(),
-                latency_ms,
-                consumer_concurrency: if d == "claimd-pg-wide" {
-                    wide
-                } else {
-                    consumer_concurrency
-                },
-                n: if PEERS.contains(&d.as_str()) {
-                    peer_n
-                } else {
-                    n
-                },
-            });
+            let cc = if d == "claimd-pg-wide" {
+                wide
+            } else {
+                consumer_concurrency
+            };
+            let posts = if PEERS.contains(&d.as_str()) {
+                peer_n
+            } else {
+                n
+            };
+            runs.push(Run::new(d, latency_ms, cc, posts, concurrency));
         }
     }
-    let parts: Vec<&str> = inflight.split(':').collect();
-    if let [l, c, m] = parts[..] {
-        runs.push(Run {
-            design: "claimd-pg-memory".into(),
-            latency_ms: l.parse().unwrap(),
-            consumer_concurrency: c.parse().unwrap(),
-            n: m.parse().unwrap(),
-        });
+    for spec in inflight.split(',').filter(|s| !s.trim().is_empty()) {
+        let parts: Vec<&str> = spec.trim().split(':').collect();
+        let (l, c, m, clients) = match parts[..] {
+            [l, c, m] => (l, c, m, concurrency),
+            [l, c, m, k] => (l, c, m, k.parse().unwrap()),
+            _ => {
+                panic!("BENCH_INFLIGHT: latency_ms:concurrency:n[:client_connections], not {spec}")
+            }
+        };
+        let (l, c, m) = (l.parse().unwrap(), c.parse().unwrap(), m.parse().unwrap());
+        runs.push(Run::new("claimd-pg-memory", l, c, m, clients));
+    }
+    // Table-size runs, then instance runs: claimd-pg at each latency.
+    let scale_runs = prefill
+        .iter()
+        .map(|&size| (Some(size), 1))
+        .chain(instances.iter().map(|&k| (None, k as usize)));
+    for (size, k) in scale_runs {
+        for &latency_ms in &latencies {
+            let mut run = Run::new(
+                "claimd-pg",
+                latency_ms,
+                consumer_concurrency,
+                n,
+                concurrency,
+            );
+            run.prefill = size;
+            run.instances = k;
+            runs.push(run);
+        }
     }
 
     let mut csv = String::from(
-        "design,latency_ms,n,client_concurrency,pool,consumer_concurrency,msgs_per_s,ack_p50_ms,ack_p99_ms,settled_p50_ms,settled_p99_ms,peak_rss_mib,peak_in_flight,pg_xacts_per_msg,retries_503,non_2xx,load1_before,load1_after\n",
+        "design,latency_ms,n,client_concurrency,pool,consumer_concurrency,msgs_per_s,ack_p50_ms,ack_p99_ms,settled_p50_ms,settled_p99_ms,peak_rss_mib,peak_in_flight,pg_xacts_per_msg,retries_503,non_2xx,load1_before,load1_after,prefill_claims,fill_s,instances,rss_each_mib,peak_each\n",
     );
     let mut rates: Vec<(String, u64, f64)> = Vec::new();
     let mut table = vec![
@@ -174,9 +212,28 @@ async fn main() {
         "| design | provider latency ms | posts | consumer concurrency | msgs/s | ack p50/p99 ms | settled p50/p99 ms | peak RSS MiB | peak in flight | PG xacts/msg | 503 retries | non-2xx | load1 before→after |".into(),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|".into(),
     ];
+    let mut sized: Option<Prefill> = None;
+    let largest = prefill.last().copied().unwrap_or(0);
+    let mut done = Vec::new();
     for (i, run) in runs.iter().enumerate() {
+        let mut fill_s = 0.0;
+        if let Some(size) = run.prefill {
+            if sized.is_none() {
+                sized = Some(Prefill::open(&pg, largest).await);
+            }
+            let load = load1();
+            fill_s = sized.as_mut().unwrap().grow(size).await;
+            if fill_s > 0.0 {
+                eprintln!(
+                    "filled the table to {} claims in {fill_s:.0} s (load1 {load:.2}→{:.2})",
+                    thousands(size),
+                    load1()
+                );
+            }
+        }
         eprintln!("running {run:?} (load {:.2})", load1());
-        let r = run_one(&pg, run, concurrency, pool, i).await;
+        let kept = run.prefill.map(|_| PREFILL_DB);
+        let r = run_one(&pg, run, pool, i, kept).await;
         rates.push((run.design.clone(), run.latency_ms, r.msgs_per_s));
         let cc = if run.design.starts_with("claimd") || PEERS.contains(&run.design.as_str()) {
             run.consumer_concurrency.to_string()
@@ -189,7 +246,7 @@ async fn main() {
             .unwrap_or("-".into());
         let line = format!(
             "| {} | {} | {} | {cc} | {:.0} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} | {} | {x} | {} | {} | {:.2}→{:.2} |",
-            run.design,
+            run.label(),
             run.latency_ms,
             run.n,
             r.msgs_per_s,
@@ -207,10 +264,11 @@ async fn main() {
         eprintln!("{line}");
         table.push(line);
         csv.push_str(&format!(
-            "{},{},{},{concurrency},{pool},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.1},{},{},{},{},{:.2},{:.2}\n",
+            "{},{},{},{},{pool},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.1},{},{},{},{},{:.2},{:.2},{},{:.0},{},{},{}\n",
             run.design,
             run.latency_ms,
             run.n,
+            run.clients,
             run.consumer_concurrency,
             r.msgs_per_s,
             r.ack_p50,
@@ -223,8 +281,29 @@ async fn main() {
             r.retries,
             r.non_2xx,
             r.load_before,
-            r.load_after
+            r.load_after,
+            run.prefill.map(|p| p.to_string()).unwrap_or_default(),
+            fill_s,
+            run.instances,
+            r.rss_each
+                .iter()
+                .map(|x| format!("{x:.1}"))
+                .collect::<Vec<_>>()
+                .join(";"),
+            r.peak_each
+                .iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(";"),
         ));
+        done.push(Done {
+            run: run.clone(),
+            row: r,
+            fill_s,
+        });
+    }
+    if sized.is_some() && !keep {
+        pg.drop_db(PREFILL_DB).await;
     }
     if let Some(dir) = Path::new(&csv_path).parent() {
         std::fs::create_dir_all(dir).unwrap();
@@ -233,6 +312,7 @@ async fn main() {
     println!("{}", table.join("\n"));
     println!("\n(csv: {csv_path})");
     print_peer_ratios(&rates);
+    print_scale_tables(&done);
 
     if db_n > 0 {
         let rows = db_only(&pg, db_n, pool, batch, db_callers).await;

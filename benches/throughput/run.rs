@@ -9,6 +9,60 @@ pub(crate) struct Run {
     pub(crate) latency_ms: u64,
     pub(crate) consumer_concurrency: u32,
     pub(crate) n: usize,
+    /// Client connections (keep-alive), spread over the instances.
+    pub(crate) clients: usize,
+    /// Server processes sharing one database (claimd designs on PostgreSQL).
+    pub(crate) instances: usize,
+    /// Runs on the kept table-size database filled to this many claims (see `scale`), instead
+    /// of a fresh database.
+    pub(crate) prefill: Option<i64>,
+}
+
+impl Run {
+    /// A run of `design` on a fresh database, one server, `clients` connections.
+    pub(crate) fn new(
+        design: &str,
+        latency_ms: u64,
+        consumer_concurrency: u32,
+        n: usize,
+        clients: usize,
+    ) -> Self {
+        Run {
+            design: design.to_string(),
+            latency_ms,
+            consumer_concurrency,
+            n,
+            clients,
+            instances: 1,
+            prefill: None,
+        }
+    }
+
+    /// The design as the table names it: with the claims already in the table, or the number
+    /// of instances, when not the default.
+    pub(crate) fn label(&self) -> String {
+        let mut l = self.design.clone();
+        if let Some(p) = self.prefill {
+            l.push_str(&format!(" ({} claims in table)", thousands(p)));
+        }
+        if self.instances > 1 {
+            l.push_str(&format!(" ×{} instances", self.instances));
+        }
+        l
+    }
+}
+
+/// `1234567` as `1,234,567`.
+pub(crate) fn thousands(n: i64) -> String {
+    let s = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -18,8 +72,16 @@ pub(crate) struct Row {
     pub(crate) ack_p99: f64,
     pub(crate) settled_p50: f64,
     pub(crate) settled_p99: f64,
+    /// Largest peak RSS among the instances.
     pub(crate) rss_mib: f64,
+    /// Peak RSS of each instance.
+    pub(crate) rss_each: Vec<f64>,
+    /// Sum of the instances' peaks.
     pub(crate) peak_in_flight: usize,
+    /// Peak provider calls in flight in each instance.
+    pub(crate) peak_each: Vec<usize>,
+    /// Distinct messages, and how many of them the sandbox applied exactly once.
+    pub(crate) applied_once: (usize, usize),
     pub(crate) xacts_per_msg: Option<f64>,
     pub(crate) retries: u64,
     pub(crate) non_2xx: u64,
@@ -44,7 +106,27 @@ impl Pg {
             .execute(&mut c)
             .await
             .unwrap();
+        self.url(name)
+    }
+
+    /// The URL of database `name` on the admin URL's server.
+    pub(crate) fn url(&self, name: &str) -> String {
         format!("{}/{name}", self.admin.rsplit_once('/').unwrap().0)
+    }
+
+    /// Deletes the claims (and their history) of a run on a kept database that started at
+    /// `start_wall` (seconds since the epoch), so the next run finds the table at its size.
+    pub(crate) async fn forget_run(&self, url: &str, start_wall: f64) {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query("DELETE FROM claims WHERE received_utc >= to_timestamp($1)")
+            .bind(start_wall)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        sqlx::query("VACUUM (ANALYZE) claims")
+            .execute(&mut c)
+            .await
+            .unwrap();
     }
 
     pub(crate) async fn drop_db(&self, name: &str) {
@@ -70,57 +152,46 @@ impl Pg {
     }
 }
 
-pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, idx: usize) -> Row {
-    // The provider, fresh for every run, in this (the client's) process.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
-    let sandbox = Sandbox::new(SandboxOptions {
-        latency: Duration::from_millis(run.latency_ms),
-        ..Default::default()
-    });
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let served = sandbox.clone();
-    let sb = tokio::spawn(async move {
-        let _ = served
-            .serve(listener, async move {
-                let _ = stop_rx.wait_for(|s| *s).await;
-            })
-            .await;
-    });
+/// Applies claimd's migrations to the database at `url`.
+pub(crate) async fn migrate(url: &str) {
+    PgStore::connect(url, 1)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+}
 
-    let dbname = format!("claimd_bench_tp_{}_{idx}", std::process::id());
-    let tmp = tempfile::tempdir().unwrap();
-    let (mode, store) = match run.design.as_str() {
-        "direct" => ("direct", String::new()),
-        "txn" => {
-            let url = pg.create(&dbname).await;
-            PgStore::connect(&url, 1)
-                .await
-                .unwrap()
-                .migrate()
-                .await
-                .unwrap();
-            ("txn", url)
+/// One server process of a run: its pid, its address, and its stdout (for `PEAK`).
+struct Server {
+    child: tokio::process::Child,
+    pid: u32,
+    base: String,
+    out: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+async fn spawn_server(run: &Run, mode: &str, provider: &str, store: &str, pool: u32) -> Server {
+    // `BENCH_CHILD_WRAP` (e.g. `heaptrack -o /tmp/ht`) runs the server under a profiler; its
+    // peak RSS is then the wrapper's child's, not measured.
+    let wrap: Vec<String> = env_or("BENCH_CHILD_WRAP", String::new())
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let exe = std::env::current_exe().unwrap();
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = tokio::process::Command::new(program);
+            c.args(args).arg(&exe);
+            c
         }
-        "claimd-pg"
-        | "claimd-pg-unbatched"
-        | "claimd-pg-wide"
-        | "claimd-pg-memory"
-        | "claimd-pg-park" => ("claimd", pg.create(&dbname).await),
-        "underway" => ("underway", pg.create(&dbname).await),
-        "claimd-sqlite" | "claimd-sqlite-unbatched" => (
-            "claimd",
-            format!("sqlite://{}", tmp.path().join("claims.db").display()),
-        ),
-        other => panic!("unknown design {other}"),
+        None => tokio::process::Command::new(&exe),
     };
-    let on_pg = store.starts_with("postgres");
-
-    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+    let mut child = command
         .args(["--mode", mode])
-        .env("BENCH_PROVIDER", &provider)
-        .env("BENCH_STORE", &store)
+        .env("BENCH_PROVIDER", provider)
+        .env("BENCH_STORE", store)
         .env("BENCH_POOL", pool.to_string())
+        .env("BENCH_LATENCY_MS", run.latency_ms.to_string())
         .env(
             "CLAIMD__STORE__BATCH_WRITES",
             (!run.design.ends_with("-unbatched")).to_string(),
@@ -150,6 +221,84 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
             break format!("http://{a}");
         }
     };
+    Server {
+        child,
+        pid,
+        base,
+        out,
+    }
+}
+
+/// Stops `server` (closes its stdin) and returns its peak provider calls in flight.
+async fn stop_server(mut server: Server) -> usize {
+    drop(server.child.stdin.take());
+    let mut peak = 0usize;
+    while let Ok(Some(line)) = server.out.next_line().await {
+        if let Some(p) = line.strip_prefix("PEAK ") {
+            peak = p.trim().parse().unwrap_or(0);
+        }
+    }
+    let _ = server.child.wait().await;
+    peak
+}
+
+/// Runs `run`. `kept`: the name of an existing database to run on (the table-size runs), which
+/// is left in place with this run's claims deleted again; otherwise a fresh one is made.
+pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Option<&str>) -> Row {
+    // The provider, fresh for every run, in this (the client's) process.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    let sandbox = Sandbox::new(SandboxOptions {
+        latency: Duration::from_millis(run.latency_ms),
+        ..Default::default()
+    });
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let served = sandbox.clone();
+    let sb = tokio::spawn(async move {
+        let _ = served
+            .serve(listener, async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            })
+            .await;
+    });
+
+    let dbname = kept.map_or_else(
+        || format!("claimd_bench_tp_{}_{idx}", std::process::id()),
+        str::to_string,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let (mode, store) = match run.design.as_str() {
+        "direct" => ("direct", String::new()),
+        "txn" => {
+            let url = pg.create(&dbname).await;
+            migrate(&url).await;
+            ("txn", url)
+        }
+        "claimd-pg" if kept.is_some() => ("claimd", pg.url(&dbname)),
+        "claimd-pg"
+        | "claimd-pg-unbatched"
+        | "claimd-pg-wide"
+        | "claimd-pg-memory"
+        | "claimd-pg-park" => ("claimd", pg.create(&dbname).await),
+        "underway" => ("underway", pg.create(&dbname).await),
+        "claimd-sqlite" | "claimd-sqlite-unbatched" => (
+            "claimd",
+            format!("sqlite://{}", tmp.path().join("claims.db").display()),
+        ),
+        other => panic!("unknown design {other}"),
+    };
+    let on_pg = store.starts_with("postgres");
+    assert!(
+        run.instances == 1 || (on_pg && mode == "claimd"),
+        "several instances share one PostgreSQL database: claimd-pg designs only"
+    );
+
+    // One after the other: each instance migrates the database when it opens it.
+    let mut servers = Vec::new();
+    for _ in 0..run.instances {
+        servers.push(spawn_server(run, mode, &provider, &store, pool).await);
+    }
+    let bases: Vec<String> = servers.iter().map(|s| s.base.clone()).collect();
     let x0 = if on_pg { pg.xacts(&dbname).await } else { 0 };
 
     let load_before = load1();
@@ -158,11 +307,11 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         .unwrap()
         .as_secs_f64();
     let t0 = Instant::now();
-    let client = drive_client(&base, run.n, concurrency).await;
+    let client = drive_client(&bases, run.n, run.clients).await;
     let client_s = t0.elapsed().as_secs_f64();
     let mut polls = 0i64;
     let (settled, elapsed) = if mode == "claimd" {
-        let (lat, last) = wait_settled(&store, &mut polls).await;
+        let (lat, last) = wait_settled(&store, &mut polls, start_wall).await;
         (lat, (last - start_wall).max(client_s))
     } else if PEERS.contains(&mode) {
         let (lat, last) = wait_jobs(mode, &store, &mut polls).await;
@@ -171,15 +320,14 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         (client.ack_ms.clone(), client_s)
     };
     let load_after = load1();
-    let rss_kib = vm_hwm_kib(pid);
-    drop(child.stdin.take());
-    let mut peak = 0usize;
-    while let Ok(Some(line)) = out.next_line().await {
-        if let Some(p) = line.strip_prefix("PEAK ") {
-            peak = p.trim().parse().unwrap_or(0);
-        }
+    let rss_each: Vec<f64> = servers
+        .iter()
+        .map(|s| vm_hwm_kib(s.pid) as f64 / 1024.0)
+        .collect();
+    let mut peak_each = Vec::new();
+    for server in servers {
+        peak_each.push(stop_server(server).await);
     }
-    let _ = child.wait().await;
     let xacts_per_msg = if on_pg {
         // Backends report their statistics when they exit; give the collector a moment.
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -192,18 +340,17 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
     let _ = sb.await;
     let unique = unique_messages(run.n);
     let effects = sandbox.effects();
+    let once = effects.iter().filter(|e| e.applied == 1).count();
     assert_eq!(
         effects.len(),
         unique,
         "{}: every message must reach the provider",
-        run.design
+        run.label()
     );
-    assert!(
-        effects.iter().all(|e| e.applied == 1),
-        "{}: an effect applied twice",
-        run.design
-    );
-    if on_pg {
+    assert_eq!(once, unique, "{}: an effect applied twice", run.label());
+    if kept.is_some() {
+        pg.forget_run(&store, start_wall).await;
+    } else if on_pg {
         pg.drop_db(&dbname).await;
     }
     Row {
@@ -212,8 +359,11 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         ack_p99: quantile(&client.ack_ms, 0.99),
         settled_p50: quantile(&settled, 0.5),
         settled_p99: quantile(&settled, 0.99),
-        rss_mib: rss_kib as f64 / 1024.0,
-        peak_in_flight: peak,
+        rss_mib: rss_each.iter().copied().fold(0.0, f64::max),
+        rss_each,
+        peak_in_flight: peak_each.iter().sum(),
+        peak_each,
+        applied_once: (unique, once),
         xacts_per_msg,
         retries: client.retries,
         non_2xx: client.non_2xx,

@@ -123,7 +123,10 @@ pub(crate) fn claimd_toml(
     pool: u32,
     concurrency: u32,
     on_unknown: &str,
+    latency_ms: u64,
 ) -> String {
+    // The call must outlive the provider's latency (the memory runs use seconds).
+    let timeout_s = (latency_ms * 3 / 1000).max(10);
     format!(
         r#"
 [store]
@@ -144,7 +147,7 @@ key = "{{message_id}}"
 [consumers.effect]
 kind = "http"
 url = "{provider}/v1/payments"
-timeout = "10s"
+timeout = "{timeout_s}s"
 status_url = "{provider}/v1/effects/{{key}}"
 "#
     )
@@ -193,10 +196,13 @@ pub(crate) async fn child(mode: &str) {
             addr
         }
         "claimd" => {
+            // As the `claimd` binary does first thing, or the peak RSS would not be its.
+            claimd::run::return_large_buffers_to_the_system();
             let store = std::env::var("BENCH_STORE").expect("BENCH_STORE");
             let conc: u32 = env_or("BENCH_CONSUMER_CONCURRENCY", 64);
             let on_unknown: String = env_or("BENCH_ON_UNKNOWN", "reconcile".to_string());
-            let toml = claimd_toml(&store, &provider, pool_size, conc, &on_unknown);
+            let latency_ms: u64 = env_or("BENCH_LATENCY_MS", 0);
+            let toml = claimd_toml(&store, &provider, pool_size, conc, &on_unknown, latency_ms);
             let config = Config::from_toml(&toml, Path::new("bench.toml"), std::env::vars())
                 .expect("config")
                 .config;

@@ -277,7 +277,10 @@ impl Claimer {
         };
         drop(held);
         let slot = Slot::held(permit, &consumer);
-        self.drive(&consumer, &claim, hold, None, slot).await;
+        // Boxed: this task's allocation is the size of its largest state, and without the box
+        // that is the provider call's, which is then paid by every claim still waiting for a
+        // slot above (up to `concurrency` of them) as well as by those in a call.
+        Box::pin(self.drive(&consumer, &claim, hold, None, slot)).await;
     }
 
     /// After a claim statement failed, it may still have committed (the connection was cut
