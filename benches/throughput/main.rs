@@ -23,18 +23,20 @@
 //! `BENCH_CONCURRENCY` client connections [64]; `BENCH_POOL` database pool size [16];
 //! `BENCH_CONSUMER_CONCURRENCY` claimd's consumer `concurrency` [= BENCH_CONCURRENCY];
 //! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,
-//! claimd-pg-wide,underway]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
+//! claimd-pg-wide,underway,apalis]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
 //! before claiming (the intake order before claims-ahead), `claimd-pg-unbatched` (and
 //! `claimd-sqlite-unbatched`, not run by default) has `[store] batch_writes = false`, `claimd-pg-wide` consumer concurrency
 //! `BENCH_WIDE_CONCURRENCY` [256]: more effects in flight than client connections; `BENCH_DB_CALLERS` concurrent callers of the batched store
 //! [256]; `BENCH_DB_N` claims in the
 //! database-only section [50000, 0 skips it]; `BENCH_BATCH` batch size there [64];
-//! `underway`: the job-queue peer (see `peers`), `BENCH_PEER_N` posts per peer run [20000];
+//! `underway`, `apalis`: the job-queue peers (see `peers`; their servers are the crate
+//! `peers/`, built on demand), `BENCH_PEER_N` posts per peer run [20000];
 //! `BENCH_INFLIGHT` one extra claimd-pg run (`claimd-pg-memory`) `latency_ms:concurrency:n` for memory with many
 //! effects in flight [2000:1000:10000, empty skips it]; `BENCH_PG` admin URL
 //! [postgres://postgres@127.0.0.1:5432/postgres]; `BENCH_CSV` [target/bench/throughput.csv].
 
 mod client;
+mod cpu;
 mod db_only;
 mod peers;
 mod run;
@@ -63,6 +65,7 @@ use support::{env_or, load1};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use client::*;
+use cpu::{CpuPerMsg, statements, statements_reset};
 use db_only::*;
 use peers::*;
 use run::*;
@@ -114,7 +117,7 @@ async fn main() {
     let designs: Vec<String> = env_or(
         "BENCH_DESIGNS",
         "direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,claimd-pg-wide,\
-         underway"
+         underway,apalis"
             .to_string(),
     )
     .split(',')
@@ -163,9 +166,14 @@ async fn main() {
     }
 
     let mut csv = String::from(
-        "design,latency_ms,n,client_concurrency,pool,consumer_concurrency,msgs_per_s,ack_p50_ms,ack_p99_ms,settled_p50_ms,settled_p99_ms,peak_rss_mib,peak_in_flight,pg_xacts_per_msg,retries_503,non_2xx,load1_before,load1_after\n",
+        "design,latency_ms,n,client_concurrency,pool,consumer_concurrency,msgs_per_s,ack_p50_ms,ack_p99_ms,settled_p50_ms,settled_p99_ms,peak_rss_mib,peak_in_flight,pg_xacts_per_msg,retries_503,non_2xx,load1_before,load1_after,server_cpu_ms_per_msg,bench_cpu_ms_per_msg,pg_cpu_ms_per_msg\n",
     );
     let mut rates: Vec<(String, u64, f64)> = Vec::new();
+    let mut cpu_table = vec![
+        "| design | provider latency ms | msgs/s | server CPU ms/msg | client + provider CPU ms/msg | PostgreSQL CPU ms/msg | total ms/msg | msgs/s two cores could carry | other work on the machine ms/msg |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|".into(),
+    ];
+    let mut statement_tables = Vec::new();
     let mut table = vec![
         format!(
             "client connections: {concurrency}; database pool: {pool} (txn, claimd-pg, claimd-sqlite); 10% of posts are duplicates"
@@ -206,8 +214,29 @@ async fn main() {
         );
         eprintln!("{line}");
         table.push(line);
+        let c = r.cpu;
+        cpu_table.push(format!(
+            "| {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.3} |",
+            run.design,
+            run.latency_ms,
+            r.msgs_per_s,
+            c.server_ms,
+            c.bench_ms,
+            c.postgres_ms,
+            c.total_ms(),
+            2000.0 / c.total_ms(),
+            c.other_ms
+        ));
+        if !r.statements.is_empty() {
+            statement_tables.push(format!(
+                "\n{} at {} ms: PostgreSQL statements (pg_stat_statements)\n\n| calls/msg | rows/msg | ms/call | statement |\n|---|---|---|---|\n{}",
+                run.design,
+                run.latency_ms,
+                r.statements.join("\n")
+            ));
+        }
         csv.push_str(&format!(
-            "{},{},{},{concurrency},{pool},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.1},{},{},{},{},{:.2},{:.2}\n",
+            "{},{},{},{concurrency},{pool},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.1},{},{},{},{},{:.2},{:.2},{:.4},{:.4},{:.4}\n",
             run.design,
             run.latency_ms,
             run.n,
@@ -223,7 +252,10 @@ async fn main() {
             r.retries,
             r.non_2xx,
             r.load_before,
-            r.load_after
+            r.load_after,
+            r.cpu.server_ms,
+            r.cpu.bench_ms,
+            r.cpu.postgres_ms
         ));
     }
     if let Some(dir) = Path::new(&csv_path).parent() {
@@ -232,6 +264,11 @@ async fn main() {
     std::fs::write(&csv_path, &csv).unwrap();
     println!("{}", table.join("\n"));
     println!("\n(csv: {csv_path})");
+    println!("\nCPU per message (from /proc; \"two cores could carry\" = 2,000 ms ÷ total):\n");
+    println!("{}", cpu_table.join("\n"));
+    for t in &statement_tables {
+        println!("{t}");
+    }
     print_peer_ratios(&rates);
 
     if db_n > 0 {

@@ -25,6 +25,10 @@ pub(crate) struct Row {
     pub(crate) non_2xx: u64,
     pub(crate) load_before: f64,
     pub(crate) load_after: f64,
+    /// CPU per message by role (`cpu`).
+    pub(crate) cpu: CpuPerMsg,
+    /// `pg_stat_statements` lines, with `BENCH_PG_STATEMENTS=1`.
+    pub(crate) statements: Vec<String>,
 }
 
 pub(crate) struct Pg {
@@ -108,6 +112,7 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         | "claimd-pg-memory"
         | "claimd-pg-park" => ("claimd", pg.create(&dbname).await),
         "underway" => ("underway", pg.create(&dbname).await),
+        "apalis" => ("apalis", pg.create(&dbname).await),
         "claimd-sqlite" | "claimd-sqlite-unbatched" => (
             "claimd",
             format!("sqlite://{}", tmp.path().join("claims.db").display()),
@@ -116,7 +121,7 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
     };
     let on_pg = store.starts_with("postgres");
 
-    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+    let mut child = tokio::process::Command::new(server_exe(mode))
         .args(["--mode", mode])
         .env("BENCH_PROVIDER", &provider)
         .env("BENCH_STORE", &store)
@@ -151,6 +156,8 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         }
     };
     let x0 = if on_pg { pg.xacts(&dbname).await } else { 0 };
+    let track_statements = on_pg && statements_reset(pg).await;
+    let cpu0 = cpu::sample(pid);
 
     let load_before = load1();
     let start_wall = SystemTime::now()
@@ -171,6 +178,7 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         (client.ack_ms.clone(), client_s)
     };
     let load_after = load1();
+    let cpu = cpu::per_msg(cpu0, cpu::sample(pid), run.n);
     let rss_kib = vm_hwm_kib(pid);
     drop(child.stdin.take());
     let mut peak = 0usize;
@@ -203,6 +211,11 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         "{}: an effect applied twice",
         run.design
     );
+    let statements = if track_statements {
+        statements(pg, &dbname, run.n).await
+    } else {
+        Vec::new()
+    };
     if on_pg {
         pg.drop_db(&dbname).await;
     }
@@ -219,6 +232,8 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         non_2xx: client.non_2xx,
         load_before,
         load_after,
+        cpu,
+        statements,
     }
 }
 
