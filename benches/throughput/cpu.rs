@@ -1,7 +1,7 @@
 //! Where each message's CPU goes (issue 16 §2): CPU seconds, read from `/proc`, of the server
 //! under test (its own process), of this process (the client and the sandbox provider) and of
-//! PostgreSQL (every `postgres` process, plus what the postmaster reaped from backends that
-//! ended), and of the whole machine. CPU time, unlike wall time, does not shrink when other
+//! PostgreSQL (the postmaster of the server behind `BENCH_PG` and its children, plus what it
+//! reaped from backends that ended), and of the whole machine. CPU time, unlike wall time, does not shrink when other
 //! work shares the cores, so CPU per message is the figure that says what two cores can carry.
 //!
 //! With `BENCH_PG_STATEMENTS=1` and `pg_stat_statements` loaded by the server behind `BENCH_PG`
@@ -52,21 +52,41 @@ fn proc_times(pid: &str) -> Option<(String, f64, f64)> {
     Some((comm, (n(11) + n(12)) / TICKS, (n(13) + n(14)) / TICKS))
 }
 
-fn postgres_cpu() -> f64 {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
+fn parent_of(pid: &str) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The postmaster of the server behind `pg` (the parent of a backend of ours): only its
+/// processes are counted, not those of another cluster on the machine.
+pub(crate) async fn postmaster(pg: &Pg) -> Option<u32> {
+    let mut c = sqlx::PgConnection::connect(&pg.admin).await.ok()?;
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut c)
+        .await
+        .ok()?;
+    parent_of(&backend.to_string())
+}
+
+/// CPU of the postmaster `root` and its children; the postmaster's reaped time holds the
+/// backends that already ended.
+fn postgres_cpu(root: Option<u32>) -> f64 {
+    let (Some(root), Ok(dir)) = (root, std::fs::read_dir("/proc")) else {
         return 0.0;
     };
-    let mut total = 0.0;
+    let mut total = proc_times(&root.to_string())
+        .map(|(_, own, reaped)| own + reaped)
+        .unwrap_or(0.0);
     for e in dir.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
+        if !name.bytes().all(|b| b.is_ascii_digit()) || parent_of(&name) != Some(root) {
             continue;
         }
-        if let Some((comm, own, reaped)) = proc_times(&name)
-            && (comm == "postgres" || comm.starts_with("postgres:"))
-        {
-            // The postmaster's reaped time holds the backends that already ended.
-            total += own + reaped;
+        if let Some((_, own, _)) = proc_times(&name) {
+            total += own;
         }
     }
     total
@@ -89,12 +109,13 @@ fn machine_cpu() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// CPU used so far by the server `pid`, this process, PostgreSQL and the machine.
-pub(crate) fn sample(pid: u32) -> CpuSample {
+/// CPU used so far by the server `pid`, this process, the PostgreSQL server whose postmaster
+/// is `postmaster`, and the machine.
+pub(crate) fn sample(pid: u32, postmaster: Option<u32>) -> CpuSample {
     CpuSample {
         server: proc_times(&pid.to_string()).map(|t| t.1).unwrap_or(0.0),
         bench: proc_times("self").map(|t| t.1).unwrap_or(0.0),
-        postgres: postgres_cpu(),
+        postgres: postgres_cpu(postmaster),
         machine: machine_cpu(),
     }
 }

@@ -157,7 +157,8 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
     };
     let x0 = if on_pg { pg.xacts(&dbname).await } else { 0 };
     let track_statements = on_pg && statements_reset(pg).await;
-    let cpu0 = cpu::sample(pid);
+    let postmaster = cpu::postmaster(pg).await;
+    let cpu0 = cpu::sample(pid, postmaster);
 
     let load_before = load1();
     let start_wall = SystemTime::now()
@@ -178,7 +179,7 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, concurrency: usize, pool: u32, i
         (client.ack_ms.clone(), client_s)
     };
     let load_after = load1();
-    let cpu = cpu::per_msg(cpu0, cpu::sample(pid), run.n);
+    let cpu = cpu::per_msg(cpu0, cpu::sample(pid, postmaster), run.n);
     let rss_kib = vm_hwm_kib(pid);
     drop(child.stdin.take());
     let mut peak = 0usize;
