@@ -23,13 +23,14 @@
 //! `BENCH_CONCURRENCY` client connections [64]; `BENCH_POOL` database pool size [16];
 //! `BENCH_CONSUMER_CONCURRENCY` claimd's consumer `concurrency` [= BENCH_CONCURRENCY];
 //! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,
-//! claimd-pg-wide,underway]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
+//! claimd-pg-wide,underway,apalis]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
 //! before claiming (the intake order before claims-ahead), `claimd-pg-unbatched` (and
 //! `claimd-sqlite-unbatched`, not run by default) has `[store] batch_writes = false`, `claimd-pg-wide` consumer concurrency
 //! `BENCH_WIDE_CONCURRENCY` [256]: more effects in flight than client connections; `BENCH_DB_CALLERS` concurrent callers of the batched store
 //! [256]; `BENCH_DB_N` claims in the
 //! database-only section [50000, 0 skips it]; `BENCH_BATCH` batch size there [64];
-//! `underway`: the job-queue peer (see `peers`), `BENCH_PEER_N` posts per peer run [20000];
+//! `underway`, `apalis`: the job-queue peers (see `peers`; their servers are the crate
+//! `peers/`, built on demand), `BENCH_PEER_N` posts per peer run [20000];
 //! `BENCH_INFLIGHT` extra claimd-pg runs (`claimd-pg-memory`) for memory with many effects in
 //! flight, comma-separated `latency_ms:concurrency:n[:client_connections]`
 //! [2000:1000:10000, empty skips them]; `BENCH_PG` admin URL
@@ -42,6 +43,7 @@
 //! processes on one database, the `BENCH_CONCURRENCY` client connections spread over them.
 
 mod client;
+mod cpu;
 mod db_only;
 mod peers;
 mod run;
@@ -71,6 +73,7 @@ use support::{env_or, load1};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use client::*;
+use cpu::{CpuPerMsg, statements, statements_reset};
 use db_only::*;
 use peers::*;
 use run::*;
@@ -123,7 +126,7 @@ async fn main() {
     let designs: Vec<String> = env_or(
         "BENCH_DESIGNS",
         "direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,claimd-pg-wide,\
-         underway"
+         underway,apalis"
             .to_string(),
     )
     .split(',')
@@ -201,9 +204,14 @@ async fn main() {
     }
 
     let mut csv = String::from(
-        "design,latency_ms,n,client_concurrency,pool,consumer_concurrency,msgs_per_s,ack_p50_ms,ack_p99_ms,settled_p50_ms,settled_p99_ms,peak_rss_mib,peak_in_flight,pg_xacts_per_msg,retries_503,non_2xx,load1_before,load1_after,prefill_claims,fill_s,instances,rss_each_mib,peak_each\n",
+        "design,latency_ms,n,client_concurrency,pool,consumer_concurrency,msgs_per_s,ack_p50_ms,ack_p99_ms,settled_p50_ms,settled_p99_ms,peak_rss_mib,peak_in_flight,pg_xacts_per_msg,retries_503,non_2xx,load1_before,load1_after,prefill_claims,fill_s,instances,rss_each_mib,peak_each,server_cpu_ms_per_msg,bench_cpu_ms_per_msg,pg_cpu_ms_per_msg\n",
     );
     let mut rates: Vec<(String, u64, f64)> = Vec::new();
+    let mut cpu_table = vec![
+        "| design | provider latency ms | msgs/s | server CPU ms/msg | client + provider CPU ms/msg | PostgreSQL CPU ms/msg | total ms/msg | msgs/s two cores could carry | other work on the machine ms/msg |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|".into(),
+    ];
+    let mut statement_tables = Vec::new();
     let mut table = vec![
         format!(
             "client connections: {concurrency}; database pool: {pool} (txn, claimd-pg, claimd-sqlite); 10% of posts are duplicates"
@@ -263,8 +271,29 @@ async fn main() {
         );
         eprintln!("{line}");
         table.push(line);
+        let c = r.cpu;
+        cpu_table.push(format!(
+            "| {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.3} |",
+            run.design,
+            run.latency_ms,
+            r.msgs_per_s,
+            c.server_ms,
+            c.bench_ms,
+            c.postgres_ms,
+            c.total_ms(),
+            2000.0 / c.total_ms(),
+            c.other_ms
+        ));
+        if !r.statements.is_empty() {
+            statement_tables.push(format!(
+                "\n{} at {} ms: PostgreSQL statements (pg_stat_statements)\n\n| calls/msg | rows/msg | ms/call | statement |\n|---|---|---|---|\n{}",
+                run.design,
+                run.latency_ms,
+                r.statements.join("\n")
+            ));
+        }
         csv.push_str(&format!(
-            "{},{},{},{},{pool},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.1},{},{},{},{},{:.2},{:.2},{},{:.0},{},{},{}\n",
+            "{},{},{},{},{pool},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.1},{},{},{},{},{:.2},{:.2},{},{:.0},{},{},{},{:.4},{:.4},{:.4}\n",
             run.design,
             run.latency_ms,
             run.n,
@@ -295,6 +324,9 @@ async fn main() {
                 .map(|x| x.to_string())
                 .collect::<Vec<_>>()
                 .join(";"),
+            r.cpu.server_ms,
+            r.cpu.bench_ms,
+            r.cpu.postgres_ms,
         ));
         done.push(Done {
             run: run.clone(),
@@ -311,6 +343,11 @@ async fn main() {
     std::fs::write(&csv_path, &csv).unwrap();
     println!("{}", table.join("\n"));
     println!("\n(csv: {csv_path})");
+    println!("\nCPU per message (from /proc; \"two cores could carry\" = 2,000 ms ÷ total):\n");
+    println!("{}", cpu_table.join("\n"));
+    for t in &statement_tables {
+        println!("{t}");
+    }
     print_peer_ratios(&rates);
     print_scale_tables(&done);
 

@@ -87,6 +87,10 @@ pub(crate) struct Row {
     pub(crate) non_2xx: u64,
     pub(crate) load_before: f64,
     pub(crate) load_after: f64,
+    /// CPU per message by role (`cpu`).
+    pub(crate) cpu: CpuPerMsg,
+    /// `pg_stat_statements` lines, with `BENCH_PG_STATEMENTS=1`.
+    pub(crate) statements: Vec<String>,
 }
 
 pub(crate) struct Pg {
@@ -177,7 +181,7 @@ async fn spawn_server(run: &Run, mode: &str, provider: &str, store: &str, pool: 
         .split_whitespace()
         .map(str::to_string)
         .collect();
-    let exe = std::env::current_exe().unwrap();
+    let exe = server_exe(mode);
     let mut command = match wrap.split_first() {
         Some((program, args)) => {
             let mut c = tokio::process::Command::new(program);
@@ -281,6 +285,7 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
         | "claimd-pg-memory"
         | "claimd-pg-park" => ("claimd", pg.create(&dbname).await),
         "underway" => ("underway", pg.create(&dbname).await),
+        "apalis" => ("apalis", pg.create(&dbname).await),
         "claimd-sqlite" | "claimd-sqlite-unbatched" => (
             "claimd",
             format!("sqlite://{}", tmp.path().join("claims.db").display()),
@@ -300,6 +305,10 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
     }
     let bases: Vec<String> = servers.iter().map(|s| s.base.clone()).collect();
     let x0 = if on_pg { pg.xacts(&dbname).await } else { 0 };
+    let track_statements = on_pg && statements_reset(pg).await;
+    let postmaster = cpu::postmaster(pg).await;
+    let pids: Vec<u32> = servers.iter().map(|s| s.pid).collect();
+    let cpu0 = cpu::sample(&pids, postmaster);
 
     let load_before = load1();
     let start_wall = SystemTime::now()
@@ -320,6 +329,7 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
         (client.ack_ms.clone(), client_s)
     };
     let load_after = load1();
+    let cpu = cpu::per_msg(cpu0, cpu::sample(&pids, postmaster), run.n);
     let rss_each: Vec<f64> = servers
         .iter()
         .map(|s| vm_hwm_kib(s.pid) as f64 / 1024.0)
@@ -348,6 +358,11 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
         run.label()
     );
     assert_eq!(once, unique, "{}: an effect applied twice", run.label());
+    let statements = if track_statements {
+        statements(pg, &dbname, run.n).await
+    } else {
+        Vec::new()
+    };
     if kept.is_some() {
         pg.forget_run(&store, start_wall).await;
     } else if on_pg {
@@ -369,6 +384,8 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
         non_2xx: client.non_2xx,
         load_before,
         load_after,
+        cpu,
+        statements,
     }
 }
 

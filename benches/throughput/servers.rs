@@ -1,5 +1,6 @@
 //! The servers under test, each run in a child process of its own (`--mode`): the direct
-//! handler, the single-transaction inbox, claimd itself, and the job-queue peers (`peers`).
+//! handler, the single-transaction inbox and claimd itself (the job-queue peers run from the
+//! crate `peers/`, see `peers`).
 
 use super::*;
 
@@ -219,18 +220,6 @@ pub(crate) async fn child(mode: &str) {
             let running = claimd::run::start(app).await.expect("start");
             let addr = running.http_addr;
             std::mem::forget(running);
-            addr
-        }
-        "underway" => {
-            let store = std::env::var("BENCH_STORE").expect("BENCH_STORE");
-            let conc: usize = env_or("BENCH_CONSUMER_CONCURRENCY", 64);
-            let router = match mode {
-                "underway" => underway_server(&store, &provider, pool_size, conc).await,
-                _ => unreachable!(),
-            };
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = listener.local_addr().unwrap();
-            tokio::spawn(async move { axum::serve(listener, router).await });
             addr
         }
         other => panic!("unknown mode {other}"),

@@ -45,18 +45,30 @@ pub(super) async fn logged(
 }
 
 impl SqliteDialect {
-    /// Claims `new` in one transaction: each inserted, or its repeat counted, in turn.
-    pub(super) async fn claim_together(
+    /// The writer lock of this process, then a `BEGIN IMMEDIATE` transaction: SQLite's write
+    /// lock taken at the start, so the batch never fails half-way on a busy upgrade.
+    async fn write_transaction(
         &self,
-        new: &[&NewClaim],
-    ) -> StoreResult<Vec<Option<ClaimOutcome>>> {
-        let _writer = self.writer.lock().await;
-        let mut tx = self
+    ) -> StoreResult<(
+        tokio::sync::MutexGuard<'_, ()>,
+        sqlx::Transaction<'static, Sqlite>,
+    )> {
+        let writer = self.writer.lock().await;
+        let tx = self
             .sql
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(err("begin"))?;
+        Ok((writer, tx))
+    }
+
+    /// Claims `new` in one transaction: each inserted, or its repeat counted, in turn.
+    pub(super) async fn claim_together(
+        &self,
+        new: &[&NewClaim],
+    ) -> StoreResult<Vec<Option<ClaimOutcome>>> {
+        let (_writer, mut tx) = self.write_transaction().await?;
         let mut out = Vec::with_capacity(new.len());
         for n in new {
             let inserted = SqlPool::<Sqlite>::query(sql::STATEMENTS.insert_claim, &insert_args(n))
@@ -87,13 +99,7 @@ impl SqliteDialect {
     /// Settles `items` (distinct ids) in one transaction, each fenced on its own attempt (I2)
     /// and written with its history line.
     pub(super) async fn settle_together(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
-        let _writer = self.writer.lock().await;
-        let mut tx = self
-            .sql
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(err("begin"))?;
+        let (_writer, mut tx) = self.write_transaction().await?;
         let mut out = Vec::with_capacity(items.len());
         for i in items {
             let args = settle_args(i.id, i.attempt, &i.settlement);

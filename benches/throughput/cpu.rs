@@ -1,0 +1,191 @@
+//! Where each message's CPU goes (issue 16 §2): CPU seconds, read from `/proc`, of the server
+//! under test (its own process), of this process (the client and the sandbox provider) and of
+//! PostgreSQL (the postmaster of the server behind `BENCH_PG` and its children, plus what it
+//! reaped from backends that ended), and of the whole machine. CPU time, unlike wall time, does not shrink when other
+//! work shares the cores, so CPU per message is the figure that says what two cores can carry.
+//!
+//! With `BENCH_PG_STATEMENTS=1` and `pg_stat_statements` loaded by the server behind `BENCH_PG`
+//! (a private cluster: `scripts/pg_private.sh`), each run also lists its statements: calls and
+//! rows per message and time per call.
+
+use super::*;
+
+/// CPU seconds used so far, by role.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CpuSample {
+    pub(crate) server: f64,
+    pub(crate) bench: f64,
+    pub(crate) postgres: f64,
+    pub(crate) machine: f64,
+}
+
+/// CPU milliseconds per message, by role, over one run.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CpuPerMsg {
+    pub(crate) server_ms: f64,
+    pub(crate) bench_ms: f64,
+    pub(crate) postgres_ms: f64,
+    /// Everything else the machine ran meanwhile (other users of the shared cores).
+    pub(crate) other_ms: f64,
+}
+
+impl CpuPerMsg {
+    /// Server + client/provider + PostgreSQL.
+    pub(crate) fn total_ms(&self) -> f64 {
+        self.server_ms + self.bench_ms + self.postgres_ms
+    }
+}
+
+/// Clock ticks per second of `/proc`'s CPU times (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+const TICKS: f64 = 100.0;
+
+/// (utime + stime, cutime + cstime) of a process, in seconds.
+fn proc_times(pid: &str) -> Option<(String, f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: split after the last ')'.
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat[open + 1..close].to_string();
+    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14-17 of stat(5) are at 11-14 after the state field (field 3 → index 0).
+    Some((comm, (n(11) + n(12)) / TICKS, (n(13) + n(14)) / TICKS))
+}
+
+fn parent_of(pid: &str) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The postmaster of the server behind `pg` (the parent of a backend of ours): only its
+/// processes are counted, not those of another cluster on the machine.
+pub(crate) async fn postmaster(pg: &Pg) -> Option<u32> {
+    let mut c = sqlx::PgConnection::connect(&pg.admin).await.ok()?;
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut c)
+        .await
+        .ok()?;
+    parent_of(&backend.to_string())
+}
+
+/// CPU of the postmaster `root` and its children; the postmaster's reaped time holds the
+/// backends that already ended.
+fn postgres_cpu(root: Option<u32>) -> f64 {
+    let (Some(root), Ok(dir)) = (root, std::fs::read_dir("/proc")) else {
+        return 0.0;
+    };
+    let mut total = proc_times(&root.to_string())
+        .map(|(_, own, reaped)| own + reaped)
+        .unwrap_or(0.0);
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !name.bytes().all(|b| b.is_ascii_digit()) || parent_of(&name) != Some(root) {
+            continue;
+        }
+        if let Some((_, own, _)) = proc_times(&name) {
+            total += own;
+        }
+    }
+    total
+}
+
+fn machine_cpu() -> f64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().next()?.to_string();
+            // cpu user nice system idle iowait irq softirq steal: busy = all but idle, iowait.
+            let v: Vec<f64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            Some(v.iter().sum::<f64>() - v.get(3).unwrap_or(&0.0) - v.get(4).unwrap_or(&0.0))
+        })
+        .map(|t| t / TICKS)
+        .unwrap_or(0.0)
+}
+
+/// CPU used so far by the server processes `pids`, this process, the PostgreSQL server whose
+/// postmaster is `postmaster`, and the machine.
+pub(crate) fn sample(pids: &[u32], postmaster: Option<u32>) -> CpuSample {
+    CpuSample {
+        server: pids
+            .iter()
+            .filter_map(|p| proc_times(&p.to_string()))
+            .map(|t| t.1)
+            .sum(),
+        bench: proc_times("self").map(|t| t.1).unwrap_or(0.0),
+        postgres: postgres_cpu(postmaster),
+        machine: machine_cpu(),
+    }
+}
+
+/// CPU per message between two samples.
+pub(crate) fn per_msg(a: CpuSample, b: CpuSample, n: usize) -> CpuPerMsg {
+    let ms = |x: f64| x * 1000.0 / n as f64;
+    let (server, bench, postgres) = (
+        b.server - a.server,
+        b.bench - a.bench,
+        b.postgres - a.postgres,
+    );
+    CpuPerMsg {
+        server_ms: ms(server),
+        bench_ms: ms(bench),
+        postgres_ms: ms(postgres),
+        other_ms: ms((b.machine - a.machine - server - bench - postgres).max(0.0)),
+    }
+}
+
+/// Clears `pg_stat_statements` when the server has it (`BENCH_PG_STATEMENTS=1`).
+pub(crate) async fn statements_reset(pg: &Pg) -> bool {
+    if !env_or("BENCH_PG_STATEMENTS", false) {
+        return false;
+    }
+    let mut c = sqlx::PgConnection::connect(&pg.admin).await.unwrap();
+    let ok = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut c)
+        .await
+        .is_ok()
+        && sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(&mut c)
+            .await
+            .is_ok();
+    if !ok {
+        eprintln!(
+            "BENCH_PG_STATEMENTS: pg_stat_statements is not loaded by {}",
+            pg.admin
+        );
+    }
+    ok
+}
+
+/// The run's statements from `pg_stat_statements`, as table lines: calls and rows per
+/// message, mean ms per call, and the statement's start.
+pub(crate) async fn statements(pg: &Pg, dbname: &str, n: usize) -> Vec<String> {
+    let mut c = sqlx::PgConnection::connect(&pg.admin).await.unwrap();
+    let rows: Vec<(i64, i64, f64, String)> = sqlx::query_as(
+        "SELECT s.calls, s.rows, s.mean_exec_time, s.query FROM pg_stat_statements s \
+         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1 \
+         ORDER BY s.calls DESC LIMIT 12",
+    )
+    .bind(dbname)
+    .fetch_all(&mut c)
+    .await
+    .unwrap_or_default();
+    rows.into_iter()
+        .map(|(calls, rows, mean, q)| {
+            let q: String = q.split_whitespace().collect::<Vec<_>>().join(" ");
+            let q: String = q.chars().take(70).collect();
+            format!(
+                "| {:.3} | {:.3} | {mean:.3} | `{}` |",
+                calls as f64 / n as f64,
+                rows as f64 / n as f64,
+                q.replace('|', "\\|")
+            )
+        })
+        .collect()
+}
