@@ -142,7 +142,10 @@ pub(crate) fn per_msg(a: CpuSample, b: CpuSample, n: usize) -> CpuPerMsg {
 
 /// Clears `pg_stat_statements` when the server has it (`BENCH_PG_STATEMENTS=1`).
 pub(crate) async fn statements_reset(pg: &Pg) -> bool {
-    if !env_or("BENCH_PG_STATEMENTS", false) {
+    if !matches!(
+        env_or("BENCH_PG_STATEMENTS", String::new()).as_str(),
+        "1" | "true"
+    ) {
         return false;
     }
     let mut c = sqlx::PgConnection::connect(&pg.admin).await.unwrap();
