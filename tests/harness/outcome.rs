@@ -1,0 +1,158 @@
+//! What a scenario ends with: the end-of-run checks (`Outcome`, one table row each) and the
+//! invariants every scenario must hold (`assert_invariants`).
+
+/// The end-of-run checks.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub name: String,
+    /// The ledger went through RabbitMQ (bad input is dead-lettered, not answered).
+    pub via_broker: bool,
+    pub sent: usize,
+    pub acknowledged: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub needs_attention: usize,
+    /// Of those, emails (SMTP has no status endpoint: an interrupted send is parked).
+    pub needs_attention_emails: usize,
+    pub max_applied_per_key: u64,
+    pub keys_applied: usize,
+    pub lost: usize,
+    pub stuck_after_sweep: usize,
+    pub duplicates_sent: usize,
+    pub duplicates_counted: i64,
+    pub mismatches_sent: usize,
+    pub mismatches_counted: i64,
+    pub bad_refused: usize,
+    pub bad_sent: usize,
+    /// Changed payloads refused (HTTP 422, or dead-lettered as a mismatch).
+    pub mismatches_refused: usize,
+    /// Messages the workers dead-lettered, by the store's count (RabbitMQ only).
+    pub dead_lettered: i64,
+    /// Emails acknowledged; received by the SMTP sink (distinct Message-IDs); most copies of
+    /// one Message-ID the sink received.
+    pub emails_acked: usize,
+    pub emails_received: usize,
+    /// Emails settled `completed` that the sink never received (must be 0).
+    pub emails_completed_unreceived: usize,
+    pub max_emails_per_id: usize,
+    /// HTTP sends whose client hung up (each sent again until acknowledged).
+    pub hung_up: usize,
+    /// Payment ids sent by two tenants; of those (tenant, id) pairs, how many were not
+    /// applied under a key of their own (a claim missing, two tenants' claims sharing one
+    /// key, or its key never applied).
+    pub two_tenant_ids: usize,
+    pub two_tenant_misapplied: usize,
+    /// Payment claims settled `completed` whose key the provider never applied.
+    pub completed_unapplied: usize,
+    /// Claims parked for a person whose key (HTTP) or recipient (SMTP) never reached the
+    /// provider's door: parked although never sent.
+    pub parked_never_sent: usize,
+    /// Of those, claims received within -50..+250 ms of a SIGKILL of a worker they were sent to:
+    /// the worker died between the commit and the call, and nobody can know the call was never
+    /// made (parking them is right). The others were orphaned while their worker lived.
+    pub parked_never_sent_at_kill: usize,
+    pub kills: usize,
+    pub seconds: f64,
+}
+
+impl Outcome {
+    pub fn header() -> String {
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+    }
+    pub fn row(&self) -> String {
+        format!(
+            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {:.0} |",
+            self.name,
+            self.sent,
+            self.acknowledged,
+            self.completed,
+            self.failed,
+            self.needs_attention,
+            self.needs_attention_emails,
+            self.parked_never_sent,
+            self.parked_never_sent_at_kill,
+            self.max_applied_per_key,
+            self.lost,
+            self.stuck_after_sweep,
+            self.completed_unapplied,
+            self.duplicates_sent,
+            self.duplicates_counted,
+            self.mismatches_sent,
+            self.mismatches_counted,
+            self.mismatches_refused,
+            self.bad_refused,
+            self.bad_sent,
+            self.dead_lettered,
+            self.emails_acked,
+            self.emails_received,
+            self.max_emails_per_id,
+            self.hung_up,
+            self.two_tenant_ids,
+            self.two_tenant_misapplied,
+            self.kills,
+            self.seconds
+        )
+    }
+}
+
+/// The invariants every scenario must hold (at a provider that honours keys).
+pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
+    assert_eq!(o.lost, 0, "acknowledged messages without a claim: {o:?}");
+    assert_eq!(
+        o.two_tenant_misapplied, 0,
+        "a (tenant, id) sent by two tenants was not applied under a key of its own: {o:?}"
+    );
+    assert_eq!(
+        o.completed_unapplied, 0,
+        "a payment settled completed that the provider never applied: {o:?}"
+    );
+    assert_eq!(
+        o.parked_never_sent - o.parked_never_sent_at_kill,
+        0,
+        "claims parked for a person that never reached the provider, their worker alive: {o:?}"
+    );
+    assert_eq!(
+        o.stuck_after_sweep, 0,
+        "claims still started after the final sweeps: {o:?}"
+    );
+    if honours_keys {
+        assert!(o.max_applied_per_key <= 1, "a key was applied twice: {o:?}");
+    }
+    assert_eq!(
+        o.completed + o.failed + o.needs_attention,
+        o.acknowledged,
+        "every acknowledged message ends in a state: {o:?}"
+    );
+    assert!(
+        o.duplicates_counted as usize >= o.duplicates_sent,
+        "every duplicate sent was recognised: {o:?}"
+    );
+    assert!(
+        o.mismatches_counted as usize >= o.mismatches_sent,
+        "every changed payload was counted: {o:?}"
+    );
+    assert_eq!(
+        o.bad_refused, o.bad_sent,
+        "every bad input refused with its status (HTTP) or dead-lettered (RabbitMQ): {o:?}"
+    );
+    assert_eq!(
+        o.mismatches_refused, o.mismatches_sent,
+        "every changed payload refused: {o:?}"
+    );
+    assert!(
+        !o.via_broker || o.dead_lettered as usize >= o.bad_sent + o.mismatches_sent,
+        "the store counted every dead letter: {o:?}"
+    );
+    assert_eq!(
+        o.emails_completed_unreceived, 0,
+        "an email settled completed that the SMTP server never received: {o:?}"
+    );
+    assert!(
+        o.max_emails_per_id <= 1,
+        "an email was delivered twice under one Message-ID: {o:?}"
+    );
+    assert!(
+        o.emails_received <= o.emails_acked,
+        "the sink received an email nobody sent: {o:?}"
+    );
+}
