@@ -41,6 +41,24 @@ impl Action {
         }
     }
 
+    /// The state a resolve settles the claim in; `None` for a redrive.
+    pub fn resolved_state(self) -> Option<ClaimState> {
+        match self {
+            Action::Complete => Some(ClaimState::Completed),
+            Action::Fail => Some(ClaimState::Failed),
+            Action::Redrive => None,
+        }
+    }
+
+    /// The action in a few words: `resolve as completed`, `resolve as failed`, `redrive`.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Action::Complete => "resolve as completed",
+            Action::Fail => "resolve as failed",
+            Action::Redrive => "redrive",
+        }
+    }
+
     /// The form value.
     pub fn name(self) -> &'static str {
         match self {
@@ -178,18 +196,13 @@ pub async fn act(
     note: &str,
 ) -> Outcome {
     let t = target;
-    let result = match action {
-        Action::Complete | Action::Fail => {
-            let to = if action == Action::Complete {
-                ClaimState::Completed
-            } else {
-                ClaimState::Failed
-            };
+    let result = match action.resolved_state() {
+        Some(to) => {
             store
                 .resolve(&t.consumer, &t.tenant, &t.message_id, to, actor, note)
                 .await
         }
-        Action::Redrive => {
+        None => {
             store
                 .redrive(&t.consumer, &t.tenant, &t.message_id, actor)
                 .await

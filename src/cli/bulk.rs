@@ -40,11 +40,7 @@ pub(super) async fn bulk(
     }
     let actor = operator_name();
     let n = selection.claims.len();
-    let verb = match action {
-        Action::Complete => "resolve as completed",
-        Action::Fail => "resolve as failed",
-        Action::Redrive => "redrive",
-    };
+    let verb = action.verb();
     let mut s = format!(
         "{}{verb} {n} {which}, recorded as {actor}{}:\n",
         if args.yes { "" } else { "would " },
