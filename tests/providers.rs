@@ -460,3 +460,53 @@ fn every_example_configuration_loads() {
     loaded.sort();
     assert_eq!(loaded, ["sms.toml", "square.toml", "stripe.toml"]);
 }
+
+/// `http_version = "2"`: calls in flight together share one connection to the provider (a
+/// thirty-call burst of 300 ms calls opens one), each is applied once, and a call whose
+/// answer is lost on its stream (a reset, or a `500`) is still settled by its lookup on the
+/// same connection. The default, HTTP/1.1, holds a connection per call in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_2_carries_every_call_on_one_connection() {
+    for (version, ambiguous) in [("\"2\"", 0.0), ("\"2\"", 1.0), ("\"1.1\"", 0.0)] {
+        let Setup {
+            sandbox,
+            running,
+            base,
+            store: s,
+            _db,
+        } = setup(
+            SandboxOptions {
+                latency: Duration::from_millis(300),
+                ambiguous_rate: ambiguous,
+                ..Default::default()
+            },
+            SandboxModes::default(),
+            |provider| {
+                format!(
+                    "{}http_version = {version}\n",
+                    consumer_toml("payments", provider, "key = \"{message_id}\"")
+                )
+            },
+        )
+        .await;
+        let posts = (0..30).map(|i| {
+            let base = base.clone();
+            async move { post(&base, &format!("h-{i}"), "{}").await }
+        });
+        let codes = futures_util::future::join_all(posts).await;
+        assert!(codes.iter().all(|&c| c == 202), "{codes:?}");
+        for i in 0..30 {
+            let key = format!("h-{i}");
+            let c = wait_state(&s, &key, ClaimState::Completed).await;
+            assert_eq!(c.reconciled, ambiguous > 0.0, "{version}: {key}");
+            assert_eq!(applied(&sandbox, &key), 1, "{version}: {key}");
+        }
+        let connections = sandbox.connections();
+        if version == "\"2\"" {
+            assert_eq!(connections, 1, "{version}, ambiguous {ambiguous}");
+        } else {
+            assert!(connections >= 10, "HTTP/1.1 opened only {connections}");
+        }
+        running.shutdown(Duration::from_secs(5)).await;
+    }
+}

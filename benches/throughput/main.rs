@@ -32,8 +32,9 @@
 //! `underway`, `apalis`: the job-queue peers (see `peers`; their servers are the crate
 //! `peers/`, built on demand), `BENCH_PEER_N` posts per peer run [20000];
 //! `BENCH_INFLIGHT` extra claimd-pg runs (`claimd-pg-memory`) for memory with many effects in
-//! flight, comma-separated `latency_ms:concurrency:n[:client_connections]`
-//! [2000:1000:10000, empty skips them]; `BENCH_PG` admin URL
+//! flight, comma-separated `latency_ms:concurrency:n[:client_connections[:h2]]`
+//! [2000:1000:10000, empty skips them]; a design (or memory run) ending in `-h2` (`:h2`) has
+//! `effect.http_version = "2"`: every provider call on one HTTP/2 connection; `BENCH_PG` admin URL
 //! [postgres://postgres@127.0.0.1:5432/postgres]; `BENCH_CSV` [target/bench/throughput.csv].
 //!
 //! Scale of work (`scale`), not run by default: `BENCH_PREFILL` table sizes, comma-separated
@@ -173,15 +174,16 @@ async fn main() {
     }
     for spec in inflight.split(',').filter(|s| !s.trim().is_empty()) {
         let parts: Vec<&str> = spec.trim().split(':').collect();
-        let (l, c, m, clients) = match parts[..] {
-            [l, c, m] => (l, c, m, concurrency),
-            [l, c, m, k] => (l, c, m, k.parse().unwrap()),
-            _ => {
-                panic!("BENCH_INFLIGHT: latency_ms:concurrency:n[:client_connections], not {spec}")
-            }
+        let (l, c, m, clients, design) = match parts[..] {
+            [l, c, m] => (l, c, m, concurrency, "claimd-pg-memory"),
+            [l, c, m, k] => (l, c, m, k.parse().unwrap(), "claimd-pg-memory"),
+            [l, c, m, k, "h2"] => (l, c, m, k.parse().unwrap(), "claimd-pg-memory-h2"),
+            _ => panic!(
+                "BENCH_INFLIGHT: latency_ms:concurrency:n[:client_connections[:h2]], not {spec}"
+            ),
         };
         let (l, c, m) = (l.parse().unwrap(), c.parse().unwrap(), m.parse().unwrap());
-        runs.push(Run::new("claimd-pg-memory", l, c, m, clients));
+        runs.push(Run::new(design, l, c, m, clients));
     }
     // Table-size runs, then instance runs: claimd-pg at each latency.
     let scale_runs = prefill

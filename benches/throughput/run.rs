@@ -201,6 +201,14 @@ async fn spawn_server(run: &Run, mode: &str, provider: &str, store: &str, pool: 
             (!run.design.ends_with("-unbatched")).to_string(),
         )
         .env(
+            "BENCH_HTTP_VERSION",
+            if run.design.ends_with("-h2") {
+                "2"
+            } else {
+                "1.1"
+            },
+        )
+        .env(
             "BENCH_CONSUMER_CONCURRENCY",
             run.consumer_concurrency.to_string(),
         )
@@ -271,7 +279,9 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
         str::to_string,
     );
     let tmp = tempfile::tempdir().unwrap();
-    let (mode, store) = match run.design.as_str() {
+    // `-h2`: the same design with `effect.http_version = "2"` (set in `spawn_server`).
+    let design = run.design.strip_suffix("-h2").unwrap_or(&run.design);
+    let (mode, store) = match design {
         "direct" => ("direct", String::new()),
         "txn" => {
             let url = pg.create(&dbname).await;

@@ -125,6 +125,7 @@ pub(crate) fn claimd_toml(
     concurrency: u32,
     on_unknown: &str,
     latency_ms: u64,
+    http_version: &str,
 ) -> String {
     // The call must outlive the provider's latency (the memory runs use seconds).
     let timeout_s = (latency_ms * 3 / 1000).max(10);
@@ -149,6 +150,7 @@ key = "{{message_id}}"
 kind = "http"
 url = "{provider}/v1/payments"
 timeout = "{timeout_s}s"
+http_version = "{http_version}"
 status_url = "{provider}/v1/effects/{{key}}"
 "#
     )
@@ -203,7 +205,16 @@ pub(crate) async fn child(mode: &str) {
             let conc: u32 = env_or("BENCH_CONSUMER_CONCURRENCY", 64);
             let on_unknown: String = env_or("BENCH_ON_UNKNOWN", "reconcile".to_string());
             let latency_ms: u64 = env_or("BENCH_LATENCY_MS", 0);
-            let toml = claimd_toml(&store, &provider, pool_size, conc, &on_unknown, latency_ms);
+            let http_version: String = env_or("BENCH_HTTP_VERSION", "1.1".to_string());
+            let toml = claimd_toml(
+                &store,
+                &provider,
+                pool_size,
+                conc,
+                &on_unknown,
+                latency_ms,
+                &http_version,
+            );
             let config = Config::from_toml(&toml, Path::new("bench.toml"), std::env::vars())
                 .expect("config")
                 .config;

@@ -72,3 +72,62 @@ pub fn check_pointer(pointer: &str) -> Result<(), String> {
         ))
     }
 }
+
+/// Which HTTP version the effect speaks to its provider (`effect.http_version`): `"1.1"` or
+/// `"2"` (written as a string or a number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum HttpVersion {
+    /// HTTP/1.1 (the default): one connection per call in flight, reused between calls. A
+    /// broken connection fails only the call on it.
+    #[default]
+    #[serde(rename = "1.1")]
+    Http1,
+    /// HTTP/2 only: every call to a provider shares one connection, as streams. `https://`
+    /// providers must offer `h2` in TLS negotiation; `http://` ones must take HTTP/2 without
+    /// upgrade (prior knowledge, "h2c"). A call costs a few KiB instead of a connection's
+    /// ~30 KiB, but calls beyond the provider's stream limit wait for a free stream, and a
+    /// broken connection makes every call on it unknown (the sweeper settles them).
+    #[serde(rename = "2")]
+    Http2,
+}
+
+impl<'de> Deserialize<'de> for HttpVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Version;
+        impl serde::de::Visitor<'_> for Version {
+            type Value = HttpVersion;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"1.1\" or \"2\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HttpVersion, E> {
+                match v {
+                    "1.1" => Ok(HttpVersion::Http1),
+                    "2" => Ok(HttpVersion::Http2),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<HttpVersion, E> {
+                match v {
+                    2 => Ok(HttpVersion::Http2),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Signed(v), &self)),
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<HttpVersion, E> {
+                match v {
+                    2 => Ok(HttpVersion::Http2),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Unsigned(v), &self)),
+                }
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<HttpVersion, E> {
+                if v == 1.1 {
+                    Ok(HttpVersion::Http1)
+                } else if v == 2.0 {
+                    Ok(HttpVersion::Http2)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Float(v), &self))
+                }
+            }
+        }
+        d.deserialize_any(Version)
+    }
+}

@@ -488,6 +488,9 @@ pub struct HttpEffectConfig {
     /// Per-request timeout.
     #[serde(default = "default_timeout")]
     pub timeout: Dur,
+    /// The HTTP version spoken to the provider: `"1.1"` (the default) or `"2"`.
+    #[serde(default)]
+    pub http_version: super::HttpVersion,
     /// Extra headers (secrets allowed via `${VAR}`; never logged).
     #[serde(default, skip_serializing)]
     pub headers: BTreeMap<String, String>,

@@ -483,3 +483,31 @@ fn log_format_is_read_and_unknown_values_are_refused_by_key() {
         "{e}"
     );
 }
+
+#[test]
+fn the_http_version_is_1_1_unless_2_is_asked_and_nothing_else_is_taken() {
+    let version = |text: &str| {
+        let l = load(text, &[]).unwrap();
+        let EffectConfig::Http(h) = &l.config.consumers[0].effect else {
+            panic!("http effect")
+        };
+        h.http_version
+    };
+    assert_eq!(version(BASE), HttpVersion::Http1);
+    let with = |v: &str| {
+        BASE.replace(
+            "timeout = \"10s\"",
+            &format!("timeout = \"10s\"\nhttp_version = {v}"),
+        )
+    };
+    assert_eq!(version(&with("\"1.1\"")), HttpVersion::Http1);
+    assert_eq!(version(&with("\"2\"")), HttpVersion::Http2);
+    assert_eq!(version(&with("2")), HttpVersion::Http2);
+    assert_eq!(version(&with("1.1")), HttpVersion::Http1);
+    for bad in ["\"3\"", "3", "\"h2c\"", "1.0"] {
+        let e = error_of(&with(bad));
+        for needle in ["consumers[0].effect", "http_version", "1.1"] {
+            assert!(e.contains(needle), "{bad}: {needle:?} not in {e:?}");
+        }
+    }
+}

@@ -8,7 +8,7 @@ use super::{
     Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status, parse_retry_after,
 };
 use crate::claim::Claim;
-use crate::config::{BodyMode, HttpEffectConfig, ProbeMode, StatusCheck};
+use crate::config::{BodyMode, HttpEffectConfig, HttpVersion, ProbeMode, StatusCheck};
 use crate::store::truncate;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -267,10 +267,22 @@ impl HttpEffect {
             v.set_sensitive(true);
             headers.insert(n, v);
         }
-        let client = Client::builder()
+        let builder = Client::builder()
             .timeout(config.timeout.0)
             .connect_timeout(config.timeout.0.min(Duration::from_secs(5)))
-            .pool_max_idle_per_host(256)
+            .pool_max_idle_per_host(256);
+        // HTTP/1.1 unless asked: only then, with the `http2` feature compiled in, would reqwest
+        // offer h2 in TLS negotiation, moving every call to one connection unasked.
+        let builder = match config.http_version {
+            HttpVersion::Http1 => builder.http1_only(),
+            // Pings while calls are open, so a connection that went silent is dropped
+            // before every call on it waits out its timeout.
+            HttpVersion::Http2 => builder
+                .http2_prior_knowledge()
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .http2_keep_alive_timeout(Duration::from_secs(10)),
+        };
+        let client = builder
             .build()
             .map_err(|e| HttpEffectError::Client(e.to_string()))?;
         Ok(HttpEffect {

@@ -15,6 +15,8 @@
 //!   provider either answers `500` or drops the connection without any response (50/50).
 //! - `ignore_keys`: a provider without idempotency — every `POST` applies (the key header is
 //!   optional; when present the effect is counted under it), nothing is replayed or refused.
+//! - It speaks HTTP/1.1, and HTTP/2 to a client that starts with the HTTP/2 preface (h2c,
+//!   prior knowledge), without a limit on concurrent streams.
 //! - `GET /v1/effects/{key}` returns the [`EffectRecord`] or `404 {"error":"not found"}`;
 //!   `GET /v1/effects` returns `{"effects":[...]}` sorted by key; `GET /healthz` returns `200`.
 //! - Other provider shapes ([`Sandbox::with_modes`], [`SandboxModes`]): the key in a JSON body
@@ -43,10 +45,10 @@ use chrono::{DateTime, Utc};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -130,6 +132,7 @@ struct Inner {
     shards: Vec<Mutex<HashMap<String, Slot>>>,
     hasher: RandomState,
     requests: AtomicU64,
+    connections: AtomicU64,
     next_id: AtomicU64,
     unkeyed: AtomicU64,
 }
@@ -193,6 +196,7 @@ impl Sandbox {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
                 hasher: RandomState::new(),
                 requests: AtomicU64::new(0),
+                connections: AtomicU64::new(0),
                 next_id: AtomicU64::new(1),
                 unkeyed: AtomicU64::new(1),
             }),
@@ -201,7 +205,8 @@ impl Sandbox {
 
     /// Serve on an already-bound listener until `shutdown` resolves.
     ///
-    /// Each accepted connection is served with HTTP/1.1 keep-alive. When `shutdown` resolves
+    /// Each accepted connection is served with HTTP/1.1 keep-alive, or with HTTP/2 when the
+    /// client starts with the HTTP/2 preface (no stream limit). When `shutdown` resolves
     /// the listener stops accepting, idle connections are closed, and in-flight requests are
     /// given the configured latency plus a few seconds to finish before this returns.
     pub async fn serve(
@@ -229,12 +234,20 @@ impl Sandbox {
                 }
             };
             let _ = stream.set_nodelay(true);
+            self.inner.connections.fetch_add(1, Ordering::Relaxed);
             let inner = Arc::clone(&self.inner);
             let mut stop = stop_tx.subscribe();
             tokio::spawn(async move {
                 let service = service_fn(move |request| handle(Arc::clone(&inner), request));
-                let mut builder = http1::Builder::new();
-                builder.timer(TokioTimer::new()).keep_alive(true);
+                // HTTP/1.1 with keep-alive, or HTTP/2 when the client opens with its preface
+                // (h2c, for `effect.http_version = "2"`), without a stream limit so one
+                // connection can carry every call in flight.
+                let mut builder = auto::Builder::new(TokioExecutor::new());
+                builder.http1().timer(TokioTimer::new()).keep_alive(true);
+                builder
+                    .http2()
+                    .timer(TokioTimer::new())
+                    .max_concurrent_streams(None);
                 let connection = builder.serve_connection(TokioIo::new(stream), service);
                 let mut connection = std::pin::pin!(connection);
                 let result = tokio::select! {
@@ -268,6 +281,11 @@ impl Sandbox {
     /// Total requests that reached the apply path (including replays and rejections).
     pub fn requests(&self) -> u64 {
         self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted so far (HTTP/1.1 holds one per call in flight; HTTP/2 shares one).
+    pub fn connections(&self) -> u64 {
+        self.inner.connections.load(Ordering::Relaxed)
     }
 }
 
