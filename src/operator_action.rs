@@ -2,7 +2,9 @@
 //! command line (`claimd claims resolve|redrive --consumer ... --reason-prefix ...`): which
 //! claims a bulk action selects, and acting on one claim through the store's guarded
 //! transitions. Both front ends show the selection before acting and act on the claims they
-//! showed, so a claim whose state changed in between is reported, not changed.
+//! showed, moving each only from the state it was shown in (parked), so a claim whose state
+//! changed in between (another operator resolved it as failed, a sweep took it) is reported,
+//! not changed.
 
 use crate::claim::{Claim, ClaimState};
 use crate::store::{ClaimStore, StoreError, StoreResult};
@@ -155,6 +157,9 @@ pub async fn select_parked(
     Ok(Selection { claims, more })
 }
 
+/// The state every claim of a [`Selection`] was in when it was selected.
+const SELECTED: Option<ClaimState> = Some(ClaimState::NeedsAttention);
+
 /// What an action did to one claim.
 #[derive(Debug)]
 pub enum Outcome {
@@ -186,8 +191,9 @@ impl Outcome {
     }
 }
 
-/// Acts on one claim through the store's guarded transition (resolve or redrive, each allowed
-/// only from a parked or failed state), recorded in its history as `actor` with `note`.
+/// Acts on one claim of a [`Selection`] through the store's guarded transition, recorded in
+/// its history as `actor` with `note`. The claim moves only if it is still parked, the state
+/// it was selected in: one that another operator resolved or redrove since is skipped.
 pub async fn act(
     store: &dyn ClaimStore,
     action: Action,
@@ -199,12 +205,20 @@ pub async fn act(
     let result = match action.resolved_state() {
         Some(to) => {
             store
-                .resolve(&t.consumer, &t.tenant, &t.message_id, to, actor, note)
+                .resolve(
+                    &t.consumer,
+                    &t.tenant,
+                    &t.message_id,
+                    to,
+                    actor,
+                    note,
+                    SELECTED,
+                )
                 .await
         }
         None => {
             store
-                .redrive(&t.consumer, &t.tenant, &t.message_id, actor)
+                .redrive(&t.consumer, &t.tenant, &t.message_id, actor, SELECTED)
                 .await
         }
     };

@@ -102,7 +102,7 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
     assert_eq!(s.events(id1).await.unwrap().len(), before.len());
 
     // Someone redrives p2 between the preview and --yes.
-    s.redrive("payments", "", "p2", "operator:someone-else")
+    s.redrive("payments", "", "p2", "operator:someone-else", None)
         .await
         .unwrap()
         .unwrap()
@@ -155,27 +155,27 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
     assert_eq!(code, 0);
     assert!(out.contains("nothing to do"), "{out}");
 
-    // What --yes runs: the claims listed, then one guarded transition each. A claim that
-    // moved in between is skipped and stays as it was moved.
+    // What --yes runs: the claims listed, then one guarded transition each, only from the
+    // state they were listed in (parked). A claim that moved in between, even to a state an
+    // operator may act on (failed), is skipped and stays as it was moved.
     parked_claim(&s, "payments", "t1", "timeout").await;
     parked_claim(&s, "payments", "t2", "timeout").await;
+    parked_claim(&s, "payments", "t3", "timeout").await;
     let listed = select_parked(s.as_ref(), "payments", "timeout")
         .await
         .unwrap();
-    assert_eq!(listed.claims.len(), 2);
+    assert_eq!(listed.claims.len(), 3);
     assert!(!listed.more);
-    s.resolve(
-        "payments",
-        "",
-        "t2",
-        ClaimState::Completed,
-        "operator:other",
-        "found it",
-    )
-    .await
-    .unwrap()
-    .unwrap()
-    .unwrap();
+    for (id, to, note) in [
+        ("t2", ClaimState::Completed, "found it"),
+        ("t3", ClaimState::Failed, "refunded by hand"),
+    ] {
+        s.resolve("payments", "", id, to, "operator:other", note, None)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
     let mut results = Vec::new();
     for c in &listed.claims {
         let o = act(
@@ -192,12 +192,20 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
         match (id.as_str(), o) {
             ("t1", Outcome::Done(c)) => assert_eq!(c.state, ClaimState::Started),
             ("t2", Outcome::Skipped(ClaimState::Completed)) => {}
+            ("t3", Outcome::Skipped(ClaimState::Failed)) => {}
             other => panic!("{other:?}"),
         }
     }
     assert_eq!(
         state(&s, "payments", "t2").await,
         (ClaimState::Completed, 1)
+    );
+    assert_eq!(state(&s, "payments", "t3").await, (ClaimState::Failed, 1));
+    let t3 = s.get("payments", "", "t3").await.unwrap().unwrap();
+    let history = s.events(t3.id).await.unwrap();
+    assert!(
+        history.iter().all(|e| e.actor != "operator:tester"),
+        "the bulk redrive left no line on t3: {history:?}"
     );
 }
 

@@ -206,19 +206,27 @@ async fn operator_actions(store: TestStore) {
     };
     // Started claims cannot be resolved or redriven by hand.
     let r = s
-        .resolve("payments", "", "o1", ClaimState::Completed, "op", "n")
+        .resolve("payments", "", "o1", ClaimState::Completed, "op", "n", None)
         .await
         .unwrap();
     assert!(matches!(r, Some(Err(ClaimState::Started))));
     assert!(matches!(
-        s.redrive("payments", "", "o1", "op").await.unwrap(),
+        s.redrive("payments", "", "o1", "op", None).await.unwrap(),
         Some(Err(ClaimState::Started))
     ));
     assert!(
-        s.resolve("payments", "", "nope", ClaimState::Completed, "op", "n")
-            .await
-            .unwrap()
-            .is_none()
+        s.resolve(
+            "payments",
+            "",
+            "nope",
+            ClaimState::Completed,
+            "op",
+            "n",
+            None
+        )
+        .await
+        .unwrap()
+        .is_none()
     );
     let park = Settlement {
         state: Some(ClaimState::NeedsAttention),
@@ -227,7 +235,7 @@ async fn operator_actions(store: TestStore) {
     };
     assert!(s.settle(c.id, 1, &park, &ev()).await.unwrap());
     // Redrive: started again, new attempt, expired lease, operator hand-off.
-    let Some(Ok(r)) = s.redrive("payments", "", "o1", "op").await.unwrap() else {
+    let Some(Ok(r)) = s.redrive("payments", "", "o1", "op", None).await.unwrap() else {
         panic!()
     };
     assert_eq!(r.state, ClaimState::Started);
@@ -243,6 +251,26 @@ async fn operator_actions(store: TestStore) {
         Some(claimd::store::Handoff::OperatorRedrive)
     );
     assert!(s.settle(c.id, 3, &park, &ev()).await.unwrap());
+    // An operator who saw it failed (someone else's view, now stale) moves nothing.
+    let stale = Some(ClaimState::Failed);
+    assert!(matches!(
+        s.redrive("payments", "", "o1", "op", stale).await.unwrap(),
+        Some(Err(ClaimState::NeedsAttention))
+    ));
+    assert!(matches!(
+        s.resolve(
+            "payments",
+            "",
+            "o1",
+            ClaimState::Completed,
+            "op",
+            "n",
+            stale
+        )
+        .await
+        .unwrap(),
+        Some(Err(ClaimState::NeedsAttention))
+    ));
     let Some(Ok(done)) = s
         .resolve(
             "payments",
@@ -251,6 +279,7 @@ async fn operator_actions(store: TestStore) {
             ClaimState::Completed,
             "operator:alice",
             "paid per provider dashboard",
+            Some(ClaimState::NeedsAttention),
         )
         .await
         .unwrap()
@@ -266,7 +295,7 @@ async fn operator_actions(store: TestStore) {
     assert_eq!(last.detail.as_deref(), Some("paid per provider dashboard"));
     // Completed is final.
     let again = s
-        .resolve("payments", "", "o1", ClaimState::Failed, "op", "n")
+        .resolve("payments", "", "o1", ClaimState::Failed, "op", "n", None)
         .await
         .unwrap();
     assert!(matches!(again, Some(Err(ClaimState::Completed))));

@@ -186,7 +186,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
             };
             let actor = operator_name();
             match store
-                .resolve(&consumer, &tenant, &message_id, to, &actor, &note)
+                .resolve(&consumer, &tenant, &message_id, to, &actor, &note, None)
                 .await
             {
                 Ok(Some(Ok(c))) => Output::ok(format!(
@@ -221,7 +221,10 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                 return super::bulk::bulk(app, &bulk, Action::Redrive, "", config).await;
             };
             let actor = operator_name();
-            match store.redrive(&consumer, &tenant, &message_id, &actor).await {
+            match store
+                .redrive(&consumer, &tenant, &message_id, &actor, None)
+                .await
+            {
                 Ok(Some(Ok(c))) => Output::ok(format!(
                     "{}/{} is started again as attempt {}; the next sweep performs it with key {:?}\n",
                     c.consumer, c.message_id, c.attempt, c.idem_key

@@ -135,7 +135,15 @@ pub async fn resolve(
     let outcome = state
         .claimer
         .store()
-        .resolve(&consumer, &req.tenant, &message_id, to, &actor, &req.note)
+        .resolve(
+            &consumer,
+            &req.tenant,
+            &message_id,
+            to,
+            &actor,
+            &req.note,
+            None,
+        )
         .await;
     answer(outcome, &consumer, &message_id, "resolved")
 }
@@ -157,7 +165,7 @@ pub async fn redrive(
     let outcome = state
         .claimer
         .store()
-        .redrive(&consumer, &req.tenant, &message_id, &actor)
+        .redrive(&consumer, &req.tenant, &message_id, &actor, None)
         .await;
     answer(outcome, &consumer, &message_id, "redriven")
 }

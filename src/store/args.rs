@@ -90,11 +90,15 @@ pub(crate) fn repeat_outcome(new: &NewClaim, claim: Claim) -> ClaimOutcome {
 }
 
 /// The states an operator may move a claim from to reach `to` (at most two, repeated to fill
-/// both parameters): the rule is the claim model's.
-pub(crate) fn operator_from_states(to: ClaimState) -> Option<[&'static str; 2]> {
+/// both parameters): the rule is the claim model's, narrowed to `expected` when the operator
+/// acts on what they saw (a claim moved since by someone else is then left alone).
+pub(crate) fn operator_from_states(
+    to: ClaimState,
+    expected: Option<ClaimState>,
+) -> Option<[&'static str; 2]> {
     let from: Vec<&'static str> = [ClaimState::NeedsAttention, ClaimState::Failed]
         .into_iter()
-        .filter(|s| s.can_move_to(to))
+        .filter(|s| s.can_move_to(to) && expected.is_none_or(|e| e == *s))
         .map(ClaimState::as_str)
         .collect();
     match from.as_slice() {
@@ -111,18 +115,40 @@ mod tests {
     #[test]
     fn operators_move_claims_only_from_the_states_the_model_allows() {
         assert_eq!(
-            operator_from_states(ClaimState::Completed),
+            operator_from_states(ClaimState::Completed, None),
             Some(["needs_attention", "failed"])
         );
         // failed -> failed is no move.
         assert_eq!(
-            operator_from_states(ClaimState::Failed),
+            operator_from_states(ClaimState::Failed, None),
             Some(["needs_attention", "needs_attention"])
         );
         assert_eq!(
-            operator_from_states(ClaimState::Started),
+            operator_from_states(ClaimState::Started, None),
             Some(["needs_attention", "failed"])
         );
-        assert_eq!(operator_from_states(ClaimState::NeedsAttention), None);
+        assert_eq!(operator_from_states(ClaimState::NeedsAttention, None), None);
+    }
+
+    #[test]
+    fn an_expected_state_narrows_the_move_to_it() {
+        let parked = Some(ClaimState::NeedsAttention);
+        assert_eq!(
+            operator_from_states(ClaimState::Completed, parked),
+            Some(["needs_attention", "needs_attention"])
+        );
+        assert_eq!(
+            operator_from_states(ClaimState::Started, Some(ClaimState::Failed)),
+            Some(["failed", "failed"])
+        );
+        // failed -> failed is no move, whatever was seen; nothing moves from started.
+        assert_eq!(
+            operator_from_states(ClaimState::Failed, Some(ClaimState::Failed)),
+            None
+        );
+        assert_eq!(
+            operator_from_states(ClaimState::Completed, Some(ClaimState::Started)),
+            None
+        );
     }
 }

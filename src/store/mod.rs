@@ -334,7 +334,10 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>>;
 
     /// Operator decision on a `needs_attention` or `failed` claim. Returns the claim after
-    /// the change, or `None` when no such claim exists. Refuses other states.
+    /// the change, or `None` when no such claim exists. Refuses other states, and with
+    /// `expected` (the state the operator saw) every state but that one, in the same
+    /// statement, so a claim another operator moved in between is left as they left it.
+    #[allow(clippy::too_many_arguments)]
     async fn resolve(
         &self,
         consumer: &str,
@@ -343,16 +346,19 @@ pub trait ClaimStore: Send + Sync + 'static {
         to: ClaimState,
         actor: &str,
         note: &str,
+        expected: Option<ClaimState>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
 
     /// Puts a `needs_attention` or `failed` claim back to `started` with an expired lease
-    /// (and a new attempt number) so the next sweep performs it with the same key.
+    /// (and a new attempt number) so the next sweep performs it with the same key. `expected`
+    /// as for [`ClaimStore::resolve`].
     async fn redrive(
         &self,
         consumer: &str,
         tenant: &str,
         message_id: &str,
         actor: &str,
+        expected: Option<ClaimState>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
 
     /// Records that a broker message of `consumer` was dead-lettered for `reason` (a reason

@@ -158,10 +158,11 @@ impl<D: Dialect> SqlStore<D> {
         sql: &'static str,
         key: [&str; 3],
         to: ClaimState,
+        expected: Option<ClaimState>,
         event: &NewEvent<'_>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
         let [consumer, tenant, message_id] = key;
-        let Some([from_a, from_b]) = operator_from_states(to) else {
+        let Some([from_a, from_b]) = operator_from_states(to, expected) else {
             return Ok(self.state_of(consumer, tenant, message_id).await?.map(Err));
         };
         let mut args = key_args(consumer, tenant, message_id).to_vec();
@@ -422,6 +423,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         rows.iter().map(|r| taken_from_row(r, 1)).collect()
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn resolve(
         &self,
         consumer: &str,
@@ -430,6 +432,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         to: ClaimState,
         actor: &str,
         note: &str,
+        expected: Option<ClaimState>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
         if !to.is_terminal() {
             return Ok(self.state_of(consumer, tenant, message_id).await?.map(Err));
@@ -446,6 +449,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             D::SQL.resolve,
             [consumer, tenant, message_id],
             to,
+            expected,
             &event,
         )
         .await
@@ -457,6 +461,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         tenant: &str,
         message_id: &str,
         actor: &str,
+        expected: Option<ClaimState>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
         // For the history line only: the move itself is decided by the update's WHERE.
         let was = self
@@ -475,6 +480,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             D::SQL.redrive,
             [consumer, tenant, message_id],
             ClaimState::Started,
+            expected,
             &event,
         )
         .await
