@@ -407,3 +407,76 @@ async fn a_park_claim_that_was_never_called_is_performed_not_parked() {
     assert_eq!(applied, vec![("payments::never-called".to_string(), 1)]);
     running.shutdown(Duration::from_secs(2)).await;
 }
+
+/// A provider that answers a payment with a redirect (a balancer moving `http` to `https`, an
+/// endpoint that moved) and a status endpoint that redirects to a sign-in page answering
+/// `200`. claimd follows neither: the payment's `302` is an unknown outcome (parked under
+/// `on_unknown = "park"`, never settled `completed` from the page it points to), and the
+/// start-up probe refuses the status endpoint, naming the `302`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_the_providers_answer_never_followed() {
+    use axum::routing::{get, post as route_post};
+    let landed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = landed.clone();
+    let moved = || async { (axum::http::StatusCode::FOUND, [("location", "/signin")], "") };
+    let app = axum::Router::new()
+        .route("/v1/payments", route_post(moved))
+        .route("/v1/effects/{key}", get(moved))
+        .route(
+            "/v1/found-nothing/{key}",
+            get(|| async { axum::http::StatusCode::NOT_FOUND }),
+        )
+        .route(
+            "/signin",
+            get(move || {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { "{\"id\": \"welcome\"}" }
+            })
+            .post(|| async { "{\"id\": \"welcome\"}" }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let store = TestStore::sqlite();
+    let consumer = consumer_toml(
+        "payments",
+        &provider,
+        "key = \"{message_id}\"\non_unknown = \"park\"",
+    );
+
+    // The status endpoint that redirects: refused at start.
+    let toml = config_toml(&store.url(), &consumer);
+    let app = claimd::app::App::open(load(&toml), true).await.unwrap();
+    let Err(e) = claimd::run::start(app).await else {
+        panic!("started with a status endpoint that redirects")
+    };
+    let e = e.to_string();
+    assert!(e.contains("effect.status_url") && e.contains("302"), "{e}");
+
+    // With a status endpoint that answers, the payment's redirect parks the claim.
+    let toml = toml.replace("/v1/effects/{key}", "/v1/found-nothing/{key}");
+    let running = claimd::run::start(claimd::app::App::open(load(&toml), true).await.unwrap())
+        .await
+        .expect("start");
+    let base = format!("http://{}", running.http_addr);
+    assert_eq!(post(&base, "moved-1", "{}").await, 202);
+    let s = running.app().store.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            s.get("payments", "", "moved-1")
+                .await
+                .unwrap()
+                .unwrap()
+                .state
+                == ClaimState::NeedsAttention
+        })
+        .await
+    );
+    let c = s.get("payments", "", "moved-1").await.unwrap().unwrap();
+    assert_eq!(c.provider_status, Some(302));
+    assert!(c.processed_utc.is_none());
+    assert_eq!(landed.load(std::sync::atomic::Ordering::SeqCst), 0);
+    running.shutdown(Duration::from_secs(5)).await;
+}

@@ -270,7 +270,12 @@ impl HttpEffect {
         let builder = Client::builder()
             .timeout(config.timeout.0)
             .connect_timeout(config.timeout.0.min(Duration::from_secs(5)))
-            .pool_max_idle_per_host(256);
+            .pool_max_idle_per_host(256)
+            // A redirect is the provider's answer, never followed: reqwest would re-send a
+            // POST as a GET for 301/302/303 and read the page it lands on (a `200` there
+            // would settle an effect that never happened, a login page would read as "found").
+            // A 3xx is an unknown outcome, and a refusal at the start-up probe.
+            .redirect(reqwest::redirect::Policy::none());
         // HTTP/1.1 unless asked: only then, with the `http2` feature compiled in, would reqwest
         // offer h2 in TLS negotiation, moving every call to one connection unasked.
         let builder = match config.http_version {
