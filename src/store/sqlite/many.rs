@@ -1,8 +1,14 @@
 //! SQLite's group commit: the claims (or settles) the `batch` module gathered, written in one
 //! `BEGIN IMMEDIATE` transaction and made durable by one commit (`synchronous = FULL`: the
 //! WAL is synced before the commit returns, so every caller's answer follows its row onto
-//! disk). The statements are the one-row ones, run in turn; SQLite has one writer, and the
-//! dialect's writer lock queues the writes of this process before they reach it.
+//! disk). SQLite has one writer, and the dialect's writer lock queues the writes of this
+//! process before they reach it.
+//!
+//! Within the transaction the rows go in multi-row statements, made from the one-row
+//! statements of [`sql`] (the same columns and rules, the parameters repeated per row): each
+//! statement is a round trip to SQLite's worker thread, and with one statement per row those
+//! hand-offs, not SQLite, were most of a batch's time. A batch is cut into chunks of
+//! [`CHUNKS`] sizes, so a handful of statement texts serve every batch and stay prepared.
 //!
 //! Unlike PostgreSQL's multi-row insert, a claim whose key is already taken is counted here,
 //! in the same transaction, with the same rule as the one-row path.
@@ -10,11 +16,140 @@
 use super::{SqliteDialect, sql};
 use crate::claim::NewClaim;
 use crate::store::args::{created, insert_args, repeat_args, repeat_outcome, settle_args};
+use crate::store::dialect::Arg;
 use crate::store::dialect::{LoggedWrite, SqlPool, SqlRow, event_args};
 use crate::store::rows::claim_from_row;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Sqlite, SqliteConnection};
+use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
+
+/// The sizes a batch is cut into, largest first (a batch of 100: 64, 32, 4).
+const CHUNKS: [usize; 7] = [64, 32, 16, 8, 4, 2, 1];
+
+// The largest statement (64 claims of 11 parameters) stays within SQLite's parameter limit.
+const _: () = assert!(CHUNKS[0] * 11 <= 32_766);
+
+/// `items` cut into [`CHUNKS`]-sized runs, in order.
+fn chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        let size = CHUNKS.into_iter().find(|&c| c <= rest.len())?;
+        let (head, tail) = rest.split_at(size);
+        rest = tail;
+        Some(head)
+    })
+}
+
+/// `sql` with every parameter `?N` replaced by `to(N)`.
+fn map_params(sql: &str, to: impl Fn(usize) -> String) -> String {
+    let mut out = String::with_capacity(sql.len() * 2);
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '?' {
+            out.push(c);
+            continue;
+        }
+        let mut n = String::new();
+        while let Some(d) = chars.next_if(char::is_ascii_digit) {
+            n.push(d);
+        }
+        match n.parse() {
+            Ok(n) => out.push_str(&to(n)),
+            Err(_) => {
+                out.push('?');
+                out.push_str(&n);
+            }
+        }
+    }
+    out
+}
+
+/// A one-row `INSERT ... VALUES (...) ...` of `params` parameters as `rows` rows: the
+/// parenthesised row repeated, row r's parameters moved up by r × `params`.
+fn insert_rows(sql: &str, params: usize, rows: usize) -> String {
+    let open = sql.find("VALUES (").expect("a VALUES row") + "VALUES ".len();
+    let mut depth = 0;
+    let close = open
+        + sql[open..]
+            .find(|c| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            })
+            .expect("the VALUES row closes");
+    let row = &sql[open..=close];
+    let values: Vec<String> = (0..rows)
+        .map(|r| map_params(row, |k| format!("?{}", k + r * params)))
+        .collect();
+    format!("{}{}{}", &sql[..open], values.join(", "), &sql[close + 1..])
+}
+
+/// The one-row `settle` for `rows` rows: its parameters read from a `VALUES` list `v` (one
+/// row of nine per claim), joined on the claim's id; each row still fenced on its attempt.
+fn settle_rows(rows: usize) -> String {
+    const PARAMS: usize = 9;
+    let values: Vec<String> = (0..rows)
+        .map(|r| {
+            let row: Vec<String> = (1..=PARAMS)
+                .map(|k| format!("?{}", k + r * PARAMS))
+                .collect();
+            format!("({})", row.join(", "))
+        })
+        .collect();
+    let columns: Vec<String> = (1..=PARAMS).map(|k| format!("p{k}")).collect();
+    let update = map_params(sql::STATEMENTS.settle, |k| format!("v.p{k}")).replacen(
+        " WHERE id = ",
+        " FROM v WHERE id = ",
+        1,
+    );
+    format!(
+        "WITH v({}) AS (VALUES {}) {update}",
+        columns.join(", "),
+        values.join(", ")
+    )
+}
+
+/// The text `make` gives for a chunk of `rows` (one of [`CHUNKS`]), made once per process.
+fn text(
+    cell: &'static OnceLock<Vec<String>>,
+    make: fn(usize) -> String,
+    rows: usize,
+) -> &'static str {
+    let texts = cell.get_or_init(|| CHUNKS.into_iter().map(make).collect());
+    let at = CHUNKS
+        .iter()
+        .position(|&c| c == rows)
+        .expect("a chunk size");
+    &texts[at]
+}
+
+fn insert_claims_text(rows: usize) -> &'static str {
+    static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
+    text(
+        &TEXTS,
+        |n| insert_rows(sql::STATEMENTS.insert_claim, 11, n),
+        rows,
+    )
+}
+
+fn settle_text(rows: usize) -> &'static str {
+    static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
+    text(&TEXTS, settle_rows, rows)
+}
+
+fn insert_events_text(rows: usize) -> &'static str {
+    static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
+    text(
+        &TEXTS,
+        |n| insert_rows(sql::STATEMENTS.insert_event, 7, n),
+        rows,
+    )
+}
 
 fn err(query: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |e| StoreError::from_sqlx(query, e)
@@ -63,25 +198,40 @@ impl SqliteDialect {
         Ok((writer, tx))
     }
 
-    /// Claims `new` in one transaction: each inserted, or its repeat counted, in turn.
+    /// Claims `new` in one transaction: inserted in multi-row statements, then each whose key
+    /// was taken (earlier, or by an earlier row of this batch) counted as a repeat in turn.
     pub(super) async fn claim_together(
         &self,
         new: &[&NewClaim],
     ) -> StoreResult<Vec<Option<ClaimOutcome>>> {
         let (_writer, mut tx) = self.write_transaction().await?;
+        // A statement's rows go in in order, so of two with one key the first is inserted:
+        // a returned row belongs to the first caller with its key.
+        let mut inserted: HashMap<(String, String, String), SqliteRow> = HashMap::new();
+        for chunk in chunks(new) {
+            let args: Vec<Arg<'_>> = chunk.iter().flat_map(|n| insert_args(n)).collect();
+            let rows = SqlPool::<Sqlite>::query(insert_claims_text(chunk.len()), &args)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err("insert_claims"))?;
+            for row in rows {
+                let key = (
+                    row.text("consumer")?,
+                    row.text("tenant")?,
+                    row.text("message_id")?,
+                );
+                inserted.insert(key, row);
+            }
+        }
         let mut out = Vec::with_capacity(new.len());
         for n in new {
-            let inserted = SqlPool::<Sqlite>::query(sql::STATEMENTS.insert_claim, &insert_args(n))
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(err("insert_claim"))?;
-            if let Some(row) = inserted {
+            let key = (n.consumer.clone(), n.tenant.clone(), n.message_id.clone());
+            if let Some(row) = inserted.remove(&key) {
                 out.push(Some(created(n, claim_from_row(&row)?)));
                 continue;
             }
-            // The key is taken (earlier, or earlier in this batch): the same rule as the
-            // one-row path. No row: left to that path (it cannot happen while this
-            // transaction holds the only write lock).
+            // The key is taken: the same rule as the one-row path. No row: left to that path
+            // (it cannot happen while this transaction holds the only write lock).
             let existing = SqlPool::<Sqlite>::query(sql::STATEMENTS.count_repeat, &repeat_args(n))
                 .fetch_optional(&mut *tx)
                 .await
@@ -96,22 +246,83 @@ impl SqliteDialect {
         Ok(out)
     }
 
-    /// Settles `items` (distinct ids) in one transaction, each fenced on its own attempt (I2)
-    /// and written with its history line.
+    /// Settles `items` (distinct ids) in one transaction, each fenced on its own attempt (I2),
+    /// then writes the history lines of those that changed.
     pub(super) async fn settle_together(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
         let (_writer, mut tx) = self.write_transaction().await?;
-        let mut out = Vec::with_capacity(items.len());
-        for i in items {
-            let args = settle_args(i.id, i.attempt, &i.settlement);
-            let write = LoggedWrite {
-                name: "settle",
-                sql: sql::STATEMENTS.settle,
-                args: &args,
-                event: &i.event,
-            };
-            out.push(logged(&mut tx, write).await?.is_some());
+        let mut settled: HashSet<(i64, i32)> = HashSet::with_capacity(items.len());
+        for chunk in chunks(items) {
+            let args: Vec<Arg<'_>> = chunk
+                .iter()
+                .flat_map(|i| settle_args(i.id, i.attempt, &i.settlement))
+                .collect();
+            let rows = SqlPool::<Sqlite>::query(settle_text(chunk.len()), &args)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err("settle"))?;
+            for row in rows {
+                settled.insert((row.i64("id")?, row.i32("attempt")?));
+            }
+        }
+        let changed: Vec<&SettleItem<'_>> = items
+            .iter()
+            .filter(|i| settled.contains(&(i.id, i.attempt)))
+            .collect();
+        for chunk in chunks(&changed) {
+            let args: Vec<Arg<'_>> = chunk
+                .iter()
+                .flat_map(|i| event_args(i.id, i.attempt, &i.event))
+                .collect();
+            SqlPool::<Sqlite>::query(insert_events_text(chunk.len()), &args)
+                .execute(&mut *tx)
+                .await
+                .map_err(err("insert_events"))?;
         }
         tx.commit().await.map_err(err("commit"))?;
-        Ok(out)
+        Ok(items
+            .iter()
+            .map(|i| settled.contains(&(i.id, i.attempt)))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_cut_into_few_statement_sizes_in_order() {
+        let items: Vec<usize> = (0..100).collect();
+        let sizes: Vec<usize> = chunks(&items).map(<[usize]>::len).collect();
+        assert_eq!(sizes, [64, 32, 4]);
+        let again: Vec<usize> = chunks(&items).flatten().copied().collect();
+        assert_eq!(again, items);
+        assert_eq!(chunks::<u8>(&[]).count(), 0);
+    }
+
+    #[test]
+    fn a_one_row_insert_becomes_a_multi_row_insert_with_renumbered_parameters() {
+        let one = "INSERT INTO t (a, b, c) VALUES (?1, NULLIF(?2, ''), CAST(x AS INTEGER) + ?1) \
+                   ON CONFLICT DO NOTHING RETURNING a";
+        assert_eq!(
+            insert_rows(one, 2, 3),
+            "INSERT INTO t (a, b, c) VALUES (?1, NULLIF(?2, ''), CAST(x AS INTEGER) + ?1), \
+             (?3, NULLIF(?4, ''), CAST(x AS INTEGER) + ?3), \
+             (?5, NULLIF(?6, ''), CAST(x AS INTEGER) + ?5) ON CONFLICT DO NOTHING RETURNING a"
+        );
+        // Two-digit parameters are one parameter, not ?1 followed by a digit.
+        assert_eq!(map_params("?1 ?11 ?", |k| format!("<{k}>")), "<1> <11> ?");
+    }
+
+    #[test]
+    fn the_multi_row_settle_is_the_one_row_settle_reading_its_parameters_from_v() {
+        let two = settle_rows(2);
+        assert!(two.starts_with("WITH v(p1, p2, p3, p4, p5, p6, p7, p8, p9) AS (VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9), (?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)) UPDATE claims SET "), "{two}");
+        assert!(
+            two.contains(" FROM v WHERE id = v.p1 AND attempt = v.p2 AND state = 'started'"),
+            "{two}"
+        );
+        let update = &two[two.find("UPDATE").unwrap()..];
+        assert!(!update.contains('?'), "{update}");
     }
 }
