@@ -20,6 +20,8 @@ LABELS = {
     "claimd-pg-park": "claimd, PostgreSQL, on_unknown = park (slot before claim)",
     "claimd-pg-unbatched": "claimd, PostgreSQL (batch_writes = false)",
     "claimd-pg-wide": "claimd, PostgreSQL, consumer concurrency {wide}",
+    "underway": "underway 0.2 (job queue peer)",
+    "apalis": "apalis 1.0 (job queue peer)",
 }
 STYLE = {
     "direct": ("tab:gray", "o", "--"),
@@ -29,6 +31,8 @@ STYLE = {
     "claimd-pg-park": ("tab:cyan", "<", ":"),
     "claimd-pg-unbatched": ("tab:olive", "v", ":"),
     "claimd-pg-wide": ("tab:purple", "P", "-."),
+    "underway": ("tab:brown", "x", "--"),
+    "apalis": ("tab:orange", "x", "--"),
 }
 
 
@@ -41,7 +45,7 @@ def main() -> None:
     with open(src, newline="") as f:
         for row in csv.DictReader(f):
             # The memory run (many effects in flight, long latency) is not part of the sweep.
-            if row["design"].endswith("-memory"):
+            if "-memory" in row["design"]:
                 continue
             if meta is None or row["design"] == "claimd-pg":
                 meta = row
