@@ -22,6 +22,7 @@ pub(crate) const MAX_BATCH: usize = 256;
 pub(crate) struct Batcher {
     claims: mpsc::Sender<PendingClaim>,
     settles: mpsc::Sender<PendingSettle>,
+    marks: mpsc::Sender<PendingMark>,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -37,15 +38,22 @@ impl Batcher {
     pub(crate) fn start<D: Dialect>(plain: SqlStore<D>) -> Arc<Batcher> {
         let (claims, claims_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
         let (settles, settles_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
-        let (claims_rx, settles_rx) = (
+        let (marks, marks_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
+        let (claims_rx, settles_rx, marks_rx) = (
             Arc::new(Mutex::new(claims_rx)),
             Arc::new(Mutex::new(settles_rx)),
+            Arc::new(Mutex::new(marks_rx)),
         );
         for _ in 0..D::BATCH_WORKERS {
             tokio::spawn(claim_worker(plain.clone(), claims_rx.clone()));
             tokio::spawn(settle_worker(plain.clone(), settles_rx.clone()));
+            tokio::spawn(mark_worker(plain.clone(), marks_rx.clone()));
         }
-        Arc::new(Batcher { claims, settles })
+        Arc::new(Batcher {
+            claims,
+            settles,
+            marks,
+        })
     }
 
     /// Claims `new` with whatever else is waiting; `None` when the batcher is gone (the
@@ -75,6 +83,23 @@ impl Batcher {
             .ok()?;
         answer.await.ok()
     }
+
+    /// Clears a claim's "not called yet" marker with whatever else is waiting; `None` when
+    /// the batcher is gone.
+    pub(crate) async fn mark_called(&self, id: i64, attempt: i32) -> Option<StoreResult<bool>> {
+        let (done, answer) = oneshot::channel();
+        self.marks
+            .send(PendingMark { id, attempt, done })
+            .await
+            .ok()?;
+        answer.await.ok()
+    }
+}
+
+struct PendingMark {
+    id: i64,
+    attempt: i32,
+    done: oneshot::Sender<StoreResult<bool>>,
 }
 
 struct PendingClaim {
@@ -218,6 +243,32 @@ async fn settle_worker<D: Dialect>(
                     .settle_one(p.id, p.attempt, &p.settlement, &p.event())
                     .await;
                 let _ = p.done.send(r);
+            }
+        }
+    }
+}
+
+async fn mark_worker<D: Dialect>(store: SqlStore<D>, rx: Arc<Mutex<mpsc::Receiver<PendingMark>>>) {
+    while let Some(mut batch) = next_batch(&rx).await {
+        // One write per round of distinct ids, as for settles.
+        while !batch.is_empty() {
+            let mut seen = HashSet::new();
+            let (round, rest): (Vec<_>, Vec<_>) =
+                batch.into_iter().partition(|p| seen.insert(p.id));
+            batch = rest;
+            if round.len() > 1 || D::BATCH_SINGLES {
+                let marks: Vec<(i64, i32)> = round.iter().map(|p| (p.id, p.attempt)).collect();
+                if let Some(Ok(done)) = store.dialect.mark_called_many(&marks).await {
+                    for (p, d) in round.into_iter().zip(done) {
+                        let _ = p.done.send(Ok(d));
+                    }
+                    continue;
+                }
+            }
+            // One call, or the batch failed as a whole (nothing committed; the update is the
+            // same again if it did): one by one.
+            for p in round {
+                let _ = p.done.send(store.mark_called_one(p.id, p.attempt).await);
             }
         }
     }

@@ -195,6 +195,14 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         None
     }
 
+    /// Clears the "not called yet" marker of many claims (distinct ids) in one commit, when
+    /// the dialect can, each fenced on its own attempt like
+    /// [`ClaimStore::mark_called`](super::ClaimStore::mark_called): per item, whether it
+    /// still held the claim.
+    async fn mark_called_many(&self, _marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {
+        None
+    }
+
     /// Median and 95th-percentile receive-to-complete seconds of `consumer` since `since`,
     /// for dialects whose window statement leaves them NULL.
     async fn completion_percentiles(

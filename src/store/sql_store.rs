@@ -108,6 +108,18 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// One fenced settle with its history line (I2).
+    /// `mark_called` alone: the one-row fenced update in its own transaction.
+    pub(crate) async fn mark_called_one(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        let n = self
+            .execute(
+                "mark_called",
+                D::SQL.mark_called,
+                &[Arg::I64(id), Arg::I32(attempt)],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
     pub(crate) async fn settle_one(
         &self,
         id: i64,
@@ -309,14 +321,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     }
 
     async fn mark_called(&self, id: i64, attempt: i32) -> StoreResult<bool> {
-        let n = self
-            .execute(
-                "mark_called",
-                D::SQL.mark_called,
-                &[Arg::I64(id), Arg::I32(attempt)],
-            )
-            .await?;
-        Ok(n == 1)
+        if let Some(b) = &self.batch
+            && let Some(answer) = b.mark_called(id, attempt).await
+        {
+            return answer;
+        }
+        self.mark_called_one(id, attempt).await
     }
 
     async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool> {

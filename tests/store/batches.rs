@@ -282,3 +282,67 @@ async fn a_call_recognises_its_own_claim_after_a_lost_reply_postgres() {
     };
     own_row_after_a_lost_reply(store).await;
 }
+
+/// A park consumer's "not called yet" markers, cleared by many workers at once (written
+/// together): each cleared only while its worker still holds the claim (fenced on the attempt
+/// like a settle), each caller told whether it did.
+async fn concurrent_marks(store: TestStore) {
+    let s = open(&store).await;
+    let lease = Duration::from_secs(60);
+    let mut created = Vec::new();
+    for i in 0..20 {
+        let mut n = new_claim(&format!("m{i}"), lease);
+        n.mark_not_called = true;
+        let ClaimOutcome::Created(c) = s.claim(&n).await.unwrap() else {
+            panic!("m{i} is new")
+        };
+        created.push(c);
+    }
+    // m3 was taken over by a sweeper before its worker got to the call.
+    take_over(&s, "m3").await;
+    let tasks: Vec<_> = created
+        .iter()
+        .map(|c| {
+            let (s, id, attempt) = (s.clone(), c.id, c.attempt);
+            tokio::spawn(async move { s.mark_called(id, attempt).await.unwrap() })
+        })
+        .collect();
+    for (c, t) in created.iter().zip(tasks) {
+        assert_eq!(t.await.unwrap(), c.message_id != "m3", "{}", c.message_id);
+    }
+    let m3 = s.get("payments", "", "m3").await.unwrap().unwrap();
+    assert_eq!(m3.attempt, 2, "the sweeper's attempt, untouched");
+    // What a sweeper finds after the others' leases lapse: no "not called" marker left (it
+    // would perform them as first sends instead of treating their outcome as unknown).
+    for c in created.iter().filter(|c| c.message_id != "m3") {
+        let released = Settlement {
+            release_lease: true,
+            ..Default::default()
+        };
+        assert!(s.settle(c.id, c.attempt, &released, &ev()).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let taken = s
+        .take_stale("payments", 100, "sweeper", Duration::from_secs(60), far())
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 19);
+    assert!(
+        taken.iter().all(|t| t.handoff.is_none()),
+        "{:?}",
+        taken.iter().map(|t| &t.handoff).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_called_markers_are_cleared_together_and_fenced_sqlite() {
+    concurrent_marks(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_called_markers_are_cleared_together_and_fenced_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    concurrent_marks(store).await;
+}

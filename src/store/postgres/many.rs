@@ -101,6 +101,31 @@ pub(super) async fn insert_batch(
 }
 
 /// One statement for many fenced settles (ids distinct).
+/// `mark_called` for many claims: the one-row statement's fenced update, joined on the
+/// claims' ids and attempts; the ids of the claims it changed.
+pub(super) const MARK_CALLED_MANY: &str = "\
+    UPDATE claims c SET \
+      handoff = CASE WHEN c.handoff = 'not_called' THEN NULL ELSE c.handoff END, \
+      handoff_attempt = CASE WHEN c.handoff = 'not_called' THEN NULL ELSE c.handoff_attempt END \
+    FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt) \
+    WHERE c.id = u.id AND c.attempt = u.attempt AND c.state = 'started' \
+    RETURNING c.id";
+
+/// Clears the "not called yet" markers of `marks` (distinct ids) in one statement.
+pub(super) async fn mark_called_batch(
+    pool: &PgPool,
+    marks: &[(i64, i32)],
+) -> StoreResult<Vec<bool>> {
+    let changed: Vec<i64> = sqlx::query_scalar(MARK_CALLED_MANY)
+        .bind(marks.iter().map(|m| m.0).collect::<Vec<_>>())
+        .bind(marks.iter().map(|m| m.1).collect::<Vec<_>>())
+        .fetch_all(pool)
+        .await
+        .map_err(|e| StoreError::from_sqlx("mark_called_many", e))?;
+    let changed: std::collections::HashSet<i64> = changed.into_iter().collect();
+    Ok(marks.iter().map(|m| changed.contains(&m.0)).collect())
+}
+
 pub(super) async fn settle_batch(
     pool: &PgPool,
     items: &[SettleItem<'_>],

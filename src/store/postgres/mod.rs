@@ -163,4 +163,8 @@ impl Dialect for PgDialect {
     async fn settle_many(&self, items: &[SettleItem<'_>]) -> Option<StoreResult<Vec<bool>>> {
         Some(many::settle_batch(&self.sql.pool, items).await)
     }
+
+    async fn mark_called_many(&self, marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {
+        Some(many::mark_called_batch(&self.sql.pool, marks).await)
+    }
 }

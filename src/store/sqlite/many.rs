@@ -89,28 +89,39 @@ fn insert_rows(sql: &str, params: usize, rows: usize) -> String {
     format!("{}{}{}", &sql[..open], values.join(", "), &sql[close + 1..])
 }
 
-/// The one-row `settle` for `rows` rows: its parameters read from a `VALUES` list `v` (one
-/// row of nine per claim), joined on the claim's id; each row still fenced on its attempt.
-fn settle_rows(rows: usize) -> String {
-    const PARAMS: usize = 9;
+/// A one-row `UPDATE … WHERE id = ?1 …` of `params` parameters for `rows` rows: its
+/// parameters read from a `VALUES` list `v` (one row of `params` per claim), joined on the
+/// claim's id; each row keeps the statement's fence (attempt, state).
+fn update_rows(sql: &str, params: usize, rows: usize) -> String {
     let values: Vec<String> = (0..rows)
         .map(|r| {
-            let row: Vec<String> = (1..=PARAMS)
-                .map(|k| format!("?{}", k + r * PARAMS))
+            let row: Vec<String> = (1..=params)
+                .map(|k| format!("?{}", k + r * params))
                 .collect();
             format!("({})", row.join(", "))
         })
         .collect();
-    let columns: Vec<String> = (1..=PARAMS).map(|k| format!("p{k}")).collect();
-    let update = map_params(sql::STATEMENTS.settle, |k| format!("v.p{k}")).replacen(
-        " WHERE id = ",
-        " FROM v WHERE id = ",
-        1,
-    );
+    let columns: Vec<String> = (1..=params).map(|k| format!("p{k}")).collect();
+    assert!(sql.contains(" WHERE id = ?1 "), "an update by id: {sql}");
+    let update =
+        map_params(sql, |k| format!("v.p{k}")).replacen(" WHERE id = ", " FROM v WHERE id = ", 1);
     format!(
         "WITH v({}) AS (VALUES {}) {update}",
         columns.join(", "),
         values.join(", ")
+    )
+}
+
+/// The one-row `settle` (nine parameters, `RETURNING id, attempt`) for `rows` rows.
+fn settle_rows(rows: usize) -> String {
+    update_rows(sql::STATEMENTS.settle, 9, rows)
+}
+
+/// The one-row `mark_called` (two parameters) for `rows` rows, saying which rows it changed.
+fn mark_called_rows(rows: usize) -> String {
+    format!(
+        "{} RETURNING id",
+        update_rows(sql::STATEMENTS.mark_called, 2, rows)
     )
 }
 
@@ -140,6 +151,11 @@ fn insert_claims_text(rows: usize) -> &'static str {
 fn settle_text(rows: usize) -> &'static str {
     static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
     text(&TEXTS, settle_rows, rows)
+}
+
+fn mark_called_text(rows: usize) -> &'static str {
+    static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
+    text(&TEXTS, mark_called_rows, rows)
 }
 
 fn insert_events_text(rows: usize) -> &'static str {
@@ -205,8 +221,8 @@ impl SqliteDialect {
         new: &[&NewClaim],
     ) -> StoreResult<Vec<Option<ClaimOutcome>>> {
         let (_writer, mut tx) = self.write_transaction().await?;
-        // A statement's rows go in in order, so of two with one key the first is inserted:
-        // a returned row belongs to the first caller with its key.
+        // The rows this batch inserted, by key; each belongs to the caller whose claim token
+        // it carries (of two callers with one key, the one whose row went in).
         let mut inserted: HashMap<(String, String, String), SqliteRow> = HashMap::new();
         for chunk in chunks(new) {
             let args: Vec<Arg<'_>> = chunk.iter().flat_map(|n| insert_args(n)).collect();
@@ -226,9 +242,13 @@ impl SqliteDialect {
         let mut out = Vec::with_capacity(new.len());
         for n in new {
             let key = (n.consumer.clone(), n.tenant.clone(), n.message_id.clone());
-            if let Some(row) = inserted.remove(&key) {
-                out.push(Some(created(n, claim_from_row(&row)?)));
-                continue;
+            if let Some(row) = inserted.get(&key) {
+                let claim = claim_from_row(row)?;
+                if n.claim_token.is_empty() || n.inserted(&claim) {
+                    inserted.remove(&key);
+                    out.push(Some(created(n, claim)));
+                    continue;
+                }
             }
             // The key is taken: the same rule as the one-row path. No row: left to that path
             // (it cannot happen while this transaction holds the only write lock).
@@ -284,6 +304,31 @@ impl SqliteDialect {
             .map(|i| settled.contains(&(i.id, i.attempt)))
             .collect())
     }
+
+    /// Clears the "not called yet" markers of `marks` (distinct ids) in one transaction, each
+    /// fenced on its own attempt.
+    pub(super) async fn mark_called_together(
+        &self,
+        marks: &[(i64, i32)],
+    ) -> StoreResult<Vec<bool>> {
+        let (_writer, mut tx) = self.write_transaction().await?;
+        let mut changed: HashSet<i64> = HashSet::with_capacity(marks.len());
+        for chunk in chunks(marks) {
+            let args: Vec<Arg<'_>> = chunk
+                .iter()
+                .flat_map(|&(id, attempt)| [Arg::I64(id), Arg::I32(attempt)])
+                .collect();
+            let rows = SqlPool::<Sqlite>::query(mark_called_text(chunk.len()), &args)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err("mark_called"))?;
+            for row in rows {
+                changed.insert(row.i64("id")?);
+            }
+        }
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(marks.iter().map(|m| changed.contains(&m.0)).collect())
+    }
 }
 
 #[cfg(test)]
@@ -324,5 +369,16 @@ mod tests {
         );
         let update = &two[two.find("UPDATE").unwrap()..];
         assert!(!update.contains('?'), "{update}");
+        let marks = mark_called_rows(2);
+        assert!(
+            marks.starts_with("WITH v(p1, p2) AS (VALUES (?1, ?2), (?3, ?4)) UPDATE claims SET "),
+            "{marks}"
+        );
+        assert!(
+            marks.ends_with(
+                " FROM v WHERE id = v.p1 AND attempt = v.p2 AND state = 'started' RETURNING id"
+            ),
+            "{marks}"
+        );
     }
 }

@@ -161,6 +161,10 @@ impl Dialect for SqliteDialect {
         Some(self.settle_together(items).await)
     }
 
+    async fn mark_called_many(&self, marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {
+        Some(self.mark_called_together(marks).await)
+    }
+
     async fn retention_lock(&self) -> StoreResult<Option<Box<dyn RetentionLock>>> {
         Ok(self
             .prune_lock
