@@ -7,7 +7,7 @@
 //! not changed.
 
 use crate::claim::{Claim, ClaimState};
-use crate::store::{ClaimStore, StoreError, StoreResult};
+use crate::store::{ClaimStore, Seen, StoreError, StoreResult};
 
 /// The most claims one bulk action takes (a larger set: narrow the reason, or repeat).
 pub const BULK_LIMIT: u32 = 200;
@@ -91,31 +91,45 @@ pub struct Target {
     pub tenant: String,
     /// Message id.
     pub message_id: String,
+    /// The attempt the claim was at when it was shown (`None`: a form from before this field,
+    /// acting at any attempt).
+    pub attempt: Option<i32>,
 }
 
 impl Target {
-    /// The claim's address.
+    /// The claim's address, and the attempt it is at.
     pub fn of(claim: &Claim) -> Target {
         Target {
             consumer: claim.consumer.clone(),
             tenant: claim.tenant.clone(),
             message_id: claim.message_id.clone(),
+            attempt: Some(claim.attempt),
         }
     }
 
-    /// The form value: `consumer`, tab, `tenant`, tab, `message_id` (none of the three can hold
-    /// a tab).
+    /// The form value: `consumer`, tab, `tenant`, tab, `message_id`, tab, attempt (none of
+    /// the first three can hold a tab).
     pub fn encode(&self) -> String {
-        format!("{}\t{}\t{}", self.consumer, self.tenant, self.message_id)
+        let attempt = self.attempt.map(|a| a.to_string()).unwrap_or_default();
+        format!(
+            "{}\t{}\t{}\t{attempt}",
+            self.consumer, self.tenant, self.message_id
+        )
     }
 
-    /// Reads [`Target::encode`]'s value.
+    /// Reads [`Target::encode`]'s value (also the three-field value of earlier pages).
     pub fn decode(s: &str) -> Option<Target> {
-        let mut p = s.splitn(3, '\t');
+        let mut p = s.splitn(4, '\t');
+        let (consumer, tenant, message_id) = (p.next()?, p.next()?, p.next()?);
+        let attempt = match p.next() {
+            None | Some("") => None,
+            Some(a) => Some(a.parse().ok()?),
+        };
         Some(Target {
-            consumer: p.next()?.to_string(),
-            tenant: p.next()?.to_string(),
-            message_id: p.next()?.to_string(),
+            consumer: consumer.to_string(),
+            tenant: tenant.to_string(),
+            message_id: message_id.to_string(),
+            attempt,
         })
     }
 
@@ -157,9 +171,6 @@ pub async fn select_parked(
     Ok(Selection { claims, more })
 }
 
-/// The state every claim of a [`Selection`] was in when it was selected.
-const SELECTED: Option<ClaimState> = Some(ClaimState::NeedsAttention);
-
 /// What an action did to one claim.
 #[derive(Debug)]
 pub enum Outcome {
@@ -192,8 +203,9 @@ impl Outcome {
 }
 
 /// Acts on one claim of a [`Selection`] through the store's guarded transition, recorded in
-/// its history as `actor` with `note`. The claim moves only if it is still parked, the state
-/// it was selected in: one that another operator resolved or redrove since is skipped.
+/// its history as `actor` with `note`. The claim moves only if it is still parked at the
+/// attempt it was shown at: one that another operator resolved or redrove since (even if a
+/// later attempt parked it again) is skipped.
 pub async fn act(
     store: &dyn ClaimStore,
     action: Action,
@@ -202,23 +214,20 @@ pub async fn act(
     note: &str,
 ) -> Outcome {
     let t = target;
+    // Every claim of a selection was parked when it was shown, at the attempt it carries.
+    let seen = Some(Seen {
+        state: ClaimState::NeedsAttention,
+        attempt: t.attempt,
+    });
     let result = match action.resolved_state() {
         Some(to) => {
             store
-                .resolve(
-                    &t.consumer,
-                    &t.tenant,
-                    &t.message_id,
-                    to,
-                    actor,
-                    note,
-                    SELECTED,
-                )
+                .resolve(&t.consumer, &t.tenant, &t.message_id, to, actor, note, seen)
                 .await
         }
         None => {
             store
-                .redrive(&t.consumer, &t.tenant, &t.message_id, actor, SELECTED)
+                .redrive(&t.consumer, &t.tenant, &t.message_id, actor, seen)
                 .await
         }
     };
@@ -236,13 +245,19 @@ mod tests {
 
     #[test]
     fn targets_round_trip_through_the_form() {
-        let t = Target {
+        let mut t = Target {
             consumer: "payments".into(),
             tenant: "".into(),
             message_id: "-odd id:1".into(),
+            attempt: Some(3),
         };
         assert_eq!(Target::decode(&t.encode()), Some(t.clone()));
         assert_eq!(Target::decode("no-tabs"), None);
+        assert_eq!(Target::decode("payments\t\tm\tthree"), None);
+        // A form from before the attempt was carried: any attempt.
+        t.attempt = None;
+        assert_eq!(Target::decode("payments\t\t-odd id:1"), Some(t.clone()));
+        assert_eq!(Target::decode(&t.encode()), Some(t.clone()));
         assert_eq!(t.label(), "payments/-odd id:1");
     }
 }

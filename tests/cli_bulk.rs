@@ -161,10 +161,11 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
     parked_claim(&s, "payments", "t1", "timeout").await;
     parked_claim(&s, "payments", "t2", "timeout").await;
     parked_claim(&s, "payments", "t3", "timeout").await;
+    parked_claim(&s, "payments", "t4", "timeout").await;
     let listed = select_parked(s.as_ref(), "payments", "timeout")
         .await
         .unwrap();
-    assert_eq!(listed.claims.len(), 3);
+    assert_eq!(listed.claims.len(), 4);
     assert!(!listed.more);
     for (id, to, note) in [
         ("t2", ClaimState::Completed, "found it"),
@@ -176,6 +177,31 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
             .unwrap()
             .unwrap();
     }
+    // t4: redriven by someone else, and its new attempt parked again (parked, as listed, but
+    // not the attempt that was listed: what its lookup said may no longer hold).
+    let t4 = s
+        .redrive("payments", "", "t4", "operator:other", None)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let parked_again = claimd::store::Settlement {
+        state: Some(ClaimState::NeedsAttention),
+        error: Some("timeout again".into()),
+        ..Default::default()
+    };
+    let event = claimd::store::NewEvent {
+        actor: "test",
+        action: "park",
+        outcome: "unknown",
+        provider_status: None,
+        detail: None,
+    };
+    assert!(
+        s.settle(t4.id, t4.attempt, &parked_again, &event)
+            .await
+            .unwrap()
+    );
     let mut results = Vec::new();
     for c in &listed.claims {
         let o = act(
@@ -193,6 +219,7 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
             ("t1", Outcome::Done(c)) => assert_eq!(c.state, ClaimState::Started),
             ("t2", Outcome::Skipped(ClaimState::Completed)) => {}
             ("t3", Outcome::Skipped(ClaimState::Failed)) => {}
+            ("t4", Outcome::Skipped(ClaimState::NeedsAttention)) => {}
             other => panic!("{other:?}"),
         }
     }
@@ -201,6 +228,10 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
         (ClaimState::Completed, 1)
     );
     assert_eq!(state(&s, "payments", "t3").await, (ClaimState::Failed, 1));
+    assert_eq!(
+        state(&s, "payments", "t4").await,
+        (ClaimState::NeedsAttention, 2)
+    );
     let t3 = s.get("payments", "", "t3").await.unwrap().unwrap();
     let history = s.events(t3.id).await.unwrap();
     assert!(

@@ -268,7 +268,7 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     b.screenshot("dashboard.png").await;
 
     // Resolve order-1001 as completed, with a note, from its card.
-    let card = "form.act:has(input[value=\"payments\t\torder-1001\"])";
+    let card = "form.act:has(input[value^=\"payments\t\torder-1001\t\"])";
     b.select(&format!("{card} select[name=action]"), "complete")
         .await;
     b.type_into(
@@ -307,7 +307,7 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     // Redrive order-1002 from its card.
     b.go(&format!("{base}/")).await;
     b.wait_for("order-1002").await;
-    let card = "form.act:has(input[value=\"payments\t\torder-1002\"])";
+    let card = "form.act:has(input[value^=\"payments\t\torder-1002\t\"])";
     b.select(&format!("{card} select[name=action]"), "redrive")
         .await;
     b.click(&format!("{card} button")).await;

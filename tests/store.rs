@@ -9,7 +9,7 @@ mod common;
 mod retention;
 
 use claimd::claim::{ClaimState, NewClaim, fingerprint};
-use claimd::store::{ClaimOutcome, ClaimStore, NewEvent, Settlement, Store};
+use claimd::store::{ClaimOutcome, ClaimStore, NewEvent, Seen, Settlement, Store};
 use common::*;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -251,8 +251,12 @@ async fn operator_actions(store: TestStore) {
         Some(claimd::store::Handoff::OperatorRedrive)
     );
     assert!(s.settle(c.id, 3, &park, &ev()).await.unwrap());
-    // An operator who saw it failed (someone else's view, now stale) moves nothing.
-    let stale = Some(ClaimState::Failed);
+    // An operator who saw it failed (someone else's view, now stale) moves nothing; nor does
+    // one who saw it parked at its first attempt (it was redriven and parked again since).
+    let stale = Some(Seen {
+        state: ClaimState::Failed,
+        attempt: None,
+    });
     assert!(matches!(
         s.redrive("payments", "", "o1", "op", stale).await.unwrap(),
         Some(Err(ClaimState::NeedsAttention))
@@ -271,6 +275,16 @@ async fn operator_actions(store: TestStore) {
         .unwrap(),
         Some(Err(ClaimState::NeedsAttention))
     ));
+    let first_parking = Some(Seen {
+        state: ClaimState::NeedsAttention,
+        attempt: Some(1),
+    });
+    assert!(matches!(
+        s.redrive("payments", "", "o1", "op", first_parking)
+            .await
+            .unwrap(),
+        Some(Err(ClaimState::NeedsAttention))
+    ));
     let Some(Ok(done)) = s
         .resolve(
             "payments",
@@ -279,7 +293,10 @@ async fn operator_actions(store: TestStore) {
             ClaimState::Completed,
             "operator:alice",
             "paid per provider dashboard",
-            Some(ClaimState::NeedsAttention),
+            Some(Seen {
+                state: ClaimState::NeedsAttention,
+                attempt: Some(3),
+            }),
         )
         .await
         .unwrap()

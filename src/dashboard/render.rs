@@ -357,6 +357,7 @@ pub fn render_attention(
                             consumer: a.consumer.clone(),
                             tenant: a.tenant.clone(),
                             message_id: a.message_id.clone(),
+                            attempt: Some(a.attempt),
                         }, &s.csrf))
                     }
                 }

@@ -35,6 +35,17 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What an operator saw of a claim when choosing an action on it ([`ClaimStore::resolve`],
+/// [`ClaimStore::redrive`]): the move happens only from that state, and at that attempt when
+/// one is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// The state shown.
+    pub state: ClaimState,
+    /// The attempt shown; `None`: any.
+    pub attempt: Option<i32>,
+}
+
 /// The answer to a claim attempt.
 #[derive(Debug, Clone)]
 pub enum ClaimOutcome {
@@ -335,8 +346,9 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Operator decision on a `needs_attention` or `failed` claim. Returns the claim after
     /// the change, or `None` when no such claim exists. Refuses other states, and with
-    /// `expected` (the state the operator saw) every state but that one, in the same
-    /// statement, so a claim another operator moved in between is left as they left it.
+    /// `expected` (what the operator saw) every state but that one and every other attempt,
+    /// in the same statement, so a claim another operator or a sweep moved in between is left
+    /// as they left it.
     #[allow(clippy::too_many_arguments)]
     async fn resolve(
         &self,
@@ -346,7 +358,7 @@ pub trait ClaimStore: Send + Sync + 'static {
         to: ClaimState,
         actor: &str,
         note: &str,
-        expected: Option<ClaimState>,
+        expected: Option<Seen>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
 
     /// Puts a `needs_attention` or `failed` claim back to `started` with an expired lease
@@ -358,7 +370,7 @@ pub trait ClaimStore: Send + Sync + 'static {
         tenant: &str,
         message_id: &str,
         actor: &str,
-        expected: Option<ClaimState>,
+        expected: Option<Seen>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
 
     /// Records that a broker message of `consumer` was dead-lettered for `reason` (a reason

@@ -18,7 +18,7 @@ use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
 use super::rows::{claim_from_row, taken_from_row};
 use super::{
     ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer, NewEvent,
-    PruneResult, SettleItem, Settlement, StoreError, StoreResult, TakenClaim,
+    PruneResult, Seen, SettleItem, Settlement, StoreError, StoreResult, TakenClaim,
 };
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
@@ -170,18 +170,22 @@ impl<D: Dialect> SqlStore<D> {
         sql: &'static str,
         key: [&str; 3],
         to: ClaimState,
-        expected: Option<ClaimState>,
+        expected: Option<Seen>,
         event: &NewEvent<'_>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
         let [consumer, tenant, message_id] = key;
-        let Some([from_a, from_b]) = operator_from_states(to, expected) else {
+        let Some([from_a, from_b]) = operator_from_states(to, expected.map(|e| e.state)) else {
             return Ok(self.state_of(consumer, tenant, message_id).await?.map(Err));
         };
         let mut args = key_args(consumer, tenant, message_id).to_vec();
         if to != ClaimState::Started {
             args.push(Arg::Text(to.as_str()));
         }
-        args.extend([Arg::Text(from_a), Arg::Text(from_b)]);
+        args.extend([
+            Arg::Text(from_a),
+            Arg::Text(from_b),
+            Arg::OptI32(expected.and_then(|e| e.attempt)),
+        ]);
         let write = LoggedWrite {
             name,
             sql,
@@ -442,7 +446,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         to: ClaimState,
         actor: &str,
         note: &str,
-        expected: Option<ClaimState>,
+        expected: Option<Seen>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
         if !to.is_terminal() {
             return Ok(self.state_of(consumer, tenant, message_id).await?.map(Err));
@@ -471,7 +475,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         tenant: &str,
         message_id: &str,
         actor: &str,
-        expected: Option<ClaimState>,
+        expected: Option<Seen>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
         // For the history line only: the move itself is decided by the update's WHERE.
         let was = self

@@ -123,7 +123,8 @@ pub(super) const STATEMENTS: Statements = Statements {
      ORDER BY lease_until LIMIT $2"
     ),
     // Operator resolve and its history line in one statement, allowed only from the two states
-    // bound as `$5`, `$6` (the claim model's rule); the event's parameters follow.
+    // bound as `$5`, `$6` (the claim model's rule) and, when `$7` is given, only at that
+    // attempt (the one the operator saw); the event's parameters follow.
     resolve: concat!(
         "WITH r AS ( \
        UPDATE claims SET state = $4, \
@@ -131,28 +132,31 @@ pub(super) const STATEMENTS: Statements = Statements {
                               ELSE processed_utc END, \
          lease_owner = NULL, lease_until = NULL, updated_utc = now() \
        WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($5, $6) \
+         AND ($7::int IS NULL OR attempt = $7) \
        RETURNING ",
         claim_cols!(),
         "), e AS ( \
        INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                  detail) \
-       SELECT id, attempt, $7, $8, $9, $10, $11 FROM r) \
+       SELECT id, attempt, $8, $9, $10, $11, $12 FROM r) \
      SELECT * FROM r"
     ),
     // Operator redrive (back to `started`, attempt + 1, lease expired, hand-off recorded) and its
-    // history line in one statement, allowed only from the states bound as `$4`, `$5`.
+    // history line in one statement, allowed only from the states bound as `$4`, `$5` (and at
+    // attempt `$6` when given).
     redrive: concat!(
         "WITH r AS ( \
        UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
          lease_until = now() - interval '1 millisecond', handoff = 'operator_redrive', \
          handoff_attempt = attempt + 1, updated_utc = now() \
        WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($4, $5) \
+         AND ($6::int IS NULL OR attempt = $6) \
        RETURNING ",
         claim_cols!(),
         "), e AS ( \
        INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                  detail) \
-       SELECT id, attempt, $6, $7, $8, $9, $10 FROM r) \
+       SELECT id, attempt, $7, $8, $9, $10, $11 FROM r) \
      SELECT * FROM r"
     ),
     // Open work, over all time: small sets served by the partial indexes.

@@ -146,7 +146,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        lease_owner = NULL, lease_until = NULL, updated_utc = ",
         now_ms!(),
         " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?5, ?6) \
-     RETURNING ",
+       AND (?7 IS NULL OR attempt = ?7) RETURNING ",
         claim_cols!()
     ),
     redrive: concat!(
@@ -156,7 +156,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         " - 1, handoff = 'operator_redrive', handoff_attempt = attempt + 1, updated_utc = ",
         now_ms!(),
         " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?4, ?5) \
-     RETURNING ",
+       AND (?6 IS NULL OR attempt = ?6) RETURNING ",
         claim_cols!()
     ),
     count_open: concat!(
