@@ -2,9 +2,9 @@
 //! command line (`claimd claims resolve|redrive --consumer ... --reason-prefix ...`): which
 //! claims a bulk action selects, and acting on one claim through the store's guarded
 //! transitions. Both front ends show the selection before acting and act on the claims they
-//! showed, moving each only from the state it was shown in (parked), so a claim whose state
-//! changed in between (another operator resolved it as failed, a sweep took it) is reported,
-//! not changed.
+//! showed, moving each only from the state and attempt it was shown at (parked, attempt N), so
+//! a claim that changed in between (another operator resolved it as failed, or redrove it and
+//! its new attempt was parked again) is reported, not changed.
 
 use crate::claim::{Claim, ClaimState};
 use crate::store::{ClaimStore, Seen, StoreError, StoreResult};

@@ -175,6 +175,17 @@ async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>) -> Option<Vec<T>> {
     Some(batch)
 }
 
+/// The first call for each id in `batch`, taken out of it: one write names an id once, so a
+/// repeated id waits for the next round.
+fn next_round<T>(batch: &mut Vec<T>, id: impl Fn(&T) -> i64) -> Vec<T> {
+    let mut seen = HashSet::new();
+    let (round, rest) = std::mem::take(batch)
+        .into_iter()
+        .partition(|p| seen.insert(id(p)));
+    *batch = rest;
+    round
+}
+
 async fn claim_worker<D: Dialect>(
     store: SqlStore<D>,
     rx: Arc<Mutex<mpsc::Receiver<PendingClaim>>>,
@@ -222,12 +233,8 @@ async fn settle_worker<D: Dialect>(
     rx: Arc<Mutex<mpsc::Receiver<PendingSettle>>>,
 ) {
     while let Some(mut batch) = next_batch(&rx).await {
-        // One write per round of distinct ids (a repeated id waits for the next round).
         while !batch.is_empty() {
-            let mut seen = HashSet::new();
-            let (round, rest): (Vec<_>, Vec<_>) =
-                batch.into_iter().partition(|p| seen.insert(p.id));
-            batch = rest;
+            let round = next_round(&mut batch, |p| p.id);
             if round.len() > 1 || D::BATCH_SINGLES {
                 let items: Vec<SettleItem<'_>> = round.iter().map(PendingSettle::item).collect();
                 if let Some(Ok(done)) = store.dialect.settle_many(&items).await {
@@ -250,12 +257,8 @@ async fn settle_worker<D: Dialect>(
 
 async fn mark_worker<D: Dialect>(store: SqlStore<D>, rx: Arc<Mutex<mpsc::Receiver<PendingMark>>>) {
     while let Some(mut batch) = next_batch(&rx).await {
-        // One write per round of distinct ids, as for settles.
         while !batch.is_empty() {
-            let mut seen = HashSet::new();
-            let (round, rest): (Vec<_>, Vec<_>) =
-                batch.into_iter().partition(|p| seen.insert(p.id));
-            batch = rest;
+            let round = next_round(&mut batch, |p| p.id);
             if round.len() > 1 || D::BATCH_SINGLES {
                 let marks: Vec<(i64, i32)> = round.iter().map(|p| (p.id, p.attempt)).collect();
                 if let Some(Ok(done)) = store.dialect.mark_called_many(&marks).await {

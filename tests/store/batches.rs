@@ -80,18 +80,24 @@ async fn batches(store: TestStore) {
 
 /// Expires `id`'s lease and lets a sweeper take it (attempt + 1).
 async fn take_over(s: &Store, id: &str) {
-    let c = s.get("payments", "", id).await.unwrap().unwrap();
+    let taken = release_and_take(s, &[id]).await;
+    assert!(taken.iter().any(|t| t.claim.message_id == id));
+}
+
+/// Expires the leases of `ids` and lets a sweeper take every stuck claim: what it found.
+async fn release_and_take(s: &Store, ids: &[&str]) -> Vec<claimd::store::TakenClaim> {
     let released = Settlement {
         release_lease: true,
         ..Default::default()
     };
-    assert!(s.settle(c.id, c.attempt, &released, &ev()).await.unwrap());
+    for id in ids {
+        let c = s.get("payments", "", id).await.unwrap().unwrap();
+        assert!(s.settle(c.id, c.attempt, &released, &ev()).await.unwrap());
+    }
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let taken = s
-        .take_stale("payments", 10, "sweeper", Duration::from_secs(60), far())
+    s.take_stale("payments", 100, "sweeper", Duration::from_secs(60), far())
         .await
-        .unwrap();
-    assert!(taken.iter().any(|t| t.claim.message_id == id));
+        .unwrap()
 }
 
 #[tokio::test]
@@ -314,18 +320,12 @@ async fn concurrent_marks(store: TestStore) {
     assert_eq!(m3.attempt, 2, "the sweeper's attempt, untouched");
     // What a sweeper finds after the others' leases lapse: no "not called" marker left (it
     // would perform them as first sends instead of treating their outcome as unknown).
-    for c in created.iter().filter(|c| c.message_id != "m3") {
-        let released = Settlement {
-            release_lease: true,
-            ..Default::default()
-        };
-        assert!(s.settle(c.id, c.attempt, &released, &ev()).await.unwrap());
-    }
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let taken = s
-        .take_stale("payments", 100, "sweeper", Duration::from_secs(60), far())
-        .await
-        .unwrap();
+    let others: Vec<&str> = created
+        .iter()
+        .map(|c| c.message_id.as_str())
+        .filter(|id| *id != "m3")
+        .collect();
+    let taken = release_and_take(&s, &others).await;
     assert_eq!(taken.len(), 19);
     assert!(
         taken.iter().all(|t| t.handoff.is_none()),

@@ -16,8 +16,7 @@
 use super::{SqliteDialect, sql};
 use crate::claim::NewClaim;
 use crate::store::args::{created, insert_args, repeat_args, repeat_outcome, settle_args};
-use crate::store::dialect::Arg;
-use crate::store::dialect::{LoggedWrite, SqlPool, SqlRow, event_args};
+use crate::store::dialect::{Arg, LoggedWrite, SqlPool, SqlRow, event_args};
 use crate::store::rows::claim_from_row;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use sqlx::sqlite::SqliteRow;
@@ -82,33 +81,31 @@ fn insert_rows(sql: &str, params: usize, rows: usize) -> String {
                 depth == 0
             })
             .expect("the VALUES row closes");
-    let row = &sql[open..=close];
-    let values: Vec<String> = (0..rows)
+    let values = repeat_row(&sql[open..=close], params, rows);
+    format!("{}{values}{}", &sql[..open], &sql[close + 1..])
+}
+
+/// `row` (a parenthesised list naming `?1`..`?params`) `rows` times, comma-separated, row r's
+/// parameters moved up by r × `params`.
+fn repeat_row(row: &str, params: usize, rows: usize) -> String {
+    let rows: Vec<String> = (0..rows)
         .map(|r| map_params(row, |k| format!("?{}", k + r * params)))
         .collect();
-    format!("{}{}{}", &sql[..open], values.join(", "), &sql[close + 1..])
+    rows.join(", ")
 }
 
 /// A one-row `UPDATE … WHERE id = ?1 …` of `params` parameters for `rows` rows: its
 /// parameters read from a `VALUES` list `v` (one row of `params` per claim), joined on the
 /// claim's id; each row keeps the statement's fence (attempt, state).
 fn update_rows(sql: &str, params: usize, rows: usize) -> String {
-    let values: Vec<String> = (0..rows)
-        .map(|r| {
-            let row: Vec<String> = (1..=params)
-                .map(|k| format!("?{}", k + r * params))
-                .collect();
-            format!("({})", row.join(", "))
-        })
-        .collect();
-    let columns: Vec<String> = (1..=params).map(|k| format!("p{k}")).collect();
+    let names = |f: fn(usize) -> String| (1..=params).map(f).collect::<Vec<_>>().join(", ");
+    let values = repeat_row(&format!("({})", names(|k| format!("?{k}"))), params, rows);
     assert!(sql.contains(" WHERE id = ?1 "), "an update by id: {sql}");
     let update =
         map_params(sql, |k| format!("v.p{k}")).replacen(" WHERE id = ", " FROM v WHERE id = ", 1);
     format!(
-        "WITH v({}) AS (VALUES {}) {update}",
-        columns.join(", "),
-        values.join(", ")
+        "WITH v({}) AS (VALUES {values}) {update}",
+        names(|k| format!("p{k}"))
     )
 }
 
