@@ -315,9 +315,22 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     assert!(preview.contains("payments/order-1002"), "{preview}");
     b.click("form[action=\"/actions/apply\"] button").await;
     b.wait_for("now started").await;
+    // Back to work as a new attempt; this worker's sweeper may already have performed it
+    // (same key) by the time it is read.
     let c = s.get("payments", "", "order-1002").await.unwrap().unwrap();
-    assert_eq!(c.state, ClaimState::Started);
-    assert_eq!(c.attempt, 2);
+    assert!(
+        matches!(c.state, ClaimState::Started | ClaimState::Completed),
+        "{:?}",
+        c.state
+    );
+    assert!(c.attempt >= 2, "attempt {}", c.attempt);
+    assert!(
+        s.events(c.id)
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| e.actor == "page:ann" && e.action == "redrive")
+    );
 
     // Sign out: the page asks for the token again.
     b.go(&format!("{base}/")).await;
