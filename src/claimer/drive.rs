@@ -2,6 +2,7 @@
 //! ends in one settle (through the [`Settler`]); asking the status endpoint is in `lookup`.
 
 use super::*;
+use tracing::Instrument;
 
 impl Claimer {
     /// Drives one attempt of `claim` (whose `attempt` this worker holds): calls the provider,
@@ -9,8 +10,31 @@ impl Claimer {
     /// (re)newed and how old the claim was then. `resend` says why the first call is a re-send
     /// after a send that may have applied (counted, and refused past `max_sends`). `slot` is
     /// released once the provider has answered, before the settle.
-    #[instrument(skip_all, fields(consumer = %claim.consumer, tenant = %claim.tenant, message_id = %claim.message_id, attempt = claim.attempt))]
-    pub async fn drive(
+    ///
+    /// The attempt runs in the span `drive` (consumer, tenant, message id, attempt), put on
+    /// here rather than with `#[instrument]`, whose two ways of awaiting the body double the
+    /// size of the future every claim in a call holds (see `claim_and_perform`).
+    pub fn drive<'a>(
+        &'a self,
+        consumer: &'a Consumer,
+        claim: &'a Claim,
+        hold: Hold,
+        resend: Option<Resend>,
+        slot: Slot,
+    ) -> impl Future<Output = AttemptEnd> + Send + 'a {
+        let span = tracing::info_span!(
+            "drive",
+            consumer = %claim.consumer,
+            tenant = %claim.tenant,
+            message_id = %claim.message_id,
+            attempt = claim.attempt
+        );
+        self.attempt(consumer, claim, hold, resend, slot)
+            .instrument(span)
+    }
+
+    /// [`Claimer::drive`]'s attempt, outside its span.
+    async fn attempt(
         &self,
         consumer: &Consumer,
         claim: &Claim,
@@ -23,13 +47,9 @@ impl Claimer {
         // A settle that meets a store error is retried a while past the last call's start: the
         // outcome is known here and lost if the sweeper must decide again.
         let settle_until = Some(deadline + Duration::from_secs(30));
-        let mut delays = backon::ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(5))
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .build();
+        // The retry delays are boxed and made only when a call is retried: everything this
+        // future keeps is kept for the whole provider call, by every claim in one.
+        let mut delays = None;
         if Instant::now() >= deadline {
             // Waited too long for a slot: a call now could outlive the lease and overlap
             // another worker's takeover. Hand it to the sweeper, saying that nothing was
@@ -85,137 +105,200 @@ impl Claimer {
             }
             let called = Instant::now();
             let outcome = consumer.effect.perform(claim).await;
-            self.metrics.attempt(
-                &cfg.name,
+            // Boxed: what follows a call (its history line, a lookup, a settle, the sleep
+            // before a retry) takes memory only while it runs, not for every claim in a call.
+            match Box::pin(self.after_call(
+                consumer,
+                claim,
+                &hold,
+                &mut slot,
+                &mut delays,
+                outcome,
+                called,
+                deadline,
+                settle_until,
+            ))
+            .await
+            {
+                AfterCall::End(end) => return end,
+                AfterCall::Again(resend) => next_is_resend = resend,
+            }
+        }
+    }
+
+    /// What follows one call of an attempt: its metrics and history line, then the settle
+    /// that ends the attempt, or the wait before the next call (a retry, or a re-send when
+    /// `Again` says why).
+    #[allow(clippy::too_many_arguments)]
+    async fn after_call(
+        &self,
+        consumer: &Consumer,
+        claim: &Claim,
+        hold: &Hold,
+        slot: &mut Slot,
+        delays: &mut Option<Box<backon::ExponentialBackoff>>,
+        outcome: Outcome,
+        called: Instant,
+        deadline: Instant,
+        settle_until: Option<Instant>,
+    ) -> AfterCall {
+        let cfg = &consumer.config;
+        self.metrics.attempt(
+            &cfg.name,
+            outcome.name(),
+            outcome.status(),
+            called.elapsed().as_secs_f64(),
+        );
+        debug!(outcome = outcome.name(), status = ?outcome.status(), "provider answered");
+        let step = policy::after_outcome(&outcome, cfg.on_unknown, consumer.effect.can_reconcile());
+        let error = error_of(&outcome);
+        // The previous call's line in the history, before whatever follows it.
+        let note_call = || {
+            self.settler.note(
+                claim,
+                "perform",
                 outcome.name(),
                 outcome.status(),
-                called.elapsed().as_secs_f64(),
-            );
-            debug!(outcome = outcome.name(), status = ?outcome.status(), "provider answered");
-            let step =
-                policy::after_outcome(&outcome, cfg.on_unknown, consumer.effect.can_reconcile());
-            let error = error_of(&outcome);
-            // The previous call's line in the history, before whatever follows it.
-            let note_call = || {
-                self.settler.note(
-                    claim,
-                    "perform",
-                    outcome.name(),
-                    outcome.status(),
-                    Some(&error),
-                )
-            };
-            let mut noted = false;
-            // `resend`: the next send repeats one whose effect may have happened, which is
-            // safe only while the provider keeps the key (I6), and is counted and capped.
-            let (retry_after, not_applied, resend) = match step {
-                Step::Complete => {
-                    let (status, response) = match &outcome {
-                        Outcome::Applied { status, response } => (*status, response.clone()),
-                        _ => unreachable!("Complete follows Applied"),
-                    };
-                    return self
-                        .settler
+                Some(&error),
+            )
+        };
+        let mut noted = false;
+        // `resend`: the next send repeats one whose effect may have happened, which is
+        // safe only while the provider keeps the key (I6), and is counted and capped.
+        let (retry_after, not_applied, resend) = match step {
+            Step::Complete => {
+                let (status, response) = match &outcome {
+                    Outcome::Applied { status, response } => (*status, response.clone()),
+                    _ => unreachable!("Complete follows Applied"),
+                };
+                return AfterCall::End(
+                    self.settler
                         .settle(
-                            &mut slot,
+                            slot,
                             claim,
                             settle_until,
                             completed(status, response, false),
                             "perform",
                             "applied",
                         )
-                        .await;
-                }
-                Step::Fail => {
-                    let (status, response) = match &outcome {
-                        Outcome::Rejected { status, response } => (*status, response.clone()),
-                        _ => unreachable!("Fail follows Rejected"),
-                    };
-                    let s = failed(status, response);
-                    return self
-                        .settler
-                        .settle(&mut slot, claim, settle_until, s, "perform", "rejected")
-                        .await;
-                }
-                Step::Park(reason) => {
-                    return self
-                        .settler
-                        .park_unknown(&mut slot, claim, settle_until, reason, outcome.status())
-                        .await;
-                }
-                Step::Retry { retry_after } => (retry_after, true, None),
-                Step::Resend => (None, false, Some(Resend::UnknownOutcome)),
-                Step::Reconcile => {
-                    // The unknown call goes into the history before the lookup that decides it.
-                    note_call().await;
-                    match self
-                        .reconcile_inline(consumer, claim, called, deadline)
-                        .await
-                    {
-                        Some(Lookup::Found {
-                            status, response, ..
-                        }) => {
-                            return self
-                                .settler
+                        .await,
+                );
+            }
+            Step::Fail => {
+                let (status, response) = match &outcome {
+                    Outcome::Rejected { status, response } => (*status, response.clone()),
+                    _ => unreachable!("Fail follows Rejected"),
+                };
+                let s = failed(status, response);
+                return AfterCall::End(
+                    self.settler
+                        .settle(slot, claim, settle_until, s, "perform", "rejected")
+                        .await,
+                );
+            }
+            Step::Park(reason) => {
+                return AfterCall::End(
+                    self.settler
+                        .park_unknown(slot, claim, settle_until, reason, outcome.status())
+                        .await,
+                );
+            }
+            Step::Retry { retry_after } => (retry_after, true, None),
+            Step::Resend => (None, false, Some(Resend::UnknownOutcome)),
+            Step::Reconcile => {
+                // The unknown call goes into the history before the lookup that decides it.
+                note_call().await;
+                match self
+                    .reconcile_inline(consumer, claim, called, deadline)
+                    .await
+                {
+                    Some(Lookup::Found {
+                        status, response, ..
+                    }) => {
+                        return AfterCall::End(
+                            self.settler
                                 .settle(
-                                    &mut slot,
+                                    slot,
                                     claim,
                                     settle_until,
                                     completed(status, response, true),
                                     "reconcile",
                                     "found",
                                 )
-                                .await;
-                        }
-                        // The provider has no record; sending again is a re-send, bound by the
-                        // key window and max_sends.
-                        Some(Lookup::NotFound { .. }) => {
-                            noted = true;
-                            (None, false, Some(Resend::NotFound))
-                        }
-                        Some(Lookup::Unknown { error }) => {
-                            let why =
-                                format!("{}; reconcile undecided: {error}", error_of(&outcome));
-                            return self
-                                .settler
-                                .hand_off(&mut slot, claim, &why, outcome.status(), false)
-                                .await;
-                        }
-                        None => {
-                            let why = format!("{}; no status endpoint", error_of(&outcome));
-                            return self
-                                .settler
-                                .park_unknown(&mut slot, claim, settle_until, why, outcome.status())
-                                .await;
-                        }
+                                .await,
+                        );
+                    }
+                    // The provider has no record; sending again is a re-send, bound by the
+                    // key window and max_sends.
+                    Some(Lookup::NotFound { .. }) => {
+                        noted = true;
+                        (None, false, Some(Resend::NotFound))
+                    }
+                    Some(Lookup::Unknown { error }) => {
+                        let why = format!("{}; reconcile undecided: {error}", error_of(&outcome));
+                        return AfterCall::End(
+                            self.settler
+                                .hand_off(slot, claim, &why, outcome.status(), false)
+                                .await,
+                        );
+                    }
+                    None => {
+                        let why = format!("{}; no status endpoint", error_of(&outcome));
+                        return AfterCall::End(
+                            self.settler
+                                .park_unknown(slot, claim, settle_until, why, outcome.status())
+                                .await,
+                        );
                     }
                 }
-            };
-            let delay = delays
-                .next()
-                .unwrap_or(Duration::from_secs(5))
-                .max(retry_after.unwrap_or_default());
-            if Instant::now() + delay >= deadline {
-                // Lease budget spent: let the sweeper take it from here.
-                return self
-                    .settler
-                    .hand_off(&mut slot, claim, &error, outcome.status(), not_applied)
-                    .await;
             }
-            if !noted {
-                note_call().await;
-            }
-            tokio::time::sleep(delay).await;
-            if resend.is_some()
-                && let Err(reason) =
-                    policy::resend_within_window(hold.age_now(), cfg.redrive_within.0)
-            {
-                return self
-                    .settler
-                    .park_unknown(&mut slot, claim, settle_until, reason, outcome.status())
-                    .await;
-            }
-            next_is_resend = resend;
+        };
+        let delay = delays
+            .get_or_insert_with(|| Box::new(retry_delays()))
+            .next()
+            .unwrap_or(Duration::from_secs(5))
+            .max(retry_after.unwrap_or_default());
+        if Instant::now() + delay >= deadline {
+            // Lease budget spent: let the sweeper take it from here.
+            return AfterCall::End(
+                self.settler
+                    .hand_off(slot, claim, &error, outcome.status(), not_applied)
+                    .await,
+            );
         }
+        if !noted {
+            note_call().await;
+        }
+        tokio::time::sleep(delay).await;
+        if resend.is_some()
+            && let Err(reason) = policy::resend_within_window(hold.age_now(), cfg.redrive_within.0)
+        {
+            return AfterCall::End(
+                self.settler
+                    .park_unknown(slot, claim, settle_until, reason, outcome.status())
+                    .await,
+            );
+        }
+        AfterCall::Again(resend)
     }
+}
+
+/// How the calls of an attempt go on after one of them.
+enum AfterCall {
+    /// The attempt ended.
+    End(AttemptEnd),
+    /// Call again; `Some` when the call is a re-send (and why).
+    Again(Option<Resend>),
+}
+
+/// The delays between retries of a call within one attempt: exponential from 100 ms to 5 s,
+/// jittered, as many as the lease allows.
+fn retry_delays() -> backon::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }

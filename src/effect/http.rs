@@ -275,7 +275,12 @@ impl HttpEffect {
             // POST as a GET for 301/302/303 and read the page it lands on (a `200` there
             // would settle an effect that never happened, a login page would read as "found").
             // A 3xx is an unknown outcome, and a refusal at the start-up probe.
-            .redirect(reqwest::redirect::Policy::none());
+            .redirect(reqwest::redirect::Policy::none())
+            // No retries inside the client: claimd retries (with the same key, in its history
+            // and metrics) what `never_processed` shows was not processed, and reqwest's retry
+            // layer keeps a copy of every request while it is in flight (3.5 KiB a call at
+            // 10,000 calls in flight; docs/performance.md).
+            .retry(reqwest::retry::never().max_retries_per_request(0));
         // HTTP/1.1 unless asked: only then, with the `http2` feature compiled in, would reqwest
         // offer h2 in TLS negotiation, moving every call to one connection unasked.
         let builder = match config.http_version {
@@ -336,6 +341,98 @@ impl HttpEffect {
             }
         }
     }
+
+    /// Builds the claim's request and sends it; `Err` is the outcome when it cannot be built
+    /// (nothing was sent).
+    fn send(
+        &self,
+        claim: &Claim,
+    ) -> Result<impl Future<Output = reqwest::Result<reqwest::Response>> + use<>, Outcome> {
+        let built = self.payload(claim).and_then(|payload| {
+            let vars = vars(claim, payload.as_ref());
+            let url = self.shape.url(&vars)?;
+            let body = self.shape.body(claim, &vars).map_err(|e| e.to_string())?;
+            Ok((url, body))
+        });
+        let (url, (body, content_type)) = match built {
+            Ok(b) => b,
+            // Checked at intake; a claim made under another configuration can still miss a
+            // field. Nothing was sent.
+            Err(error) => {
+                return Err(Outcome::NotApplied {
+                    status: None,
+                    retry_after: None,
+                    error: format!("could not build the request: {error}"),
+                });
+            }
+        };
+        let mut request = self
+            .client
+            .request(self.shape.method.clone(), url)
+            .headers(self.headers.clone())
+            .body(body);
+        if let Some(h) = &self.shape.idem_header {
+            request = request.header(h, claim.idem_key.as_str());
+        }
+        if !content_type.is_empty() {
+            request = request.header(CONTENT_TYPE, content_type);
+        }
+        Ok(request.send())
+    }
+}
+
+/// What the provider's answer comes to: its status classified, up to 4 KiB of its body kept.
+async fn outcome_of(response: reqwest::Response) -> Outcome {
+    let status = response.status().as_u16();
+    let retry_after = parse_retry_after(
+        response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let body = match response.bytes().await {
+        Ok(b) => truncate(&String::from_utf8_lossy(&b), MAX_RESPONSE_BYTES),
+        Err(e) => format!("(answer unreadable: {})", describe(&e)),
+    };
+    let status_i = i32::from(status);
+    match classify_status(status) {
+        StatusClass::Applied => Outcome::Applied {
+            status: status_i,
+            response: body,
+        },
+        StatusClass::Rejected => Outcome::Rejected {
+            status: status_i,
+            response: body,
+        },
+        StatusClass::InProgress => Outcome::InProgress { status: status_i },
+        StatusClass::NotApplied => Outcome::NotApplied {
+            status: Some(status_i),
+            retry_after,
+            error: format!("provider answered {status}: {}", truncate(&body, 200)),
+        },
+        StatusClass::Unknown => Outcome::Unknown {
+            status: Some(status_i),
+            error: format!("provider answered {status}: {}", truncate(&body, 200)),
+        },
+    }
+}
+
+/// Whether an HTTP/2 provider said that it did not process the request: it refused the
+/// stream (`REFUSED_STREAM`, RFC 9113 section 8.7), or it is closing the connection gracefully
+/// (`GOAWAY` with `NO_ERROR`) and the request's stream came after the last one it will
+/// process. The same two answers reqwest's own retry layer treats as safe to send again.
+fn never_processed(e: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(h2) = s.downcast_ref::<h2::Error>() {
+            let reason = h2.reason();
+            return h2.is_remote()
+                && ((h2.is_reset() && reason == Some(h2::Reason::REFUSED_STREAM))
+                    || (h2.is_go_away() && reason == Some(h2::Reason::NO_ERROR)));
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// Percent-encodes a key for use inside a URL path.
@@ -378,39 +475,18 @@ fn describe(e: &reqwest::Error) -> String {
 #[async_trait]
 impl Effect for HttpEffect {
     async fn perform(&self, claim: &Claim) -> Outcome {
-        let built = self.payload(claim).and_then(|payload| {
-            let vars = vars(claim, payload.as_ref());
-            let url = self.shape.url(&vars)?;
-            let body = self.shape.body(claim, &vars).map_err(|e| e.to_string())?;
-            Ok((url, body))
-        });
-        let (url, (body, content_type)) = match built {
-            Ok(b) => b,
-            // Checked at intake; a claim made under another configuration can still miss a
-            // field. Nothing was sent.
-            Err(error) => {
-                return Outcome::NotApplied {
-                    status: None,
-                    retry_after: None,
-                    error: format!("could not build the request: {error}"),
-                };
-            }
+        // This future is held for the whole provider call. What it keeps across an await it
+        // keeps in full, even once moved out: so the request is built in a plain function, and
+        // the answer (the response, its body) is read in a boxed future of its own.
+        let sent = match self.send(claim) {
+            Ok(sent) => sent,
+            Err(not_sent) => return not_sent,
         };
-        let mut request = self
-            .client
-            .request(self.shape.method.clone(), url)
-            .headers(self.headers.clone())
-            .body(body);
-        if let Some(h) = &self.shape.idem_header {
-            request = request.header(h, claim.idem_key.as_str());
-        }
-        if !content_type.is_empty() {
-            request = request.header(CONTENT_TYPE, content_type);
-        }
-        let response = match request.send().await {
+        let response = match sent.await {
             Ok(r) => r,
-            Err(e) if e.is_connect() => {
-                // The TCP connection never opened: the request was not sent.
+            Err(e) if e.is_connect() || never_processed(&e) => {
+                // The TCP connection never opened, or the provider said it did not process
+                // the request: it was not applied.
                 return Outcome::NotApplied {
                     status: None,
                     retry_after: None,
@@ -424,38 +500,7 @@ impl Effect for HttpEffect {
                 };
             }
         };
-        let status = response.status().as_u16();
-        let retry_after = parse_retry_after(
-            response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()),
-        );
-        let body = match response.bytes().await {
-            Ok(b) => truncate(&String::from_utf8_lossy(&b), MAX_RESPONSE_BYTES),
-            Err(e) => format!("(answer unreadable: {})", describe(&e)),
-        };
-        let status_i = i32::from(status);
-        match classify_status(status) {
-            StatusClass::Applied => Outcome::Applied {
-                status: status_i,
-                response: body,
-            },
-            StatusClass::Rejected => Outcome::Rejected {
-                status: status_i,
-                response: body,
-            },
-            StatusClass::InProgress => Outcome::InProgress { status: status_i },
-            StatusClass::NotApplied => Outcome::NotApplied {
-                status: Some(status_i),
-                retry_after,
-                error: format!("provider answered {status}: {}", truncate(&body, 200)),
-            },
-            StatusClass::Unknown => Outcome::Unknown {
-                status: Some(status_i),
-                error: format!("provider answered {status}: {}", truncate(&body, 200)),
-            },
-        }
+        Box::pin(outcome_of(response)).await
     }
 
     async fn lookup(&self, claim: &Claim) -> Option<Lookup> {
