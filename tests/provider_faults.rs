@@ -480,3 +480,111 @@ async fn a_redirect_is_the_providers_answer_never_followed() {
     assert_eq!(landed.load(std::sync::atomic::Ordering::SeqCst), 0);
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// An HTTP/2 provider that refuses a payment's stream (`REFUSED_STREAM`: it did not process
+/// it) and resets another's after taking it (`INTERNAL_ERROR`: it may have). claimd sends the
+/// refused one again with the same key, as a "not applied" answer in its history, and it
+/// completes once; the reset one is an unknown outcome, parked under `on_unknown = "park"`,
+/// never sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_refused_stream_is_sent_again_a_reset_one_is_unknown() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let calls: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    let seen = calls.clone();
+    tokio::spawn(async move {
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut conn = h2::server::handshake(socket).await.unwrap();
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    let answer = |status: u16| {
+                        axum::http::Response::builder()
+                            .status(status)
+                            .body(())
+                            .unwrap()
+                    };
+                    if request.method() == axum::http::Method::GET {
+                        // The status endpoint knows no key (the start-up probe's included).
+                        let _ = respond.send_response(answer(404), true);
+                        continue;
+                    }
+                    let key = request.headers()["idempotency-key"]
+                        .to_str()
+                        .unwrap()
+                        .to_string();
+                    let n = {
+                        let mut seen = seen.lock().unwrap();
+                        let n = seen.entry(key.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    if key.contains("refused") && n == 1 {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    } else if key.contains("reset") {
+                        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                    } else if let Ok(mut body) = respond.send_response(answer(200), false) {
+                        let _ = body.send_data(bytes::Bytes::from_static(b"{\"id\":\"p\"}"), true);
+                    }
+                }
+            });
+        }
+    });
+    let store = TestStore::sqlite();
+    let consumer = format!(
+        "{}http_version = \"2\"\n",
+        consumer_toml(
+            "payments",
+            &provider,
+            "key = \"{message_id}\"\non_unknown = \"park\""
+        )
+    );
+    let toml = config_toml(&store.url(), &consumer);
+    let running = claimd::run::start(claimd::app::App::open(load(&toml), true).await.unwrap())
+        .await
+        .expect("start");
+    let base = format!("http://{}", running.http_addr);
+    assert_eq!(post(&base, "refused-1", "{}").await, 202);
+    assert_eq!(post(&base, "reset-1", "{}").await, 202);
+    let s = running.app().store.clone();
+    for (key, state) in [
+        ("refused-1", ClaimState::Completed),
+        ("reset-1", ClaimState::NeedsAttention),
+    ] {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                s.get("payments", "", key).await.unwrap().unwrap().state == state
+            })
+            .await,
+            "{key} never became {state}"
+        );
+    }
+    let refused = s.get("payments", "", "refused-1").await.unwrap().unwrap();
+    let outcomes: Vec<String> = s
+        .events(refused.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action == "perform")
+        .map(|e| e.outcome)
+        .collect();
+    assert_eq!(outcomes, ["not_applied", "applied"], "refused-1's history");
+    assert_eq!(refused.resent_count, 0, "a refused stream is no re-send");
+    let reset = s.get("payments", "", "reset-1").await.unwrap().unwrap();
+    assert!(
+        reset
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("outcome unknown"),
+        "{:?}",
+        reset.last_error
+    );
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls["refused-1"], 2, "{calls:?}");
+    assert_eq!(calls["reset-1"], 1, "{calls:?}");
+    running.shutdown(Duration::from_secs(5)).await;
+}
