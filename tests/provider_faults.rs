@@ -588,3 +588,129 @@ async fn an_http2_refused_stream_is_sent_again_a_reset_one_is_unknown() {
     assert_eq!(calls["reset-1"], 1, "{calls:?}");
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// An HTTP/2 provider closing its connection gracefully: it sends `GOAWAY` (`NO_ERROR`) naming
+/// the first of two open payment streams as the last it will process, answers that one, and
+/// closes. The other was never processed: claimd sends it again on a new connection, with the
+/// same key, as a "not applied" answer in its history, not as a re-send. Each payment is
+/// answered (applied) once. Written with raw frames, since a server library decides itself
+/// which stream a `GOAWAY` names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_after_a_graceful_goaway_is_sent_again_on_a_new_connection() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// One frame: length, type, flags, stream, payload.
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend(payload);
+        f
+    }
+    // HEADERS, END_STREAM | END_HEADERS, ":status: 200" (HPACK static index 8).
+    let ok = |stream: u32| frame(0x1, 0x5, stream, &[0x88]);
+    let answered = Arc::new(AtomicU32::new(0));
+    let connections = Arc::new(AtomicU32::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    let (count, opened) = (answered.clone(), connections.clone());
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let first = opened.fetch_add(1, Ordering::SeqCst) == 0;
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut preface = [0u8; 24];
+                socket.read_exact(&mut preface).await.unwrap();
+                socket.write_all(&frame(0x4, 0, 0, &[])).await.unwrap();
+                let mut streams = Vec::new();
+                loop {
+                    let mut head = [0u8; 9];
+                    if socket.read_exact(&mut head).await.is_err() {
+                        return;
+                    }
+                    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                    let mut payload = vec![0u8; len];
+                    socket.read_exact(&mut payload).await.unwrap();
+                    let stream =
+                        u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                    match head[3] {
+                        0x4 if head[4] & 0x1 == 0 => {
+                            socket.write_all(&frame(0x4, 0x1, 0, &[])).await.unwrap();
+                        }
+                        0x1 if !first => {
+                            socket.write_all(&ok(stream)).await.unwrap();
+                            count.fetch_add(1, Ordering::SeqCst);
+                        }
+                        0x1 => {
+                            streams.push(stream);
+                            if streams.len() == 2 {
+                                let last = streams[0].min(streams[1]);
+                                let mut goaway = last.to_be_bytes().to_vec();
+                                goaway.extend(0u32.to_be_bytes());
+                                socket.write_all(&frame(0x7, 0, 0, &goaway)).await.unwrap();
+                                socket.write_all(&ok(last)).await.unwrap();
+                                count.fetch_add(1, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                                return;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    let store = TestStore::sqlite();
+    let consumer = format!(
+        "{}http_version = \"2\"\n[consumers.effect.status]\nprobe = \"off\"\n",
+        consumer_toml(
+            "payments",
+            &provider,
+            "key = \"{message_id}\"\non_unknown = \"park\""
+        )
+    );
+    let toml = config_toml(&store.url(), &consumer);
+    let running = claimd::run::start(claimd::app::App::open(load(&toml), true).await.unwrap())
+        .await
+        .expect("start");
+    let base = format!("http://{}", running.http_addr);
+    let (a, b) = tokio::join!(post(&base, "ga-1", "{}"), post(&base, "ga-2", "{}"));
+    assert_eq!((a, b), (202, 202));
+    let s = running.app().store.clone();
+    let mut histories = Vec::new();
+    for key in ["ga-1", "ga-2"] {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                s.get("payments", "", key).await.unwrap().unwrap().state == ClaimState::Completed
+            })
+            .await,
+            "{key} never completed"
+        );
+        let claim = s.get("payments", "", key).await.unwrap().unwrap();
+        assert_eq!(claim.resent_count, 0, "{key}: not a re-send");
+        let outcomes: Vec<String> = s
+            .events(claim.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.action == "perform")
+            .map(|e| e.outcome)
+            .collect();
+        histories.push(outcomes);
+    }
+    histories.sort();
+    assert_eq!(
+        histories,
+        [vec!["applied"], vec!["not_applied", "applied"]],
+        "one payment answered before the GOAWAY, the other sent again"
+    );
+    assert_eq!(
+        answered.load(Ordering::SeqCst),
+        2,
+        "each payment applied once"
+    );
+    assert!(connections.load(Ordering::SeqCst) >= 2);
+    running.shutdown(Duration::from_secs(5)).await;
+}

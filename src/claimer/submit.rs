@@ -233,7 +233,10 @@ impl Claimer {
         answer: oneshot::Sender<Result<Accepted, SubmitError>>,
         held: H,
     ) -> impl Future<Output = ()> + Send + 'static {
+        // No parent, as with `#[instrument]` in the spawned task: a caller's span (the
+        // broker delivery's) would otherwise be kept open for as long as this call lasts.
         let span = tracing::info_span!(
+            parent: None,
             "claim_and_perform",
             consumer = %new.consumer,
             tenant = %new.tenant,
