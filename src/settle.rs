@@ -10,17 +10,10 @@ use crate::consumer::Slot;
 use crate::effect::Outcome;
 use crate::metrics::Metrics;
 use crate::store::{NewEvent, Settlement, Store};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
-
-/// A settle (or history line) in progress. Boxed: an attempt's future, and so its task for as
-/// long as the provider call lasts, is the size of its largest state; a settle's states, with
-/// their retries, are larger than the call's. Boxed, they take memory only while they run.
-pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// How one attempt ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,42 +103,40 @@ impl Settler {
 
     /// Records a history line (an attempt's outcome, a lookup's answer) without changing the
     /// claim. A failure is logged: the history is for people, the claim row decides.
-    pub fn note<'a>(
-        &'a self,
-        claim: &'a Claim,
-        action: &'a str,
-        outcome: &'a str,
+    pub async fn note(
+        &self,
+        claim: &Claim,
+        action: &str,
+        outcome: &str,
         status: Option<i32>,
-        detail: Option<&'a str>,
-    ) -> Boxed<'a, ()> {
-        Box::pin(async move {
-            let event = NewEvent {
-                actor: &self.instance,
-                action,
-                outcome,
-                provider_status: status,
-                detail,
-            };
-            if let Err(e) = self
-                .store
-                .record_event(claim.id, claim.attempt, &event)
-                .await
-            {
-                warn!(error = %e, "could not record attempt history");
-            }
-        })
+        detail: Option<&str>,
+    ) {
+        let event = NewEvent {
+            actor: &self.instance,
+            action,
+            outcome,
+            provider_status: status,
+            detail,
+        };
+        if let Err(e) = self
+            .store
+            .record_event(claim.id, claim.attempt, &event)
+            .await
+        {
+            warn!(error = %e, "could not record attempt history");
+        }
     }
 
     /// Parks a claim whose last call's outcome is unknown and may not be decided here: the
     /// reason goes to a person (a `perform` line with outcome `unknown`).
-    pub fn park_unknown<'a>(
-        &'a self,
-        slot: &'a mut Slot,
-        claim: &'a Claim,
+    pub async fn park_unknown(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
         retry_until: Option<Instant>,
         reason: String,
         status: Option<i32>,
-    ) -> Boxed<'a, AttemptEnd> {
+    ) -> AttemptEnd {
         self.settle(
             slot,
             claim,
@@ -154,6 +145,7 @@ impl Settler {
             "perform",
             "unknown",
         )
+        .await
     }
 
     /// Admits one re-send (a send after one whose effect may have happened): refused once the
@@ -198,135 +190,125 @@ impl Settler {
 
     /// Admits a re-send ([`Settler::admit_resend`]); when refused, ends the attempt: parked past
     /// `max_sends`, left for the sweeper when the count could not be written.
-    pub fn resend_or_end<'a>(
-        &'a self,
-        slot: &'a mut Slot,
-        claim: &'a Claim,
+    pub async fn resend_or_end(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
         why: Resend,
-        resent: &'a mut i32,
+        resent: &mut i32,
         max_sends: u32,
         settle_until: Option<Instant>,
-    ) -> Boxed<'a, Result<(), AttemptEnd>> {
-        Box::pin(async move {
-            let refused = match self.admit_resend(claim, why, resent, max_sends).await {
-                Ok(()) => return Ok(()),
-                Err(refused) => refused,
-            };
-            Err(match refused {
-                ResendRefused::Capped(reason) => {
-                    self.settle(
-                        slot,
-                        claim,
-                        settle_until,
-                        park(reason, None),
-                        "resend",
-                        "capped",
-                    )
-                    .await
-                }
-                ResendRefused::Lost => AttemptEnd::Lost,
-                ResendRefused::Unrecorded(why) => {
-                    self.hand_off(slot, claim, &why, None, false).await
-                }
-            })
+    ) -> Result<(), AttemptEnd> {
+        let refused = match self.admit_resend(claim, why, resent, max_sends).await {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        Err(match refused {
+            ResendRefused::Capped(reason) => {
+                self.settle(
+                    slot,
+                    claim,
+                    settle_until,
+                    park(reason, None),
+                    "resend",
+                    "capped",
+                )
+                .await
+            }
+            ResendRefused::Lost => AttemptEnd::Lost,
+            ResendRefused::Unrecorded(why) => self.hand_off(slot, claim, &why, None, false).await,
         })
     }
 
     /// Leaves the claim `started`, releasing the lease so the sweeper need not wait it out.
     /// `not_applied`: the answers so far prove nothing was applied, so the sweeper may send
     /// again even under `on_unknown = "park"`.
-    pub fn hand_off<'a>(
-        &'a self,
-        slot: &'a mut Slot,
-        claim: &'a Claim,
-        error: &'a str,
+    pub async fn hand_off(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
+        error: &str,
         status: Option<i32>,
         not_applied: bool,
-    ) -> Boxed<'a, AttemptEnd> {
-        Box::pin(async move {
-            let s = Settlement {
-                state: None,
-                provider_status: status,
-                error: Some(error.to_string()),
-                handoff_not_applied: not_applied,
-                release_lease: true,
-                ..Default::default()
-            };
-            slot.release_for_settle();
-            let outcome = if not_applied {
-                "not_applied"
-            } else {
-                "unknown"
-            };
-            let event = NewEvent {
-                actor: &self.instance,
-                action: "handoff",
-                outcome,
-                provider_status: status,
-                detail: Some(error),
-            };
-            match self.store.settle(claim.id, claim.attempt, &s, &event).await {
-                Ok(true) => AttemptEnd::LeftStarted(error.to_string()),
-                Ok(false) => {
-                    info!("claim was taken over by another worker; left it alone");
-                    AttemptEnd::Lost
-                }
-                Err(e) => {
-                    warn!(error = %e, "could not hand the claim off; its lease will expire");
-                    AttemptEnd::LeftStarted(error.to_string())
-                }
+    ) -> AttemptEnd {
+        let s = Settlement {
+            state: None,
+            provider_status: status,
+            error: Some(error.to_string()),
+            handoff_not_applied: not_applied,
+            release_lease: true,
+            ..Default::default()
+        };
+        slot.release_for_settle();
+        let outcome = if not_applied {
+            "not_applied"
+        } else {
+            "unknown"
+        };
+        let event = NewEvent {
+            actor: &self.instance,
+            action: "handoff",
+            outcome,
+            provider_status: status,
+            detail: Some(error),
+        };
+        match self.store.settle(claim.id, claim.attempt, &s, &event).await {
+            Ok(true) => AttemptEnd::LeftStarted(error.to_string()),
+            Ok(false) => {
+                info!("claim was taken over by another worker; left it alone");
+                AttemptEnd::Lost
             }
-        })
+            Err(e) => {
+                warn!(error = %e, "could not hand the claim off; its lease will expire");
+                AttemptEnd::LeftStarted(error.to_string())
+            }
+        }
     }
 
     /// Settles, retrying store errors until `retry_until` (once when `None`); after that the
     /// lease expires and the sweeper decides again (the effect's outcome is then unknown to
     /// it: it reconciles). `action` and `outcome` name the history line.
-    pub fn settle<'a>(
-        &'a self,
-        slot: &'a mut Slot,
-        claim: &'a Claim,
+    pub async fn settle(
+        &self,
+        slot: &mut Slot,
+        claim: &Claim,
         retry_until: Option<Instant>,
         s: Settlement,
-        action: &'a str,
-        outcome: &'a str,
-    ) -> Boxed<'a, AttemptEnd> {
-        Box::pin(async move {
-            let event = NewEvent {
-                actor: &self.instance,
-                action,
-                outcome,
-                provider_status: s.provider_status,
-                detail: s.error.as_deref(),
-            };
-            slot.release_for_settle();
-            let mut delay = Duration::from_millis(100);
-            loop {
-                match self.store.settle(claim.id, claim.attempt, &s, &event).await {
-                    Ok(true) => {
-                        let state = s.state.unwrap_or(ClaimState::Started);
-                        self.metrics.settled(&claim.consumer, state.as_str());
-                        debug!(%state, "settled");
-                        return AttemptEnd::Settled(state);
-                    }
-                    Ok(false) => {
-                        info!(
-                            "claim was taken over by another worker before settle; changed nothing"
-                        );
-                        return AttemptEnd::Lost;
-                    }
-                    Err(e) if retry_until.is_some_and(|until| Instant::now() + delay < until) => {
-                        warn!(error = %e, "settle failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(2));
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "settle failed; the sweeper will decide this claim again");
-                        return AttemptEnd::LeftStarted(e.to_string());
-                    }
+        action: &str,
+        outcome: &str,
+    ) -> AttemptEnd {
+        let event = NewEvent {
+            actor: &self.instance,
+            action,
+            outcome,
+            provider_status: s.provider_status,
+            detail: s.error.as_deref(),
+        };
+        slot.release_for_settle();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.store.settle(claim.id, claim.attempt, &s, &event).await {
+                Ok(true) => {
+                    let state = s.state.unwrap_or(ClaimState::Started);
+                    self.metrics.settled(&claim.consumer, state.as_str());
+                    debug!(%state, "settled");
+                    return AttemptEnd::Settled(state);
+                }
+                Ok(false) => {
+                    info!("claim was taken over by another worker before settle; changed nothing");
+                    return AttemptEnd::Lost;
+                }
+                Err(e) if retry_until.is_some_and(|until| Instant::now() + delay < until) => {
+                    warn!(error = %e, "settle failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    warn!(error = %e, "settle failed; the sweeper will decide this claim again");
+                    return AttemptEnd::LeftStarted(e.to_string());
                 }
             }
-        })
+        }
     }
 }
 

@@ -55,16 +55,16 @@ impl Claimer {
             // another worker's takeover. Hand it to the sweeper, saying that nothing was
             // called, so it performs the claim instead of treating the attempt as unknown
             // (which would park it under `on_unknown = "park"`).
-            return self
-                .settler
-                .hand_off(
-                    &mut slot,
-                    claim,
-                    "lease too short to start the call (waited for a slot); not called",
-                    None,
-                    true,
-                )
-                .await;
+            // Boxed, as is every settle in this function: inline, a settle's states (with its
+            // retries) would size this future, held by every claim for its whole call.
+            return Box::pin(self.settler.hand_off(
+                &mut slot,
+                claim,
+                "lease too short to start the call (waited for a slot); not called",
+                None,
+                true,
+            ))
+            .await;
         }
         if claim.attempt == 1 && !consumer.claims_ahead() {
             // The claim was committed with a "not called yet" marker (see
@@ -78,9 +78,7 @@ impl Claimer {
                 Err(e) => {
                     // Nothing sent, and the marker still says so to the sweeper.
                     let why = format!("store unavailable before the first call ({e}); not called");
-                    return self
-                        .settler
-                        .hand_off(&mut slot, claim, &why, None, true)
+                    return Box::pin(self.settler.hand_off(&mut slot, claim, &why, None, true))
                         .await;
                 }
             }
@@ -89,17 +87,15 @@ impl Claimer {
         let mut next_is_resend = resend;
         loop {
             if let Some(why) = next_is_resend.take()
-                && let Err(end) = self
-                    .settler
-                    .resend_or_end(
-                        &mut slot,
-                        claim,
-                        why,
-                        &mut resent,
-                        cfg.max_sends,
-                        settle_until,
-                    )
-                    .await
+                && let Err(end) = Box::pin(self.settler.resend_or_end(
+                    &mut slot,
+                    claim,
+                    why,
+                    &mut resent,
+                    cfg.max_sends,
+                    settle_until,
+                ))
+                .await
             {
                 return end;
             }
