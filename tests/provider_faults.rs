@@ -481,6 +481,33 @@ async fn a_redirect_is_the_providers_answer_never_followed() {
     running.shutdown(Duration::from_secs(5)).await;
 }
 
+/// claimd with one consumer, `payments`, calling `provider` over HTTP/2 and parking unknown
+/// outcomes; `effect_extra` is appended to its `[consumers.effect]` table.
+async fn start_http2_park(provider: &str, effect_extra: &str) -> (claimd::run::Running, TestStore) {
+    let store = TestStore::sqlite();
+    let consumer = format!(
+        "{}http_version = \"2\"\n{effect_extra}",
+        consumer_toml(
+            "payments",
+            provider,
+            "key = \"{message_id}\"\non_unknown = \"park\""
+        )
+    );
+    (start(&config_toml(&store.url(), &consumer)).await, store)
+}
+
+/// The outcomes of a claim's provider calls, in its history's order.
+async fn perform_outcomes(store: &claimd::store::Store, id: i64) -> Vec<String> {
+    store
+        .events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action == "perform")
+        .map(|e| e.outcome)
+        .collect()
+}
+
 /// An HTTP/2 provider that refuses a payment's stream (`REFUSED_STREAM`: it did not process
 /// it) and resets another's after taking it (`INTERNAL_ERROR`: it may have). claimd sends the
 /// refused one again with the same key, as a "not applied" answer in its history, and it
@@ -533,19 +560,7 @@ async fn an_http2_refused_stream_is_sent_again_a_reset_one_is_unknown() {
             });
         }
     });
-    let store = TestStore::sqlite();
-    let consumer = format!(
-        "{}http_version = \"2\"\n",
-        consumer_toml(
-            "payments",
-            &provider,
-            "key = \"{message_id}\"\non_unknown = \"park\""
-        )
-    );
-    let toml = config_toml(&store.url(), &consumer);
-    let running = claimd::run::start(claimd::app::App::open(load(&toml), true).await.unwrap())
-        .await
-        .expect("start");
+    let (running, _store) = start_http2_park(&provider, "").await;
     let base = format!("http://{}", running.http_addr);
     assert_eq!(post(&base, "refused-1", "{}").await, 202);
     assert_eq!(post(&base, "reset-1", "{}").await, 202);
@@ -563,15 +578,11 @@ async fn an_http2_refused_stream_is_sent_again_a_reset_one_is_unknown() {
         );
     }
     let refused = s.get("payments", "", "refused-1").await.unwrap().unwrap();
-    let outcomes: Vec<String> = s
-        .events(refused.id)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.action == "perform")
-        .map(|e| e.outcome)
-        .collect();
-    assert_eq!(outcomes, ["not_applied", "applied"], "refused-1's history");
+    assert_eq!(
+        perform_outcomes(&s, refused.id).await,
+        ["not_applied", "applied"],
+        "refused-1's history"
+    );
     assert_eq!(refused.resent_count, 0, "a refused stream is no re-send");
     let reset = s.get("payments", "", "reset-1").await.unwrap().unwrap();
     assert!(
@@ -662,19 +673,9 @@ async fn an_http2_stream_after_a_graceful_goaway_is_sent_again_on_a_new_connecti
             });
         }
     });
-    let store = TestStore::sqlite();
-    let consumer = format!(
-        "{}http_version = \"2\"\n[consumers.effect.status]\nprobe = \"off\"\n",
-        consumer_toml(
-            "payments",
-            &provider,
-            "key = \"{message_id}\"\non_unknown = \"park\""
-        )
-    );
-    let toml = config_toml(&store.url(), &consumer);
-    let running = claimd::run::start(claimd::app::App::open(load(&toml), true).await.unwrap())
-        .await
-        .expect("start");
+    // The raw server reads no request: no start-up probe of the status endpoint.
+    let (running, _store) =
+        start_http2_park(&provider, "[consumers.effect.status]\nprobe = \"off\"\n").await;
     let base = format!("http://{}", running.http_addr);
     let (a, b) = tokio::join!(post(&base, "ga-1", "{}"), post(&base, "ga-2", "{}"));
     assert_eq!((a, b), (202, 202));
@@ -690,15 +691,7 @@ async fn an_http2_stream_after_a_graceful_goaway_is_sent_again_on_a_new_connecti
         );
         let claim = s.get("payments", "", key).await.unwrap().unwrap();
         assert_eq!(claim.resent_count, 0, "{key}: not a re-send");
-        let outcomes: Vec<String> = s
-            .events(claim.id)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|e| e.action == "perform")
-            .map(|e| e.outcome)
-            .collect();
-        histories.push(outcomes);
+        histories.push(perform_outcomes(&s, claim.id).await);
     }
     histories.sort();
     assert_eq!(
