@@ -314,6 +314,10 @@ pub enum Handoff {
     NotCalled,
     /// An operator asked for the claim to be performed again.
     OperatorRedrive,
+    /// An outcome is still unknown and nothing could decide it yet (the status endpoint gave
+    /// no answer, a "not found" came too soon after the last call to trust, or the destination
+    /// held the call or lookup back): the sweeper asks again, and the wait is not an attempt.
+    Undecided,
 }
 
 impl Handoff {
@@ -323,7 +327,18 @@ impl Handoff {
             "not_applied" => Some(Handoff::NotApplied),
             "not_called" => Some(Handoff::NotCalled),
             "operator_redrive" => Some(Handoff::OperatorRedrive),
+            "undecided" => Some(Handoff::Undecided),
             _ => None,
+        }
+    }
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Handoff::NotApplied => "not_applied",
+            Handoff::NotCalled => "not_called",
+            Handoff::OperatorRedrive => "operator_redrive",
+            Handoff::Undecided => "undecided",
         }
     }
 }
@@ -414,6 +429,10 @@ pub struct Claim {
     pub reconciled: bool,
     /// How many times the effect was sent again after an unknown outcome.
     pub resent_count: i32,
+    /// How many attempts ended waiting rather than deciding (provably not applied, held back
+    /// by the destination, a lookup without an answer): `max_attempts` counts
+    /// `attempt - waits`.
+    pub waits: i32,
     /// The token of the intake call that inserted the row ([`NewClaim::claim_token`]).
     #[serde(skip)]
     pub claim_token: Option<String>,

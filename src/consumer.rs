@@ -4,6 +4,7 @@
 
 use crate::claim::KeyTemplate;
 use crate::config::ConsumerConfig;
+use crate::destination::Destination;
 use crate::effect::Effect;
 use crate::policy;
 use std::sync::Arc;
@@ -20,6 +21,8 @@ pub struct Consumer {
     pub template: KeyTemplate,
     /// The side effect.
     pub effect: Arc<dyn Effect>,
+    /// The provider's health and pace: every call and lookup passes through it.
+    pub destination: Arc<Destination>,
     /// Provider calls in flight (`concurrency`).
     slots: Arc<Semaphore>,
     /// Deliveries being claimed, or claimed and waiting for a call slot (also `concurrency`):
@@ -45,7 +48,12 @@ impl Consumer {
             .map_err(|e| format!("consumer {}: key: {e}", config.name))?;
         let slots = Arc::new(Semaphore::new(config.concurrency as usize));
         let intake = Arc::new(Semaphore::new(config.concurrency as usize));
+        let ceiling = match &config.effect {
+            crate::config::EffectConfig::Http(h) => h.rate_limit.map(|r| r.per_second),
+            crate::config::EffectConfig::Smtp(_) => None,
+        };
         Ok(Consumer {
+            destination: Arc::new(Destination::new(ceiling)),
             config,
             template,
             effect,

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod config;
 pub mod consumer;
 pub mod dashboard;
+pub mod destination;
 pub mod duration;
 pub mod effect;
 pub mod http;

@@ -5,9 +5,13 @@
 use crate::claim::Claim;
 use crate::claimer::Claimer;
 use crate::consumer::Consumer;
+use crate::destination::Verdict;
 use crate::effect::Lookup;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The longest a status lookup waits for its destination's breaker or pace.
+pub const LOOKUP_WAIT: Duration = Duration::from_secs(2);
 
 impl Claimer {
     /// Asks the status endpoint right after a call whose outcome is unknown. A "not found"
@@ -42,8 +46,27 @@ impl Claimer {
 
     /// Asks the status endpoint, counting the answer and writing it to the claim's history
     /// (`lookup` lines: found with the provider's id, not found, unknown with why).
+    ///
+    /// A lookup is a request to the provider too: it passes the destination's breaker and
+    /// pace ([`crate::destination`]), waiting for them at most [`LOOKUP_WAIT`]; held back
+    /// longer, it is answered "unknown" without a request.
     pub async fn lookup(&self, consumer: &Consumer, claim: &Claim) -> Option<Lookup> {
-        let answer = consumer.effect.lookup(claim).await;
+        if !consumer.effect.can_reconcile() {
+            return None;
+        }
+        let answer = match consumer.destination.admit(Instant::now() + LOOKUP_WAIT).await {
+            Ok(pass) => {
+                let answer = consumer.effect.lookup(claim).await;
+                let verdict = answer
+                    .as_ref()
+                    .map_or(Verdict::Neutral, Verdict::of_lookup);
+                consumer.destination.record(pass, verdict);
+                answer
+            }
+            Err(held) => Some(Lookup::Unknown {
+                error: held.by.describe().to_string(),
+            }),
+        };
         let (name, status, detail) = match &answer {
             Some(Lookup::Found {
                 status,

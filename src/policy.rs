@@ -62,6 +62,12 @@ pub enum Takeover {
     Reconcile,
     /// Hand it to a person, with the reason.
     Park(String),
+    /// Settle `failed` with the reason: the claim was provably never sent and waited past
+    /// `send_deadline` (safe to submit again).
+    Fail(String),
+    /// Read the claim's history first: whether it was ever sent decides
+    /// ([`never_sent`], then [`on_takeover`] again with [`TakeoverFacts::proven_unsent`]).
+    CheckSent,
 }
 
 /// Facts about a claim the sweeper just took over.
@@ -69,6 +75,8 @@ pub enum Takeover {
 pub struct TakeoverFacts {
     /// The attempt number after the takeover.
     pub attempt: i32,
+    /// Attempts that ended waiting rather than deciding (not counted towards `max_attempts`).
+    pub waits: i32,
     /// The consumer's `max_attempts`.
     pub max_attempts: u32,
     /// Time since the claim was received (database clock).
@@ -81,27 +89,59 @@ pub struct TakeoverFacts {
     pub handoff: Option<Handoff>,
     /// The effect has a status endpoint.
     pub can_reconcile: bool,
+    /// The consumer's `send_deadline`: how long a claim that was never sent may wait.
+    pub send_deadline: Duration,
+    /// What the history says ([`never_sent`]), once read: `Some(true)` when no call may have
+    /// reached the provider. `None`: not read yet.
+    pub proven_unsent: Option<bool>,
 }
 
 /// Decides a takeover. A stale claim's last attempt may have been cut anywhere (crash,
 /// timeout), so its outcome is unknown unless the previous holder handed it off on purpose.
+/// Only attempts that could have decided count towards `max_attempts` (`attempt - waits`):
+/// a provider that is down, rate limited or slow to answer lookups makes a claim wait, never
+/// brings it closer to a person.
 pub fn on_takeover(f: TakeoverFacts) -> Takeover {
     if f.handoff == Some(Handoff::OperatorRedrive) {
         return Takeover::Perform { resend: false };
     }
-    if i64::from(f.attempt) > i64::from(f.max_attempts) {
-        // `attempt` is the takeover about to start; the last one that ran was `attempt - 1`.
+    // `attempt` is the takeover about to start; the last one that ran was `attempt - 1`.
+    let counted = i64::from(f.attempt) - i64::from(f.waits.max(0));
+    if counted > i64::from(f.max_attempts) {
+        let waited = if f.waits > 0 {
+            format!(" and {} more waited for the provider", f.waits)
+        } else {
+            String::new()
+        };
         return Takeover::Park(format!(
-            "attempts exhausted: {} attempts ended without a decision (max_attempts = {})",
-            f.attempt - 1,
+            "attempts exhausted: {} attempts ended without a decision (max_attempts = {}){waited}",
+            counted - 1,
             f.max_attempts
         ));
     }
-    if f.handoff == Some(Handoff::NotCalled) {
-        // Nothing was ever sent under the key: a first send, whatever the key window.
-        return Takeover::Perform { resend: false };
-    }
     let within = f.age <= f.redrive_within;
+    let unsent = match f.handoff {
+        // Nothing was ever sent under the key: the marker proves it.
+        Some(Handoff::NotCalled) => Some(true),
+        // The last attempt's answers prove it applied nothing; earlier ones may not have.
+        Some(Handoff::NotApplied) if within && f.age <= f.send_deadline => {
+            return Takeover::Perform { resend: false };
+        }
+        Some(Handoff::NotApplied) => match f.proven_unsent {
+            None => return Takeover::CheckSent,
+            known => known,
+        },
+        _ => None,
+    };
+    if unsent == Some(true) {
+        // A first send, whatever the key window, until the deadline; then `failed`, which is
+        // safe to submit again: the provider never saw the key.
+        return if f.age > f.send_deadline {
+            Takeover::Fail(never_sent_reason(f.send_deadline))
+        } else {
+            Takeover::Perform { resend: false }
+        };
+    }
     if within && f.handoff == Some(Handoff::NotApplied) {
         return Takeover::Perform { resend: false };
     }
@@ -120,6 +160,44 @@ pub fn on_takeover(f: TakeoverFacts) -> Takeover {
             f.redrive_within.as_secs()
         )),
     }
+}
+
+/// The reason a never-sent claim ends `failed` with.
+pub fn never_sent_reason(send_deadline: Duration) -> String {
+    format!(
+        "never sent: the provider could not take the call for send_deadline ({}); every answer proved nothing was applied, so submitting it again is safe",
+        crate::duration::Dur(send_deadline)
+    )
+}
+
+/// Whether a claim's history proves that no call may have reached the provider: every
+/// attempt before `attempt` ended in a `not_applied` hand-off, and no line shows a call that
+/// may have applied (a `perform` other than `not_applied`, a re-send, a lookup that found
+/// it). An attempt cut by a crash leaves no hand-off line, so it proves nothing.
+pub fn never_sent<'a>(
+    events: impl IntoIterator<Item = (i32, &'a str, &'a str)>,
+    attempt: i32,
+) -> bool {
+    let mut clean = std::collections::BTreeSet::new();
+    for (at, action, outcome) in events {
+        match (action, outcome) {
+            ("perform", "not_applied") => {}
+            ("perform", _) | ("resend", _) | ("lookup", "found") => return false,
+            ("handoff", "not_applied") => {
+                clean.insert(at);
+            }
+            _ => {}
+        }
+    }
+    (1..attempt).all(|a| clean.contains(&a))
+}
+
+/// How long a claim that waits (its destination down or rate limited, a lookup without an
+/// answer) is left before the sweeper takes it again: doubling from 1 s with each wait,
+/// capped at `cap`.
+pub fn wait_backoff(waits: i32, cap: Duration) -> Duration {
+    let exp = waits.clamp(0, 16) as u32;
+    Duration::from_secs(1u64 << exp).min(cap)
 }
 
 /// After a status lookup said "not found": perform again only within `redrive_within`.
@@ -174,6 +252,9 @@ mod tests {
             on_unknown: OnUnknown::Park,
             handoff: Some(Handoff::NotCalled),
             can_reconcile: false,
+            waits: 0,
+            send_deadline: Duration::from_secs(7 * 86_400),
+            proven_unsent: None,
         };
         assert_eq!(on_takeover(f), Takeover::Perform { resend: false });
         let exhausted = TakeoverFacts { attempt: 9, ..f };
@@ -263,6 +344,9 @@ mod tests {
             on_unknown: OnUnknown::Reconcile,
             handoff: None,
             can_reconcile: true,
+            waits: 0,
+            send_deadline: Duration::from_secs(86_400),
+            proven_unsent: None,
         }
     }
 
@@ -310,13 +394,108 @@ mod tests {
             age: Duration::from_secs(7200),
             ..f
         };
-        assert!(matches!(on_takeover(late), Takeover::Park(_)));
+        // Past the key window the history decides: sent before (maybe applied) parks.
+        assert_eq!(on_takeover(late), Takeover::CheckSent);
+        let sent_before = TakeoverFacts {
+            proven_unsent: Some(false),
+            ..late
+        };
+        assert!(matches!(on_takeover(sent_before), Takeover::Park(_)));
+        let never_sent = TakeoverFacts {
+            proven_unsent: Some(true),
+            ..late
+        };
+        assert_eq!(on_takeover(never_sent), Takeover::Perform { resend: false });
         let operator = TakeoverFacts {
             handoff: Some(Handoff::OperatorRedrive),
             attempt: 20,
             ..late
         };
         assert_eq!(on_takeover(operator), Takeover::Perform { resend: false });
+    }
+
+    #[test]
+    fn waits_never_count_towards_max_attempts() {
+        // A provider down for a long time: 40 takeovers, 38 of them waits.
+        let waited = TakeoverFacts {
+            attempt: 41,
+            waits: 38,
+            handoff: Some(Handoff::NotApplied),
+            ..facts()
+        };
+        assert_eq!(on_takeover(waited), Takeover::Perform { resend: false });
+        let undecided = TakeoverFacts {
+            handoff: Some(Handoff::Undecided),
+            ..waited
+        };
+        assert_eq!(on_takeover(undecided), Takeover::Reconcile);
+        // Nine attempts that could have decided, whatever the waits.
+        let exhausted = TakeoverFacts {
+            attempt: 48,
+            waits: 38,
+            handoff: None,
+            ..facts()
+        };
+        assert!(matches!(on_takeover(exhausted), Takeover::Park(r)
+            if r == "attempts exhausted: 9 attempts ended without a decision (max_attempts = 8) and 38 more waited for the provider"));
+    }
+
+    #[test]
+    fn a_claim_never_sent_ends_failed_at_its_deadline_never_parked() {
+        let day = Duration::from_secs(86_400);
+        let unsent = TakeoverFacts {
+            age: day + Duration::from_secs(1),
+            redrive_within: day,
+            send_deadline: day,
+            on_unknown: OnUnknown::Park,
+            handoff: Some(Handoff::NotApplied),
+            ..facts()
+        };
+        assert_eq!(on_takeover(unsent), Takeover::CheckSent);
+        let proven = TakeoverFacts {
+            proven_unsent: Some(true),
+            ..unsent
+        };
+        assert!(matches!(on_takeover(proven), Takeover::Fail(r) if r.starts_with("never sent")));
+        let marker = TakeoverFacts {
+            handoff: Some(Handoff::NotCalled),
+            ..unsent
+        };
+        assert!(matches!(on_takeover(marker), Takeover::Fail(_)));
+        // Sent once with an unknown outcome: never failed as "never sent".
+        let maybe = TakeoverFacts {
+            proven_unsent: Some(false),
+            ..unsent
+        };
+        assert!(matches!(on_takeover(maybe), Takeover::Park(_)));
+    }
+
+    #[test]
+    fn only_clean_not_applied_hand_offs_prove_a_claim_never_sent() {
+        let clean = [
+            (1, "perform", "not_applied"),
+            (1, "handoff", "not_applied"),
+            (2, "lookup", "unknown"),
+            (2, "handoff", "not_applied"),
+        ];
+        assert!(never_sent(clean, 3));
+        // Attempt 2 was cut (a crash mid-call leaves no line): nothing proven.
+        assert!(!never_sent(clean[..2].iter().copied(), 3));
+        let unknown = [(1, "perform", "unknown"), (1, "handoff", "not_applied")];
+        assert!(!never_sent(unknown, 2));
+        let busy = [(1, "perform", "in_progress"), (1, "handoff", "not_applied")];
+        assert!(!never_sent(busy, 2));
+        let resent = [(1, "resend", "takeover"), (1, "handoff", "not_applied")];
+        assert!(!never_sent(resent, 2));
+    }
+
+    #[test]
+    fn waits_back_off_to_a_cap() {
+        let cap = Duration::from_secs(30);
+        assert_eq!(wait_backoff(0, cap), Duration::from_secs(1));
+        assert_eq!(wait_backoff(3, cap), Duration::from_secs(8));
+        assert_eq!(wait_backoff(10, cap), cap);
+        assert_eq!(wait_backoff(i32::MAX, cap), cap);
     }
 
     #[test]

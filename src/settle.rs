@@ -5,11 +5,12 @@
 //! The claimer and the sweeper both settle through [`Settler`], so the transitions can be
 //! audited here against the invariants.
 
-use crate::claim::{Claim, ClaimState};
+use crate::claim::{Claim, ClaimState, Handoff};
 use crate::consumer::Slot;
 use crate::effect::Outcome;
 use crate::metrics::Metrics;
 use crate::store::{NewEvent, Settlement, Store};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -111,12 +112,13 @@ impl Settler {
         status: Option<i32>,
         detail: Option<&str>,
     ) {
+        let detail = detail.map(storable);
         let event = NewEvent {
             actor: &self.instance,
             action,
             outcome,
             provider_status: status,
-            detail,
+            detail: detail.as_deref(),
         };
         if let Err(e) = self
             .store
@@ -216,41 +218,55 @@ impl Settler {
                 .await
             }
             ResendRefused::Lost => AttemptEnd::Lost,
-            ResendRefused::Unrecorded(why) => self.hand_off(slot, claim, &why, None, false).await,
+            ResendRefused::Unrecorded(why) => {
+                self.hand_off(
+                    slot,
+                    claim,
+                    &why,
+                    None,
+                    Some(Handoff::Undecided),
+                    Duration::ZERO,
+                )
+                .await
+            }
         })
     }
 
-    /// Leaves the claim `started`, releasing the lease so the sweeper need not wait it out.
-    /// `not_applied`: the answers so far prove nothing was applied, so the sweeper may send
-    /// again even under `on_unknown = "park"`.
+    /// Leaves the claim `started` for the sweeper, its lease ending `lease_for` from now
+    /// (zero: the next sweep takes it). `how` says how the attempt let go:
+    /// [`Handoff::NotApplied`] when the answers so far prove nothing was applied (the sweeper
+    /// may send again even under `on_unknown = "park"`), [`Handoff::Undecided`] when an
+    /// unknown outcome only waits for an answer; either makes the attempt a wait, not counted
+    /// towards `max_attempts`. `None`: the outcome is unknown and the attempt counts.
     pub async fn hand_off(
         &self,
         slot: &mut Slot,
         claim: &Claim,
         error: &str,
         status: Option<i32>,
-        not_applied: bool,
+        how: Option<Handoff>,
+        lease_for: Duration,
     ) -> AttemptEnd {
         let s = Settlement {
             state: None,
             provider_status: status,
-            error: Some(error.to_string()),
-            handoff_not_applied: not_applied,
-            release_lease: true,
+            error: Some(storable(error).into_owned()),
+            handoff: how,
+            lease_for: Some(lease_for),
             ..Default::default()
         };
         slot.release_for_settle();
-        let outcome = if not_applied {
-            "not_applied"
-        } else {
-            "unknown"
+        let outcome = match how {
+            Some(Handoff::NotApplied) => "not_applied",
+            Some(_) => "waiting",
+            None => "unknown",
         };
         let event = NewEvent {
             actor: &self.instance,
             action: "handoff",
             outcome,
             provider_status: status,
-            detail: Some(error),
+            detail: s.error.as_deref(),
         };
         match self.store.settle(claim.id, claim.attempt, &s, &event).await {
             Ok(true) => AttemptEnd::LeftStarted(error.to_string()),
@@ -273,10 +289,15 @@ impl Settler {
         slot: &mut Slot,
         claim: &Claim,
         retry_until: Option<Instant>,
-        s: Settlement,
+        mut s: Settlement,
         action: &str,
         outcome: &str,
     ) -> AttemptEnd {
+        for text in [&mut s.provider_response, &mut s.error].into_iter().flatten() {
+            if let Cow::Owned(safe) = storable(text) {
+                *text = safe;
+            }
+        }
         let event = NewEvent {
             actor: &self.instance,
             action,
@@ -312,6 +333,17 @@ impl Settler {
     }
 }
 
+/// Text as it can be stored in every dialect: PostgreSQL's `text` refuses the NUL character
+/// (a provider's answer is any bytes), so each one is written as the escape `\0`. Other
+/// control characters are stored as they came and escaped where they are shown.
+pub fn storable(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\\0"))
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
 /// `completed` with the provider's answer; `reconciled` when it came from the status endpoint.
 pub fn completed(status: i32, response: String, reconciled: bool) -> Settlement {
     Settlement {
@@ -334,6 +366,15 @@ pub fn failed(status: i32, response: String) -> Settlement {
     }
 }
 
+/// `failed` without a provider's answer: the claim was never sent (`send_deadline` passed).
+pub fn never_sent(reason: String) -> Settlement {
+    Settlement {
+        state: Some(ClaimState::Failed),
+        error: Some(reason),
+        ..Default::default()
+    }
+}
+
 /// `needs_attention`, with the reason a person reads.
 pub fn park(reason: String, status: Option<i32>) -> Settlement {
     Settlement {
@@ -352,5 +393,16 @@ pub fn error_of(outcome: &Outcome) -> String {
         Outcome::Applied { status, .. } | Outcome::Rejected { status, .. } => {
             format!("provider answered {status}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::storable;
+
+    #[test]
+    fn nul_characters_are_escaped_before_they_are_stored() {
+        assert_eq!(storable("ok\0bin"), "ok\\0bin");
+        assert!(matches!(storable("plain"), std::borrow::Cow::Borrowed("plain")));
     }
 }

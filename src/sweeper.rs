@@ -2,7 +2,8 @@
 //! takes them over (attempt + 1, new lease, one statement) and re-drives, reconciles or parks
 //! each, as [`policy::on_takeover`] decides. No claim stays stuck (I4); no outcome is guessed (I6).
 
-use crate::claim::Claim;
+use crate::claim::{Claim, Handoff};
+use crate::claimer::drive;
 use crate::claimer::{AttemptEnd, Claimer, Consumer, Hold, Slot};
 use crate::effect::Lookup;
 use crate::policy::{self, Takeover, TakeoverFacts};
@@ -48,6 +49,9 @@ pub struct Sweeper {
     claimer: Arc<Claimer>,
     batch_size: u32,
     running: Arc<Mutex<()>>,
+    /// Wait for every claim a pass takes, however long (`claimd sweep`, which exits after
+    /// its pass), instead of leaving slow ones to finish in the background.
+    finish: bool,
 }
 
 impl std::fmt::Debug for Sweeper {
@@ -65,7 +69,16 @@ impl Sweeper {
             claimer,
             batch_size,
             running: Arc::new(Mutex::new(())),
+            finish: false,
         }
+    }
+
+    /// The same sweeper, but a pass returns only once every claim it took is settled or
+    /// handed back: for `claimd sweep`, whose process ends with its pass (a call cut by the
+    /// exit would leave an unknown outcome behind).
+    pub fn finishing_every_claim(mut self) -> Self {
+        self.finish = true;
+        self
     }
 
     /// Runs one pass unless one is already running in this process (then `None`).
@@ -109,8 +122,9 @@ impl Sweeper {
             let claimer = self.claimer.clone();
             let consumer = consumer.clone();
             let batch = self.batch_size;
+            let finish = self.finish;
             per_consumer.push(tokio::spawn(async move {
-                sweep_consumer(&claimer, &consumer, batch, cutoff).await
+                sweep_consumer(&claimer, &consumer, batch, cutoff, finish).await
             }));
         }
         let mut first_error = None;
@@ -141,17 +155,24 @@ impl Sweeper {
 /// waits for a chunk at most one effect timeout: a claim still running then (a slow provider,
 /// a long backoff) finishes in the background under its own lease, and the pass goes on.
 /// After each chunk the sweeper's heartbeat is written, so a long pass shows progress.
+/// `finish`: wait for every claim (`claimd sweep`). A consumer whose destination is open
+/// (its provider failing, not yet due a probe) is left alone: its claims would only wait.
 async fn sweep_consumer(
     claimer: &Arc<Claimer>,
     consumer: &Arc<Consumer>,
     batch: u32,
     cutoff: chrono::DateTime<Utc>,
+    finish: bool,
 ) -> Result<Vec<SweepItem>, StoreError> {
     let cfg = &consumer.config;
     let wait = cfg.effect.timeout().min(cfg.lease.0);
     let mut items = Vec::new();
     let mut remaining = batch;
     while remaining > 0 {
+        if consumer.destination.open_until().is_some() {
+            info!(consumer = %cfg.name, "provider failing (breaker open): its claims wait for the next probe");
+            break;
+        }
         let chunk = remaining.min(cfg.concurrency);
         // Before the statement that sets the leases: the local deadline must not fall after
         // the one the database recorded.
@@ -180,7 +201,12 @@ async fn sweep_consumer(
         let until = lease_start + wait;
         let mut in_background = 0;
         for (mut background, task) in tasks {
-            match tokio::time::timeout_at(until, task).await {
+            let waited = if finish {
+                Ok(task.await)
+            } else {
+                tokio::time::timeout_at(until, task).await
+            };
+            match waited {
                 Ok(Ok(i)) => items.push(i),
                 Ok(Err(e)) => warn!(error = %e, "sweeper task failed"),
                 Err(_) => {
@@ -208,15 +234,23 @@ async fn sweep_consumer(
 }
 
 fn decide(consumer: &Consumer, t: &TakenClaim) -> Takeover {
+    decide_knowing(consumer, t, None)
+}
+
+/// [`policy::on_takeover`] for a taken claim; `proven_unsent` once its history was read.
+fn decide_knowing(consumer: &Consumer, t: &TakenClaim, proven_unsent: Option<bool>) -> Takeover {
     let cfg = &consumer.config;
     policy::on_takeover(TakeoverFacts {
         attempt: t.claim.attempt,
+        waits: t.claim.waits,
         max_attempts: cfg.max_attempts,
         age: t.age,
         redrive_within: cfg.redrive_within.0,
         on_unknown: cfg.on_unknown,
         handoff: t.handoff,
         can_reconcile: consumer.effect.can_reconcile(),
+        send_deadline: cfg.send_deadline.0,
+        proven_unsent,
     })
 }
 
@@ -226,6 +260,8 @@ fn action_name(decision: &Takeover) -> &'static str {
         Takeover::Perform { resend: true } => "resend",
         Takeover::Reconcile => "reconcile",
         Takeover::Park(_) => "park",
+        Takeover::Fail(_) => "fail",
+        Takeover::CheckSent => "check",
     }
 }
 
@@ -257,14 +293,45 @@ async fn handle(
     t: TakenClaim,
     lease_start: Instant,
 ) -> SweepItem {
-    let decision = decide(consumer, &t);
+    let mut decision = decide(consumer, &t);
     let claim = &t.claim;
+    if decision == Takeover::CheckSent {
+        // Whether it was ever sent decides: a claim that never reached the provider is sent
+        // (or, past send_deadline, failed as never sent), one that may have is not guessed.
+        let unsent = match claimer.store().events(claim.id).await {
+            Ok(events) => policy::never_sent(
+                events
+                    .iter()
+                    .map(|e| (e.attempt, e.action.as_str(), e.outcome.as_str())),
+                claim.attempt,
+            ),
+            Err(e) => {
+                warn!(error = %e, "could not read the claim's history; it will be decided next pass");
+                return item(claim, &decision, format!("history unreadable ({e}); left for the next pass"));
+            }
+        };
+        decision = decide_knowing(consumer, &t, Some(unsent));
+    }
     let hold = Hold {
         since: lease_start,
         age: t.age,
     };
     claimer.metrics().sweep_action(action_name(&decision));
     let result = match &decision {
+        Takeover::CheckSent => unreachable!("decided with the history read"),
+        Takeover::Fail(reason) => end_name(
+            &claimer
+                .settler()
+                .settle(
+                    &mut Slot::none(),
+                    claim,
+                    None,
+                    settle::never_sent(reason.clone()),
+                    "sweep",
+                    "never_sent",
+                )
+                .await,
+        ),
         Takeover::Perform { resend } => end_name(
             &claimer
                 .drive(
@@ -294,14 +361,18 @@ async fn handle(
                     .await,
             ),
             Some(Lookup::NotFound { .. })
-                if !not_found_trusted(claimer, claim, consumer.effect.not_found_after()).await =>
+                if let Err(left) =
+                    not_found_trusted(claimer, claim, consumer.effect.not_found_after()).await =>
             {
-                // Keep the lease: the next pass asks again once the provider's search has
-                // had not_found_after to catch up.
-                format!(
+                // The provider's search may not have caught up with the last call yet: wait
+                // (not an attempt) until not_found_after has passed since the claim went
+                // quiet, then ask again.
+                let why = format!(
                     "not found, but too soon after the last call to trust (not_found_after = {}); will ask again",
                     crate::duration::Dur(consumer.effect.not_found_after())
-                )
+                );
+                wait_undecided(claimer, claim, &why, drive::spread(left)).await;
+                why
             }
             Some(Lookup::NotFound { .. }) => {
                 match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0) {
@@ -312,13 +383,25 @@ async fn handle(
                         format!("not found at provider; redriven: {}", end_name(&end))
                     }
                     Takeover::Park(reason) => park(claimer, claim, &reason).await,
-                    Takeover::Reconcile => unreachable!("after_not_found never reconciles"),
+                    _ => unreachable!("after_not_found performs or parks"),
                 }
             }
+            Some(Lookup::Unknown { error })
+                if hold.age_now() > consumer.config.redrive_within.0 =>
+            {
+                let reason = format!(
+                    "outcome unknown and the status endpoint gave no answer within redrive_within ({}): {error}",
+                    crate::duration::Dur(consumer.config.redrive_within.0)
+                );
+                park(claimer, claim, &reason).await
+            }
             Some(Lookup::Unknown { error }) => {
-                // Keep the lease: the next pass after it expires asks again, and
-                // max_attempts parks it eventually. (The lookup wrote its own history line.)
-                format!("status unknown ({error}); will ask again")
+                // No answer is no decision: wait (not an attempt) and ask again after a
+                // backoff, or when the destination is due a probe. (The lookup wrote its own
+                // history line.)
+                let why = format!("status unknown ({error}); will ask again");
+                wait_undecided(claimer, claim, &why, drive::wait_for(consumer, claim, None)).await;
+                why
             }
             None => park(claimer, claim, "no status endpoint to reconcile with").await,
         },
@@ -326,28 +409,59 @@ async fn handle(
     item(claim, &decision, result)
 }
 
-/// Whether a "not found" may be trusted: `not_found_after` has passed since the last call.
-/// The history proves when the claim was last quiet: a lookup line (this one aside) followed
-/// by nothing but hand-offs means no call was made after it (a call is preceded by a `resend`
-/// line or followed by a `perform` line). Without such proof the last call may have just
-/// happened (a worker that died mid-call writes nothing), so it is not trusted yet.
-async fn not_found_trusted(claimer: &Claimer, claim: &Claim, not_found_after: Duration) -> bool {
+/// Whether a "not found" may be trusted: `not_found_after` has passed since the claim went
+/// quiet; `Err` says how much longer to wait. [`quiet_since`] reads that from the history.
+async fn not_found_trusted(
+    claimer: &Claimer,
+    claim: &Claim,
+    not_found_after: Duration,
+) -> Result<(), Duration> {
     if not_found_after.is_zero() {
-        return true;
+        return Ok(());
     }
     let store = claimer.store();
     let (Ok(events), Ok(now)) = (store.events(claim.id).await, store.now().await) else {
-        return false;
+        return Err(Duration::from_secs(1).max(not_found_after / 10));
     };
-    let quiet_since = events
-        .iter()
+    let since = quiet_since(events.iter().map(|e| (e.action.as_str(), e.at_utc)));
+    let quiet = since.map_or(Duration::ZERO, |t| (now - t).to_std().unwrap_or_default());
+    if quiet >= not_found_after {
+        Ok(())
+    } else {
+        Err(not_found_after - quiet)
+    }
+}
+
+/// Since when a claim has been quiet (no call that may have applied): the first lookup of the
+/// unbroken run of lookups and hand-offs that ends its history. No call is made inside such a
+/// run (a call is preceded by a `resend` line or followed by a `perform` line), and its first
+/// lookup came after the last call ended (inline, after the call returned; in a takeover, after
+/// the previous lease ran out), so the quiet time is carried across takeovers however long the
+/// lease. `None` when the history ends with no lookup: the last call may have just happened (a
+/// worker that died mid-call writes nothing).
+pub fn quiet_since<T: Copy>(events: impl DoubleEndedIterator<Item = (impl AsRef<str>, T)>) -> Option<T> {
+    events
         .rev()
-        // This attempt's own lookup line.
-        .skip_while(|e| e.attempt == claim.attempt && e.action == "lookup")
-        .find(|e| e.action != "handoff")
-        .filter(|e| e.action == "lookup")
-        .map(|e| e.at_utc);
-    quiet_since.is_some_and(|t| (now - t).to_std().unwrap_or_default() >= not_found_after)
+        .take_while(|(action, _)| matches!(action.as_ref(), "lookup" | "handoff"))
+        .filter(|(action, _)| action.as_ref() == "lookup")
+        .last()
+        .map(|(_, at)| at)
+}
+
+/// Hands a taken claim back to wait, its lease ending `wait` from now, without counting an
+/// attempt (one try: if it fails, the lease runs out and the next pass decides again).
+async fn wait_undecided(claimer: &Claimer, claim: &Claim, why: &str, wait: Duration) {
+    let _ = claimer
+        .settler()
+        .hand_off(
+            &mut Slot::none(),
+            claim,
+            why,
+            None,
+            Some(Handoff::Undecided),
+            wait,
+        )
+        .await;
 }
 
 /// Parks a taken claim for a person (one try: a store error leaves it for the next pass).
@@ -379,6 +493,23 @@ pub fn schedule_period(schedule: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_quiet_time_starts_at_the_first_lookup_after_the_last_call() {
+        let h = |lines: &[(&'static str, i32)]| quiet_since(lines.iter().copied());
+        // A call, then lookups across takeovers: quiet since the first lookup.
+        assert_eq!(
+            h(&[("perform", 1), ("lookup", 2), ("handoff", 3), ("lookup", 70), ("handoff", 71), ("lookup", 140)]),
+            Some(2)
+        );
+        // A re-send after the lookups: quiet only since the lookup after it.
+        assert_eq!(
+            h(&[("lookup", 2), ("resend", 5), ("perform", 6), ("lookup", 7)]),
+            Some(7)
+        );
+        // Nothing but a call: not quiet at all.
+        assert_eq!(h(&[("perform", 1)]), None);
+    }
 
     #[test]
     fn periods_come_from_the_cron_expression() {

@@ -58,6 +58,7 @@ fn claim(key: &str, payload: &str) -> Claim {
         mismatch_count: 0,
         reconciled: false,
         resent_count: 0,
+        waits: 0,
         claim_token: None,
     }
 }

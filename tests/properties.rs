@@ -113,21 +113,32 @@ proptest! {
     }
 
     /// A takeover never re-sends blindly past `redrive_within` (the provider may have forgotten
-    /// the key), unless an operator asked for it.
+    /// the key), unless an operator asked for it or the history proves the claim was never
+    /// sent; waits never count towards `max_attempts`; a claim that may have been sent is never
+    /// failed as "never sent".
     #[test]
     fn takeovers_never_resend_past_the_redrive_window(
-        attempt in 1i32..20, max in 1u32..10, age_s in 0u64..10_000, window_s in 1u64..5_000,
-        policy in on_unknown(), can in any::<bool>(), handoff in prop::option::of(prop::sample::select(vec![claimd::store::Handoff::NotApplied])),
+        attempt in 1i32..40, waits in 0i32..20, max in 1u32..10, age_s in 0u64..10_000, window_s in 1u64..5_000,
+        deadline_s in 1u64..10_000, unsent in prop::option::of(any::<bool>()),
+        policy in on_unknown(), can in any::<bool>(),
+        handoff in prop::option::of(prop::sample::select(vec![claimd::store::Handoff::NotApplied, claimd::store::Handoff::Undecided])),
     ) {
+        let waits = waits.min(attempt - 1);
         let t = on_takeover(TakeoverFacts {
-            attempt, max_attempts: max, age: Duration::from_secs(age_s),
+            attempt, waits, max_attempts: max, age: Duration::from_secs(age_s),
             redrive_within: Duration::from_secs(window_s), on_unknown: policy, handoff, can_reconcile: can,
+            send_deadline: Duration::from_secs(deadline_s), proven_unsent: unsent,
         });
-        if age_s > window_s {
-            prop_assert!(!matches!(t, Takeover::Perform { .. }), "{:?}", t);
+        if age_s > window_s && matches!(t, Takeover::Perform { .. }) {
+            prop_assert!(handoff == Some(claimd::store::Handoff::NotApplied) && unsent == Some(true), "{:?}", t);
         }
-        if i64::from(attempt) > i64::from(max) {
+        if matches!(t, Takeover::Fail(_)) {
+            prop_assert!(unsent == Some(true) && age_s > deadline_s, "{:?}", t);
+        }
+        if i64::from(attempt - waits) > i64::from(max) {
             prop_assert!(matches!(t, Takeover::Park(_)));
+        } else if let Takeover::Park(reason) = &t {
+            prop_assert!(!reason.contains("exhausted"), "{}", reason);
         }
     }
 }

@@ -2,6 +2,8 @@
 //! ends in one settle (through the [`Settler`]); asking the status endpoint is in `lookup`.
 
 use super::*;
+use crate::claim::Handoff;
+use crate::destination::Verdict;
 use tracing::Instrument;
 
 impl Claimer {
@@ -62,7 +64,8 @@ impl Claimer {
                 claim,
                 "lease too short to start the call (waited for a slot); not called",
                 None,
-                true,
+                Some(Handoff::NotApplied),
+                Duration::ZERO,
             ))
             .await;
         }
@@ -78,12 +81,22 @@ impl Claimer {
                 Err(e) => {
                     // Nothing sent, and the marker still says so to the sweeper.
                     let why = format!("store unavailable before the first call ({e}); not called");
-                    return Box::pin(self.settler.hand_off(&mut slot, claim, &why, None, true))
-                        .await;
+                    return Box::pin(self.settler.hand_off(
+                        &mut slot,
+                        claim,
+                        &why,
+                        None,
+                        Some(Handoff::NotApplied),
+                        Duration::ZERO,
+                    ))
+                    .await;
                 }
             }
         }
         let mut resent = claim.resent_count;
+        // An earlier send of this claim may have applied: a wait is then `undecided`, never
+        // `not_applied` (which would let the next send go uncounted).
+        let mut pending_unknown = resend.is_some();
         let mut next_is_resend = resend;
         loop {
             if let Some(why) = next_is_resend.take()
@@ -99,8 +112,33 @@ impl Claimer {
             {
                 return end;
             }
+            // The destination's breaker and pace: wait in place while that ends before the
+            // deadline, else hand the claim back with a lease that ends when it may go. Either
+            // way no attempt is spent and nothing is sent.
+            let pass = match consumer.destination.admit(deadline).await {
+                Ok(pass) => pass,
+                Err(held) => {
+                    let how = if pending_unknown {
+                        Handoff::Undecided
+                    } else {
+                        Handoff::NotApplied
+                    };
+                    return Box::pin(self.settler.hand_off(
+                        &mut slot,
+                        claim,
+                        held.by.describe(),
+                        None,
+                        Some(how),
+                        spread(held.until.saturating_duration_since(Instant::now())),
+                    ))
+                    .await;
+                }
+            };
             let called = Instant::now();
             let outcome = consumer.effect.perform(claim).await;
+            consumer
+                .destination
+                .record(pass, Verdict::of_outcome(&outcome));
             // Boxed: what follows a call (its history line, a lookup, a settle, the sleep
             // before a retry) takes memory only while it runs, not for every claim in a call.
             match Box::pin(self.after_call(
@@ -113,11 +151,15 @@ impl Claimer {
                 called,
                 deadline,
                 settle_until,
+                pending_unknown,
             ))
             .await
             {
                 AfterCall::End(end) => return end,
-                AfterCall::Again(resend) => next_is_resend = resend,
+                AfterCall::Again(resend) => {
+                    pending_unknown |= resend.is_some();
+                    next_is_resend = resend;
+                }
             }
         }
     }
@@ -137,6 +179,7 @@ impl Claimer {
         called: Instant,
         deadline: Instant,
         settle_until: Option<Instant>,
+        pending_unknown: bool,
     ) -> AfterCall {
         let cfg = &consumer.config;
         self.metrics.attempt(
@@ -231,10 +274,20 @@ impl Claimer {
                         (None, false, Some(Resend::NotFound))
                     }
                     Some(Lookup::Unknown { error }) => {
+                        // No decision yet, and none lost: the sweeper asks again after a
+                        // backoff, and the wait is not an attempt.
                         let why = format!("{}; reconcile undecided: {error}", error_of(&outcome));
+                        let wait = wait_for(consumer, claim, None);
                         return AfterCall::End(
                             self.settler
-                                .hand_off(slot, claim, &why, outcome.status(), false)
+                                .hand_off(
+                                    slot,
+                                    claim,
+                                    &why,
+                                    outcome.status(),
+                                    Some(Handoff::Undecided),
+                                    wait,
+                                )
                                 .await,
                         );
                     }
@@ -255,10 +308,23 @@ impl Claimer {
             .unwrap_or(Duration::from_secs(5))
             .max(retry_after.unwrap_or_default());
         if Instant::now() + delay >= deadline {
-            // Lease budget spent: let the sweeper take it from here.
+            // Lease budget spent: let the sweeper take it from here. After answers that applied
+            // nothing this is a wait (not an attempt), its lease ending after a backoff or the
+            // provider's Retry-After, whichever is later; after an unknown outcome the next
+            // send is a re-send, counted, and the lease is released at once.
+            let (how, wait) = if not_applied {
+                let how = if pending_unknown {
+                    Handoff::Undecided
+                } else {
+                    Handoff::NotApplied
+                };
+                (Some(how), wait_for(consumer, claim, retry_after))
+            } else {
+                (None, Duration::ZERO)
+            };
             return AfterCall::End(
                 self.settler
-                    .hand_off(slot, claim, &error, outcome.status(), not_applied)
+                    .hand_off(slot, claim, &error, outcome.status(), how, wait)
                     .await,
             );
         }
@@ -285,6 +351,30 @@ enum AfterCall {
     End(AttemptEnd),
     /// Call again; `Some` when the call is a re-send (and why).
     Again(Option<Resend>),
+}
+
+/// The longest a waiting claim is left before the sweeper takes it again (a backoff; an open
+/// destination's probe or a `Retry-After` may ask for longer).
+pub(crate) const WAIT_CAP: Duration = Duration::from_secs(30);
+
+/// How long a claim that waits is left before the sweeper takes it: its own backoff
+/// ([`policy::wait_backoff`] by the waits so far), or longer when the provider asked
+/// (`Retry-After`) or its destination is open until later; spread a little, so that claims
+/// that began waiting together do not return together.
+pub(crate) fn wait_for(consumer: &Consumer, claim: &Claim, retry_after: Option<Duration>) -> Duration {
+    let own = policy::wait_backoff(claim.waits, WAIT_CAP);
+    let open = consumer
+        .destination
+        .open_until()
+        .map(|t| t.saturating_duration_since(Instant::now()))
+        .unwrap_or_default();
+    spread(own.max(open).max(retry_after.unwrap_or_default()))
+}
+
+/// `wait` plus up to a tenth more (at most a second), at random.
+pub(crate) fn spread(wait: Duration) -> Duration {
+    let extra = (wait / 10).min(Duration::from_secs(1));
+    wait + extra.mul_f64(fastrand::f64())
 }
 
 /// The delays between retries of a call within one attempt: exponential from 100 ms to 5 s,

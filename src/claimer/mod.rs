@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-mod drive;
+pub(crate) mod drive;
 mod submit;
 
 pub use submit::{Accepted, Delivery, SubmitError};

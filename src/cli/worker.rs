@@ -90,7 +90,9 @@ pub(super) async fn run_worker(app: App) -> Output {
 }
 
 pub(super) async fn sweep(app: &App, dry_run: bool) -> Output {
-    let sweeper = Sweeper::new(app.claimer.clone(), app.config.sweeper.batch_size);
+    // The process exits after the pass: every claim it took is finished first.
+    let sweeper =
+        Sweeper::new(app.claimer.clone(), app.config.sweeper.batch_size).finishing_every_claim();
     match sweeper.pass(dry_run).await {
         Ok(r) => {
             let mut t = Table::new(&[

@@ -131,3 +131,62 @@ impl<'de> Deserialize<'de> for HttpVersion {
         d.deserialize_any(Version)
     }
 }
+
+/// `effect.rate_limit`: requests per second, written `"N/s"` or `"N/m"` (a per-minute figure is
+/// spread evenly: `"600/m"` is 10 a second).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(into = "String")]
+pub struct RateLimit {
+    /// Requests per second.
+    pub per_second: f64,
+    written: (u32, char),
+}
+
+impl RateLimit {
+    /// Reads `"50/s"` or `"3000/m"`.
+    pub fn parse(text: &str) -> Result<RateLimit, String> {
+        let bad = || format!("{text:?} is not a rate: write it like \"50/s\" or \"3000/m\"");
+        let (n, unit) = text.trim().split_once('/').ok_or_else(bad)?;
+        let n: u32 = n.trim().parse().map_err(|_| bad())?;
+        if n == 0 {
+            return Err(format!("{text:?}: a rate must be at least 1"));
+        }
+        let (per_second, unit) = match unit.trim() {
+            "s" => (f64::from(n), 's'),
+            "m" => (f64::from(n) / 60.0, 'm'),
+            _ => return Err(bad()),
+        };
+        Ok(RateLimit {
+            per_second,
+            written: (n, unit),
+        })
+    }
+}
+
+impl From<RateLimit> for String {
+    fn from(r: RateLimit) -> String {
+        format!("{}/{}", r.written.0, r.written.1)
+    }
+}
+
+impl<'de> Deserialize<'de> for RateLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        RateLimit::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::RateLimit;
+
+    #[test]
+    fn rates_read_per_second_and_per_minute() {
+        assert_eq!(RateLimit::parse("50/s").unwrap().per_second, 50.0);
+        assert_eq!(RateLimit::parse("600/m").unwrap().per_second, 10.0);
+        assert!(RateLimit::parse("0/s").is_err());
+        assert!(RateLimit::parse("50").unwrap_err().contains("\"50/s\""));
+        assert!(RateLimit::parse("5/h").is_err());
+        assert_eq!(String::from(RateLimit::parse("3000/m").unwrap()), "3000/m");
+    }
+}

@@ -249,6 +249,10 @@ pub struct ConsumerConfig {
     pub max_sends: u32,
     /// How long the provider honours an idempotency key.
     pub redrive_within: Dur,
+    /// How long a claim that was provably never sent (its provider down or refusing it
+    /// without applying) may wait; then it ends `failed` with "never sent", which is safe to
+    /// submit again. Never `needs_attention`.
+    pub send_deadline: Dur,
     /// What to do with an unknown outcome.
     pub on_unknown: OnUnknown,
     /// Idempotency key template.
@@ -324,6 +328,8 @@ pub struct ConsumerEntry {
     max_sends: u32,
     #[serde(default = "default_redrive_within")]
     redrive_within: Dur,
+    #[serde(default = "default_send_deadline")]
+    send_deadline: Dur,
     #[serde(default = "default_on_unknown")]
     on_unknown: OnUnknown,
     #[serde(default = "default_key")]
@@ -377,10 +383,19 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
             max_attempts: e.max_attempts,
             max_sends: e.max_sends,
             redrive_within: e.redrive_within,
+            send_deadline: e.send_deadline,
             on_unknown: e.on_unknown,
             key: e.key,
             tenant_header: e.tenant_header,
-            effect: e.effect,
+            effect: match e.effect {
+                EffectConfig::Http(mut h) => {
+                    if h.not_applied_status.is_none() {
+                        h.not_applied_status = Some(default_not_applied(e.max_sends));
+                    }
+                    EffectConfig::Http(h)
+                }
+                other => other,
+            },
         })
     }
 }
@@ -399,6 +414,19 @@ fn default_max_sends() -> u32 {
 }
 fn default_redrive_within() -> Dur {
     Dur(Duration::from_secs(86_400))
+}
+fn default_send_deadline() -> Dur {
+    Dur(Duration::from_secs(86_400))
+}
+/// `effect.not_applied_status` when not set: a consumer with `max_sends = 1` says its provider
+/// must never get a second request (it ignores keys), and a `503` from a proxy in front of it
+/// may follow a request that was applied, so there it is unknown.
+fn default_not_applied(max_sends: u32) -> Vec<u16> {
+    if max_sends <= 1 {
+        crate::effect::NOT_APPLIED_WITHOUT_KEYS.to_vec()
+    } else {
+        crate::effect::NOT_APPLIED_WITH_KEYS.to_vec()
+    }
 }
 fn default_on_unknown() -> OnUnknown {
     OnUnknown::Reconcile
@@ -517,6 +545,15 @@ pub struct HttpEffectConfig {
     /// refused at intake (HTTP 400, dead letter), never acknowledged.
     #[serde(default = "default_max_key_length")]
     pub max_key_length: usize,
+    /// The most requests (calls and status lookups) this instance sends the provider:
+    /// `"50/s"` or `"3000/m"`. Unset: no ceiling, but a `429` still slows the destination down.
+    #[serde(default)]
+    pub rate_limit: Option<super::RateLimit>,
+    /// Statuses that prove the provider applied nothing (retried with the same key, not
+    /// counted as attempts). Default `[408, 425, 429, 503]`; without `503` when the consumer
+    /// has `max_sends = 1` (see docs/decisions.md). `2xx` and `409` keep their meaning.
+    #[serde(default)]
+    pub not_applied_status: Option<Vec<u16>>,
 }
 
 fn default_not_found_after() -> Dur {

@@ -5,7 +5,7 @@
 use super::http_status::read_answer;
 use super::http_template::{BodyTemplate, Field, RenderError, Template, Vars, form_encode};
 use super::{
-    Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status, parse_retry_after,
+    Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status_with, parse_retry_after,
 };
 use crate::claim::Claim;
 use crate::config::{BodyMode, HttpEffectConfig, HttpVersion, ProbeMode, StatusCheck};
@@ -250,6 +250,8 @@ pub struct HttpEffect {
     headers: HeaderMap,
     status: StatusCheck,
     not_found_after: Duration,
+    /// `effect.not_applied_status`: the statuses that prove nothing was applied.
+    not_applied: Box<[u16]>,
 }
 
 impl HttpEffect {
@@ -297,6 +299,11 @@ impl HttpEffect {
             .build()
             .map_err(|e| HttpEffectError::Client(e.to_string()))?;
         Ok(HttpEffect {
+            not_applied: config
+                .not_applied_status
+                .clone()
+                .unwrap_or_else(|| crate::effect::NOT_APPLIED_WITH_KEYS.to_vec())
+                .into(),
             client,
             shape,
             headers,
@@ -373,7 +380,7 @@ impl HttpEffect {
                 return Err(Outcome::NotApplied {
                     status: None,
                     retry_after: None,
-                    error: format!("could not build the request: {error}"),
+                    error: format!("{}: {error}", crate::effect::NOT_BUILT),
                 });
             }
         };
@@ -393,7 +400,7 @@ impl HttpEffect {
 }
 
 /// What the provider's answer comes to: its status classified, up to 4 KiB of its body kept.
-async fn outcome_of(response: reqwest::Response) -> Outcome {
+async fn outcome_of(response: reqwest::Response, not_applied: &[u16]) -> Outcome {
     let status = response.status().as_u16();
     let retry_after = parse_retry_after(
         response
@@ -406,7 +413,7 @@ async fn outcome_of(response: reqwest::Response) -> Outcome {
         Err(e) => format!("(answer unreadable: {})", describe(&e)),
     };
     let status_i = i32::from(status);
-    match classify_status(status) {
+    match classify_status_with(status, not_applied) {
         StatusClass::Applied => Outcome::Applied {
             status: status_i,
             response: body,
@@ -511,7 +518,7 @@ impl Effect for HttpEffect {
                 };
             }
         };
-        Box::pin(outcome_of(response)).await
+        Box::pin(outcome_of(response, &self.not_applied)).await
     }
 
     async fn lookup(&self, claim: &Claim) -> Option<Lookup> {

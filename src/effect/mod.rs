@@ -13,6 +13,20 @@ use std::time::Duration;
 /// Longest provider answer kept on a claim.
 pub const MAX_RESPONSE_BYTES: usize = 4096;
 
+/// How a [`Outcome::NotApplied`] error starts when the request could not even be built (a
+/// claim missing a field its template names): nothing reached the provider, so it says
+/// nothing about the provider's health.
+pub const NOT_BUILT: &str = "could not build the request";
+
+/// The statuses that prove nothing was applied unless `effect.not_applied_status` says
+/// otherwise, for a provider that honours idempotency keys (`on_unknown = "redrive"`).
+pub const NOT_APPLIED_WITH_KEYS: [u16; 4] = [408, 425, 429, 503];
+
+/// The same for a provider that may ignore keys (`on_unknown = "reconcile"` or `"park"`):
+/// a `503` from a proxy or load balancer can follow an upstream that received the request, so
+/// it is an unknown outcome there (the status endpoint decides; nothing is sent twice).
+pub const NOT_APPLIED_WITHOUT_KEYS: [u16; 3] = [408, 425, 429];
+
 /// What one call to the provider came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -120,21 +134,49 @@ pub enum StatusClass {
     Rejected,
 }
 
-/// Classifies an HTTP status. Pure; the table in `docs/decisions.md` mirrors it.
+/// Classifies an HTTP status with the default not-applied statuses of a provider that
+/// honours keys ([`NOT_APPLIED_WITH_KEYS`]). Pure; the table in `docs/decisions.md` mirrors it.
 pub fn classify_status(status: u16) -> StatusClass {
+    classify_status_with(status, &NOT_APPLIED_WITH_KEYS)
+}
+
+/// Classifies an HTTP status, `not_applied` being the statuses that prove nothing was applied
+/// (`effect.not_applied_status`). `2xx` is applied and `409` in progress whatever the list; a
+/// status taken out of the list is unknown (`408`, `425`, `429` and `5xx`) or, for other
+/// `4xx`, a rejection.
+pub fn classify_status_with(status: u16, not_applied: &[u16]) -> StatusClass {
     match status {
         200..=299 => StatusClass::Applied,
         409 => StatusClass::InProgress,
-        408 | 425 | 429 | 503 => StatusClass::NotApplied,
+        s if not_applied.contains(&s) => StatusClass::NotApplied,
+        408 | 425 | 429 => StatusClass::Unknown,
         400..=499 => StatusClass::Rejected,
         _ => StatusClass::Unknown,
     }
 }
 
-/// Reads `Retry-After` given in seconds (the HTTP-date form is treated as absent), capped.
+/// The longest wait a `Retry-After` can ask for.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+
+/// Reads `Retry-After` in either form RFC 9110 allows: seconds (`120`) or an HTTP-date
+/// (`Wed, 21 Oct 2015 07:28:00 GMT`, measured against `now`); capped at
+/// [`MAX_RETRY_AFTER`]. A date in the past is zero; anything unreadable is absent.
+pub fn parse_retry_after_at(value: Option<&str>, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    let value = value?.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+    }
+    let when = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    let wait = (when.with_timezone(&chrono::Utc) - now)
+        .to_std()
+        .unwrap_or(Duration::ZERO);
+    Some(wait.min(MAX_RETRY_AFTER))
+}
+
+/// [`parse_retry_after_at`] against this machine's clock (the provider's date is its own
+/// clock's; a wait, not a lease, so the worker's clock is good enough).
 pub fn parse_retry_after(value: Option<&str>) -> Option<Duration> {
-    let secs: u64 = value?.trim().parse().ok()?;
-    Some(Duration::from_secs(secs.min(300)))
+    parse_retry_after_at(value, chrono::Utc::now())
 }
 
 /// A side effect claimd performs for a claim.
@@ -194,16 +236,41 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_in_seconds_is_honoured_and_capped() {
+    fn retry_after_in_seconds_and_as_a_date_is_honoured_and_capped() {
         assert_eq!(parse_retry_after(Some("3")), Some(Duration::from_secs(3)));
+        assert_eq!(parse_retry_after(Some("100000")), Some(MAX_RETRY_AFTER));
+        let now = chrono::DateTime::parse_from_rfc3339("2015-10-21T07:27:30Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
         assert_eq!(
-            parse_retry_after(Some("100000")),
-            Some(Duration::from_secs(300))
+            parse_retry_after_at(Some("Wed, 21 Oct 2015 07:28:00 GMT"), now),
+            Some(Duration::from_secs(30))
         );
         assert_eq!(
-            parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT")),
-            None
+            parse_retry_after_at(Some("Wed, 21 Oct 2015 07:00:00 GMT"), now),
+            Some(Duration::ZERO),
+            "a date in the past"
         );
+        assert_eq!(parse_retry_after(Some("soon")), None);
         assert_eq!(parse_retry_after(None), None);
+    }
+
+    #[test]
+    fn a_provider_that_may_ignore_keys_treats_503_as_unknown() {
+        assert_eq!(
+            classify_status_with(503, &NOT_APPLIED_WITHOUT_KEYS),
+            StatusClass::Unknown
+        );
+        assert_eq!(
+            classify_status_with(503, &NOT_APPLIED_WITH_KEYS),
+            StatusClass::NotApplied
+        );
+        assert_eq!(
+            classify_status_with(429, &NOT_APPLIED_WITHOUT_KEYS),
+            StatusClass::NotApplied
+        );
+        // Taken out of the list: unknown, never a rejection.
+        assert_eq!(classify_status_with(429, &[]), StatusClass::Unknown);
+        assert_eq!(classify_status_with(400, &[400]), StatusClass::NotApplied);
     }
 }

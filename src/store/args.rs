@@ -5,7 +5,7 @@
 
 use super::dialect::Arg;
 use super::{ClaimOutcome, Settlement};
-use crate::claim::{Claim, ClaimState, NewClaim};
+use crate::claim::{Claim, ClaimState, Handoff, NewClaim};
 use std::time::Duration;
 
 /// Milliseconds of a duration, saturating.
@@ -64,8 +64,8 @@ pub(crate) fn settle_args(id: i64, attempt: i32, s: &Settlement) -> [Arg<'_>; 9]
         Arg::OptText(s.provider_response.as_deref()),
         Arg::OptText(s.error.as_deref()),
         Arg::Bool(s.reconciled),
-        Arg::Bool(s.handoff_not_applied),
-        Arg::Bool(s.release_lease),
+        Arg::OptText(s.handoff.map(Handoff::as_str)),
+        Arg::OptI64(s.lease_for.map(ms)),
     ]
 }
 

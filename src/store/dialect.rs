@@ -11,7 +11,7 @@ macro_rules! claim_cols {
         "id, consumer, tenant, message_id, idem_key, fingerprint, content_type, state, attempt, \
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
-         resent_count, handoff, handoff_attempt, claim_token"
+         resent_count, handoff, handoff_attempt, claim_token, waits"
     };
 }
 
@@ -35,6 +35,8 @@ pub enum Arg<'a> {
     I32(i32),
     /// A 32-bit integer or NULL (provider statuses).
     OptI32(Option<i32>),
+    /// A 64-bit integer or NULL (a lease's milliseconds).
+    OptI64(Option<i64>),
     /// A boolean.
     Bool(bool),
     /// Bytes (payloads).
@@ -377,6 +379,7 @@ where
     for<'t> i64: Encode<'t, DB> + Type<DB>,
     for<'t> i32: Encode<'t, DB> + Type<DB>,
     for<'t> Option<i32>: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: Encode<'t, DB> + Type<DB>,
     for<'t> bool: Encode<'t, DB> + Type<DB>,
 {
     fn query(sql: &'static str, args: &[Arg<'_>]) -> Query<'static, DB, DB::Arguments> {
@@ -388,6 +391,7 @@ where
                 Arg::I64(v) => q.bind(v),
                 Arg::I32(v) => q.bind(v),
                 Arg::OptI32(v) => q.bind(v),
+                Arg::OptI64(v) => q.bind(v),
                 Arg::Bool(v) => q.bind(v),
                 Arg::Bytes(v) => q.bind(v),
                 Arg::Time(t) => DB::bind_time(q, Some(t)),

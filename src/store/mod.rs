@@ -70,11 +70,16 @@ pub struct Settlement {
     pub error: Option<String>,
     /// The outcome came from the status endpoint.
     pub reconciled: bool,
-    /// The claimer stopped after an answer that proves nothing was applied (503, 429,
-    /// connection refused), so the sweeper may send again even under `on_unknown = "park"`.
-    pub handoff_not_applied: bool,
-    /// Release the lease now instead of letting it run out (hand-off to the sweeper).
-    pub release_lease: bool,
+    /// A hand-off to the sweeper, and how the attempt let go: [`Handoff::NotApplied`] after
+    /// answers that prove nothing was applied (503, 429, connection refused), so the sweeper
+    /// may send again even under `on_unknown = "park"`; [`Handoff::Undecided`] when an
+    /// outcome is still unknown and only waits for an answer. Either counts the attempt as a
+    /// wait (`waits + 1`), not towards `max_attempts`.
+    pub handoff: Option<Handoff>,
+    /// Set the lease to end this long from now (database clock) instead of letting it run out:
+    /// zero hands the claim to the next sweep, more makes it wait (a backoff, a destination
+    /// that is down or rate limited).
+    pub lease_for: Option<Duration>,
 }
 
 /// One line of a claim's history: an attempt's outcome, a sweeper decision or an operator note.

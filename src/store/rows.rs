@@ -33,6 +33,7 @@ pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
         mismatch_count: row.i64("mismatch_count")?,
         reconciled: row.boolean("reconciled")?,
         resent_count: row.i32("resent_count")?,
+        waits: row.i32("waits")?,
         claim_token: row.opt_text("claim_token")?,
     })
 }

@@ -87,7 +87,7 @@ async fn take_over(s: &Store, id: &str) {
 /// Expires the leases of `ids` and lets a sweeper take every stuck claim: what it found.
 async fn release_and_take(s: &Store, ids: &[&str]) -> Vec<claimd::store::TakenClaim> {
     let released = Settlement {
-        release_lease: true,
+        lease_for: Some(Duration::ZERO),
         ..Default::default()
     };
     for id in ids {

@@ -3,7 +3,7 @@
 //! their history lines in one statement ([`SETTLE_MANY`]). A conflicting claim is left to the
 //! one-row path, which counts the repeat.
 
-use crate::claim::{Claim, NewClaim};
+use crate::claim::{Claim, Handoff, NewClaim};
 use crate::store::args::{created as created_outcome, ms};
 use crate::store::rows::claim_from_row;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
@@ -30,7 +30,7 @@ pub(super) const INSERT_CLAIMS: &str = concat!(
 pub(super) const SETTLE_MANY: &str = "\
     WITH u AS ( \
       SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::text[], \
-        $6::text[], $7::bool[], $8::bool[], $9::bool[], $10::text[], $11::text[], $12::text[], \
+        $6::text[], $7::bool[], $8::text[], $9::bigint[], $10::text[], $11::text[], $12::text[], \
         $13::int[], $14::text[]) \
       AS u(id, attempt, st, pstatus, presp, err, rec, hoff, rel, actor, action, outcome, \
            estatus, detail)), \
@@ -41,11 +41,12 @@ pub(super) const SETTLE_MANY: &str = "\
         provider_response = COALESCE(u.presp, c.provider_response), \
         last_error = CASE WHEN u.st = 'completed' THEN NULL ELSE COALESCE(u.err, c.last_error) END, \
         reconciled = c.reconciled OR u.rec, \
-        handoff = CASE WHEN u.hoff THEN 'not_applied' ELSE c.handoff END, \
-        handoff_attempt = CASE WHEN u.hoff THEN c.attempt ELSE c.handoff_attempt END, \
+        handoff = COALESCE(u.hoff, c.handoff), \
+        handoff_attempt = CASE WHEN u.hoff IS NOT NULL THEN c.attempt ELSE c.handoff_attempt END, \
+        waits = c.waits + CASE WHEN u.hoff IS NOT NULL THEN 1 ELSE 0 END, \
         processed_utc = CASE WHEN u.st = 'completed' THEN now() ELSE c.processed_utc END, \
         lease_owner = CASE WHEN u.st IS NULL OR u.st = 'started' THEN c.lease_owner END, \
-        lease_until = CASE WHEN u.rel THEN now() \
+        lease_until = CASE WHEN u.rel IS NOT NULL THEN now() + u.rel * interval '1 millisecond' \
                            WHEN u.st IS NULL OR u.st = 'started' THEN c.lease_until END, \
         updated_utc = now() \
       FROM u WHERE c.id = u.id AND c.attempt = u.attempt AND c.state = 'started' \
@@ -162,13 +163,13 @@ pub(super) async fn settle_batch(
         .bind(
             items
                 .iter()
-                .map(|i| i.settlement.handoff_not_applied)
+                .map(|i| i.settlement.handoff.map(Handoff::as_str))
                 .collect::<Vec<_>>(),
         )
         .bind(
             items
                 .iter()
-                .map(|i| i.settlement.release_lease)
+                .map(|i| i.settlement.lease_for.map(ms))
                 .collect::<Vec<_>>(),
         )
         .bind(items.iter().map(|i| i.event.actor).collect::<Vec<_>>())

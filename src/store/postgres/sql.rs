@@ -49,11 +49,12 @@ pub(super) const STATEMENTS: Statements = Statements {
         provider_response = COALESCE($5, provider_response), \
         last_error = CASE WHEN $3::text = 'completed' THEN NULL ELSE COALESCE($6, last_error) END, \
         reconciled = reconciled OR $7, \
-        handoff = CASE WHEN $8 THEN 'not_applied' ELSE handoff END, \
-        handoff_attempt = CASE WHEN $8 THEN attempt ELSE handoff_attempt END, \
+        handoff = COALESCE($8::text, handoff), \
+        handoff_attempt = CASE WHEN $8::text IS NOT NULL THEN attempt ELSE handoff_attempt END, \
+        waits = waits + CASE WHEN $8::text IS NOT NULL THEN 1 ELSE 0 END, \
         processed_utc = CASE WHEN $3::text = 'completed' THEN now() ELSE processed_utc END, \
         lease_owner = CASE WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_owner END, \
-        lease_until = CASE WHEN $9 THEN now() \
+        lease_until = CASE WHEN $9::bigint IS NOT NULL THEN now() + $9 * interval '1 millisecond' \
                            WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_until END, \
         updated_utc = now() \
       WHERE id = $1 AND attempt = $2 AND state = 'started' \

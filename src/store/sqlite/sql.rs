@@ -61,15 +61,16 @@ pub(super) const STATEMENTS: Statements = Statements {
        provider_response = COALESCE(?5, provider_response), \
        last_error = CASE WHEN ?3 = 'completed' THEN NULL ELSE COALESCE(?6, last_error) END, \
        reconciled = reconciled OR ?7, \
-       handoff = CASE WHEN ?8 THEN 'not_applied' ELSE handoff END, \
-       handoff_attempt = CASE WHEN ?8 THEN attempt ELSE handoff_attempt END, \
+       handoff = COALESCE(?8, handoff), \
+       handoff_attempt = CASE WHEN ?8 IS NOT NULL THEN attempt ELSE handoff_attempt END, \
+       waits = waits + CASE WHEN ?8 IS NOT NULL THEN 1 ELSE 0 END, \
        processed_utc = CASE WHEN ?3 = 'completed' THEN ",
         now_ms!(),
         " ELSE processed_utc END, \
        lease_owner = CASE WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_owner END, \
-       lease_until = CASE WHEN ?9 THEN ",
+       lease_until = CASE WHEN ?9 IS NOT NULL THEN ",
         now_ms!(),
-        " WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_until END, \
+        " + ?9 WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_until END, \
        updated_utc = ",
         now_ms!(),
         " WHERE id = ?1 AND attempt = ?2 AND state = 'started' RETURNING id, attempt"

@@ -1,0 +1,595 @@
+//! A destination's health and pace: every provider call and status lookup of a consumer passes
+//! through its [`Destination`], which holds one circuit breaker and one rate limit for it.
+//!
+//! - **Breaker.** Calls that fail without a decision (connection refused, timeouts, `5xx`,
+//!   the configured not-applied statuses other than `429`) are counted; after
+//!   [`FAILURES_TO_OPEN`] in a row the destination is *open*: nothing is sent, and claims wait
+//!   (handed back to the sweeper with a lease that ends at the next probe), spending no
+//!   attempt. At the probe time one call or lookup goes through (*probing*); its answer closes
+//!   the breaker, or opens it again for twice as long (up to [`MAX_OPEN`]). After a close the
+//!   pace starts low and doubles every second (slow start), so a backlog never stampedes.
+//! - **Rate.** `effect.rate_limit` is a ceiling, in requests per second per instance; each
+//!   request reserves the next free moment (requests spaced evenly, no burst). A `429`, or a
+//!   `Retry-After` on any answer, pauses the whole destination until then and halves the pace
+//!   (at most once a second); every second without one adds 5 % back (additive increase), up to
+//!   the ceiling, or without one until the limit is lifted.
+//!
+//! Everything here is in memory, per instance, and costs no database statement.
+
+use crate::effect::{Lookup, Outcome};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Failures in a row (no answer that decides anything) that open the breaker.
+pub const FAILURES_TO_OPEN: u32 = 5;
+/// The first open period; each failed probe doubles it.
+pub const MIN_OPEN: Duration = Duration::from_secs(1);
+/// The longest open period: the longest a recovered provider waits for its first probe.
+pub const MAX_OPEN: Duration = Duration::from_secs(15);
+/// The pace a destination restarts at after an outage (requests per second).
+const SLOW_START: f64 = 10.0;
+/// Above this adaptive pace without a ceiling, the limit is lifted altogether.
+const UNLIMITED_ABOVE: f64 = 100_000.0;
+/// The longest pause a `Retry-After` can ask for.
+const MAX_PAUSE: Duration = Duration::from_secs(600);
+/// A probe whose answer never came (its task was cancelled) is given up after this.
+const PROBE_LOST_AFTER: Duration = Duration::from_secs(60);
+/// How long a caller waiting for a probe's answer sleeps before asking again.
+const PROBE_POLL: Duration = Duration::from_millis(250);
+
+/// What an answer says about the destination (not about the claim).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// It answered something that decides (applied, rejected, in progress, found, not found).
+    Answered,
+    /// It asked to slow down (`429`), maybe saying for how long.
+    RateLimited {
+        /// Its `Retry-After`.
+        retry_after: Option<Duration>,
+    },
+    /// No deciding answer: refused, timed out, `5xx`, `503`. Counts towards opening.
+    Failed {
+        /// Its `Retry-After`, if it gave one.
+        retry_after: Option<Duration>,
+    },
+    /// Nothing reached it (the request could not be built): says nothing about it.
+    Neutral,
+}
+
+impl Verdict {
+    /// What a call's outcome says about the destination.
+    pub fn of_outcome(outcome: &Outcome) -> Verdict {
+        match outcome {
+            Outcome::Applied { .. } | Outcome::Rejected { .. } | Outcome::InProgress { .. } => {
+                Verdict::Answered
+            }
+            Outcome::NotApplied {
+                status: Some(429),
+                retry_after,
+                ..
+            } => Verdict::RateLimited {
+                retry_after: *retry_after,
+            },
+            Outcome::NotApplied {
+                status: None,
+                error,
+                ..
+            } if error.starts_with(crate::effect::NOT_BUILT) => Verdict::Neutral,
+            Outcome::NotApplied { retry_after, .. } => Verdict::Failed {
+                retry_after: *retry_after,
+            },
+            Outcome::Unknown { status, .. } => match status {
+                // A 1xx or 3xx is an odd answer, but an answer: the destination is up.
+                Some(s) if *s < 500 => Verdict::Answered,
+                _ => Verdict::Failed { retry_after: None },
+            },
+        }
+    }
+
+    /// What a status lookup's answer says about the destination.
+    pub fn of_lookup(lookup: &Lookup) -> Verdict {
+        match lookup {
+            Lookup::Found { .. } | Lookup::NotFound { .. } => Verdict::Answered,
+            Lookup::Unknown { .. } => Verdict::Failed { retry_after: None },
+        }
+    }
+}
+
+/// The breaker's state, as shown in `/metrics`, `report` and the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Calls go through.
+    Closed,
+    /// Nothing is sent until the next probe.
+    Open,
+    /// One probe is out; the others wait for its answer.
+    Probing,
+}
+
+impl BreakerState {
+    /// `closed`, `open` or `probing`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::Probing => "probing",
+        }
+    }
+}
+
+/// Why a request may not go now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldBy {
+    /// The breaker is open.
+    Open,
+    /// A probe is out.
+    Probing,
+    /// The rate limit or a `Retry-After` pause: the next free moment is too late.
+    Pace,
+}
+
+impl HeldBy {
+    /// A sentence for the claim's history.
+    pub fn describe(self) -> &'static str {
+        match self {
+            HeldBy::Open => "the provider is failing (circuit breaker open): not sent, waiting for the next probe",
+            HeldBy::Probing => "the provider is being probed after failures: not sent, waiting for the probe's answer",
+            HeldBy::Pace => "held back by the provider's rate limit (or its Retry-After): not sent",
+        }
+    }
+}
+
+/// A request may not go before `until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// When to ask again.
+    pub until: Instant,
+    /// Why.
+    pub by: HeldBy,
+}
+
+/// Leave to send one request, at `at`. Hand it back with [`Destination::record`].
+#[derive(Debug)]
+#[must_use = "record the answer with Destination::record"]
+pub struct Pass {
+    /// When the request may go (now, or a reserved moment soon).
+    pub at: Instant,
+    probe: bool,
+}
+
+/// A snapshot for `/metrics`, `report` and the page.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DestinationStatus {
+    /// The breaker.
+    pub state: BreakerState,
+    /// Requests per second allowed now (`None`: no limit).
+    pub rate: Option<f64>,
+    /// Seconds until the next probe (when open) or until a pause ends.
+    pub resumes_in: Option<Duration>,
+    /// Failures in a row.
+    pub failures: u32,
+}
+
+#[derive(Debug)]
+enum Breaker {
+    Closed,
+    Open { until: Instant },
+    Probing { since: Instant },
+}
+
+#[derive(Debug)]
+struct Inner {
+    breaker: Breaker,
+    failures: u32,
+    open_for: Duration,
+    /// The adaptive pace (requests per second); `None`: none (only the ceiling applies).
+    pace: Option<f64>,
+    /// Below it the pace doubles each second (slow start), above it grows by 5 %.
+    threshold: Option<f64>,
+    /// The next free moment for a request (rate limit: requests spaced `1 / rate` apart).
+    next_free: Instant,
+    paused_until: Option<Instant>,
+    last_decrease: Option<Instant>,
+    last_growth: Instant,
+    /// Moments of the requests of the last second, kept only while no pace is set: what a
+    /// first `429` halves.
+    recent: VecDeque<Instant>,
+}
+
+/// One destination: a consumer's provider (see the module's documentation).
+#[derive(Debug)]
+pub struct Destination {
+    ceiling: Option<f64>,
+    inner: Mutex<Inner>,
+}
+
+impl Destination {
+    /// A destination with `ceiling` requests per second at most (`None`: adaptive only).
+    pub fn new(ceiling: Option<f64>) -> Self {
+        let now = Instant::now();
+        Destination {
+            ceiling: ceiling.filter(|r| *r > 0.0),
+            inner: Mutex::new(Inner {
+                breaker: Breaker::Closed,
+                failures: 0,
+                open_for: MIN_OPEN,
+                pace: None,
+                threshold: None,
+                next_free: now,
+                paused_until: None,
+                last_decrease: None,
+                last_growth: now,
+                recent: VecDeque::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding it leaves plain numbers behind: still usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn rate(&self, inner: &Inner) -> Option<f64> {
+        match (inner.pace, self.ceiling) {
+            (Some(p), Some(c)) => Some(p.min(c)),
+            (p, c) => p.or(c),
+        }
+    }
+
+    /// Asks to send one request no later than `latest`: a [`Pass`] (sleep until its `at`,
+    /// then send), or why not and until when. Never waits itself.
+    pub fn reserve(&self, latest: Instant) -> Result<Pass, Held> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        grow(&mut inner, self.ceiling, now);
+        let start = inner.paused_until.filter(|p| *p > now).unwrap_or(now);
+        let at = match self.rate(&inner) {
+            Some(_) => start.max(inner.next_free),
+            None => start,
+        };
+        let mut probe = false;
+        match inner.breaker {
+            Breaker::Closed => {}
+            Breaker::Open { until } if now < until => {
+                return Err(Held {
+                    until,
+                    by: HeldBy::Open,
+                });
+            }
+            Breaker::Probing { since } if now < since + PROBE_LOST_AFTER => {
+                return Err(Held {
+                    until: now + PROBE_POLL,
+                    by: HeldBy::Probing,
+                });
+            }
+            // Time for a probe (or the last one was lost): this request is it, if it can go
+            // in time.
+            Breaker::Open { .. } | Breaker::Probing { .. } if at <= latest => {
+                inner.breaker = Breaker::Probing { since: now };
+                probe = true;
+            }
+            Breaker::Open { .. } | Breaker::Probing { .. } => {}
+        }
+        if at > latest {
+            return Err(Held {
+                until: at,
+                by: HeldBy::Pace,
+            });
+        }
+        if let Some(rate) = self.rate(&inner) {
+            inner.next_free = at + Duration::from_secs_f64(1.0 / rate.max(0.01));
+        } else {
+            inner.recent.push_back(at);
+            while inner
+                .recent
+                .front()
+                .is_some_and(|t| *t + Duration::from_secs(1) < now)
+                || inner.recent.len() > 100_000
+            {
+                inner.recent.pop_front();
+            }
+        }
+        Ok(Pass { at, probe })
+    }
+
+    /// [`Destination::reserve`], waiting in place while the wait ends by `latest` (a pace
+    /// slot, a pause, a probe's answer); `Err` when it would end later.
+    pub async fn admit(&self, latest: Instant) -> Result<Pass, Held> {
+        loop {
+            match self.reserve(latest) {
+                Ok(pass) => {
+                    tokio::time::sleep_until(pass.at).await;
+                    return Ok(pass);
+                }
+                Err(held) if held.by == HeldBy::Probing && held.until <= latest => {
+                    tokio::time::sleep_until(held.until).await;
+                }
+                Err(held) => return Err(held),
+            }
+        }
+    }
+
+    /// Records what the request a [`Pass`] let through came to.
+    pub fn record(&self, pass: Pass, verdict: Verdict) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let pause = |inner: &mut Inner, d: Option<Duration>| {
+            if let Some(d) = d {
+                let until = now + d.min(MAX_PAUSE);
+                if inner.paused_until.is_none_or(|p| p < until) {
+                    inner.paused_until = Some(until);
+                }
+            }
+        };
+        match verdict {
+            Verdict::Neutral => {
+                if pass.probe {
+                    // Nothing was learnt: let the next request probe.
+                    inner.breaker = Breaker::Open { until: now };
+                }
+            }
+            Verdict::Answered => {
+                inner.failures = 0;
+                if pass.probe || !matches!(inner.breaker, Breaker::Closed) {
+                    inner.breaker = Breaker::Closed;
+                    inner.open_for = MIN_OPEN;
+                    // Slow start: the backlog drains from a low pace upwards.
+                    let start = self.ceiling.map_or(SLOW_START, |c| c.min(SLOW_START));
+                    inner.pace = Some(start);
+                    inner.threshold = None;
+                    inner.last_growth = now;
+                    inner.next_free = inner.next_free.max(now);
+                }
+            }
+            Verdict::RateLimited { retry_after } => {
+                inner.failures = 0;
+                if pass.probe {
+                    inner.breaker = Breaker::Closed;
+                    inner.open_for = MIN_OPEN;
+                }
+                pause(&mut inner, Some(retry_after.unwrap_or(Duration::from_secs(1))));
+                if inner
+                    .last_decrease
+                    .is_none_or(|t| now >= t + Duration::from_secs(1))
+                {
+                    let current = self.rate(&inner).unwrap_or_else(|| {
+                        // No pace yet: what was sent over the last second.
+                        let cutoff = now.checked_sub(Duration::from_secs(1)).unwrap_or(now);
+                        inner.recent.iter().filter(|t| **t >= cutoff).count() as f64
+                    });
+                    let halved = (current / 2.0).max(0.5);
+                    inner.pace = Some(halved);
+                    inner.threshold = Some(halved);
+                    inner.last_decrease = Some(now);
+                    inner.last_growth = now;
+                    inner.recent.clear();
+                }
+            }
+            Verdict::Failed { retry_after } => {
+                pause(&mut inner, retry_after);
+                inner.failures = inner.failures.saturating_add(1);
+                if pass.probe {
+                    inner.open_for = (inner.open_for * 2).min(MAX_OPEN);
+                    let until = now + inner.open_for.max(retry_after.unwrap_or_default());
+                    inner.breaker = Breaker::Open { until };
+                } else if matches!(inner.breaker, Breaker::Closed)
+                    && inner.failures >= FAILURES_TO_OPEN
+                {
+                    let until = now + inner.open_for.max(retry_after.unwrap_or_default());
+                    inner.breaker = Breaker::Open { until };
+                }
+            }
+        }
+    }
+
+    /// When the breaker is open and not yet due a probe: until when. The sweeper takes no
+    /// claim for a destination before then.
+    pub fn open_until(&self) -> Option<Instant> {
+        match self.lock().breaker {
+            Breaker::Open { until } if Instant::now() < until => Some(until),
+            _ => None,
+        }
+    }
+
+    /// A snapshot for metrics, report and the page.
+    pub fn status(&self) -> DestinationStatus {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        grow(&mut inner, self.ceiling, now);
+        let (state, open_until) = match inner.breaker {
+            Breaker::Closed => (BreakerState::Closed, None),
+            Breaker::Open { until } => (BreakerState::Open, Some(until)),
+            Breaker::Probing { .. } => (BreakerState::Probing, None),
+        };
+        let resumes = open_until
+            .into_iter()
+            .chain(inner.paused_until)
+            .filter(|t| *t > now)
+            .max();
+        DestinationStatus {
+            state,
+            rate: self.rate(&inner),
+            resumes_in: resumes.map(|t| t - now),
+            failures: inner.failures,
+        }
+    }
+}
+
+/// The pace grows with each second without a `429` or an outage: doubling below the threshold
+/// (slow start), 5 % above it; lifted altogether past the ceiling (or a very high pace).
+fn grow(inner: &mut Inner, ceiling: Option<f64>, now: Instant) {
+    if !matches!(inner.breaker, Breaker::Closed) {
+        return;
+    }
+    let Some(mut pace) = inner.pace else {
+        return;
+    };
+    while now >= inner.last_growth + Duration::from_secs(1) {
+        inner.last_growth += Duration::from_secs(1);
+        pace = match inner.threshold {
+            Some(t) if pace >= t => pace + (pace * 0.05).max(1.0),
+            Some(t) => (pace * 2.0).min(t),
+            None => pace * 2.0,
+        };
+        if ceiling.is_some_and(|c| pace >= c) || pace > UNLIMITED_ABOVE {
+            inner.pace = None;
+            inner.threshold = None;
+            return;
+        }
+    }
+    inner.pace = Some(pace);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    fn down() -> Verdict {
+        Verdict::Failed { retry_after: None }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_destination_opens_and_probes_one_request_at_a_time() {
+        let d = Destination::new(None);
+        for _ in 0..FAILURES_TO_OPEN {
+            let p = d.reserve(far()).unwrap();
+            d.record(p, down());
+        }
+        assert_eq!(d.status().state, BreakerState::Open);
+        let held = d.reserve(far()).unwrap_err();
+        assert_eq!(held.by, HeldBy::Open);
+        assert_eq!(held.until - Instant::now(), MIN_OPEN);
+        tokio::time::advance(MIN_OPEN).await;
+        let probe = d.reserve(far()).unwrap();
+        assert_eq!(d.reserve(far()).unwrap_err().by, HeldBy::Probing);
+        d.record(probe, down());
+        // Each failed probe doubles the wait, up to MAX_OPEN: at most one request a second.
+        let mut sent = 1;
+        let start = Instant::now();
+        while Instant::now() < start + Duration::from_secs(600) {
+            match d.reserve(far()) {
+                Ok(p) => {
+                    sent += 1;
+                    d.record(p, down());
+                }
+                Err(h) => tokio::time::sleep_until(h.until).await,
+            }
+        }
+        assert!(sent <= 600 / MAX_OPEN.as_secs() + 5, "{sent} requests in 600 s");
+        tokio::time::advance(MAX_OPEN).await;
+        let probe = d.reserve(far()).unwrap();
+        d.record(probe, Verdict::Answered);
+        assert_eq!(d.status().state, BreakerState::Closed);
+        assert_eq!(d.status().rate, Some(SLOW_START));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_outage_the_pace_starts_low_and_rises_to_the_ceiling() {
+        let d = Destination::new(Some(500.0));
+        for _ in 0..FAILURES_TO_OPEN {
+            let p = d.reserve(far()).unwrap();
+            d.record(p, down());
+        }
+        tokio::time::advance(MIN_OPEN).await;
+        let probe = d.reserve(far()).unwrap();
+        d.record(probe, Verdict::Answered);
+        assert_eq!(d.status().rate, Some(10.0));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(d.status().rate, Some(80.0));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(d.status().rate, Some(500.0), "capped by the ceiling");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ceiling_spaces_requests_evenly() {
+        let d = Destination::new(Some(50.0));
+        let start = Instant::now();
+        let mut last = start;
+        for _ in 0..100 {
+            let p = d.admit(far()).await.unwrap();
+            last = p.at;
+            d.record(p, Verdict::Answered);
+        }
+        // 100 requests at 50/s: the last one two seconds (less one gap) after the first.
+        assert_eq!(last - start, Duration::from_millis(1980));
+        // A slot later than the caller can wait is refused, not reserved.
+        let soon = Instant::now() + Duration::from_millis(1);
+        let _ = d.reserve(far()).unwrap();
+        assert_eq!(d.reserve(soon).unwrap_err().by, HeldBy::Pace);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_429_pauses_the_whole_destination_and_halves_the_pace() {
+        let d = Destination::new(None);
+        for _ in 0..200 {
+            let p = d.reserve(far()).unwrap();
+            d.record(p, Verdict::Answered);
+        }
+        let p = d.reserve(far()).unwrap();
+        d.record(
+            p,
+            Verdict::RateLimited {
+                retry_after: Some(Duration::from_secs(2)),
+            },
+        );
+        let s = d.status();
+        assert_eq!(s.rate, Some(100.5), "half of 201 requests in the last second");
+        assert_eq!(s.resumes_in, Some(Duration::from_secs(2)));
+        // Everyone waits for the pause, then goes at the halved pace.
+        let p = d.admit(far()).await.unwrap();
+        assert!(p.at >= Instant::now() && Instant::now() - p.at < Duration::from_millis(1));
+        d.record(p, Verdict::Answered);
+        // The two seconds of pause grew the pace by 5 % each (additive increase).
+        let before = d.status().rate.unwrap();
+        assert!((before - 100.5 * 1.05 * 1.05).abs() < 0.01, "{before}");
+        // A burst of 429s from requests already in flight halves only once a second.
+        for _ in 0..10 {
+            let p = d.reserve(far()).unwrap();
+            d.record(p, Verdict::RateLimited { retry_after: None });
+        }
+        assert_eq!(d.status().rate, Some(before / 2.0));
+    }
+
+    #[test]
+    fn verdicts_follow_what_the_answer_proves() {
+        let refused = Outcome::NotApplied {
+            status: None,
+            retry_after: None,
+            error: "could not connect: Connection refused".into(),
+        };
+        assert_eq!(Verdict::of_outcome(&refused), down());
+        let unbuilt = Outcome::NotApplied {
+            status: None,
+            retry_after: None,
+            error: format!("{}: no field amount", crate::effect::NOT_BUILT),
+        };
+        assert_eq!(Verdict::of_outcome(&unbuilt), Verdict::Neutral);
+        let limited = Outcome::NotApplied {
+            status: Some(429),
+            retry_after: Some(Duration::from_secs(3)),
+            error: String::new(),
+        };
+        assert_eq!(
+            Verdict::of_outcome(&limited),
+            Verdict::RateLimited {
+                retry_after: Some(Duration::from_secs(3))
+            }
+        );
+        let timeout = Outcome::Unknown {
+            status: None,
+            error: "timed out".into(),
+        };
+        assert_eq!(Verdict::of_outcome(&timeout), down());
+        let rejected = Outcome::Rejected {
+            status: 400,
+            response: String::new(),
+        };
+        assert_eq!(Verdict::of_outcome(&rejected), Verdict::Answered);
+    }
+}
