@@ -134,8 +134,12 @@ impl HeldBy {
     /// A sentence for the claim's history.
     pub fn describe(self) -> &'static str {
         match self {
-            HeldBy::Open => "the provider is failing (circuit breaker open): not sent, waiting for the next probe",
-            HeldBy::Probing => "the provider is being probed after failures: not sent, waiting for the probe's answer",
+            HeldBy::Open => {
+                "the provider is failing (circuit breaker open): not sent, waiting for the next probe"
+            }
+            HeldBy::Probing => {
+                "the provider is being probed after failures: not sent, waiting for the probe's answer"
+            }
             HeldBy::Pace => "held back by the provider's rate limit (or its Retry-After): not sent",
         }
     }
@@ -349,7 +353,10 @@ impl Destination {
                     inner.breaker = Breaker::Closed;
                     inner.open_for = MIN_OPEN;
                 }
-                pause(&mut inner, Some(retry_after.unwrap_or(Duration::from_secs(1))));
+                pause(
+                    &mut inner,
+                    Some(retry_after.unwrap_or(Duration::from_secs(1))),
+                );
                 if inner
                     .last_decrease
                     .is_none_or(|t| now >= t + Duration::from_secs(1))
@@ -481,7 +488,10 @@ mod tests {
                 Err(h) => tokio::time::sleep_until(h.until).await,
             }
         }
-        assert!(sent <= 600 / MAX_OPEN.as_secs() + 5, "{sent} requests in 600 s");
+        assert!(
+            sent <= 600 / MAX_OPEN.as_secs() + 5,
+            "{sent} requests in 600 s"
+        );
         tokio::time::advance(MAX_OPEN).await;
         let probe = d.reserve(far()).unwrap();
         d.record(probe, Verdict::Answered);
@@ -539,7 +549,11 @@ mod tests {
             },
         );
         let s = d.status();
-        assert_eq!(s.rate, Some(100.5), "half of 201 requests in the last second");
+        assert_eq!(
+            s.rate,
+            Some(100.5),
+            "half of 201 requests in the last second"
+        );
         assert_eq!(s.resumes_in, Some(Duration::from_secs(2)));
         // Everyone waits for the pause, then goes at the halved pace.
         let p = d.admit(far()).await.unwrap();

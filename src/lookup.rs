@@ -54,12 +54,14 @@ impl Claimer {
         if !consumer.effect.can_reconcile() {
             return None;
         }
-        let answer = match consumer.destination.admit(Instant::now() + LOOKUP_WAIT).await {
+        let answer = match consumer
+            .destination
+            .admit(Instant::now() + LOOKUP_WAIT)
+            .await
+        {
             Ok(pass) => {
                 let answer = consumer.effect.lookup(claim).await;
-                let verdict = answer
-                    .as_ref()
-                    .map_or(Verdict::Neutral, Verdict::of_lookup);
+                let verdict = answer.as_ref().map_or(Verdict::Neutral, Verdict::of_lookup);
                 consumer.destination.record(pass, verdict);
                 answer
             }

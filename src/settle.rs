@@ -293,7 +293,10 @@ impl Settler {
         action: &str,
         outcome: &str,
     ) -> AttemptEnd {
-        for text in [&mut s.provider_response, &mut s.error].into_iter().flatten() {
+        for text in [&mut s.provider_response, &mut s.error]
+            .into_iter()
+            .flatten()
+        {
             if let Cow::Owned(safe) = storable(text) {
                 *text = safe;
             }
@@ -403,6 +406,9 @@ mod tests {
     #[test]
     fn nul_characters_are_escaped_before_they_are_stored() {
         assert_eq!(storable("ok\0bin"), "ok\\0bin");
-        assert!(matches!(storable("plain"), std::borrow::Cow::Borrowed("plain")));
+        assert!(matches!(
+            storable("plain"),
+            std::borrow::Cow::Borrowed("plain")
+        ));
     }
 }

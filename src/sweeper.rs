@@ -307,7 +307,11 @@ async fn handle(
             ),
             Err(e) => {
                 warn!(error = %e, "could not read the claim's history; it will be decided next pass");
-                return item(claim, &decision, format!("history unreadable ({e}); left for the next pass"));
+                return item(
+                    claim,
+                    &decision,
+                    format!("history unreadable ({e}); left for the next pass"),
+                );
             }
         };
         decision = decide_knowing(consumer, &t, Some(unsent));
@@ -439,7 +443,9 @@ async fn not_found_trusted(
 /// the previous lease ran out), so the quiet time is carried across takeovers however long the
 /// lease. `None` when the history ends with no lookup: the last call may have just happened (a
 /// worker that died mid-call writes nothing).
-pub fn quiet_since<T: Copy>(events: impl DoubleEndedIterator<Item = (impl AsRef<str>, T)>) -> Option<T> {
+pub fn quiet_since<T: Copy>(
+    events: impl DoubleEndedIterator<Item = (impl AsRef<str>, T)>,
+) -> Option<T> {
     events
         .rev()
         .take_while(|(action, _)| matches!(action.as_ref(), "lookup" | "handoff"))
@@ -499,7 +505,14 @@ mod tests {
         let h = |lines: &[(&'static str, i32)]| quiet_since(lines.iter().copied());
         // A call, then lookups across takeovers: quiet since the first lookup.
         assert_eq!(
-            h(&[("perform", 1), ("lookup", 2), ("handoff", 3), ("lookup", 70), ("handoff", 71), ("lookup", 140)]),
+            h(&[
+                ("perform", 1),
+                ("lookup", 2),
+                ("handoff", 3),
+                ("lookup", 70),
+                ("handoff", 71),
+                ("lookup", 140)
+            ]),
             Some(2)
         );
         // A re-send after the lookups: quiet only since the lookup after it.

@@ -22,8 +22,9 @@ async fn post(base: &str, key: &str, body: &str) -> u16 {
 }
 
 async fn outage_then_recovery(store: TestStore) {
+    // Down (503) for 8 s: more than two leases, and a breaker that opens and probes.
     let provider = TestProvider::start(Script {
-        fail_first: 12,
+        fail_for_ms: 8_000,
         ..Default::default()
     })
     .await;
@@ -57,9 +58,10 @@ async fn outage_then_recovery(store: TestStore) {
         assert_eq!(provider.applied(&key), 1, "{key} applied once");
         // Every request the provider saw for this claim carried the same key: it counts
         // requests per key, and 12 refusals + 1 success all landed on this one key.
-        assert_eq!(
-            provider.requests(&key),
-            13,
+        // The provider counts requests per key: the 503s and the success all landed on
+        // this one key.
+        assert!(
+            provider.requests(&key) >= 2,
             "{key}: all attempts used the same key"
         );
         let c = s.get("payments", "", &key).await.unwrap().unwrap();

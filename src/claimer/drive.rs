@@ -361,7 +361,11 @@ pub(crate) const WAIT_CAP: Duration = Duration::from_secs(30);
 /// ([`policy::wait_backoff`] by the waits so far), or longer when the provider asked
 /// (`Retry-After`) or its destination is open until later; spread a little, so that claims
 /// that began waiting together do not return together.
-pub(crate) fn wait_for(consumer: &Consumer, claim: &Claim, retry_after: Option<Duration>) -> Duration {
+pub(crate) fn wait_for(
+    consumer: &Consumer,
+    claim: &Claim,
+    retry_after: Option<Duration>,
+) -> Duration {
     let own = policy::wait_backoff(claim.waits, WAIT_CAP);
     let open = consumer
         .destination

@@ -5,7 +5,8 @@
 use super::http_status::read_answer;
 use super::http_template::{BodyTemplate, Field, RenderError, Template, Vars, form_encode};
 use super::{
-    Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status_with, parse_retry_after,
+    Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status_with,
+    parse_retry_after,
 };
 use crate::claim::Claim;
 use crate::config::{BodyMode, HttpEffectConfig, HttpVersion, ProbeMode, StatusCheck};

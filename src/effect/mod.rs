@@ -161,7 +161,10 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 /// Reads `Retry-After` in either form RFC 9110 allows: seconds (`120`) or an HTTP-date
 /// (`Wed, 21 Oct 2015 07:28:00 GMT`, measured against `now`); capped at
 /// [`MAX_RETRY_AFTER`]. A date in the past is zero; anything unreadable is absent.
-pub fn parse_retry_after_at(value: Option<&str>, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+pub fn parse_retry_after_at(
+    value: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Duration> {
     let value = value?.trim();
     if let Ok(secs) = value.parse::<u64>() {
         return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));

@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 pub struct Script {
     /// Answer 503 to the first N requests for each key.
     pub fail_first: u32,
+    /// Answer 503 to every request for this long after the provider starts (an outage).
+    pub fail_for_ms: u64,
     /// Always answer this status without applying.
     pub always: Option<u16>,
     /// A store URL: before applying, check the claim for this key is committed there.
@@ -47,6 +49,7 @@ pub struct TestProvider {
 struct S {
     script: Script,
     ledger: Arc<Mutex<Ledger>>,
+    started: std::time::Instant,
 }
 
 async fn apply(State(s): State<S>, headers: HeaderMap, body: Bytes) -> Response {
@@ -79,7 +82,9 @@ async fn apply(State(s): State<S>, headers: HeaderMap, body: Bytes) -> Response 
     if let Some(status) = s.script.always {
         return (StatusCode::from_u16(status).unwrap(), "scripted answer").into_response();
     }
-    if n <= s.script.fail_first {
+    if n <= s.script.fail_first
+        || s.started.elapsed() < std::time::Duration::from_millis(s.script.fail_for_ms)
+    {
         return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
     }
     if s.script.delay_before_apply_ms > 0 {
@@ -121,6 +126,7 @@ impl TestProvider {
             .with_state(S {
                 script,
                 ledger: ledger.clone(),
+                started: std::time::Instant::now(),
             });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
