@@ -131,6 +131,15 @@ pub enum HeldBy {
 }
 
 impl HeldBy {
+    /// `open`, `probing` or `pace` (metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeldBy::Open => "open",
+            HeldBy::Probing => "probing",
+            HeldBy::Pace => "pace",
+        }
+    }
+
     /// A sentence for the claim's history.
     pub fn describe(self) -> &'static str {
         match self {

@@ -65,9 +65,12 @@ impl Claimer {
                 consumer.destination.record(pass, verdict);
                 answer
             }
-            Err(held) => Some(Lookup::Unknown {
-                error: held.by.describe().to_string(),
-            }),
+            Err(held) => {
+                self.metrics().held(consumer.name(), held.by.as_str());
+                Some(Lookup::Unknown {
+                    error: held.by.describe().to_string(),
+                })
+            }
         };
         let (name, status, detail) = match &answer {
             Some(Lookup::Found {

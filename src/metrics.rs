@@ -69,6 +69,11 @@ pub struct Metrics {
     sweeper_running_seconds: Gauge<f64, AtomicU64>,
     uptime: Gauge<f64, AtomicU64>,
     body_bytes: Gauge,
+    waiting: Family<ConsumerLabel, Gauge>,
+    destination_state: Family<StateLabels, Gauge>,
+    destination_rate: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
+    destination_resumes: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
+    destination_held: Family<ReasonLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -128,6 +133,11 @@ impl Metrics {
             sweeper_running_seconds: Gauge::default(),
             uptime: Gauge::default(),
             body_bytes: Gauge::default(),
+            waiting: Family::default(),
+            destination_state: Family::default(),
+            destination_rate: Family::default(),
+            destination_resumes: Family::default(),
+            destination_held: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -236,7 +246,62 @@ impl Metrics {
             "Bytes of the request-body budget taken by bodies being read or handled",
             m.body_bytes.clone(),
         );
+        registry.register(
+            "waiting_claims",
+            "Started claims waiting for their provider (down, rate limited, or a lookup without an answer), not stuck; read from the store",
+            m.waiting.clone(),
+        );
+        registry.register(
+            "destination_state",
+            "1 for the state of this instance's circuit breaker for the consumer's provider: closed, open or probing",
+            m.destination_state.clone(),
+        );
+        registry.register(
+            "destination_rate_per_second",
+            "Requests per second this instance may send the consumer's provider now (0: no limit)",
+            m.destination_rate.clone(),
+        );
+        registry.register(
+            "destination_resumes_in_seconds",
+            "Seconds until the next probe of an open provider, or until its Retry-After pause ends (0: sending)",
+            m.destination_resumes.clone(),
+        );
+        registry.register(
+            "destination_held",
+            "Calls and lookups held back without a request, by reason: open, probing, pace",
+            m.destination_held.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// A call or lookup of `c` was held back by its destination (`open`, `probing`, `pace`).
+    pub fn held(&self, c: &str, reason: &str) {
+        self.destination_held
+            .get_or_create(&ReasonLabels {
+                consumer: c.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Sets the destination gauges from this instance's breakers and paces.
+    pub fn destinations(&self, statuses: &[(String, crate::destination::DestinationStatus)]) {
+        for (c, s) in statuses {
+            for state in vocabulary::BREAKER_STATES {
+                self.destination_state
+                    .get_or_create(&StateLabels {
+                        consumer: c.clone(),
+                        state: (*state).to_string(),
+                    })
+                    .set(i64::from(s.state.as_str() == *state));
+            }
+            self.destination_rate
+                .get_or_create(&consumer(c))
+                .set(s.rate.unwrap_or(0.0));
+            self.destination_resumes
+                .get_or_create(&consumer(c))
+                .set(s.resumes_in.map_or(0.0, |d| d.as_secs_f64()));
+        }
     }
 
     /// A delivery reached intake for `c`.
@@ -368,6 +433,10 @@ impl Metrics {
             reasons(&self.refused, vocabulary::REFUSED);
             reasons(&self.dead_lettered, vocabulary::DEAD_LETTERED);
             reasons(&self.reconciles, vocabulary::LOOKUPS);
+            reasons(&self.destination_held, vocabulary::HELD);
+            let _ = self.waiting.get_or_create(&label);
+            let closed = crate::destination::Destination::new(None).status();
+            self.destinations(&[(c.clone(), closed)]);
             for state in vocabulary::SETTLED {
                 let _ = self.settled.get_or_create(&StateLabels {
                     consumer: c.clone(),
@@ -412,6 +481,7 @@ impl Metrics {
                 .get_or_create(&label("needs_attention"))
                 .set(c.needs_attention);
             self.stuck.get_or_create(&consumer(name)).set(c.stuck);
+            self.waiting.get_or_create(&consumer(name)).set(c.waiting);
             self.oldest
                 .get_or_create(&consumer(name))
                 .set(c.oldest_started_age_s.unwrap_or(0.0));
@@ -468,7 +538,11 @@ pub mod vocabulary {
         ("unknown", "none"),
     ];
     /// `claimd_sweeper_claims_total{action}`.
-    pub const SWEEP_ACTIONS: &[&str] = &["redrive", "resend", "reconcile", "park"];
+    pub const SWEEP_ACTIONS: &[&str] = &["redrive", "resend", "reconcile", "park", "fail"];
+    /// `claimd_destination_state{state}`.
+    pub const BREAKER_STATES: &[&str] = &["closed", "open", "probing"];
+    /// `claimd_destination_held_total{reason}`.
+    pub const HELD: &[&str] = &["open", "probing", "pace"];
 }
 
 /// Which exposition format `/metrics` answers in.

@@ -225,6 +225,68 @@ pub struct Report {
     pub attention: Vec<AttentionItem>,
     /// Start of the throughput window (`null`: all time). Open work is always counted in full.
     pub since_utc: Option<DateTime<Utc>>,
+    /// Each running instance's view of each consumer's provider (breaker, pace, next probe).
+    pub providers: Vec<ProviderView>,
+}
+
+/// How long after its last write an instance's view of a provider is taken as gone (each
+/// instance writes its view when it changes and every [`PROVIDER_VIEW_EVERY`]).
+pub const PROVIDER_VIEW_STALE: Duration = Duration::from_secs(120);
+
+/// How often a worker writes its view of each provider when nothing changes.
+pub const PROVIDER_VIEW_EVERY: Duration = Duration::from_secs(30);
+
+/// One instance's view of a consumer's provider (`report`, the page, `GET /v1/report`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProviderView {
+    /// Consumer.
+    pub consumer: String,
+    /// The instance whose view it is.
+    pub instance: String,
+    /// `closed` (calls go through), `open` (nothing is sent until the next probe) or
+    /// `probing` (one call is out to see whether the provider is back).
+    pub state: String,
+    /// Requests per second this instance sends now (`null`: no limit).
+    pub rate_per_s: Option<f64>,
+    /// Seconds until the next probe (open) or until a `Retry-After` pause ends.
+    pub resumes_in_s: Option<f64>,
+    /// Failed calls in a row.
+    pub failures: u64,
+    /// Seconds since the instance wrote it.
+    pub updated_s_ago: f64,
+}
+
+impl ProviderView {
+    /// The view an instance wrote, as of database time `now`; `None` when it is older than
+    /// [`PROVIDER_VIEW_STALE`] (the instance stopped).
+    pub fn from_record(r: &crate::store::DestinationRecord, now: DateTime<Utc>) -> Option<Self> {
+        let age = (now - r.at_utc).to_std().unwrap_or_default();
+        if age > PROVIDER_VIEW_STALE {
+            return None;
+        }
+        let d = &r.detail;
+        let age_s = age.as_secs_f64();
+        Some(ProviderView {
+            consumer: r.consumer.clone(),
+            instance: r.instance.clone(),
+            state: d["state"].as_str().unwrap_or("unknown").to_string(),
+            rate_per_s: d["rate_per_s"].as_f64(),
+            resumes_in_s: d["resumes_in_s"].as_f64().map(|s| (s - age_s).max(0.0)),
+            failures: d["failures"].as_u64().unwrap_or(0),
+            updated_s_ago: age_s,
+        })
+    }
+}
+
+/// What a worker writes of its destination (see [`ProviderView::from_record`]).
+pub fn provider_detail(s: &crate::destination::DestinationStatus) -> String {
+    serde_json::json!({
+        "state": s.state.as_str(),
+        "rate_per_s": s.rate,
+        "resumes_in_s": s.resumes_in.map(|d| d.as_secs_f64()),
+        "failures": s.failures,
+    })
+    .to_string()
 }
 
 impl Report {
@@ -303,12 +365,20 @@ pub async fn build(
         }));
     }
     let last = store.last_sweep().await?;
+    let providers = store
+        .destinations()
+        .await?
+        .iter()
+        .filter(|r| only.is_none_or(|o| o == r.consumer))
+        .filter_map(|r| ProviderView::from_record(r, now))
+        .collect();
     Ok(Report {
         generated_utc: now,
         sweeper: sweeper_health(last, now, sweep_period, None),
         consumers: counts,
         attention,
         since_utc: since,
+        providers,
     })
 }
 
@@ -345,6 +415,7 @@ pub fn render_table(r: &Report) -> String {
         "mismatch",
         "started",
         "stuck",
+        "waiting",
         "completed",
         "failed",
         "attention",
@@ -358,6 +429,33 @@ pub fn render_table(r: &Report) -> String {
         counts.row(count_cells(c, opt));
     }
     out.push_str(&counts.text());
+    if r.providers
+        .iter()
+        .any(|p| p.state != "closed" || p.rate_per_s.is_some())
+    {
+        out.push_str("\nproviders (breaker, pace):\n");
+        let mut providers = Table::new(&[
+            "consumer",
+            "instance",
+            "state",
+            "rate_per_s",
+            "resumes_in_s",
+            "failures",
+        ]);
+        for p in &r.providers {
+            providers.row(vec![
+                p.consumer.clone(),
+                p.instance.clone(),
+                p.state.clone(),
+                p.rate_per_s
+                    .map(|r| format!("{r:.1}"))
+                    .unwrap_or_else(|| "no limit".into()),
+                opt(p.resumes_in_s),
+                p.failures.to_string(),
+            ]);
+        }
+        out.push_str(&providers.text());
+    }
     if !r.attention.is_empty() {
         out.push_str("\nneeds a look:\n");
         let mut attention = Table::new(&[
@@ -394,6 +492,7 @@ fn count_cells(c: &ConsumerCounts, figure: fn(Option<f64>) -> String) -> Vec<Str
         c.payload_mismatches.to_string(),
         c.started.to_string(),
         c.stuck.to_string(),
+        c.waiting.to_string(),
         c.completed.to_string(),
         c.failed.to_string(),
         c.needs_attention.to_string(),
@@ -414,6 +513,7 @@ pub fn render_csv(r: &Report) -> String {
         "payload_mismatches",
         "started",
         "stuck",
+        "waiting",
         "completed",
         "failed",
         "needs_attention",

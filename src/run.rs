@@ -4,6 +4,7 @@
 
 use crate::api::{self, AppState};
 use crate::app::App;
+use crate::claimer::Claimer;
 use crate::intake::amqp::AmqpIntake;
 use crate::report::SweeperActivity;
 use crate::retention;
@@ -17,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_cron_scheduler::{Job, JobScheduler};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Large buffers (request bodies, payloads up to `max_body_bytes`) come and go with the load.
 /// glibc's malloc raises its mmap threshold after the first large free, so later bodies are
@@ -292,6 +293,16 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         }));
     }
 
+    // Each provider's breaker and pace, written for `report` and the page when they change
+    // and every PROVIDER_VIEW_EVERY (a statement per change, none per message).
+    {
+        let claimer = app.claimer.clone();
+        let mut rx = stopped.clone();
+        background.push(tokio::spawn(async move {
+            write_provider_views(&claimer, &mut rx).await;
+        }));
+    }
+
     Ok(Running {
         http_addr,
         sandbox_addr,
@@ -342,5 +353,54 @@ impl Running {
             let _ = b.await;
         }
         left
+    }
+}
+
+/// Writes this instance's view of each consumer's provider ([`crate::report::ProviderView`])
+/// when its breaker state, pace or failure count changes, and every
+/// [`crate::report::PROVIDER_VIEW_EVERY`] otherwise, until `stop`.
+async fn write_provider_views(claimer: &Claimer, stop: &mut watch::Receiver<bool>) {
+    use crate::report::{PROVIDER_VIEW_EVERY, provider_detail};
+    let mut written: std::collections::HashMap<String, (String, std::time::Instant)> =
+        std::collections::HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        for consumer in claimer.consumers() {
+            let status = consumer.destination.status();
+            // What a reader compares: state, pace (rounded) and failures, not the countdown.
+            let shape = format!(
+                "{}/{:?}/{}",
+                status.state.as_str(),
+                status.rate.map(|r| r.round() as i64),
+                status.failures.min(100)
+            );
+            let due = written
+                .get(consumer.name())
+                .is_none_or(|(last, at)| *last != shape || at.elapsed() >= PROVIDER_VIEW_EVERY);
+            if !due {
+                continue;
+            }
+            match claimer
+                .store()
+                .mark_destination(
+                    consumer.name(),
+                    claimer.instance(),
+                    &provider_detail(&status),
+                )
+                .await
+            {
+                Ok(()) => {
+                    written.insert(
+                        consumer.name().to_string(),
+                        (shape, std::time::Instant::now()),
+                    );
+                }
+                Err(e) => debug!(error = %e, "could not write the provider's state"),
+            }
+        }
     }
 }

@@ -118,6 +118,7 @@ impl Claimer {
             let pass = match consumer.destination.admit(deadline).await {
                 Ok(pass) => pass,
                 Err(held) => {
+                    self.metrics.held(&claim.consumer, held.by.as_str());
                     let how = if pending_unknown {
                         Handoff::Undecided
                     } else {

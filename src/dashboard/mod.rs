@@ -198,6 +198,7 @@ mod tests {
                     ..Default::default()
                 },
                 since_utc: None,
+                providers: vec![],
                 consumers: vec![
                     ConsumerCounts {
                         consumer: "payments".into(),

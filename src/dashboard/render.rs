@@ -111,6 +111,7 @@ pub fn render(d: &Dashboard) -> String {
                 }
                 main {
                     (render_tiles(r, d.window))
+                    (render_providers(r))
                     (render_counts(&r.consumers, d.window))
                     (render_charts(d))
                     (render_attention(r, &d.commands, d.session.as_ref()))
@@ -236,6 +237,7 @@ fn total(consumers: &[ConsumerCounts]) -> ConsumerCounts {
         payload_mismatches: sum(|c| c.payload_mismatches),
         started: sum(|c| c.started),
         stuck: sum(|c| c.stuck),
+        waiting: sum(|c| c.waiting),
         completed: sum(|c| c.completed),
         failed: sum(|c| c.failed),
         needs_attention: sum(|c| c.needs_attention),
@@ -408,6 +410,50 @@ pub fn render_failed(d: &Dashboard) -> Markup {
                                 td { @if let Some(s) = c.provider_status { (s) } @else { "-" } }
                                 td { (c.last_error.as_deref().unwrap_or("-")) }
                                 td { (c.processed_utc.map(fmt_time).unwrap_or_default()) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Each instance's view of each consumer's provider: its breaker, its pace, and how many claims
+/// wait for it. Shown when a provider is anything but healthy and unlimited.
+fn render_providers(r: &Report) -> Markup {
+    let waiting = |name: &str| {
+        r.consumers
+            .iter()
+            .find(|c| c.consumer == name)
+            .map_or(0, |c| c.waiting)
+    };
+    let worth_showing = r
+        .providers
+        .iter()
+        .any(|p| p.state != "closed" || p.rate_per_s.is_some())
+        || r.consumers.iter().any(|c| c.waiting > 0);
+    html! {
+        @if worth_showing {
+            section {
+                h2 { "Providers" }
+                table {
+                    thead { tr { th { "consumer" } th { "instance" } th { "breaker" } th { "pace" } th { "next probe / pause ends" } th { "claims waiting" } } }
+                    tbody {
+                        @for p in &r.providers {
+                            tr {
+                                td { (p.consumer) }
+                                td { (p.instance) }
+                                td {
+                                    @match p.state.as_str() {
+                                        "closed" => span.ok { "closed (sending)" },
+                                        "open" => span.bad { "OPEN: failing, nothing sent; claims wait (no attempt spent)" },
+                                        other => span.bad { (other) ": one probe out" },
+                                    }
+                                }
+                                td.num { (p.rate_per_s.map(|x| format!("{x:.1}/s")).unwrap_or_else(|| "no limit".into())) }
+                                td.num { (p.resumes_in_s.map(|x| format!("{x:.0}s")).unwrap_or_else(|| "-".into())) }
+                                td.num { (waiting(&p.consumer)) }
                             }
                         }
                     }

@@ -112,6 +112,12 @@ pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderM
         .claimer
         .metrics()
         .body_bytes_in_flight(state.body_budget.in_use_bytes());
+    let destinations: Vec<_> = state
+        .claimer
+        .consumers()
+        .map(|c| (c.name().to_string(), c.destination.status()))
+        .collect();
+    state.claimer.metrics().destinations(&destinations);
     match state
         .claimer
         .metrics()

@@ -137,6 +137,12 @@ pub struct Statements {
     pub mark_sweep: &'static str,
     /// The last heartbeat (`at_utc`).
     pub last_sweep: &'static str,
+    /// Upsert one instance's view of a consumer's provider: row name, instance, detail (JSON).
+    pub mark_destination: &'static str,
+    /// Every destination row (`name`, `instance`, `at_utc`, `detail`), by name.
+    pub list_destinations: &'static str,
+    /// Delete destination rows not written for the milliseconds given (stopped instances).
+    pub prune_destinations: &'static str,
     /// The database's clock (`now`).
     pub now: &'static str,
     /// A statement that only proves the store answers.

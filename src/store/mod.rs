@@ -155,6 +155,19 @@ pub struct TakenClaim {
     pub age: Duration,
 }
 
+/// One instance's view of a consumer's provider, as it last wrote it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DestinationRecord {
+    /// Consumer.
+    pub consumer: String,
+    /// The instance that wrote it.
+    pub instance: String,
+    /// When (database time).
+    pub at_utc: DateTime<Utc>,
+    /// What it wrote (JSON: state, rate, resumes_in_s, failures).
+    pub detail: serde_json::Value,
+}
+
 /// Per-consumer counts for the report.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ConsumerCounts {
@@ -170,6 +183,10 @@ pub struct ConsumerCounts {
     pub started: i64,
     /// `started` claims whose lease has expired.
     pub stuck: i64,
+    /// `started` claims waiting for their provider, not stuck: handed back after answers that
+    /// applied nothing, held back by its breaker or rate limit, or after a status lookup
+    /// without an answer, each until its lease ends.
+    pub waiting: i64,
     /// Claims in `completed`.
     pub completed: i64,
     /// Claims in `failed`.
@@ -216,6 +233,7 @@ impl CountsByConsumer {
             let c = self.get(o.consumer);
             c.started = o.started;
             c.stuck = o.stuck;
+            c.waiting = o.waiting;
             c.needs_attention = o.needs_attention;
             c.oldest_started_age_s = o.oldest_started_age_s;
         }
@@ -400,6 +418,18 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// When the last sweeper pass (any instance) ended.
     async fn last_sweep(&self) -> StoreResult<Option<DateTime<Utc>>>;
+
+    /// Writes this instance's view of `consumer`'s provider (JSON `detail`), and forgets the
+    /// views no instance wrote for a day (stopped instances).
+    async fn mark_destination(
+        &self,
+        consumer: &str,
+        instance: &str,
+        detail: &str,
+    ) -> StoreResult<()>;
+
+    /// Every instance's latest view of each consumer's provider.
+    async fn destinations(&self) -> StoreResult<Vec<DestinationRecord>>;
 
     /// Deletes terminal claims last changed before `now - keep`, `batch` rows per statement,
     /// under a lock so one instance prunes at a time. `dry_run` only counts.

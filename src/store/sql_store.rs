@@ -17,8 +17,9 @@ use super::batch::Batcher;
 use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
 use super::rows::{claim_from_row, taken_from_row};
 use super::{
-    ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer, NewEvent,
-    PruneResult, Seen, SettleItem, Settlement, StoreError, StoreResult, TakenClaim,
+    ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer,
+    DestinationRecord, NewEvent, PruneResult, Seen, SettleItem, Settlement, StoreError,
+    StoreResult, TakenClaim,
 };
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
@@ -570,6 +571,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             if state == ClaimState::Started.as_str() {
                 c.started = n;
                 c.stuck = r.opt_i64("stuck")?.unwrap_or(0);
+                c.waiting = r.opt_i64("waiting")?.unwrap_or(0);
                 c.oldest_started_age_s = r.opt_i64("oldest_ms")?.map(|ms| ms as f64 / 1000.0);
             } else {
                 c.needs_attention = n;
@@ -582,6 +584,57 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         self.execute("mark_sweep", D::SQL.mark_sweep, &[Arg::Text(instance)])
             .await
             .map(|_| ())
+    }
+
+    async fn mark_destination(
+        &self,
+        consumer: &str,
+        instance: &str,
+        detail: &str,
+    ) -> StoreResult<()> {
+        let name = format!("destination:{consumer}:{instance}");
+        let sql = &D::SQL;
+        self.execute(
+            "mark_destination",
+            sql.mark_destination,
+            &[Arg::Text(&name), Arg::Text(instance), Arg::Text(detail)],
+        )
+        .await?;
+        self.execute(
+            "prune_destinations",
+            sql.prune_destinations,
+            &[Arg::I64(86_400_000)],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn destinations(&self) -> StoreResult<Vec<DestinationRecord>> {
+        let rows = self
+            .fetch("list_destinations", D::SQL.list_destinations, &[])
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let name = r.text("name")?;
+            let instance = r.text("instance")?;
+            // `destination:<consumer>:<instance>`; consumer names hold no ':'.
+            let consumer = name
+                .strip_prefix("destination:")
+                .and_then(|rest| rest.strip_suffix(&format!(":{instance}")))
+                .unwrap_or_default()
+                .to_string();
+            let detail = r
+                .opt_text("detail")?
+                .and_then(|d| serde_json::from_str(&d).ok())
+                .unwrap_or(serde_json::Value::Null);
+            out.push(DestinationRecord {
+                consumer,
+                instance,
+                at_utc: r.time("at_utc")?,
+                detail,
+            });
+        }
+        Ok(out)
     }
 
     async fn last_sweep(&self) -> StoreResult<Option<DateTime<Utc>>> {

@@ -164,6 +164,8 @@ pub(super) const STATEMENTS: Statements = Statements {
     count_open: "\
     SELECT consumer, state, COUNT(*) AS n, \
       COUNT(*) FILTER (WHERE lease_until < now()) AS stuck, \
+      COUNT(*) FILTER (WHERE lease_until >= now() AND handoff_attempt = attempt \
+                         AND handoff IN ('not_applied', 'undecided')) AS waiting, \
       (EXTRACT(EPOCH FROM now() - MIN(received_utc)) * 1000)::bigint AS oldest_ms \
     FROM claims WHERE state IN ('started', 'needs_attention') \
     GROUP BY consumer, state",
@@ -211,6 +213,16 @@ pub(super) const STATEMENTS: Statements = Statements {
     INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('sweeper', $1, now()) \
     ON CONFLICT (name) DO UPDATE SET instance = EXCLUDED.instance, at_utc = EXCLUDED.at_utc",
     last_sweep: "SELECT at_utc FROM claimd_heartbeats WHERE name = 'sweeper'",
+    mark_destination: "\
+    INSERT INTO claimd_heartbeats (name, instance, at_utc, detail) VALUES ($1, $2, now(), $3) \
+    ON CONFLICT (name) DO UPDATE SET instance = EXCLUDED.instance, at_utc = EXCLUDED.at_utc, \
+      detail = EXCLUDED.detail",
+    list_destinations: "\
+    SELECT name, instance, at_utc, detail FROM claimd_heartbeats \
+    WHERE name LIKE 'destination:%' ORDER BY name",
+    prune_destinations: "\
+    DELETE FROM claimd_heartbeats WHERE name LIKE 'destination:%' \
+      AND at_utc < now() - $1 * interval '1 millisecond'",
     now: "SELECT now() AS now",
     ping: "SELECT 1",
 };

@@ -164,7 +164,11 @@ pub(super) const STATEMENTS: Statements = Statements {
         "SELECT consumer, state, COUNT(*) AS n, \
        SUM(CASE WHEN lease_until < ",
         now_ms!(),
-        " THEN 1 ELSE 0 END) AS stuck, (",
+        " THEN 1 ELSE 0 END) AS stuck, \
+       SUM(CASE WHEN lease_until >= ",
+        now_ms!(),
+        " AND handoff_attempt = attempt AND handoff IN ('not_applied', 'undecided') \
+         THEN 1 ELSE 0 END) AS waiting, (",
         now_ms!(),
         " - MIN(received_utc)) AS oldest_ms \
      FROM claims WHERE state IN ('started', 'needs_attention') GROUP BY consumer, state"
@@ -216,6 +220,19 @@ pub(super) const STATEMENTS: Statements = Statements {
         ") ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, at_utc = excluded.at_utc"
     ),
     last_sweep: "SELECT at_utc FROM claimd_heartbeats WHERE name = 'sweeper'",
+    mark_destination: concat!(
+        "INSERT INTO claimd_heartbeats (name, instance, at_utc, detail) VALUES (?1, ?2, ",
+        now_ms!(),
+        ", ?3) ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, \
+         at_utc = excluded.at_utc, detail = excluded.detail"
+    ),
+    list_destinations: "SELECT name, instance, at_utc, detail FROM claimd_heartbeats \
+     WHERE name LIKE 'destination:%' ORDER BY name",
+    prune_destinations: concat!(
+        "DELETE FROM claimd_heartbeats WHERE name LIKE 'destination:%' AND at_utc < ",
+        now_ms!(),
+        " - ?1"
+    ),
     now: concat!("SELECT ", now_ms!(), " AS now"),
     ping: "SELECT 1",
 };
