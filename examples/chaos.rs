@@ -14,8 +14,10 @@
 //! root); without it the workers' connections are cut at a proxy instead. `CHAOS_INTAKE=amqp`
 //! publishes the ledger to RabbitMQ instead of posting it, and `CHAOS_BROKER_OUTAGE_S` (default
 //! 10 with amqp, 0 to skip) stops RabbitMQ (`rabbitmqctl stop_app`) for that long a third of the
-//! way in. `CHAOS_PROVIDER_OUTAGE_S` (default 10, 0 to skip) takes the provider down (its port
-//! refuses connections, calls in progress are cut) two thirds of the way in. Nothing else
+//! way in. `CHAOS_PROVIDER_OUTAGE_S` (default 30: ten leases, 0 to skip) takes the provider down (its port
+//! refuses connections, calls in progress are cut) two thirds of the way in, and
+//! `CHAOS_PROVIDER_RATE_LIMIT` (default 400, 0 for none) is the most POSTs a second the provider
+//! takes (`429` beyond it). Nothing else
 //! should be using the broker or the database server meanwhile.
 
 #[path = "../tests/common/mod.rs"]
@@ -58,6 +60,8 @@ async fn main() {
             // CHAOS_IGNORE_KEYS=1: a provider without idempotency, reconciled instead of
             // re-sent (issue 14's "key-ignoring provider behind the dropping proxy").
             ignore_keys: env_or("CHAOS_IGNORE_KEYS", 0u8) == 1,
+            // A provider that takes at most this many POSTs a second (429 beyond it); 0: none.
+            rate_limit: Some(env_or("CHAOS_PROVIDER_RATE_LIMIT", 400u32)).filter(|r| *r > 0),
         },
         on_unknown: if env_or("CHAOS_IGNORE_KEYS", 0u8) == 1 {
             "reconcile"
@@ -71,7 +75,8 @@ async fn main() {
         bad_input: true,
         emails: env_or("CHAOS_EMAILS", 2_000),
         broker_outage: (broker_outage_s > 0).then(|| Duration::from_secs(broker_outage_s)),
-        provider_outage: match env_or("CHAOS_PROVIDER_OUTAGE_S", 10u64) {
+        // Ten leases of the harness's workers (3 s each).
+        provider_outage: match env_or("CHAOS_PROVIDER_OUTAGE_S", 30u64) {
             0 => None,
             s => Some(Duration::from_secs(s)),
         },

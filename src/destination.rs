@@ -22,8 +22,16 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Failures in a row (no answer that decides anything) that open the breaker.
+/// Failures in a row (no answer that decides anything) that open the breaker, when they are
+/// also [`FAILED_OF_RECENT`] of the last [`RECENT`] answers: a provider that is down fails
+/// every call, one that fails some calls at random (a flaky `503`) stays in use.
 pub const FAILURES_TO_OPEN: u32 = 5;
+/// How many of the last answers the breaker looks at.
+pub const RECENT: usize = 10;
+/// How many of the last [`RECENT`] answers must have failed to open the breaker.
+pub const FAILED_OF_RECENT: usize = 8;
+/// An outage shorter than this resumes at the pace it had; a longer one starts slow.
+const BLIP: Duration = Duration::from_secs(5);
 /// The first open period; each failed probe doubles it.
 pub const MIN_OPEN: Duration = Duration::from_secs(1);
 /// The longest open period: the longest a recovered provider waits for its first probe.
@@ -31,7 +39,7 @@ pub const MAX_OPEN: Duration = Duration::from_secs(15);
 /// The pace a destination restarts at after an outage (requests per second).
 const SLOW_START: f64 = 10.0;
 /// Above this adaptive pace without a ceiling, the limit is lifted altogether.
-const UNLIMITED_ABOVE: f64 = 100_000.0;
+const UNLIMITED_ABOVE: f64 = 1_000.0;
 /// The longest pause a `Retry-After` can ask for.
 const MAX_PAUSE: Duration = Duration::from_secs(600);
 /// A probe whose answer never came (its task was cancelled) is given up after this.
@@ -196,6 +204,10 @@ enum Breaker {
 struct Inner {
     breaker: Breaker,
     failures: u32,
+    /// The last answers, `true` for a failure (at most [`RECENT`]).
+    recent_verdicts: VecDeque<bool>,
+    /// When the breaker last opened from closed, and the pace it had then.
+    opened: Option<(Instant, Option<f64>, Option<f64>)>,
     open_for: Duration,
     /// The adaptive pace (requests per second); `None`: none (only the ceiling applies).
     pace: Option<f64>,
@@ -227,6 +239,8 @@ impl Destination {
             inner: Mutex::new(Inner {
                 breaker: Breaker::Closed,
                 failures: 0,
+                recent_verdicts: VecDeque::with_capacity(RECENT),
+                opened: None,
                 open_for: MIN_OPEN,
                 pace: None,
                 threshold: None,
@@ -336,6 +350,14 @@ impl Destination {
                 }
             }
         };
+        if !matches!(verdict, Verdict::Neutral) {
+            if inner.recent_verdicts.len() == RECENT {
+                inner.recent_verdicts.pop_front();
+            }
+            inner
+                .recent_verdicts
+                .push_back(matches!(verdict, Verdict::Failed { .. }));
+        }
         match verdict {
             Verdict::Neutral => {
                 if pass.probe {
@@ -348,10 +370,19 @@ impl Destination {
                 if pass.probe || !matches!(inner.breaker, Breaker::Closed) {
                     inner.breaker = Breaker::Closed;
                     inner.open_for = MIN_OPEN;
-                    // Slow start: the backlog drains from a low pace upwards.
-                    let start = self.ceiling.map_or(SLOW_START, |c| c.min(SLOW_START));
-                    inner.pace = Some(start);
-                    inner.threshold = None;
+                    match inner.opened.take() {
+                        // A blip: go on at the pace it had.
+                        Some((at, pace, threshold)) if now < at + BLIP => {
+                            inner.pace = pace;
+                            inner.threshold = threshold;
+                        }
+                        // After an outage, slow start: the backlog drains from a low pace up.
+                        _ => {
+                            let start = self.ceiling.map_or(SLOW_START, |c| c.min(SLOW_START));
+                            inner.pace = Some(start);
+                            inner.threshold = None;
+                        }
+                    }
                     inner.last_growth = now;
                     inner.next_free = inner.next_free.max(now);
                 }
@@ -392,9 +423,11 @@ impl Destination {
                     inner.breaker = Breaker::Open { until };
                 } else if matches!(inner.breaker, Breaker::Closed)
                     && inner.failures >= FAILURES_TO_OPEN
+                    && inner.recent_verdicts.iter().filter(|f| **f).count() >= FAILED_OF_RECENT
                 {
                     let until = now + inner.open_for.max(retry_after.unwrap_or_default());
                     inner.breaker = Breaker::Open { until };
+                    inner.opened = Some((now, inner.pace, inner.threshold));
                 }
             }
         }
@@ -473,7 +506,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failing_destination_opens_and_probes_one_request_at_a_time() {
         let d = Destination::new(None);
-        for _ in 0..FAILURES_TO_OPEN {
+        for _ in 0..FAILED_OF_RECENT {
             let p = d.reserve(far()).unwrap();
             d.record(p, down());
         }
@@ -511,11 +544,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn after_an_outage_the_pace_starts_low_and_rises_to_the_ceiling() {
         let d = Destination::new(Some(500.0));
-        for _ in 0..FAILURES_TO_OPEN {
+        for _ in 0..FAILED_OF_RECENT {
             let p = d.reserve(far()).unwrap();
             d.record(p, down());
         }
-        tokio::time::advance(MIN_OPEN).await;
+        // Down for 7 s: probes at 1 s and 3 s fail, the one at 7 s is answered.
+        for wait in [1, 2] {
+            tokio::time::advance(Duration::from_secs(wait)).await;
+            let probe = d.reserve(far()).unwrap();
+            d.record(probe, down());
+        }
+        tokio::time::advance(Duration::from_secs(4)).await;
         let probe = d.reserve(far()).unwrap();
         d.record(probe, Verdict::Answered);
         assert_eq!(d.status().rate, Some(10.0));
@@ -523,6 +562,33 @@ mod tests {
         assert_eq!(d.status().rate, Some(80.0));
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(d.status().rate, Some(500.0), "capped by the ceiling");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flaky_provider_stays_in_use_and_a_blip_resumes_at_full_pace() {
+        let d = Destination::new(None);
+        // Three calls in ten fail, five of them in a row once: not a provider that is down.
+        let pattern = [
+            true, true, true, true, true, false, false, false, false, false,
+        ];
+        for failed in pattern.iter().chain(pattern.iter()) {
+            let p = d.reserve(far()).unwrap();
+            d.record(p, if *failed { down() } else { Verdict::Answered });
+        }
+        assert_eq!(d.status().state, BreakerState::Closed);
+        // Down for a second, then back: the pace it had (none), no slow start.
+        let mut failed = 0;
+        while let Ok(p) = d.reserve(far()) {
+            d.record(p, down());
+            failed += 1;
+        }
+        assert!(failed <= RECENT, "{failed} failures to open");
+        assert_eq!(d.status().state, BreakerState::Open);
+        tokio::time::advance(MIN_OPEN).await;
+        let probe = d.reserve(far()).unwrap();
+        d.record(probe, Verdict::Answered);
+        assert_eq!(d.status().state, BreakerState::Closed);
+        assert_eq!(d.status().rate, None);
     }
 
     #[tokio::test(start_paused = true)]

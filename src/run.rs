@@ -153,6 +153,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             fail_rate: config.sandbox.fail_rate,
             ambiguous_rate: config.sandbox.ambiguous_rate,
             ignore_keys: config.sandbox.ignore_keys,
+            rate_limit: Some(config.sandbox.rate_limit).filter(|r| *r > 0),
         });
         let mut rx = stopped.clone();
         background.push(tokio::spawn(async move {

@@ -298,7 +298,25 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
             c[0].started == 0
         })
         .await,
-        "no claim stays started"
+        "no claim stays started: {:?}",
+        s.list(&claimd::store::ClaimFilter {
+            state: Some(claimd::claim::ClaimState::Started),
+            consumer: None,
+            stuck: false,
+            since: None,
+            limit: 5,
+        })
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| (
+            c.message_id.clone(),
+            c.attempt,
+            c.waits,
+            c.lease_until,
+            c.last_error.clone()
+        ))
+        .collect::<Vec<_>>()
     );
     running.shutdown(Duration::from_secs(5)).await;
 }

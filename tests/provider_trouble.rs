@@ -246,7 +246,7 @@ impl Front {
     }
 }
 
-const LEASE_S: u64 = 1;
+const LEASE_S: u64 = 2;
 
 fn trouble_config(store: &TestStore, url: &str, extra: &str) -> String {
     let consumer = consumer_toml(
@@ -256,7 +256,7 @@ fn trouble_config(store: &TestStore, url: &str, extra: &str) -> String {
             "key = \"{{message_id}}\"\nlease = \"{LEASE_S}s\"\nmax_attempts = 8\nconcurrency = 16\n{extra}"
         ),
     )
-    .replace("timeout = \"1s\"", "timeout = \"300ms\"");
+    .replace("timeout = \"1s\"", "timeout = \"600ms\"");
     config_toml(&store.url(), &consumer)
 }
 
@@ -357,6 +357,14 @@ async fn outage(store: TestStore, mode: Option<Mode>) {
         let base = base.clone();
         tokio::spawn(async move { post_steadily(&base, "during", 100, 10).await })
     };
+    tokio::time::sleep(down_for / 2).await;
+    // claimd is healthy; its provider is not: the instance stays ready.
+    let ready = client().get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(
+        ready.status().as_u16(),
+        200,
+        "ready while the provider is down"
+    );
     tokio::time::sleep(down_for.saturating_sub(down_since.elapsed())).await;
     let while_down = provider.books.lock().unwrap().while_down - counted_from;
     provider.set(Mode::Up);
@@ -553,8 +561,11 @@ async fn a_lagging_status_search_is_trusted_after_not_found_after_across_takeove
 async fn claimd_sweep_finishes_what_it_started_before_it_exits() {
     let store = TestStore::sqlite();
     let unavailable = || (503, b"try later".to_vec(), None);
-    let (provider, front) = scripted(vec![unavailable(), unavailable()]).await;
-    let toml = trouble_config(&store, &front.url(), "lease = \"20s\"");
+    let (provider, front) = scripted(vec![unavailable(), unavailable(), unavailable()]).await;
+    // Three 503s and their backoffs (100, 200, 400 ms) outlast the pass's wait of one 200 ms
+    // call timeout.
+    let toml = trouble_config(&store, &front.url(), "lease = \"20s\"")
+        .replace("timeout = \"600ms\"", "timeout = \"200ms\"");
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("sweep.toml");
     std::fs::write(&config, &toml).unwrap();

@@ -99,19 +99,6 @@ impl Claimer {
         let mut pending_unknown = resend.is_some();
         let mut next_is_resend = resend;
         loop {
-            if let Some(why) = next_is_resend.take()
-                && let Err(end) = Box::pin(self.settler.resend_or_end(
-                    &mut slot,
-                    claim,
-                    why,
-                    &mut resent,
-                    cfg.max_sends,
-                    settle_until,
-                ))
-                .await
-            {
-                return end;
-            }
             // The destination's breaker and pace: wait in place while that ends before the
             // deadline, else hand the claim back with a lease that ends when it may go. Either
             // way no attempt is spent and nothing is sent.
@@ -135,6 +122,22 @@ impl Claimer {
                     .await;
                 }
             };
+            // A re-send is admitted (counted, capped by max_sends) only once it may go: a send
+            // the destination held back was never made, so it is never counted.
+            if let Some(why) = next_is_resend.take()
+                && let Err(end) = Box::pin(self.settler.resend_or_end(
+                    &mut slot,
+                    claim,
+                    why,
+                    &mut resent,
+                    cfg.max_sends,
+                    settle_until,
+                ))
+                .await
+            {
+                consumer.destination.record(pass, Verdict::Neutral);
+                return end;
+            }
             let called = Instant::now();
             let outcome = consumer.effect.perform(claim).await;
             consumer
@@ -356,7 +359,7 @@ enum AfterCall {
 
 /// The longest a waiting claim is left before the sweeper takes it again (a backoff; an open
 /// destination's probe or a `Retry-After` may ask for longer).
-pub(crate) const WAIT_CAP: Duration = Duration::from_secs(30);
+pub(crate) const WAIT_CAP: Duration = Duration::from_secs(10);
 
 /// How long a claim that waits is left before the sweeper takes it: its own backoff
 /// ([`policy::wait_backoff`] by the waits so far), or longer when the provider asked

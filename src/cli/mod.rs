@@ -145,6 +145,9 @@ pub enum Command {
         /// Behave like a provider without idempotency keys.
         #[arg(long)]
         ignore_keys: bool,
+        /// Take at most N POSTs a second, answering 429 (Retry-After: 1) beyond [default: no limit].
+        #[arg(long)]
+        rate_limit: Option<u32>,
     },
 }
 

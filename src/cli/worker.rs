@@ -11,6 +11,7 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         fail_rate,
         ambiguous_rate,
         ignore_keys,
+        rate_limit,
     } = &cli.command
     else {
         unreachable!("called for `claimd sandbox` only")
@@ -30,6 +31,7 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         ambiguous_rate: ambiguous_rate.unwrap_or(file.ambiguous_rate),
         // A flag can only turn it on; the file may have turned it on already.
         ignore_keys: *ignore_keys || file.ignore_keys,
+        rate_limit: rate_limit.or(Some(file.rate_limit)).filter(|r| *r > 0),
     };
     let listener = match tokio::net::TcpListener::bind(&listen).await {
         Ok(l) => l,
@@ -41,6 +43,7 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         fail_rate = options.fail_rate,
         ambiguous_rate = options.ambiguous_rate,
         ignore_keys = options.ignore_keys,
+        rate_limit = options.rate_limit,
         "sandbox provider listening"
     );
     let sandbox = Sandbox::new(options);

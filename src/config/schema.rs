@@ -171,6 +171,8 @@ pub struct SandboxConfig {
     pub ambiguous_rate: f64,
     /// Behave like a provider without idempotency keys.
     pub ignore_keys: bool,
+    /// Take at most this many `POST`s a second, answering `429` beyond (0: no limit).
+    pub rate_limit: u32,
 }
 
 impl Default for SandboxConfig {
@@ -182,6 +184,7 @@ impl Default for SandboxConfig {
             fail_rate: 0.0,
             ambiguous_rate: 0.0,
             ignore_keys: false,
+            rate_limit: 0,
         }
     }
 }

@@ -13,6 +13,8 @@
 //! - `fail_rate` P: with probability P a `POST` is answered `503` without applying anything.
 //! - `ambiguous_rate` P: with probability P the effect is applied and recorded, then the
 //!   provider either answers `500` or drops the connection without any response (50/50).
+//! - `rate_limit` N: at most N `POST`s a second (a token bucket holding one second's worth);
+//!   beyond it a `POST` is answered `429` with `Retry-After: 1`, nothing applied.
 //! - `ignore_keys`: a provider without idempotency — every `POST` applies (the key header is
 //!   optional; when present the effect is counted under it), nothing is replayed or refused.
 //! - It speaks HTTP/1.1, and HTTP/2 to a client that starts with the HTTP/2 preface (h2c,
@@ -79,6 +81,8 @@ pub struct SandboxOptions {
     pub ambiguous_rate: f64,
     /// Behave like a provider without idempotency: apply every request, never replay.
     pub ignore_keys: bool,
+    /// Take at most this many `POST`s a second (`429` beyond it); `None`: no limit.
+    pub rate_limit: Option<u32>,
 }
 
 impl Default for SandboxOptions {
@@ -89,6 +93,7 @@ impl Default for SandboxOptions {
             fail_rate: 0.0,
             ambiguous_rate: 0.0,
             ignore_keys: false,
+            rate_limit: None,
         }
     }
 }
@@ -135,6 +140,10 @@ struct Inner {
     connections: AtomicU64,
     next_id: AtomicU64,
     unkeyed: AtomicU64,
+    /// The rate limit's token bucket: tokens left and when it was last filled.
+    bucket: Mutex<(f64, std::time::Instant)>,
+    /// `POST`s answered `429` by the rate limit.
+    limited: AtomicU64,
 }
 
 /// The state of one key.
@@ -189,6 +198,7 @@ impl Sandbox {
             ambiguous_rate: clamp(options.ambiguous_rate),
             ..options
         };
+        let rate_limit = options.rate_limit;
         Self {
             inner: Arc::new(Inner {
                 options,
@@ -199,6 +209,11 @@ impl Sandbox {
                 connections: AtomicU64::new(0),
                 next_id: AtomicU64::new(1),
                 unkeyed: AtomicU64::new(1),
+                bucket: Mutex::new((
+                    f64::from(rate_limit.unwrap_or(0)),
+                    std::time::Instant::now(),
+                )),
+                limited: AtomicU64::new(0),
             }),
         }
     }
@@ -287,9 +302,33 @@ impl Sandbox {
     pub fn connections(&self) -> u64 {
         self.inner.connections.load(Ordering::Relaxed)
     }
+
+    /// `POST`s answered `429` by `rate_limit` so far.
+    pub fn rate_limited(&self) -> u64 {
+        self.inner.limited.load(Ordering::Relaxed)
+    }
 }
 
 impl Inner {
+    /// Takes one token of the rate limit's bucket (refilled at `rate_limit` a second, holding
+    /// at most one second's worth); `false` when it is empty. Always `true` without a limit.
+    fn take_token(&self) -> bool {
+        let Some(rate) = self.options.rate_limit.filter(|r| *r > 0) else {
+            return true;
+        };
+        let rate = f64::from(rate);
+        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        b.0 = (b.0 + (now - b.1).as_secs_f64() * rate).min(rate);
+        b.1 = now;
+        if b.0 >= 1.0 {
+            b.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Slot>> {
         let index = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
         // A panic while holding the lock cannot leave a map half-updated; keep going.
@@ -521,6 +560,18 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
             ));
         }
     };
+
+    if !inner.take_token() {
+        inner.limited.fetch_add(1, Ordering::Relaxed);
+        let mut r = problem(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too Many Requests",
+            "rate limit exceeded; nothing was applied, retry after 1 s".into(),
+        );
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+        return Ok(r);
+    }
 
     if Inner::roll(options.fail_rate) {
         tracing::debug!(?key, "sandbox simulating 503 (nothing applied)");
