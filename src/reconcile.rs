@@ -70,6 +70,15 @@ pub struct Audit {
     pub mismatches: Vec<Mismatch>,
 }
 
+impl Audit {
+    /// Whether claims were read and none could be decided (every lookup unknown: the
+    /// provider down or its answers unreadable). `claimd reconcile` exits 1 then: an audit that
+    /// checked nothing is not a clean audit.
+    pub fn nothing_decided(&self) -> bool {
+        self.checked == 0 && self.undecided > 0
+    }
+}
+
 /// What to run about a mismatch: the command, from [`OperatorCommands`] (ids and tenants come
 /// from clients, so the command quotes them).
 fn suggestion(commands: &OperatorCommands, kind: MismatchKind, c: &Claim) -> String {
@@ -193,5 +202,20 @@ mod tests {
             Some(MismatchKind::OpenButApplied)
         );
         assert!(MismatchKind::CompletedUnknownToProvider < MismatchKind::OpenButApplied);
+    }
+
+    #[test]
+    fn an_audit_that_decided_nothing_is_a_failure_to_check() {
+        let audit = |checked, undecided| Audit {
+            checked,
+            undecided,
+            ..Default::default()
+        };
+        assert!(audit(0, 10_031).nothing_decided());
+        assert!(!audit(1, 10_030).nothing_decided(), "some were checked");
+        assert!(
+            !audit(0, 0).nothing_decided(),
+            "nothing to check is not a failure"
+        );
     }
 }

@@ -11,7 +11,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const TOKEN: &str = "t0ken";
+const TOKEN: &str = "t0ken-0123456789abcdef";
 const PARKED_REASON: &str =
     "outcome unknown (timeout after 10s, request sent); on_unknown = \"park\"";
 const EXHAUSTED_REASON: &str = "attempts exhausted: attempt 8 of max_attempts 8";

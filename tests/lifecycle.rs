@@ -145,7 +145,7 @@ async fn admin_routes_need_the_token_and_secrets_never_reach_the_logs() {
     std::fs::write(&cfg, toml).unwrap();
     let log = dir.path().join("worker.log");
     // SAFETY of the test: the variables are read by the child process only.
-    let admin = "adm-7f3c9e1d5b";
+    let admin = "adm-7f3c9e1d5b2a4c";
     let secret = "prov-a81d44c0e2";
     let child = std::process::Command::new(common::claimd_bin())
         .args(["run", "--config"])

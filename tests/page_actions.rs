@@ -30,7 +30,7 @@ fn csrf_of(page: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_in_person_resolves_and_redrives_from_the_page() {
-    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin\"").await;
+    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin-token\"").await;
     let base = format!("http://{}", running.http_addr);
     let s = running.app().store.clone();
     parked_claim(
@@ -69,7 +69,7 @@ async fn a_signed_in_person_resolves_and_redrives_from_the_page() {
     // Opened with the bearer header (a script, a proxy): read-only, no forms.
     let page = c
         .get(format!("{base}/"))
-        .bearer_auth("s3cret-admin")
+        .bearer_auth("s3cret-admin-token")
         .send()
         .await
         .unwrap()
@@ -94,7 +94,7 @@ async fn a_signed_in_person_resolves_and_redrives_from_the_page() {
     let r = post(
         "/signin",
         None,
-        form(&[("name", "ann"), ("token", "s3cret-admin")]),
+        form(&[("name", "ann"), ("token", "s3cret-admin-token")]),
     )
     .await
     .unwrap();

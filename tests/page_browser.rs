@@ -204,7 +204,7 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     let Some(b) = Browser::start().await else {
         return;
     };
-    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin\"").await;
+    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin-token\"").await;
     let base = format!("http://{}", running.http_addr);
     let s = running.app().store.clone();
     // A day's worth of ordinary work first (the page is also README's picture): payments
@@ -256,7 +256,7 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     b.go(&format!("{base}/")).await;
     b.wait_for("Admin token").await;
     b.type_into("#name", "ann").await;
-    b.type_into("#token", "s3cret-admin").await;
+    b.type_into("#token", "s3cret-admin-token").await;
     b.click("button[type=submit]").await;
     b.wait_for("signed in as").await;
     // The sweeper (every second here) has reported a pass: the page shows it running.

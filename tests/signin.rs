@@ -17,7 +17,7 @@ fn no_redirects() -> reqwest::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signing_in_opens_the_page_and_actions_need_the_csrf_token() {
-    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin\"").await;
+    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin-token\"").await;
     let base = format!("http://{}", running.http_addr);
     let c = no_redirects();
 
@@ -51,7 +51,7 @@ async fn signing_in_opens_the_page_and_actions_need_the_csrf_token() {
     let r = c
         .post(format!("{base}/signin"))
         .header("Content-Type", "application/x-www-form-urlencoded")
-        .body("name=ann&token=s3cret-admin")
+        .body("name=ann&token=s3cret-admin-token")
         .send()
         .await
         .unwrap();
@@ -120,7 +120,7 @@ async fn signing_in_opens_the_page_and_actions_need_the_csrf_token() {
     // The bearer header needs no CSRF token (it reaches the route: no such claim).
     let r = c
         .post(&redrive)
-        .bearer_auth("s3cret-admin")
+        .bearer_auth("s3cret-admin-token")
         .json(&json!({"actor":"script"}))
         .send()
         .await

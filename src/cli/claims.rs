@@ -148,8 +148,9 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                     claim.last_error.clone().unwrap_or_else(|| "-".into()),
                 ),
             ];
+            // Values from clients and providers: one line each, nothing a terminal would act on.
             for (k, v) in fields {
-                let _ = writeln!(s, "{k:<16} {v}");
+                let _ = writeln!(s, "{k:<16} {}", escape_controls(&v));
             }
             s.push_str("\nhistory:\n");
             let mut t = Table::new(&[

@@ -24,7 +24,7 @@ use crate::run;
 use crate::sandbox::{Sandbox, SandboxOptions};
 use crate::store::ClaimFilter;
 use crate::sweeper::Sweeper;
-use crate::table::Table;
+use crate::table::{Table, escape_controls, escape_controls_keep_lines};
 use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::fmt::Write as _;
@@ -309,9 +309,11 @@ impl Output {
             ..Default::default()
         }
     }
+    /// A one-line failure. The message may echo input (an id, a provider's answer): its
+    /// controls are escaped, line breaks included, so it stays one line.
     fn fail(code: i32, message: impl std::fmt::Display) -> Self {
         Output {
-            stderr: format!("claimd: {message}\n"),
+            stderr: format!("claimd: {}\n", escape_controls(&message.to_string())),
             code,
             ..Default::default()
         }
@@ -348,7 +350,23 @@ pub(super) fn to_json<T: serde::Serialize>(v: &T) -> String {
 
 /// Runs one command: reads the configuration, sets up logging (after the configuration, whose
 /// `[log] format` it follows), then does the work.
+///
+/// What it returns is safe to print on a terminal: values are escaped where they are put in a
+/// line (table cells, `claims show`, error messages), and the whole output is escaped again
+/// with its line breaks kept ([`escape_controls_keep_lines`]), so no text a client or provider
+/// wrote can reach the terminal as a control sequence, whichever line it ends up in. JSON
+/// output parses to the same value: the escapes are JSON's.
 pub async fn execute(cli: Cli) -> Output {
+    let mut out = execute_unescaped(cli).await;
+    for text in [&mut out.stdout, &mut out.stderr] {
+        if let std::borrow::Cow::Owned(escaped) = escape_controls_keep_lines(text) {
+            *text = escaped;
+        }
+    }
+    out
+}
+
+async fn execute_unescaped(cli: Cli) -> Output {
     if let Command::Sandbox { .. } = &cli.command {
         return sandbox(&cli).await;
     }

@@ -102,6 +102,18 @@ pub(super) async fn reconcile_cmd(
             s
         }
     };
+    // Nothing decided (the provider down, every lookup unknown) is a failure to check, not a
+    // clean audit: a cron check must not stay green on it.
+    if audit.nothing_decided() {
+        return Output {
+            stdout,
+            stderr: format!(
+                "claimd: reconcile could not check any claim: {} undecided (the status endpoint gave no usable answer; is the provider reachable?)\n",
+                audit.undecided
+            ),
+            code: 1,
+        };
+    }
     let code = if audit.mismatches.is_empty() { 0 } else { 3 };
     Output {
         stdout,

@@ -50,6 +50,96 @@ pub enum ConfigError {
     },
 }
 
+/// Largest configuration file read (1 MiB; the shipped ones are a few KiB). A bigger file, or
+/// one that never ends (`--config /dev/zero`), is refused instead of read into memory.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// Reads a configuration file: a regular file (not a device, pipe or directory: `/dev/zero`
+/// would be read until memory runs out, a FIFO would wait forever), at most
+/// [`MAX_CONFIG_BYTES`] long, UTF-8. The size is counted while reading, as files under `/proc`
+/// say they are empty.
+fn read_config_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
+    // The error names no byte of the file: it may be any file, secrets included.
+    String::from_utf8(bytes).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not UTF-8 text (at byte {})", e.utf8_error().valid_up_to()),
+        )
+    })
+}
+
+/// A TOML syntax error as one line: where (line, column, and the key being read when the line
+/// names one) and the parser's words, never the text of the line. The line is often a secret
+/// (`admin_token = "SuperSecret...` without its closing quote), and `--config` may name any
+/// file (`/proc/self/environ`).
+fn syntax_message(text: &str, mut e: toml::de::Error) -> String {
+    let at = e.span().map(|s| s.start.min(text.len()));
+    // Without the input, the error's own text is its message (and key) only.
+    e.set_input(None);
+    let words = one_line(&e.to_string());
+    let Some(at) = at else { return words };
+    let before = &text[..text.floor_char_boundary(at)];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    match key_on_line(text, line_start) {
+        Some(key) => format!("line {line}, column {column}, key {key}: {words}"),
+        None => format!("line {line}, column {column}: {words}"),
+    }
+}
+
+/// The dotted key a `key = value` line starting at `line_start` sets, with its table
+/// (`http.admin_token`); `None` when the line is not one (the inside of a multi-line string,
+/// say, which is not shown).
+fn key_on_line(text: &str, line_start: usize) -> Option<String> {
+    let bare = |k: &str| {
+        !k.is_empty()
+            && k.len() <= 64
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    let line = text[line_start..].lines().next().unwrap_or("");
+    // A line with control characters is not from a TOML file (`/proc/self/environ` is one
+    // line of `NAME=value` joined by NULs): nothing of it is shown.
+    if line
+        .chars()
+        .any(|c| c.is_control() && c != '\t' && c != '\r')
+    {
+        return None;
+    }
+    let key = line.split_once('=')?.0.trim();
+    if !bare(key) {
+        return None;
+    }
+    let table = text[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim())
+        .filter(|t| bare(t));
+    Some(match table {
+        Some(t) => format!("{t}.{key}"),
+        None => key.to_string(),
+    })
+}
+
 /// A loaded configuration plus the warnings an operator should see at start.
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -65,9 +155,10 @@ impl Config {
         self.consumers.iter().map(|c| c.name.clone()).collect()
     }
 
-    /// Reads `path`, applies the process environment and validates.
+    /// Reads `path` (a regular file of at most [`MAX_CONFIG_BYTES`]), applies the process
+    /// environment and validates.
     pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = read_config_file(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
@@ -88,7 +179,7 @@ impl Config {
             .map(toml::Value::Table)
             .map_err(|e| ConfigError::Syntax {
                 path: path.to_path_buf(),
-                message: one_line(&e.to_string()),
+                message: syntax_message(text, e),
             })?;
         // Keys set from the environment, so an error in one names the variable, not the file.
         let mut from_env: Vec<(String, String)> = Vec::new();

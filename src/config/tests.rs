@@ -511,3 +511,112 @@ fn the_http_version_is_1_1_unless_2_is_asked_and_nothing_else_is_taken() {
         }
     }
 }
+
+/// Issue 24: a TOML syntax error says where (line, column, key), never the line's text.
+#[test]
+fn a_syntax_error_names_line_column_and_key_but_not_the_text() {
+    let text = "[store]\nurl = \"sqlite://x.db\"\n[http]\nadmin_token = \"SuperSecretValue1234\n";
+    let e = error_of(text);
+    assert!(!e.contains("SuperSecret"), "the line is not shown: {e}");
+    assert!(
+        e.contains("not valid TOML")
+            && e.contains("line 4, column")
+            && e.contains("key http.admin_token"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "one line: {e:?}");
+    // A line that is no `key = value` gives no key (and still no text).
+    let e = error_of("[store]\nurl = \"\"\"\nsecret=hunter2 \" \" \" \n");
+    assert!(!e.contains("hunter2") && e.contains("line "), "{e}");
+}
+
+/// Issue 24: `--config` reads a regular file of at most 1 MiB: no device, no pipe, no endless
+/// read; a file that is not TOML (`/proc/self/environ`) is refused without its content.
+#[test]
+fn only_a_regular_file_of_bounded_size_is_read_and_none_of_its_text_is_echoed() {
+    for device in ["/dev/zero", "/dev/null", "/"] {
+        let e = Config::load(Path::new(device)).unwrap_err().to_string();
+        assert!(e.contains("cannot read"), "{device}: {e}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, "#".repeat(MAX_CONFIG_BYTES as usize + 1)).unwrap();
+    let e = Config::load(&big).unwrap_err().to_string();
+    assert!(e.contains("larger than 1048576 bytes"), "{e}");
+    let environ = dir.path().join("environ");
+    std::fs::write(&environ, b"HOME=/root\0CLAIMD_SECRET=hunter2\0PATH=/bin\0").unwrap();
+    let e = Config::load(&environ).unwrap_err().to_string();
+    assert!(!e.contains("hunter2") && !e.contains("HOME"), "{e}");
+    if Path::new("/proc/self/environ").exists() {
+        let e = Config::load(Path::new("/proc/self/environ"))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("PATH=") && !e.contains("HOME="), "{e}");
+    }
+}
+
+/// Issue 24: tokens are empty or at least 16 characters, and the admin token is not the
+/// intake token; the message names the key and never the value.
+#[test]
+fn short_or_shared_tokens_are_refused_naming_the_key() {
+    let with = |http: &str| BASE.replace("[store]", &format!("[http]\n{http}\n[store]"));
+    let env = [("PROVIDER_TOKEN", "x")];
+    for (http, key) in [
+        ("admin_token = \"adm1n\"", "http.admin_token"),
+        ("intake_token = \"short-token-15c\"", "http.intake_token"),
+        (
+            "admin_token = \"same-token-0123456789\"\nintake_token = \"same-token-0123456789\"",
+            "http.intake_token",
+        ),
+    ] {
+        let e = load(&with(http), &env).unwrap_err().to_string();
+        assert!(e.contains(key), "{http}: {e}");
+        assert!(
+            !e.contains("adm1n") && !e.contains("short-token") && !e.contains("same-token"),
+            "no token shown: {e}"
+        );
+    }
+    for ok in [
+        "admin_token = \"\"\nintake_token = \"\"",
+        "admin_token = \"0123456789abcdef\"",
+        "admin_token = \"admin-token-0123456789\"\nintake_token = \"intake-token-0123456789\"",
+    ] {
+        load(&with(ok), &env).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+}
+
+/// Issue 24: a payload field in `effect.url`, as docs/providers.md allows, loads; an effect
+/// URL in an error shows no query value that is not a known setting.
+#[test]
+fn a_payload_field_in_the_effect_url_loads_and_url_errors_hide_query_values() {
+    let env = [("PROVIDER_TOKEN", "x")];
+    let field = BASE.replace(
+        "/v1/payments\"",
+        "/v1/customers/{customer_id}/payments?ref={message_id}\"",
+    );
+    let l = load(&field, &env).unwrap_or_else(|e| panic!("{e}"));
+    let EffectConfig::Http(h) = &l.config.consumers[0].effect else {
+        panic!("http effect")
+    };
+    let effect = crate::effect::http::HttpEffect::new(h).unwrap();
+    use crate::effect::Effect as _;
+    assert!(
+        effect
+            .validate(br#"{"customer_id":"cus_1"}"#, "application/json")
+            .is_ok()
+    );
+    let e = effect
+        .validate(
+            br#"{"customer_id":"cus_1","customer_id":"cus_2"}"#,
+            "application/json",
+        )
+        .unwrap_err();
+    assert!(e.contains("\"customer_id\" appears twice"), "{e}");
+    let bad = BASE.replace(
+        "url = \"http://127.0.0.1:8090/v1/payments\"",
+        "url = \"http//127.0.0.1:8090/v1/payments?sig=hunter2&api-key=hunter2\"",
+    );
+    let e = load(&bad, &env).unwrap_err().to_string();
+    assert!(e.contains("consumers[0].effect.url"), "{e}");
+    assert!(!e.contains("hunter2") && e.contains("sig=***"), "{e}");
+}

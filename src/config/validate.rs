@@ -157,8 +157,12 @@ impl Config {
                     // the body template, where the key goes, the status pointers.
                     crate::effect::http::RequestShape::parse(h)
                         .map_err(|(key, why)| (at(&format!("effect.{key}")), why))?;
-                    let url = reqwest::Url::parse(&h.url)
-                        .map_err(|e| (at("effect.url"), format!("{:?}: {e}", h.url)))?;
+                    let url = sample_url(&h.url).map_err(|e| {
+                        (
+                            at("effect.url"),
+                            format!("{}: {e}", crate::store::redact_url(&h.url)),
+                        )
+                    })?;
                     if c.on_unknown == OnUnknown::Reconcile && h.status_url.is_empty() {
                         warnings.push(format!(
                             "consumers[{i}] ({}): on_unknown = \"reconcile\" without effect.status_url: unknown outcomes will be parked for a person",
@@ -227,6 +231,7 @@ impl Config {
                 ),
             ));
         }
+        check_tokens(&http.admin_token, &http.intake_token)?;
         crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
         let redact = crate::store::redact_url;
         for (i, c) in self.consumers.iter().enumerate() {
@@ -242,7 +247,7 @@ impl Config {
             let EffectConfig::Http(h) = &c.effect else {
                 continue;
             };
-            reqwest::Url::parse(&h.url).map_err(|e| {
+            sample_url(&h.url).map_err(|e| {
                 (
                     format!("consumers[{i}].effect.url"),
                     format!("{}: {e}", redact(&h.url)),
@@ -259,6 +264,52 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The provider URL a configured `effect.url` makes, its template fields (`{key}`,
+/// `{customer_id}`) filled with sample values: the URL is checked, and its host read, before
+/// any message exists.
+fn sample_url(url: &str) -> Result<reqwest::Url, String> {
+    use crate::effect::http::encode_path_segment;
+    use crate::effect::http_template::{Template, Vars};
+    let template = Template::parse(url)?;
+    let vars = Vars {
+        key: "k",
+        message_id: "m",
+        tenant: "t",
+        consumer: "c",
+        payload: None,
+    };
+    reqwest::Url::parse(&template.render_sample(&vars, encode_path_segment))
+        .map_err(|e| e.to_string())
+}
+
+/// Shortest `admin_token` or `intake_token` accepted (when one is set): 16 characters, so a
+/// token cannot be guessed from a short word list. `openssl rand -hex 24` gives 48.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// The bearer tokens: each empty (no authentication) or at least [`MIN_TOKEN_CHARS`] long,
+/// and not the same as the other: an intake client holding the admin token could resolve and
+/// redrive claims. Messages never show a token.
+fn check_tokens(admin: &str, intake: &str) -> Result<(), (String, String)> {
+    for (key, token) in [("http.admin_token", admin), ("http.intake_token", intake)] {
+        let n = token.chars().count();
+        if n > 0 && n < MIN_TOKEN_CHARS {
+            return Err((
+                key.into(),
+                format!(
+                    "is {n} characters; a token must have at least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 24`), or be empty for none; the value is not shown"
+                ),
+            ));
+        }
+    }
+    if !admin.is_empty() && admin == intake {
+        return Err((
+            "http.intake_token".into(),
+            "is the same as http.admin_token: every intake client could act as an operator; use two different tokens".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a six-field cron expression (seconds first).

@@ -142,9 +142,9 @@ pub async fn preview(
         maud::html! {
             p {
                 "This will " strong { (action.describe()) } " for " strong { (n) " claim" @if n != 1 { "s" } }
-                ", recorded as " code { "page:" (session.name) } @if !p.note.is_empty() { " with the note “" (p.note) "”" } "."
+                ", recorded as " code { "page:" (session.name) } @if !p.note.is_empty() { " with the note “" (super::render::visible(&p.note)) "”" } "."
             }
-            ul { @for t in &p.claims { li { code { (t.label()) } } } }
+            ul { @for t in &p.claims { li { code { (super::render::visible(&t.label())) } } } }
             form method="post" action="/actions/apply" {
                 input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" name="action" value=(action.name());
@@ -186,7 +186,7 @@ pub async fn apply(
         maud::html! {
             table {
                 thead { tr { th { "claim" } th { "result" } } }
-                tbody { @for (who, said) in &rows { tr { td { code { (who) } } td { (said) } } } }
+                tbody { @for (who, said) in &rows { tr { td { code { (super::render::visible(who)) } } td { (super::render::visible(said)) } } } }
             }
             p { a href="/" { "Back to the page" } }
         },

@@ -1,6 +1,8 @@
 //! The operator page as HTML: maud templates, checked when claimd compiles, that escape every
-//! spliced value (only the stylesheet, a file compiled in, goes in unescaped). Pure: a
-//! [`Dashboard`] in, markup out.
+//! spliced value (only the stylesheet, a file compiled in, goes in unescaped). Text from
+//! clients and providers (ids, keys, reasons, errors) also has its control and bidi characters
+//! written out ([`visible`]), as the command line shows them. Pure: a [`Dashboard`] in, markup
+//! out.
 
 use super::actions::{Target, bulk_form, claim_forms};
 use super::chart::{Series, histogram, histogram_svg};
@@ -20,6 +22,13 @@ pub(super) const CSS: &str = include_str!("page.css");
 /// (`&`, `<`, `>` and `"`; attribute values are always double-quoted).
 pub fn escape(s: &str) -> String {
     html! { (s) }.into_string()
+}
+
+/// Text from a client or provider as the page shows it: control and bidi characters written
+/// out visibly ([`crate::table::escape_controls`]; a right-to-left override in a reason would
+/// otherwise reorder what an operator reads), then HTML-escaped by the template.
+pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
+    crate::table::escape_controls(s)
 }
 
 /// A duration for people: `0.4s`, `12s`, `4m 12s`, `3h 05m`, `2d 04h`.
@@ -318,7 +327,7 @@ pub fn render_attention(
                     "By reason: "
                     @for (i, (reason, n)) in groups.iter().enumerate() {
                         @if i > 0 { " · " }
-                        strong { (n) } " × " (reason)
+                        strong { (n) } " × " (visible(reason))
                     }
                 }
             }
@@ -336,8 +345,8 @@ pub fn render_attention(
                     div.head {
                         span class={ "badge " (class) } { (badge) }
                         span.who {
-                            (a.consumer) " · " code { (a.message_id) }
-                            @if !a.tenant.is_empty() { " · tenant " (a.tenant) }
+                            (a.consumer) " · " code { (visible(&a.message_id)) }
+                            @if !a.tenant.is_empty() { " · tenant " (visible(&a.tenant)) }
                         }
                         span.facts {
                             "attempt " (a.attempt) " · received " (human_secs(a.age_s as f64))
@@ -345,13 +354,13 @@ pub fn render_attention(
                         }
                     }
                     div.reason {
-                        @if a.reason.is_empty() { "(no reason recorded)" } @else { (a.reason) }
+                        @if a.reason.is_empty() { "(no reason recorded)" } @else { (visible(&a.reason)) }
                     }
-                    div.key { "idempotency key (look it up at the provider): " code { (a.key) } }
+                    div.key { "idempotency key (look it up at the provider): " code { (visible(&a.key)) } }
                     div.cmds {
                         @for (when, cmd) in commands_for(commands, a) {
                             span.when { (when) }
-                            code { (cmd) }
+                            code { (visible(&cmd)) }
                         }
                     }
                     @if let Some(s) = session.filter(|_| a.state == ClaimState::NeedsAttention.as_str()) {
@@ -405,10 +414,10 @@ pub fn render_failed(d: &Dashboard) -> Markup {
                         @for c in &d.failed {
                             tr {
                                 td { (c.consumer) }
-                                td { code { (c.message_id) } @if !c.tenant.is_empty() { " · tenant " (c.tenant) } }
-                                td { code { (c.idem_key) } }
+                                td { code { (visible(&c.message_id)) } @if !c.tenant.is_empty() { " · tenant " (visible(&c.tenant)) } }
+                                td { code { (visible(&c.idem_key)) } }
                                 td { @if let Some(s) = c.provider_status { (s) } @else { "-" } }
-                                td { (c.last_error.as_deref().unwrap_or("-")) }
+                                td { (visible(c.last_error.as_deref().unwrap_or("-"))) }
                                 td { (c.processed_utc.map(fmt_time).unwrap_or_default()) }
                             }
                         }
@@ -485,7 +494,7 @@ pub fn render_brokers(d: &Dashboard) -> Markup {
                                 td {
                                     @match &b.down {
                                         None => span.ok { "consuming" },
-                                        Some(why) => span.bad { "DISCONNECTED: " (why) },
+                                        Some(why) => span.bad { "DISCONNECTED: " (visible(why)) },
                                     }
                                 }
                                 td.num { (durable(&b.consumer)) }
@@ -493,7 +502,7 @@ pub fn render_brokers(d: &Dashboard) -> Markup {
                                     @if b.dead_letters.is_empty() { "-" }
                                     @for (i, (reason, n)) in b.dead_letters.iter().enumerate() {
                                         @if i > 0 { " · " }
-                                        (reason) " " strong { (n) }
+                                        (visible(reason)) " " strong { (n) }
                                     }
                                 }
                             }
@@ -566,5 +575,55 @@ pub fn render_charts(d: &Dashboard) -> Markup {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{AttentionItem, SweeperHealth};
+
+    /// Issue 24: what a provider wrote is HTML-escaped and its control and bidi characters
+    /// are shown, not obeyed (a right-to-left override would reorder the reason).
+    #[test]
+    fn the_page_shows_control_and_bidi_characters_visibly() {
+        let hostile = "<b>x</b>\x1b]8;;https://evil.example\x07\u{202e}txt.exe\r\nline";
+        let report = Report {
+            generated_utc: Utc::now(),
+            sweeper: SweeperHealth::default(),
+            consumers: vec![ConsumerCounts {
+                consumer: "payments".into(),
+                needs_attention: 1,
+                ..Default::default()
+            }],
+            attention: vec![AttentionItem {
+                consumer: "payments".into(),
+                tenant: "acme\u{2066}".into(),
+                message_id: "m-1\u{9b}".into(),
+                state: "needs_attention".into(),
+                attempt: 1,
+                reason: hostile.into(),
+                age_s: 5,
+                key: "payments:acme:m-1".into(),
+            }],
+            since_utc: None,
+        };
+        let html = render_attention(&report, &OperatorCommands::new(None), None).into_string();
+        assert!(
+            !html
+                .chars()
+                .any(|c| c != '\n' && crate::table::is_control(c)),
+            "{html:?}"
+        );
+        assert!(
+            html.contains(
+                "&lt;b&gt;x&lt;/b&gt;\\u001b]8;;https://evil.example\\u0007\\u202etxt.exe\\r\\nline"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains("acme\\u2066") && html.contains("m-1\\u009b"),
+            "{html}"
+        );
     }
 }

@@ -3,7 +3,9 @@
 //! status lookup read by [`http_status`](super::http_status). Secrets (configured headers, URL query strings) never reach logs or errors.
 
 use super::http_status::read_answer;
-use super::http_template::{BodyTemplate, Field, RenderError, Template, Vars, form_encode};
+use super::http_template::{
+    BodyTemplate, Field, RenderError, Template, Vars, form_encode, parse_payload,
+};
 use super::{
     Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status_with,
     parse_retry_after,
@@ -80,10 +82,9 @@ impl RequestShape {
         let url = if url_template.fields().next().is_none() {
             Target::Fixed(Url::parse(&config.url).map_err(|e| ("url", e.to_string()))?)
         } else {
-            // Checked with sample values, so a template that cannot make a URL fails now.
-            let sample = url_template
-                .render(&SAMPLE, encode_path_segment)
-                .unwrap_or_default();
+            // Checked with sample values (payload fields included), so a template that cannot
+            // make a URL fails now.
+            let sample = url_template.render_sample(&SAMPLE, encode_path_segment);
             Url::parse(&sample).map_err(|e| ("url", format!("{e} (with sample values)")))?;
             Target::Template(url_template)
         };
@@ -103,7 +104,7 @@ impl RequestShape {
                 if !t.fields().any(|f| *f == Field::Key) {
                     return Err(("status_url", "must contain {key}".into()));
                 }
-                let sample = t.render(&SAMPLE, encode_path_segment).unwrap_or_default();
+                let sample = t.render_sample(&SAMPLE, encode_path_segment);
                 Url::parse(&sample)
                     .map_err(|e| ("status_url", format!("{e} (with sample values)")))?;
                 Some(t)
@@ -542,9 +543,10 @@ impl Effect for HttpEffect {
         if !self.shape.needs_payload() {
             return Ok(());
         }
-        let json: serde_json::Value = serde_json::from_slice(payload).map_err(|e| {
+        // Each key once: what an upstream validator checked is what is sent.
+        let json = parse_payload(payload).map_err(|e| {
             format!(
-                "the payload must be a JSON object with the fields the request template names ({e})"
+                "the payload must be a JSON object with the fields the request template names, each key once ({e})"
             )
         })?;
         let vars = Vars {

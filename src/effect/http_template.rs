@@ -86,7 +86,7 @@ impl Template {
                         match chars.next() {
                             Some('}') => break,
                             Some(c) => name.push(c),
-                            None => return Err(format!("{text:?}: '{{' without a closing '}}'")),
+                            None => return Err("a '{' without a closing '}'".into()),
                         }
                     }
                     if name.is_empty()
@@ -95,7 +95,8 @@ impl Template {
                             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
                     {
                         return Err(format!(
-                            "{text:?}: {{{name}}} is not a field name (letters, digits, '_', '-', '.'; write {{{{ for a literal brace)"
+                            "{{{}}} is not a field name (letters, digits, '_', '-', '.'; write {{{{ for a literal brace)",
+                            name.escape_debug()
                         ));
                     }
                     if !literal.is_empty() {
@@ -109,7 +110,7 @@ impl Template {
                         path => Field::Payload(path.split('.').map(str::to_string).collect()),
                     }));
                 }
-                '}' => return Err(format!("{text:?}: a lone '}}' (write }}}} for a literal)")),
+                '}' => return Err("a lone '}' (write }} for a literal)".into()),
                 c => literal.push(c),
             }
         }
@@ -130,6 +131,20 @@ impl Template {
     /// Whether the template names any payload field.
     pub fn needs_payload(&self) -> bool {
         self.fields().any(|f| matches!(f, Field::Payload(_)))
+    }
+
+    /// Renders with `vars`, every payload field standing for the sample text `p`: what
+    /// configuration load checks a URL template with, before any payload exists.
+    pub fn render_sample(&self, vars: &Vars<'_>, encode: fn(&str) -> String) -> String {
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Text(t) => out.push_str(t),
+                Part::Field(Field::Payload(_)) => out.push_str(&encode("p")),
+                Part::Field(f) => out.push_str(&encode(&text_of(f, vars).unwrap_or_default())),
+            }
+        }
+        out
     }
 
     /// The template when it is exactly one field (`"{amount}"`): a JSON body keeps that
@@ -196,6 +211,68 @@ fn value_of(field: &Field, vars: &Vars<'_>) -> Result<Value, RenderError> {
             at.clone()
         }
     })
+}
+
+/// Parses a payload as JSON, refusing a key given twice in one object: readers disagree on
+/// which one counts (serde_json keeps the last, many validators the first), so
+/// `{"amount":5,"amount":999999}` checked as 5 upstream would be sent as 999999. The error
+/// names the key.
+pub fn parse_payload(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    serde_json::from_slice::<UniqueKeys>(bytes)?;
+    serde_json::from_slice(bytes)
+}
+
+/// Walks a JSON document, failing on the first object that holds a key twice.
+struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueKeys)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_unit<E>(self) -> Result<Self, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if seen.contains(&key) {
+                let shown: String = key.chars().take(64).collect();
+                return Err(serde::de::Error::custom(format_args!(
+                    "the key {shown:?} appears twice in one object"
+                )));
+            }
+            map.next_value::<UniqueKeys>()?;
+            seen.insert(key);
+        }
+        Ok(UniqueKeys)
+    }
 }
 
 /// A body template: the configured table with every string parsed as a [`Template`].
@@ -409,5 +486,46 @@ mod tests {
             body.render(&vars(&json!({"amount": 1}))),
             Err(RenderError::Missing("sku".into()))
         );
+    }
+
+    #[test]
+    fn a_payload_with_a_key_twice_is_refused_naming_the_key() {
+        let e = parse_payload(br#"{"amount":5,"amount":999999}"#).unwrap_err();
+        assert!(e.to_string().contains("\"amount\" appears twice"), "{e}");
+        let e = parse_payload(br#"{"customer":{"id":"a","id":"b"},"n":1}"#).unwrap_err();
+        assert!(e.to_string().contains("\"id\""), "nested objects too: {e}");
+        let e = parse_payload(br#"[{"k":1},{"k":2,"k":3}]"#).unwrap_err();
+        assert!(e.to_string().contains("\"k\""), "{e}");
+        // The same key in two objects is no duplicate.
+        let v = parse_payload(br#"{"a":{"k":1},"b":{"k":2},"l":[1,2.5,null,true,"s"]}"#).unwrap();
+        assert_eq!(v["b"]["k"], json!(2));
+        assert!(parse_payload(b"{not json").is_err());
+    }
+
+    #[test]
+    fn a_url_template_with_payload_fields_renders_a_sample_at_load() {
+        let t =
+            Template::parse("https://api.example/v1/customers/{customer_id}/pay/{key}").unwrap();
+        let empty = json!({});
+        let sample = Vars {
+            payload: None,
+            ..vars(&empty)
+        };
+        assert_eq!(
+            t.render_sample(&sample, crate::effect::http::encode_path_segment),
+            "https://api.example/v1/customers/p/pay/pay%3Aacme%3A7"
+        );
+    }
+
+    #[test]
+    fn template_errors_do_not_repeat_the_text() {
+        for bad in [
+            "https://x/?sig=hunter2&{unclosed",
+            "https://x/?sig=hunter2&{bad name}",
+            "https://x/?sig=hunter2}",
+        ] {
+            let e = Template::parse(bad).unwrap_err();
+            assert!(!e.contains("hunter2"), "{e}");
+        }
     }
 }

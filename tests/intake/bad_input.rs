@@ -204,7 +204,7 @@ async fn an_intake_token_guards_intake_when_configured() {
     let (_sb, provider) = sandbox(SandboxOptions::default()).await;
     let toml = config_toml_with(
         &store.url(),
-        "intake_token = \"in-tok\"\nadmin_token = \"adm-tok\"",
+        "intake_token = \"in-tok-0123456789ab\"\nadmin_token = \"adm-tok-0123456789ab\"",
         &consumer_toml("payments", &provider, ""),
     );
     let running = start(&toml).await;
@@ -222,14 +222,25 @@ async fn an_intake_token_guards_intake_when_configured() {
     };
     assert_eq!(post(None).await.unwrap().status().as_u16(), 401);
     assert_eq!(
-        post(Some("adm-tok")).await.unwrap().status().as_u16(),
+        post(Some("adm-tok-0123456789ab"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
         401,
         "the admin token is not the intake token"
     );
-    assert_eq!(post(Some("in-tok")).await.unwrap().status().as_u16(), 202);
+    assert_eq!(
+        post(Some("in-tok-0123456789ab"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        202
+    );
     let r = c
         .get(format!("{base}/v1/claims"))
-        .bearer_auth("in-tok")
+        .bearer_auth("in-tok-0123456789ab")
         .send()
         .await
         .unwrap();
