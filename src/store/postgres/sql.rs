@@ -209,6 +209,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     mark_sweep: "\
     INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('sweeper', $1, now()) \
     ON CONFLICT (name) DO UPDATE SET instance = EXCLUDED.instance, at_utc = EXCLUDED.at_utc",
+    probe_write: "\
+    INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('write_probe', $1, now()) \
+    ON CONFLICT (name) DO UPDATE SET instance = EXCLUDED.instance, at_utc = EXCLUDED.at_utc",
     last_sweep: "SELECT at_utc FROM claimd_heartbeats WHERE name = 'sweeper'",
     now: "SELECT now() AS now",
     ping: "SELECT 1",
