@@ -103,6 +103,7 @@ pub fn render(d: &Dashboard) -> String {
                     }
                     @if let Some(s) = &d.session {
                         form.signout method="post" action="/signout" {
+                            input type="hidden" name="csrf" value=(s.csrf);
                             "signed in as " strong { (s.name) } " · "
                             a href="/" { "reload" } " "
                             button type="submit" { "Sign out" }
