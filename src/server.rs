@@ -92,6 +92,8 @@ pub async fn serve(
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let open = Arc::new(OpenConns::default());
+    // One line per period while at the cap, not one per connection: a flood would fill the log.
+    let at_cap_log = crate::http::guard::LogEvery::new(crate::http::guard::LOG_EVERY);
     let (stop_tx, _) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -110,7 +112,7 @@ pub async fn serve(
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                let room = make_room(&permits, &open, limits.max_connections);
+                let room = make_room(&permits, &open, limits.max_connections, &at_cap_log);
                 tokio::select! {
                     p = room => match p {
                         Some(p) => p,
@@ -136,8 +138,9 @@ pub async fn serve(
                 let conn = conn.clone();
                 async move {
                     let response = handle(router, limits, req).await;
-                    conn.idle();
-                    Ok::<_, std::convert::Infallible>(response)
+                    // Idle once hyper has sent the whole answer (it drops the body then): a
+                    // connection still writing is in a request, and never shed.
+                    Ok::<_, std::convert::Infallible>(response.map(|body| IdleAfter { body, conn }))
                 }
             });
             let mut builder = http1::Builder::new();
@@ -186,25 +189,27 @@ async fn make_room(
     permits: &Arc<Semaphore>,
     open: &OpenConns,
     max_connections: usize,
+    log: &crate::http::guard::LogEvery,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
     let mut logged = false;
     loop {
         let shed = open.shed_longest_waiting();
-        if !logged {
-            // Once per time the cap is met, not per connection: a flood would fill the log.
+        if !logged && let Some(unlogged) = log.due() {
             if shed {
                 tracing::info!(
                     max_connections,
+                    unlogged,
                     "connection cap reached; closing the connection that waited longest for a request"
                 );
             } else {
                 tracing::warn!(
                     max_connections,
+                    unlogged,
                     "connection cap reached and every connection is in a request; new connections wait"
                 );
             }
-            logged = true;
         }
+        logged = true;
         tokio::select! {
             p = permits.clone().acquire_owned() => return p.ok(),
             () = tokio::time::sleep(CAP_RESCAN) => {}
@@ -237,9 +242,7 @@ impl OpenConns {
     }
 
     fn register(&self, phase: Arc<Phase>) -> Registered<'_> {
-        let id = self
-            .next
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.lock().insert(id, phase);
         Registered { open: self, id }
     }
@@ -470,6 +473,38 @@ impl HttpBody for TimedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// A response body that marks its connection idle when hyper is done with it.
+struct IdleAfter {
+    body: axum::body::Body,
+    conn: Arc<Phase>,
+}
+
+impl Drop for IdleAfter {
+    fn drop(&mut self) {
+        self.conn.idle();
+    }
+}
+
+impl HttpBody for IdleAfter {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -63,7 +63,10 @@ async fn without_tokens_only_local_names_reach_the_routes_and_foreign_origins_ch
 
     // A page on another name resolved to 127.0.0.1 (DNS rebinding): its own name as Host and
     // as Origin. Refused on every route a token would guard, nothing recorded or moved.
-    let rebound = [("Host", evil_host.as_str()), ("Origin", evil_origin.as_str())];
+    let rebound = [
+        ("Host", evil_host.as_str()),
+        ("Origin", evil_origin.as_str()),
+    ];
     for (method, path, body) in [
         ("GET", "/", ""),
         ("GET", "/v1/claims", ""),
@@ -84,7 +87,11 @@ async fn without_tokens_only_local_names_reach_the_routes_and_foreign_origins_ch
         assert!(text.contains("allowed_hosts"), "{text}");
     }
     assert!(store.get("payments", "", "evil").await.unwrap().is_none());
-    let parked = store.get("payments", "", "parked-1").await.unwrap().unwrap();
+    let parked = store
+        .get("payments", "", "parked-1")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(parked.state.as_str(), "needs_attention", "not redriven");
 
     // A cross-site form or fetch to 127.0.0.1 itself: a local Host, a foreign Origin.
@@ -107,7 +114,13 @@ async fn without_tokens_only_local_names_reach_the_routes_and_foreign_origins_ch
             assert_eq!(status, 403, "{method} {path} from Origin {origin}: {text}");
         }
     }
-    assert!(store.get("payments", "", "cross-site").await.unwrap().is_none());
+    assert!(
+        store
+            .get("payments", "", "cross-site")
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // Local names, a listed name, a same-origin page, and probes with any Host keep working.
     let port = addr.port().to_string();
@@ -160,8 +173,7 @@ async fn a_name_in_allowed_hosts_is_served_without_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_tokens_set_any_host_is_served() {
-    let (_store, _sb, running) =
-        payments_worker("intake_token = \"intake-secret-token\"").await;
+    let (_store, _sb, running) = payments_worker("intake_token = \"intake-secret-token\"").await;
     let addr = running.http_addr;
     let headers = [
         ("Host", "claimd.example.com"),
@@ -298,7 +310,14 @@ async fn sign_in_guesses_are_throttled_per_client() {
     );
     assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
     // While throttled even the right token is not looked at.
-    let (status, _, _) = raw(addr, "POST", "/signin", &form, "name=ann&token=s3cret-admin").await;
+    let (status, _, _) = raw(
+        addr,
+        "POST",
+        "/signin",
+        &form,
+        "name=ann&token=s3cret-admin",
+    )
+    .await;
     assert_eq!(status, 429);
     // A wrong bearer token is answered as before (scripts are not locked out by guessers).
     let (status, _, _) = raw(
@@ -312,7 +331,14 @@ async fn sign_in_guesses_are_throttled_per_client() {
     assert_eq!(status, 401);
     // After the refill a person gets in.
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let (status, head, _) = raw(addr, "POST", "/signin", &form, "name=ann&token=s3cret-admin").await;
+    let (status, head, _) = raw(
+        addr,
+        "POST",
+        "/signin",
+        &form,
+        "name=ann&token=s3cret-admin",
+    )
+    .await;
     assert_eq!(status, 303, "{head}");
     running.shutdown(Duration::from_secs(2)).await;
 }

@@ -2,7 +2,8 @@
 //! and idle keep-alive connections are closed (promise: within 60 s); a declared
 //! `Content-Length` over the limit is refused at once (promise: `413` within 2 s, never
 //! `100 Continue`); normal posts stay fast (promise: < 1 s) while 20 slow connections are open;
-//! connections beyond `max_connections` wait until one closes.
+//! a connection beyond `max_connections` is served once one that waits for a request is closed
+//! to make room.
 
 mod common;
 
@@ -282,7 +283,8 @@ async fn connections_beyond_the_cap_wait_until_slow_ones_are_closed() {
             .unwrap();
         held.push(s);
     }
-    // The fifth waits in the backlog until the header timeout (10 s) closes the others.
+    // The fifth is served once one of them is closed: at the cap, the connection that has waited
+    // longest for a request is shed to make room (before that, the header timeout of 10 s).
     let t = Instant::now();
     let (status, _) = normal_post(addr, "past-the-cap").await;
     assert_eq!(status, 202);

@@ -67,10 +67,7 @@ pub fn is_loopback_name(host: &str) -> bool {
 /// case). A malformed value is refused.
 pub fn host_allowed(value: &str, allowed: &[String]) -> bool {
     host_name(value).is_some_and(|h| {
-        is_loopback_name(&h)
-            || allowed
-                .iter()
-                .any(|a| host_name(a).is_some_and(|a| a == h))
+        is_loopback_name(&h) || allowed.iter().any(|a| host_name(a).is_some_and(|a| a == h))
     })
 }
 

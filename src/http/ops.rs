@@ -241,8 +241,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             )
         }
     }
-    body.ready =
-        body.store == "ok" && body.writes == "ok" && body.accepting && body.broker == "ok";
+    body.ready = body.store == "ok" && body.writes == "ok" && body.accepting && body.broker == "ok";
     let status = if body.ready {
         StatusCode::OK
     } else {
