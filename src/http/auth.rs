@@ -40,9 +40,9 @@ pub fn peer_of(req: &axum::http::Extensions) -> Option<std::net::SocketAddr> {
     req.get::<crate::server::Peer>().map(|p| p.0)
 }
 
-/// For a route without a token: refuses a request that does not name this machine (see the
-/// module). `token` names the empty key, for the answer.
-fn local_only(state: &AppState, req: &Request, token: &str) -> Result<(), Response> {
+/// For a route without a token: the refusal of a request that does not name this machine (see
+/// the module); `None` lets it through. `token` names the empty key, for the answer.
+fn refused_unless_local(state: &AppState, req: &Request, token: &str) -> Option<Response> {
     let allowed = &state.config.http.allowed_hosts;
     let hosts: Vec<_> = req.headers().get_all(header::HOST).iter().collect();
     let host = match hosts.as_slice() {
@@ -56,7 +56,7 @@ fn local_only(state: &AppState, req: &Request, token: &str) -> Result<(), Respon
         && !super::guard::host_allowed(&host, allowed)
     {
         refused_log(state, req, "Host", &host);
-        return Err(problem(
+        return Some(problem(
             StatusCode::MISDIRECTED_REQUEST,
             "host not allowed",
             &format!(
@@ -69,7 +69,7 @@ fn local_only(state: &AppState, req: &Request, token: &str) -> Result<(), Respon
             let origin = String::from_utf8_lossy(origin.as_bytes());
             if !super::guard::origin_allowed(&origin, allowed) {
                 refused_log(state, req, "Origin", &origin);
-                return Err(problem(
+                return Some(problem(
                     StatusCode::FORBIDDEN,
                     "origin not allowed",
                     &format!(
@@ -79,7 +79,7 @@ fn local_only(state: &AppState, req: &Request, token: &str) -> Result<(), Respon
             }
         }
     }
-    Ok(())
+    None
 }
 
 fn refused_log(state: &AppState, req: &Request, what: &str, value: &str) {
@@ -139,9 +139,9 @@ const FORM_LIMIT: usize = 64 * 1024;
 pub async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let secret = &state.config.http.admin_token;
     if secret.is_empty() {
-        return match local_only(&state, &req, "admin_token") {
-            Ok(()) => next.run(req).await,
-            Err(refused) => refused,
+        return match refused_unless_local(&state, &req, "admin_token") {
+            None => next.run(req).await,
+            Some(refused) => refused,
         };
     }
     if bearer_ok(secret, &req) {
@@ -209,9 +209,9 @@ fn forbidden(detail: &str) -> Response {
 pub async fn require_intake(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let token = &state.config.http.intake_token;
     if token.is_empty() {
-        return match local_only(&state, &req, "intake_token") {
-            Ok(()) => next.run(req).await,
-            Err(refused) => refused,
+        return match refused_unless_local(&state, &req, "intake_token") {
+            None => next.run(req).await,
+            Some(refused) => refused,
         };
     }
     if bearer_ok(token, &req) {
