@@ -1,8 +1,8 @@
 //! Property tests (a fuzz target by another name) over the pure functions that read HTTP intake
 //! headers: `Idempotency-Key`, `Tenant-Id`, `Content-Type`, `Content-Length`, and the `Host` /
 //! `Origin` checks of token-less routes. Arbitrary bytes never panic, and each function accepts
-//! exactly what docs/operations.md says it accepts. Longer runs: `PROPTEST_CASES=200000 cargo
-//! test --release --test edge_headers` (docs/reliability.md, "Edge").
+//! exactly what docs/operations.md says it accepts. Longer runs: `PROPTEST_CASES=2000000 cargo
+//! test --test edge_headers` (docs/reliability.md, "Edge").
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use claimd::claim::{validate_content_type, validate_message_id, validate_tenant};
