@@ -202,7 +202,9 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         sweeper: activity.clone(),
         body_budget: Arc::new(crate::server::BodyBudget::new(
             config.http.body_budget_bytes,
+            config.http.max_connections,
         )),
+        guard: Arc::default(),
     };
     let listener = bind(&config.http.listen).await?;
     let http_addr = listener.local_addr().map_err(|source| RunError::Listen {

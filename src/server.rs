@@ -8,8 +8,12 @@
 //! - **Idle keep-alive**: a connection with no request for `idle_timeout` is closed.
 //! - **Declared length**: a `Content-Length` over `max_body_bytes` is answered `413` at once,
 //!   before any of the body is read (and instead of `100 Continue`).
-//! - **Connections**: at most `max_connections` open at once; more wait in the kernel's listen
-//!   backlog until one closes.
+//! - **Request head size**: a head (request line and headers) over [`HEAD_LIMIT`] is answered
+//!   `431` and the connection closed.
+//! - **Connections**: at most `max_connections` open at once. At the cap, the next connection is
+//!   accepted and the open connection that has waited longest for a request (idle keep-alive,
+//!   silent, or still sending its head) is closed to make room; when every connection is in a
+//!   request, the next one waits until one closes (later ones in the kernel's listen backlog).
 //!
 //! `axum::serve` has none of these, so claimd serves the axum router with hyper's HTTP/1
 //! connection builder itself.
@@ -62,8 +66,18 @@ impl Limits {
     }
 }
 
-/// Largest read buffer of one connection (and so the largest request head).
+/// Largest read buffer hyper keeps for one connection. hyper reads into whatever capacity
+/// its buffer has, so while a body streams through, the buffer may hold up to about twice this.
 pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Largest request head (request line and headers); larger is answered `431`. Without its own
+/// limit hyper allowed whatever fit in its buffer (about 111 KiB).
+pub const HEAD_LIMIT: usize = 64 * 1024;
+
+/// The client address of a request, put in its extensions by [`serve`] (the TCP peer: behind
+/// a load balancer, the balancer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub std::net::SocketAddr);
 
 /// How long, after shutdown begins, open connections get to finish their request.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
@@ -77,32 +91,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let open = Arc::new(OpenConns::default());
+    // One line per period while at the cap, not one per connection: a flood would fill the log.
+    let at_cap_log = crate::http::guard::LogEvery::new(crate::http::guard::LOG_EVERY);
     let (stop_tx, _) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut at_cap_logged = false;
     loop {
-        let permit = match permits.clone().try_acquire_owned() {
-            Ok(p) => {
-                at_cap_logged = false;
-                p
-            }
-            Err(_) => {
-                if !at_cap_logged {
-                    tracing::warn!(
-                        max_connections = limits.max_connections,
-                        "connection cap reached; new connections wait in the listen backlog"
-                    );
-                    at_cap_logged = true;
-                }
-                tokio::select! {
-                    p = permits.clone().acquire_owned() => match p {
-                        Ok(p) => p,
-                        Err(_) => break,
-                    },
-                    () = &mut shutdown => break,
-                }
-            }
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -115,35 +109,55 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let room = make_room(&permits, &open, limits.max_connections, &at_cap_log);
+                tokio::select! {
+                    p = room => match p {
+                        Some(p) => p,
+                        None => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
+        };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let mut stop = stop_tx.subscribe();
+        let open = open.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let conn = Arc::new(Phase::new());
+            let _registered = open.register(conn.clone());
             let io = TokioIo::new(TimedIo::new(stream, conn.clone(), limits));
-            let service = service_fn(move |req: Request<Incoming>| {
+            let service = service_fn(move |mut req: Request<Incoming>| {
                 conn.busy();
+                req.extensions_mut().insert(Peer(peer));
                 let router = router.clone();
                 let conn = conn.clone();
                 async move {
                     let response = handle(router, limits, req).await;
-                    conn.idle();
-                    Ok::<_, std::convert::Infallible>(response)
+                    // Idle once hyper has sent the whole answer (it drops the body then): a
+                    // connection still writing is in a request, and never shed.
+                    Ok::<_, std::convert::Infallible>(response.map(|body| IdleAfter { body, conn }))
                 }
             });
             let mut builder = http1::Builder::new();
             // Head and idle deadlines are TimedIo's: hyper's own header timer counts idle
             // keep-alive time as header time. It is kept as a backstop that never fires first,
             // because with it set hyper polls the socket as soon as a connection goes idle,
-            // which is what starts TimedIo's idle deadline.
+            // which is what starts TimedIo's idle deadline (and lets a shed idle connection
+            // see its end at once).
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.idle_timeout + limits.header_read_timeout)
                 // hyper's read buffer grows to ~400 KiB per connection while a body streams
-                // through it; 64 KiB (also the largest request head) keeps a thousand open
-                // connections within 64 MiB.
+                // through it unless capped; 64 KiB (which hyper may overshoot to about twice
+                // that, see READ_BUFFER_BYTES) keeps a thousand open connections within
+                // 64-128 MiB.
                 .max_buf_size(READ_BUFFER_BYTES)
+                .max_header_size(HEAD_LIMIT)
                 .keep_alive(true);
             let connection = builder.serve_connection(io, service);
             let mut connection = std::pin::pin!(connection);
@@ -162,6 +176,90 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     let all = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(SHUTDOWN_WAIT, permits.acquire_many(all)).await;
+}
+
+/// How often, at the cap with every connection in a request, the open connections are looked
+/// at again for one that has gone back to waiting.
+const CAP_RESCAN: Duration = Duration::from_millis(50);
+
+/// At the connection cap: closes the open connection that has waited longest for a request,
+/// and returns the permit it frees (or any other that frees first). While every connection is
+/// in a request, waits. `None` when the semaphore is closed.
+async fn make_room(
+    permits: &Arc<Semaphore>,
+    open: &OpenConns,
+    max_connections: usize,
+    log: &crate::http::guard::LogEvery,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let mut logged = false;
+    loop {
+        let shed = open.shed_longest_waiting();
+        if !logged && let Some(unlogged) = log.due() {
+            if shed {
+                tracing::info!(
+                    max_connections,
+                    unlogged,
+                    "connection cap reached; closing the connection that waited longest for a request"
+                );
+            } else {
+                tracing::warn!(
+                    max_connections,
+                    unlogged,
+                    "connection cap reached and every connection is in a request; new connections wait"
+                );
+            }
+        }
+        logged = true;
+        tokio::select! {
+            p = permits.clone().acquire_owned() => return p.ok(),
+            () = tokio::time::sleep(CAP_RESCAN) => {}
+        }
+    }
+}
+
+/// The open connections, for shedding at the cap.
+#[derive(Default)]
+struct OpenConns {
+    next: std::sync::atomic::AtomicU64,
+    conns: Mutex<std::collections::HashMap<u64, Arc<Phase>>>,
+}
+
+/// Removes a connection from [`OpenConns`] when its task ends.
+struct Registered<'a> {
+    open: &'a OpenConns,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.open.lock().remove(&self.id);
+    }
+}
+
+impl OpenConns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Phase>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register(&self, phase: Arc<Phase>) -> Registered<'_> {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock().insert(id, phase);
+        Registered { open: self, id }
+    }
+
+    /// Closes the connection that has waited longest for its next request (idle keep-alive,
+    /// silent since it opened, or still sending its head); `false` when every one is in a
+    /// request. A connection in a request is never closed: its body or answer is under way.
+    fn shed_longest_waiting(&self) -> bool {
+        let conns = self.lock();
+        let mut waiting: Vec<(Instant, &Arc<Phase>)> = conns
+            .values()
+            .filter_map(|p| p.waiting_since().map(|t| (t, p)))
+            .collect();
+        waiting.sort_by_key(|(t, _)| *t);
+        // The oldest that is still waiting when asked (it may have just begun a request).
+        waiting.into_iter().any(|(_, p)| p.shed())
+    }
 }
 
 /// One request: the declared-length check, then the router with a body that times out.
@@ -192,56 +290,109 @@ async fn handle(router: Router, limits: Limits, req: Request<Incoming>) -> Respo
 
 /// The byte budget for request bodies held in memory at once (`[http] body_budget_bytes`).
 ///
-/// Intake takes a share of it before reading a body — the declared `Content-Length`, or
-/// `max_body_bytes` for a body of unknown length, trimmed to the real size once read — and
-/// keeps it until the claim's call starts (see [`crate::claimer::Claimer::submit_held`]): a
-/// body waiting to be read, claimed or called counts here; one in a call is bounded by the
-/// consumer's `concurrency` instead. When the budget is spent, intake waits up to
-/// `intake_wait` for a share and then answers `503` + `Retry-After` without reading the body:
-/// the backlog waits in the clients, never in claimd's memory.
+/// A body takes budget for the memory it really holds, not for what it declares: before it is
+/// read, a first slice (its declared length when that is smaller; see [`BodyBudget::slice`]),
+/// then more as its bytes arrive and its buffer grows (doubling, up to the declared length or
+/// `max_body_bytes`), trimmed to the real size once read. So a client that declares 1 MiB and
+/// trickles holds only what it sent. The share is kept until the claim's call starts (see
+/// [`crate::claimer::Claimer::submit_held`]): a body waiting to be read, claimed or called
+/// counts here; one in a call is bounded by the consumer's `concurrency` instead. When the
+/// budget is spent, intake waits up to `intake_wait` for a first slice and then answers `503` +
+/// `Retry-After` without reading the body (likewise, mid-body, for more room): the backlog
+/// waits in the clients, never in claimd's memory.
 #[derive(Debug)]
 pub struct BodyBudget {
     kib: Arc<Semaphore>,
     total_kib: usize,
+    slice_kib: usize,
 }
 
 /// A share of the [`BodyBudget`], given back on drop.
 #[derive(Debug)]
-pub struct BodyShare(tokio::sync::OwnedSemaphorePermit);
+pub struct BodyShare {
+    held: tokio::sync::OwnedSemaphorePermit,
+    kib: Arc<Semaphore>,
+    total_kib: usize,
+}
 
 impl BodyShare {
     /// Gives back what the share holds beyond `bytes` (a body of unknown length was shorter
     /// than `max_body_bytes`).
     pub fn trim_to(&mut self, bytes: usize) {
         let keep = bytes.div_ceil(1024).max(1);
-        if let Some(extra) = self.0.num_permits().checked_sub(keep).filter(|n| *n > 0) {
-            drop(self.0.split(extra));
+        if let Some(extra) = self.held.num_permits().checked_sub(keep).filter(|n| *n > 0) {
+            drop(self.held.split(extra));
+        }
+    }
+
+    /// Bytes this share holds.
+    pub fn bytes(&self) -> usize {
+        self.held.num_permits() * 1024
+    }
+
+    /// Grows the share to `bytes`, waiting up to `wait` for the room; `false` when the budget
+    /// stayed spent (the share keeps what it had).
+    pub async fn grow_to(&mut self, bytes: usize, wait: Duration) -> bool {
+        let want = bytes.div_ceil(1024).min(self.total_kib);
+        let Some(more) = want.checked_sub(self.held.num_permits()).filter(|n| *n > 0) else {
+            return true;
+        };
+        let Ok(more) = u32::try_from(more) else {
+            return false;
+        };
+        let got = match self.kib.clone().try_acquire_many_owned(more) {
+            Ok(p) => Some(p),
+            Err(_) => tokio::time::timeout(wait, self.kib.clone().acquire_many_owned(more))
+                .await
+                .ok()
+                .and_then(Result::ok),
+        };
+        match got {
+            Some(p) => {
+                self.held.merge(p);
+                true
+            }
+            None => false,
         }
     }
 }
 
 impl BodyBudget {
-    /// A budget of `bytes` (counted in KiB, rounded up).
-    pub fn new(bytes: usize) -> Self {
+    /// A budget of `bytes` (counted in KiB, rounded up) shared by at most `max_connections`
+    /// requests at once.
+    pub fn new(bytes: usize, max_connections: usize) -> Self {
         let total_kib = bytes.div_ceil(1024).max(1);
+        // Every open connection can hold its first slice at once without spending the budget
+        // (16 KiB with the defaults), so connections alone, however slow, cannot exhaust it.
+        let slice_kib = (total_kib / max_connections.max(1)).clamp(4, 64);
         BodyBudget {
             kib: Arc::new(Semaphore::new(total_kib)),
             total_kib,
+            slice_kib,
         }
     }
 
-    /// A share for a body of `bytes`, waiting up to `wait` for one; `None` when the budget
-    /// stayed spent.
+    /// The first slice a body of unknown or larger length takes before it is read.
+    pub fn slice(&self) -> usize {
+        self.slice_kib * 1024
+    }
+
+    /// A share for the first `bytes` of a body, waiting up to `wait` for one; `None` when the
+    /// budget stayed spent.
     pub async fn admit(&self, bytes: usize, wait: Duration) -> Option<BodyShare> {
         let kib = u32::try_from(bytes.div_ceil(1024).clamp(1, self.total_kib)).ok()?;
-        if let Ok(p) = self.kib.clone().try_acquire_many_owned(kib) {
-            return Some(BodyShare(p));
-        }
-        tokio::time::timeout(wait, self.kib.clone().acquire_many_owned(kib))
-            .await
-            .ok()?
-            .ok()
-            .map(BodyShare)
+        let held = match self.kib.clone().try_acquire_many_owned(kib) {
+            Ok(p) => p,
+            Err(_) => tokio::time::timeout(wait, self.kib.clone().acquire_many_owned(kib))
+                .await
+                .ok()?
+                .ok()?,
+        };
+        Some(BodyShare {
+            held,
+            kib: self.kib.clone(),
+            total_kib: self.total_kib,
+        })
     }
 
     /// Bytes of the budget now taken by bodies being read, claimed or waiting for a call.
@@ -325,6 +476,38 @@ impl HttpBody for TimedBody {
     }
 }
 
+/// A response body that marks its connection idle when hyper is done with it.
+struct IdleAfter {
+    body: axum::body::Body,
+    conn: Arc<Phase>,
+}
+
+impl Drop for IdleAfter {
+    fn drop(&mut self) {
+        self.conn.idle();
+    }
+}
+
+impl HttpBody for IdleAfter {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Where a connection is between requests, for its read deadline.
 #[derive(Debug, Clone, Copy)]
 enum State {
@@ -337,30 +520,79 @@ enum State {
 }
 
 #[derive(Debug)]
-struct Phase(Mutex<State>);
+struct PhaseInner {
+    state: State,
+    /// Closed to make room at the connection cap: its next read ends the connection.
+    shed: bool,
+    /// Who waits on the socket, woken when the connection is shed.
+    waker: Option<std::task::Waker>,
+}
+
+#[derive(Debug)]
+struct Phase(Mutex<PhaseInner>);
 
 impl Phase {
     fn new() -> Self {
-        Phase(Mutex::new(State::Head(Instant::now())))
+        Phase(Mutex::new(PhaseInner {
+            state: State::Head(Instant::now()),
+            shed: false,
+            waker: None,
+        }))
     }
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PhaseInner> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
     fn busy(&self) {
-        *self.lock() = State::Busy;
+        let mut p = self.lock();
+        p.state = State::Busy;
+        // A request began before the shed took effect: it is served, and the connection stays.
+        p.shed = false;
     }
     fn idle(&self) {
-        *self.lock() = State::Idle(Instant::now());
+        self.lock().state = State::Idle(Instant::now());
     }
     /// Bytes arrived: an idle connection starts a new request head.
     fn bytes(&self) {
-        let mut s = self.lock();
-        if matches!(*s, State::Idle(_)) {
-            *s = State::Head(Instant::now());
+        let mut p = self.lock();
+        if matches!(p.state, State::Idle(_)) {
+            p.state = State::Head(Instant::now());
         }
     }
-    fn read_deadline(&self, limits: &Limits) -> Option<(Instant, &'static str)> {
-        match *self.lock() {
+    /// Since when the connection has waited for a request; `None` in a request or once shed.
+    fn waiting_since(&self) -> Option<Instant> {
+        let p = self.lock();
+        match p.state {
+            State::Head(t) | State::Idle(t) if !p.shed => Some(t),
+            _ => None,
+        }
+    }
+    /// Marks the connection to be closed at its next read, unless it is in a request.
+    fn shed(&self) -> bool {
+        let mut p = self.lock();
+        if matches!(p.state, State::Busy) || p.shed {
+            return false;
+        }
+        p.shed = true;
+        if let Some(w) = p.waker.take() {
+            w.wake();
+        }
+        true
+    }
+    fn is_shed(&self) -> bool {
+        let p = self.lock();
+        p.shed && !matches!(p.state, State::Busy)
+    }
+    /// The read deadline, remembering `waker` so a shed can end the wait.
+    fn read_deadline(
+        &self,
+        limits: &Limits,
+        waker: &std::task::Waker,
+    ) -> Option<(Instant, &'static str)> {
+        let mut p = self.lock();
+        if !p.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            p.waker = Some(waker.clone());
+        }
+        match p.state {
             State::Head(t) => Some((t + limits.header_read_timeout, "request head")),
             State::Idle(t) => Some((t + limits.idle_timeout, "idle keep-alive")),
             State::Busy => None,
@@ -394,6 +626,10 @@ impl AsyncRead for TimedIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
+        if this.phase.is_shed() {
+            // End of stream: hyper closes a connection that waits between requests quietly.
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(r) => {
@@ -403,7 +639,8 @@ impl AsyncRead for TimedIo {
                 Poll::Ready(r)
             }
             Poll::Pending => {
-                let Some((deadline, what)) = this.phase.read_deadline(&this.limits) else {
+                let Some((deadline, what)) = this.phase.read_deadline(&this.limits, cx.waker())
+                else {
                     return Poll::Pending;
                 };
                 if this.sleep.deadline() != deadline {

@@ -114,7 +114,12 @@ impl Sweeper {
             return Ok(report);
         }
         // A pass that starts is what readiness and `report` watch.
-        store.mark_sweep(self.claimer.instance()).await?;
+        let marked = store.mark_sweep(self.claimer.instance()).await;
+        match &marked {
+            Ok(()) => self.claimer.writes().succeeded(),
+            Err(e) => self.claimer.writes().failed(e),
+        }
+        marked?;
         let cutoff = store.now().await?;
         self.claimer.metrics().sweep_pass();
         let mut per_consumer = Vec::new();

@@ -77,6 +77,13 @@ async fn signing_in_opens_the_page_and_actions_need_the_csrf_token() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
+    let page = r.text().await.unwrap();
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the page's forms carry the CSRF token")
+        .to_string();
     let r = c
         .get(format!("{base}/v1/claims"))
         .header("Cookie", &cookie)
@@ -127,10 +134,11 @@ async fn signing_in_opens_the_page_and_actions_need_the_csrf_token() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 404);
 
-    // Sign-out clears the cookie.
+    // Sign-out (with the page's CSRF token, as its button sends it) clears the cookie.
     let r = c
         .post(format!("{base}/signout"))
         .header("Cookie", &cookie)
+        .header("X-CSRF-Token", &csrf)
         .send()
         .await
         .unwrap();

@@ -2,7 +2,8 @@
 //! and idle keep-alive connections are closed (promise: within 60 s); a declared
 //! `Content-Length` over the limit is refused at once (promise: `413` within 2 s, never
 //! `100 Continue`); normal posts stay fast (promise: < 1 s) while 20 slow connections are open;
-//! connections beyond `max_connections` wait until one closes.
+//! a connection beyond `max_connections` is served once one that waits for a request is closed
+//! to make room.
 
 mod common;
 
@@ -74,7 +75,7 @@ async fn normal_post(addr: SocketAddr, key: &str) -> (u16, Duration) {
 async fn half_sent_slow_and_idle_connections_are_closed_within_a_minute() {
     // Default head and body timeouts; a short idle timeout so the test need not wait 75 s.
     let (running, addr, _store) = worker("idle_timeout = \"15s\"").await;
-    let head = "POST /v1/messages/payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
+    let head = "POST /v1/messages/payments HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: slow\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
 
     // Half a request line, then nothing.
     let half = tokio::spawn(async move {
@@ -128,7 +129,7 @@ async fn half_sent_slow_and_idle_connections_are_closed_within_a_minute() {
     // A finished request, then an idle keep-alive connection.
     let idle = tokio::spawn(async move {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             .await
             .unwrap();
         let mut buf = [0u8; 1024];
@@ -136,7 +137,7 @@ async fn half_sent_slow_and_idle_connections_are_closed_within_a_minute() {
         assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
         // Still usable a second later (keep-alive works).
         tokio::time::sleep(Duration::from_secs(1)).await;
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             .await
             .unwrap();
         let n = s.read(&mut buf).await.unwrap();
@@ -176,11 +177,11 @@ async fn a_declared_length_over_the_limit_is_refused_at_once() {
     for (name, head) in [
         (
             "ten gigabytes declared, two bytes sent",
-            "POST /v1/messages/payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 10000000000\r\n\r\nab",
+            "POST /v1/messages/payments HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 10000000000\r\n\r\nab",
         ),
         (
             "Expect: 100-continue over the limit",
-            "POST /v1/messages/payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big2\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\nExpect: 100-continue\r\n\r\n",
+            "POST /v1/messages/payments HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: big2\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\nExpect: 100-continue\r\n\r\n",
         ),
     ] {
         let t = Instant::now();
@@ -199,7 +200,7 @@ async fn a_declared_length_over_the_limit_is_refused_at_once() {
     }
     // A chunked body (no declared length) over the limit is cut off at the limit.
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"POST /v1/messages/payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: chunked-big\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n").await.unwrap();
+    s.write_all(b"POST /v1/messages/payments HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: chunked-big\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n").await.unwrap();
     let (mut r, mut w) = s.into_split();
     let writer = tokio::spawn(async move {
         let chunk = vec![b'x'; 65_536];
@@ -236,7 +237,7 @@ async fn normal_posts_stay_fast_while_twenty_slow_connections_are_open() {
     for i in 0..20 {
         let mut s = TcpStream::connect(addr).await.unwrap();
         if i % 2 == 0 {
-            s.write_all(b"POST /v1/messages/payments HTTP/1.1\r\nHost: x\r\nIdem")
+            s.write_all(b"POST /v1/messages/payments HTTP/1.1\r\nHost: 127.0.0.1\r\nIdem")
                 .await
                 .unwrap();
             slow.push(tokio::spawn(async move {
@@ -247,7 +248,7 @@ async fn normal_posts_stay_fast_while_twenty_slow_connections_are_open() {
             slow.push(tokio::spawn(async move {
                 drip(
                     &mut s,
-                    b"POST /v1/messages/payments HTTP/1.1\r\nHost: x\r\n",
+                    b"POST /v1/messages/payments HTTP/1.1\r\nHost: 127.0.0.1\r\n",
                 )
                 .await;
             }));
@@ -277,12 +278,13 @@ async fn connections_beyond_the_cap_wait_until_slow_ones_are_closed() {
     let mut held = Vec::new();
     for _ in 0..4 {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"POST /v1/messages/payments HTTP/1.1\r\nHost: x\r\n")
+        s.write_all(b"POST /v1/messages/payments HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             .await
             .unwrap();
         held.push(s);
     }
-    // The fifth waits in the backlog until the header timeout (10 s) closes the others.
+    // The fifth is served once one of them is closed: at the cap, the connection that has waited
+    // longest for a request is shed to make room (before that, the header timeout of 10 s).
     let t = Instant::now();
     let (status, _) = normal_post(addr, "past-the-cap").await;
     assert_eq!(status, 202);

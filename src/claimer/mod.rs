@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::policy::{self, Step};
 pub use crate::settle::AttemptEnd;
 use crate::settle::{Resend, Settler, completed, error_of, failed};
+use crate::store::writes::WriteHealth;
 use crate::store::{ClaimOutcome, Store, StoreError};
 use backon::BackoffBuilder;
 use std::collections::BTreeMap;
@@ -45,6 +46,7 @@ pub struct Claimer {
     intake_wait: Duration,
     accepting: AtomicBool,
     metrics: Arc<Metrics>,
+    writes: WriteHealth,
 }
 
 impl std::fmt::Debug for Claimer {
@@ -78,6 +80,7 @@ impl Claimer {
             intake_wait,
             accepting: AtomicBool::new(true),
             metrics,
+            writes: WriteHealth::default(),
         }
     }
 
@@ -89,6 +92,12 @@ impl Claimer {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Whether this instance's store writes succeed (claims, sweeper heartbeats), for
+    /// readiness.
+    pub fn writes(&self) -> &WriteHealth {
+        &self.writes
     }
 
     /// Where this instance's attempts are settled.

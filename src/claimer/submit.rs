@@ -276,7 +276,12 @@ impl Claimer {
         hold: Hold,
     ) -> Option<Claim> {
         let m = &self.metrics;
-        match self.store.claim(&new).await {
+        let outcome = self.store.claim(&new).await;
+        match &outcome {
+            Ok(_) => self.writes.succeeded(),
+            Err(e) => self.writes.failed(e),
+        }
+        match outcome {
             Ok(ClaimOutcome::Created(mut claim)) => {
                 m.created(&new.consumer);
                 // Intake answers from the claim's identity and state: it gets no copy of the

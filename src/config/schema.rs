@@ -93,6 +93,9 @@ pub struct HttpConfig {
     /// Request bodies held in memory at once, in bytes, across all requests; when spent,
     /// intake answers `503` + `Retry-After` without reading the body.
     pub body_budget_bytes: usize,
+    /// Host names (beside loopback names) a request may name in `Host` and `Origin` for a
+    /// route whose token is empty; a route with a token set accepts any.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -110,6 +113,7 @@ impl Default for HttpConfig {
             idle_timeout: Dur(Duration::from_secs(75)),
             max_connections: 1024,
             body_budget_bytes: 16 * 1024 * 1024,
+            allowed_hosts: Vec::new(),
         }
     }
 }

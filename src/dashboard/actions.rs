@@ -17,7 +17,7 @@ use crate::operator_action::{act, select_parked};
 use axum::Form;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::Response;
 
 /// A posted action form: `action`, `note`, `claim` (repeated) or `consumer` + `reason` for a
 /// bulk selection. Repeated fields rule out a derived struct.
@@ -59,7 +59,7 @@ fn page(status: StatusCode, title: &str, body: maud::Markup) -> Response {
             body { main { section { h2 { (title) } (body) } } }
         }
     };
-    (status, Html(html.into_string())).into_response()
+    super::html_page(status, html.into_string())
 }
 
 fn refuse(why: &str) -> Response {

@@ -134,7 +134,13 @@ pub async fn page(
 
 /// An HTML answer that runs no script, loads nothing, is never framed and never cached.
 fn html(body: String) -> Response {
-    let mut r = (StatusCode::OK, body).into_response();
+    html_page(StatusCode::OK, body)
+}
+
+/// [`html`] with another status: every HTML answer (the page, `/signin`, the action pages)
+/// carries the same CSP, framing and caching headers.
+pub(crate) fn html_page(status: StatusCode, body: String) -> Response {
+    let mut r = (status, body).into_response();
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

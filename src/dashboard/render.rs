@@ -112,6 +112,7 @@ pub fn render(d: &Dashboard) -> String {
                     }
                     @if let Some(s) = &d.session {
                         form.signout method="post" action="/signout" {
+                            input type="hidden" name="csrf" value=(s.csrf);
                             "signed in as " strong { (s.name) } " · "
                             a href="/" { "reload" } " "
                             button type="submit" { "Sign out" }
@@ -589,6 +590,7 @@ mod tests {
     fn the_page_shows_control_and_bidi_characters_visibly() {
         let hostile = "<b>x</b>\x1b]8;;https://evil.example\x07\u{202e}txt.exe\r\nline";
         let report = Report {
+            providers: vec![],
             generated_utc: Utc::now(),
             sweeper: SweeperHealth::default(),
             consumers: vec![ConsumerCounts {

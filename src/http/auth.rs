@@ -2,6 +2,11 @@
 //! guards intake; both compared in constant time. A browser signed in on `/signin` passes the
 //! admin check with its session cookie instead ([`super::session`]), and must then send the
 //! session's CSRF token with anything that changes state.
+//!
+//! A route whose token is empty (allowed on a loopback listener) answers only requests that name
+//! this machine ([`super::guard`]): `Host` a loopback name or one of `[http] allowed_hosts`
+//! (else `421`), and on changes no foreign `Origin` (else `403`). Wrong tokens are logged with
+//! the client's address, at most one line per [`super::guard::LOG_EVERY`].
 
 use super::problem::problem;
 use super::session::{self, Session};
@@ -30,10 +35,82 @@ pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
-fn bearer_ok(expected: &str, req: &Request) -> bool {
-    if expected.is_empty() {
-        return true;
+/// The client address of a request (the TCP peer), when the listener recorded it.
+pub fn peer_of(req: &axum::http::Extensions) -> Option<std::net::SocketAddr> {
+    req.get::<crate::server::Peer>().map(|p| p.0)
+}
+
+/// For a route without a token: the refusal of a request that does not name this machine (see
+/// the module); `None` lets it through. `token` names the empty key, for the answer.
+fn refused_unless_local(state: &AppState, req: &Request, token: &str) -> Option<Response> {
+    let allowed = &state.config.http.allowed_hosts;
+    let hosts: Vec<_> = req.headers().get_all(header::HOST).iter().collect();
+    let host = match hosts.as_slice() {
+        [] => req.uri().authority().map(|a| a.as_str().to_string()),
+        [one] => Some(String::from_utf8_lossy(one.as_bytes()).into_owned()),
+        // Two Host headers: which one a proxy or a browser meant is a guess.
+        _ => Some(String::new()),
+    };
+    // No Host at all (HTTP/1.0 by hand) is no browser: nothing to rebind.
+    if let Some(host) = host
+        && !super::guard::host_allowed(&host, allowed)
+    {
+        refused_log(state, req, "Host", &host);
+        return Some(problem(
+            StatusCode::MISDIRECTED_REQUEST,
+            "host not allowed",
+            &format!(
+                "[http] {token} is empty, so this route answers only requests to a loopback name (localhost, 127.0.0.1, [::1]) or to one of [http] allowed_hosts; Host {host:?} is neither (a web page reaching this port through DNS rebinding sends its own name)"
+            ),
+        ));
     }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        for origin in req.headers().get_all(header::ORIGIN) {
+            let origin = String::from_utf8_lossy(origin.as_bytes());
+            if !super::guard::origin_allowed(&origin, allowed) {
+                refused_log(state, req, "Origin", &origin);
+                return Some(problem(
+                    StatusCode::FORBIDDEN,
+                    "origin not allowed",
+                    &format!(
+                        "[http] {token} is empty, so this route takes changes only from pages on a loopback name or one of [http] allowed_hosts; Origin {origin:?} is neither (another site's page cannot make this request)"
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+fn refused_log(state: &AppState, req: &Request, what: &str, value: &str) {
+    if let Some(unlogged) = state.guard.host_log.due() {
+        let value: String = value.chars().take(100).collect();
+        tracing::warn!(
+            peer = ?peer_of(req.extensions()),
+            header = what,
+            value,
+            unlogged,
+            "refused a request to a route without a token: it names another host"
+        );
+    }
+}
+
+/// Logs a wrong bearer token (at most one line per period, with the client's address).
+fn wrong_token_log(state: &AppState, req: &Request, which: &str) {
+    if req.headers().get(header::AUTHORIZATION).is_none() {
+        return;
+    }
+    if let Some(unlogged) = state.guard.bearer_log.due() {
+        tracing::warn!(
+            peer = ?peer_of(req.extensions()),
+            path = req.uri().path(),
+            unlogged,
+            "refused a wrong {which}; {unlogged} more refused since the last such line"
+        );
+    }
+}
+
+fn bearer_ok(expected: &str, req: &Request) -> bool {
     let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
     match (values.next(), values.next()) {
         (Some(v), None) => {
@@ -61,10 +138,17 @@ const FORM_LIMIT: usize = 64 * 1024;
 /// a request extension.
 pub async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let secret = &state.config.http.admin_token;
+    if secret.is_empty() {
+        return match refused_unless_local(&state, &req, "admin_token") {
+            None => next.run(req).await,
+            Some(refused) => refused,
+        };
+    }
     if bearer_ok(secret, &req) {
         return next.run(req).await;
     }
     let Some(session) = session_of(secret, &req) else {
+        wrong_token_log(&state, &req, "admin token");
         let wants_html = req
             .headers()
             .get(header::ACCEPT)
@@ -123,9 +207,17 @@ fn forbidden(detail: &str) -> Response {
 
 /// Lets a request through only with the intake token (when one is configured).
 pub async fn require_intake(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if bearer_ok(&state.config.http.intake_token, &req) {
+    let token = &state.config.http.intake_token;
+    if token.is_empty() {
+        return match refused_unless_local(&state, &req, "intake_token") {
+            None => next.run(req).await,
+            Some(refused) => refused,
+        };
+    }
+    if bearer_ok(token, &req) {
         next.run(req).await
     } else {
+        wrong_token_log(&state, &req, "intake token");
         unauthorized("this route needs Authorization: Bearer <intake_token>")
     }
 }

@@ -165,6 +165,9 @@ pub struct Readiness {
     pub ready: bool,
     /// Store reachable (`"ok"`), or what is wrong.
     pub store: String,
+    /// Store writes succeed (`"ok"`), or the run of failed writes and the last error
+    /// ([`crate::store::writes`]).
+    pub writes: String,
     /// Taking new work (false while shutting down).
     pub accepting: bool,
     /// Every RabbitMQ consumer connected (`"ok"`), or which are not.
@@ -179,6 +182,21 @@ pub struct Readiness {
     pub stuck: Option<i64>,
     /// Age of the oldest `started` claim, seconds.
     pub oldest_started_age_s: Option<f64>,
+}
+
+/// `"ok"` unless the last store writes all failed; then a write probe (at most one per
+/// second), whose success ends the run.
+async fn write_health(state: &AppState) -> String {
+    let writes = state.claimer.writes();
+    if writes.probe_due() {
+        let probe = state.claimer.store().probe_write(state.claimer.instance());
+        match tokio::time::timeout(READY_STORE_WAIT, probe).await {
+            Ok(Ok(())) => writes.succeeded(),
+            Ok(Err(e)) => writes.failed(&e),
+            Err(_) => {}
+        }
+    }
+    writes.failing().unwrap_or_else(|| "ok".into())
 }
 
 /// How long readiness waits for the store before calling it unavailable.
@@ -197,6 +215,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     let mut body = Readiness {
         ready: false,
         store: "ok".into(),
+        writes: write_health(&state).await,
         accepting: state.claimer.is_accepting(),
         broker: match state.amqp.as_ref().map(|a| a.check()) {
             None | Some(Ok(())) => "ok".to_string(),
@@ -228,7 +247,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             )
         }
     }
-    body.ready = body.store == "ok" && body.accepting && body.broker == "ok";
+    body.ready = body.store == "ok" && body.writes == "ok" && body.accepting && body.broker == "ok";
     let status = if body.ready {
         StatusCode::OK
     } else {

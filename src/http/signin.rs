@@ -1,15 +1,19 @@
 //! `GET /signin`, `POST /signin` and `POST /signout`: the operator page's sign-in (see
 //! [`super::session`] for the cookie). The form takes the admin token once; a wrong token is
-//! answered `401` with the form again and no cookie.
+//! answered `401` with the form again and no cookie. Tries are throttled per client address
+//! ([`super::guard::Throttle`]: a few at once, then one every couple of seconds; over that,
+//! `429` + `Retry-After` without looking at the token), and wrong tokens are logged with the
+//! address, one line per period. Signing out needs the session's CSRF token, like any change.
 
 use super::auth::constant_time_eq;
 use super::session::{self, SESSION_TTL, Session};
 use super::state::AppState;
+use crate::server::Peer;
 use axum::Form;
-use axum::extract::State;
 use axum::extract::rejection::FormRejection;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 /// The sign-in form's fields.
@@ -38,7 +42,7 @@ button{margin-top:1rem;padding:.5rem 1.2rem;font:inherit}.error{color:#a11;margi
 </body></html>"#;
 
 fn page(status: StatusCode, message: &str) -> Response {
-    (status, Html(PAGE.replace("{message}", message))).into_response()
+    crate::dashboard::html_page(status, PAGE.replace("{message}", message))
 }
 
 fn see_other(to: &'static str) -> Response {
@@ -56,12 +60,35 @@ pub async fn form(State(state): State<AppState>) -> Response {
 /// `POST /signin`: checks the token; sets the session cookie and goes to the page.
 pub async fn sign_in(
     State(state): State<AppState>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     form: Result<Form<SignIn>, FormRejection>,
 ) -> Response {
     let expected = &state.config.http.admin_token;
     if expected.is_empty() {
         return see_other("/");
+    }
+    let peer = peer.map(|Extension(Peer(addr))| addr);
+    // Without a recorded address (the router called in-process) every try shares one bucket.
+    let ip = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+    if let Err(wait) = state.guard.signin.take(ip) {
+        if let Some(unlogged) = state.guard.throttled_log.due() {
+            tracing::warn!(
+                ?peer,
+                unlogged,
+                "operator page sign-in throttled: too many tries from this address"
+            );
+        }
+        let secs = wait.as_secs().max(1);
+        let mut r = page(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!(
+                r#"<p class="error" role="alert">Too many sign-in tries from your address: wait {secs} s.</p>"#
+            ),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        return r;
     }
     let Ok(Form(given)) = form else {
         return page(
@@ -77,12 +104,19 @@ pub async fn sign_in(
         );
     }
     if !constant_time_eq(given.token.trim().as_bytes(), expected.as_bytes()) {
-        tracing::warn!("operator page sign-in refused: wrong admin token");
+        if let Some(unlogged) = state.guard.signin_log.due() {
+            tracing::warn!(
+                ?peer,
+                unlogged,
+                "operator page sign-in refused: wrong admin token ({unlogged} more since the last such line)"
+            );
+        }
         return page(
             StatusCode::UNAUTHORIZED,
             r#"<p class="error" role="alert">That is not the admin token.</p>"#,
         );
     }
+    state.guard.signin.give_back(ip);
     let value = Session::issue(
         expected,
         chrono::Utc::now().timestamp(),
@@ -100,8 +134,46 @@ pub async fn sign_in(
     r
 }
 
-/// `POST /signout`: clears the cookie and goes back to the form.
-pub async fn sign_out() -> Response {
+/// The sign-out form's field (the page's CSRF token).
+#[derive(Debug, Deserialize)]
+pub struct SignOut {
+    /// The session's CSRF token.
+    #[serde(default)]
+    pub csrf: String,
+}
+
+/// `POST /signout`: clears the cookie and goes back to the form. Needs the session's CSRF
+/// token (the page's form carries it, or `X-CSRF-Token`), so another site cannot sign a person
+/// out; without a valid session there is nothing to clear.
+pub async fn sign_out(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    form: Result<Form<SignOut>, FormRejection>,
+) -> Response {
+    let secret = &state.config.http.admin_token;
+    if secret.is_empty() {
+        return see_other("/");
+    }
+    let session = headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|c| session::cookie_value(c, session::COOKIE))
+        .and_then(|v| Session::verify(secret, v, chrono::Utc::now().timestamp()));
+    let Some(session) = session else {
+        return see_other("/signin");
+    };
+    let token = headers
+        .get(session::CSRF_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| form.ok().map(|Form(f)| f.csrf));
+    if !token.is_some_and(|t| session.csrf_ok(secret, &t)) {
+        return super::problem::problem(
+            StatusCode::FORBIDDEN,
+            "missing or wrong CSRF token",
+            "signing out needs the page's CSRF token (the Sign out button sends it); reload the page",
+        );
+    }
     let mut r = see_other("/signin");
     if let Ok(v) = HeaderValue::from_str(&session::clear_cookie()) {
         r.headers_mut().insert(header::SET_COOKIE, v);

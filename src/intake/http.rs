@@ -165,11 +165,12 @@ fn too_large(limit: usize) -> Response {
     )
 }
 
-/// Reads the body into one buffer (sized from `Content-Length`, so it is never copied), after
-/// taking its share of the body budget (the declared length, else `max_body_bytes`): `503` +
-/// `Retry-After` when the budget stays spent for `intake_wait` (nothing read), `413` past
-/// `max_body_bytes` (a declared length is refused before reading), `408` when it does not
-/// arrive within `body_read_timeout`.
+/// Reads the body into one buffer, taking budget for the memory it holds as it grows: a first
+/// slice before anything is read (`503` + `Retry-After` when the budget stays spent for
+/// `intake_wait`, nothing read), then more as bytes arrive, the buffer doubling up to the
+/// declared length (the last step lands on it exactly, so a declared body is held once). `413`
+/// past `max_body_bytes` (a declared length is refused before reading), `408` when it does not
+/// arrive within `body_read_timeout`, `503` when the budget has no room for the rest.
 async fn read_body(
     state: &AppState,
     consumer: &str,
@@ -177,44 +178,55 @@ async fn read_body(
     body: Body,
 ) -> Result<(Vec<u8>, BodyShare), Response> {
     let limit = state.config.http.max_body_bytes;
+    let wait = state.config.http.intake_wait.0;
     let declared = crate::server::declared_length(headers);
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
-    let want = declared.map_or(limit, |n| n as usize);
-    let Some(mut share) = state
-        .body_budget
-        .admit(want, state.config.http.intake_wait.0)
-        .await
-    else {
-        state.claimer.metrics().refused(consumer, "body_budget");
-        let mut r = problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "busy",
-            "request bodies in memory are at [http] body_budget_bytes; nothing was read or recorded: retry",
-        );
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-        // The body is not read: the connection cannot carry another request.
-        r.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
-        return Err(r);
+    let whole = declared.map_or(limit, |n| n as usize);
+    let first = whole.min(state.body_budget.slice());
+    let Some(mut share) = state.body_budget.admit(first, wait).await else {
+        return Err(budget_spent(state, consumer));
     };
-    let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize).min(limit));
+    let mut buf = Vec::with_capacity(first);
     let mut body = body;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| unreadable(&e))?;
         if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limit {
+            let need = buf.len() + data.len();
+            if need > limit {
                 return Err(too_large(limit));
+            }
+            if need > buf.capacity() {
+                let grown = need.max((buf.capacity() * 2).min(whole)).min(limit);
+                if !share.grow_to(grown, wait).await {
+                    return Err(budget_spent(state, consumer));
+                }
+                buf.reserve_exact(grown - buf.len());
             }
             buf.extend_from_slice(&data);
         }
     }
     share.trim_to(buf.len());
     Ok((buf, share))
+}
+
+/// `503` + `Retry-After`: bodies in memory are at `body_budget_bytes`.
+fn budget_spent(state: &AppState, consumer: &str) -> Response {
+    state.claimer.metrics().refused(consumer, "body_budget");
+    let mut r = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "busy",
+        "request bodies in memory are at [http] body_budget_bytes; nothing was recorded: retry",
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    // The body is not read (or not all of it): the connection cannot carry another request.
+    r.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    r
 }
 
 fn unreadable(e: &axum::Error) -> Response {

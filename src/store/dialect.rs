@@ -135,6 +135,8 @@ pub struct Statements {
     pub prune_dead_letters_count: &'static str,
     /// The sweeper's heartbeat: instance.
     pub mark_sweep: &'static str,
+    /// Readiness' write probe (a heartbeat row of its own): instance.
+    pub probe_write: &'static str,
     /// The last heartbeat (`at_utc`).
     pub last_sweep: &'static str,
     /// Upsert one instance's view of a consumer's provider: row name, instance, detail (JSON).

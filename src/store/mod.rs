@@ -23,6 +23,7 @@ mod rows;
 pub mod sql_store;
 pub mod sqlite;
 mod url;
+pub mod writes;
 
 pub use error::{StoreError, StoreResult};
 pub use url::{check_url, redact_url};
@@ -415,6 +416,10 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Records that a sweeper pass ended now.
     async fn mark_sweep(&self, instance: &str) -> StoreResult<()>;
+
+    /// Commits a one-row write that changes nothing else (this instance's write-probe
+    /// heartbeat), to learn whether the store takes writes (readiness, [`writes`]).
+    async fn probe_write(&self, instance: &str) -> StoreResult<()>;
 
     /// When the last sweeper pass (any instance) ended.
     async fn last_sweep(&self) -> StoreResult<Option<DateTime<Utc>>>;

@@ -637,6 +637,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         Ok(out)
     }
 
+    async fn probe_write(&self, instance: &str) -> StoreResult<()> {
+        self.execute("probe_write", D::SQL.probe_write, &[Arg::Text(instance)])
+            .await
+            .map(|_| ())
+    }
+
     async fn last_sweep(&self) -> StoreResult<Option<DateTime<Utc>>> {
         let rows = self.fetch("last_sweep", D::SQL.last_sweep, &[]).await?;
         rows.first().map(|r| r.time("at_utc")).transpose()

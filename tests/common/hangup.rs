@@ -45,7 +45,7 @@ impl Post {
     /// The request bytes, and where its header section ends.
     fn bytes(&self) -> (Vec<u8>, usize) {
         let mut head = format!(
-            "POST /v1/messages/{} HTTP/1.1\r\nHost: claimd\r\nContent-Type: application/json\r\nIdempotency-Key: {}\r\nContent-Length: {}\r\n",
+            "POST /v1/messages/{} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nIdempotency-Key: {}\r\nContent-Length: {}\r\n",
             self.consumer,
             self.key,
             self.body.len()

@@ -212,6 +212,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     mark_sweep: "\
     INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('sweeper', $1, now()) \
     ON CONFLICT (name) DO UPDATE SET instance = EXCLUDED.instance, at_utc = EXCLUDED.at_utc",
+    probe_write: "\
+    INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('write_probe', $1, now()) \
+    ON CONFLICT (name) DO UPDATE SET instance = EXCLUDED.instance, at_utc = EXCLUDED.at_utc",
     last_sweep: "SELECT at_utc FROM claimd_heartbeats WHERE name = 'sweeper'",
     mark_destination: "\
     INSERT INTO claimd_heartbeats (name, instance, at_utc, detail) VALUES ($1, $2, now(), $3) \

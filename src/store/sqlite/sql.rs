@@ -219,6 +219,11 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         ") ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, at_utc = excluded.at_utc"
     ),
+    probe_write: concat!(
+        "INSERT INTO claimd_heartbeats (name, instance, at_utc) VALUES ('write_probe', ?1, ",
+        now_ms!(),
+        ") ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, at_utc = excluded.at_utc"
+    ),
     last_sweep: "SELECT at_utc FROM claimd_heartbeats WHERE name = 'sweeper'",
     mark_destination: concat!(
         "INSERT INTO claimd_heartbeats (name, instance, at_utc, detail) VALUES (?1, ?2, ",
