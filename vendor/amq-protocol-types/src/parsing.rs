@@ -2,7 +2,7 @@ use crate::{flags::*, types::*, value::*};
 use nom::{
     self, Parser,
     bytes::streaming::take,
-    combinator::{all_consuming, complete, flat_map, map, map_opt, map_parser, map_res},
+    combinator::{all_consuming, complete, flat_map, map, map_opt, map_parser},
     error::{ContextError, ErrorKind, ParseError, context},
     multi::fold_many0,
     number::streaming::{
@@ -100,12 +100,29 @@ pub type ParserError = nom::Err<ParserErrors>;
 /// Return type of parsers
 pub type ParserResult<I, T> = Result<(I, T), ParserError>;
 
+/// How many tables and arrays deep a value is decoded (claimd patch). The outermost table (a
+/// message's `headers`, say) is level 1. A table or array that would be level
+/// `MAX_NESTING_DEPTH + 1` is not decoded: it is returned as an [`AMQPValue::ByteArray`]
+/// holding its encoded content (both are a long-uint length and bytes on the wire), so decoding
+/// never recurses deeper than this, whatever the input. Without the bound, a header nesting a
+/// table 2,000 levels deep overflowed the decoding thread's stack.
+pub const MAX_NESTING_DEPTH: usize = 100;
+
 /// Parse the [AMQPValue](../type.AMQPValue.html) of the given [AMQPType](../type.AMQPType.html)
 #[must_use]
 pub fn parse_raw_value<I: ParsableInput>(
     amqp_type: AMQPType,
 ) -> impl Parser<I, Output = AMQPValue, Error = ParserErrors> {
-    context("parse_raw_value", move |i| match amqp_type {
+    context("parse_raw_value", move |i| raw_value_at(i, amqp_type, 0))
+}
+
+/// A value of `amqp_type` inside `depth` enclosing tables or arrays.
+fn raw_value_at<I: ParsableInput>(
+    i: I,
+    amqp_type: AMQPType,
+    depth: usize,
+) -> ParserResult<I, AMQPValue> {
+    match amqp_type {
         AMQPType::Boolean => map(parse_boolean, AMQPValue::Boolean).parse(i),
         AMQPType::ShortShortInt => map(parse_short_short_int, AMQPValue::ShortShortInt).parse(i),
         AMQPType::ShortShortUInt => map(parse_short_short_uint, AMQPValue::ShortShortUInt).parse(i),
@@ -121,17 +138,37 @@ pub fn parse_raw_value<I: ParsableInput>(
         AMQPType::DecimalValue => map(parse_decimal_value, AMQPValue::DecimalValue).parse(i),
         AMQPType::ShortString => map(parse_short_string, AMQPValue::ShortString).parse(i),
         AMQPType::LongString => map(parse_long_string, AMQPValue::LongString).parse(i),
-        AMQPType::FieldArray => map(parse_field_array, AMQPValue::FieldArray).parse(i),
+        AMQPType::FieldArray | AMQPType::FieldTable if depth >= MAX_NESTING_DEPTH => {
+            map(parse_byte_array, AMQPValue::ByteArray).parse(i)
+        }
+        AMQPType::FieldArray => map(
+            |i| field_array_at(i, depth + 1),
+            AMQPValue::FieldArray,
+        )
+        .parse(i),
         AMQPType::Timestamp => map(parse_timestamp, AMQPValue::Timestamp).parse(i),
-        AMQPType::FieldTable => map(parse_field_table, AMQPValue::FieldTable).parse(i),
+        AMQPType::FieldTable => map(
+            |i| field_table_at(i, depth + 1),
+            AMQPValue::FieldTable,
+        )
+        .parse(i),
         AMQPType::ByteArray => map(parse_byte_array, AMQPValue::ByteArray).parse(i),
         AMQPType::Void => Ok((i, AMQPValue::Void)),
-    })
+    }
 }
 
 /// Parse an [AMQPValue](../type.AMQPValue.html)
 pub fn parse_value<I: ParsableInput>(i: I) -> ParserResult<I, AMQPValue> {
-    context("parse_value", flat_map(parse_type, parse_raw_value)).parse(i)
+    value_at(i, 0)
+}
+
+/// A typed value inside `depth` enclosing tables or arrays.
+fn value_at<I: ParsableInput>(i: I, depth: usize) -> ParserResult<I, AMQPValue> {
+    context("parse_value", |i| {
+        let (i, amqp_type) = parse_type(i)?;
+        raw_value_at(i, amqp_type, depth)
+    })
+    .parse(i)
 }
 
 /// Parse an [AMQPType](../type.AMQPType.html)
@@ -215,8 +252,16 @@ pub fn parse_decimal_value<I: ParsableInput>(i: I) -> ParserResult<I, DecimalVal
     .parse(i)
 }
 
-fn make_str<I: Input<Item = u8>>(i: I) -> Result<String, std::string::FromUtf8Error> {
-    String::from_utf8(i.iter_elements().collect())
+/// A short string's bytes as text. Bytes that are not UTF-8 are replaced with U+FFFD (claimd
+/// patch): RabbitMQ passes such bytes through (in a `message_id` or a header name), and
+/// refusing them failed the whole frame, which closed the connection and had the broker
+/// deliver the same message again, for ever.
+fn make_str<I: Input<Item = u8>>(i: I) -> String {
+    let bytes: Vec<u8> = i.iter_elements().collect();
+    match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
 }
 
 /// Parse a [ShortString](../type.ShortString.html)
@@ -224,7 +269,7 @@ pub fn parse_short_string<I: ParsableInput>(i: I) -> ParserResult<I, ShortString
     context(
         "parse_short_string",
         map(
-            map_res(flat_map(parse_short_short_uint, take), make_str),
+            map(flat_map(parse_short_short_uint, take), make_str),
             ShortString::from,
         ),
     )
@@ -244,12 +289,17 @@ pub fn parse_long_string<I: ParsableInput>(i: I) -> ParserResult<I, LongString> 
 
 /// Parse a [FieldArray](../type.FieldArray.html)
 pub fn parse_field_array<I: ParsableInput>(i: I) -> ParserResult<I, FieldArray> {
+    field_array_at(i, 1)
+}
+
+/// An array at nesting level `level` (1: not inside another table or array).
+fn field_array_at<I: ParsableInput>(i: I, level: usize) -> ParserResult<I, FieldArray> {
     context(
         "parse_field_array",
         map_parser(
             flat_map(parse_long_uint, take),
             all_consuming(fold_many0(
-                context("parse_field_array_entry", complete(parse_value)),
+                context("parse_field_array_entry", complete(|i| value_at(i, level))),
                 FieldArray::default,
                 |mut acc, elem| {
                     acc.push(elem);
@@ -268,6 +318,11 @@ pub fn parse_timestamp<I: ParsableInput>(i: I) -> ParserResult<I, Timestamp> {
 
 /// Parse a [FieldTable](../type.FieldTable.html)
 pub fn parse_field_table<I: ParsableInput>(i: I) -> ParserResult<I, FieldTable> {
+    field_table_at(i, 1)
+}
+
+/// A table at nesting level `level` (1: not inside another table or array).
+fn field_table_at<I: ParsableInput>(i: I, level: usize) -> ParserResult<I, FieldTable> {
     context(
         "parse_field_table",
         map_parser(
@@ -275,7 +330,7 @@ pub fn parse_field_table<I: ParsableInput>(i: I) -> ParserResult<I, FieldTable> 
             all_consuming(fold_many0(
                 context(
                     "parse_field_table_entry",
-                    complete(pair(parse_short_string, parse_value)),
+                    complete(pair(parse_short_string, |i| value_at(i, level))),
                 ),
                 FieldTable::default,
                 |mut acc, (key, value)| {
@@ -542,6 +597,97 @@ mod test {
                 ][..]
             ),
             Ok((EMPTY, table))
+        );
+    }
+
+    /// A table nesting `levels` tables (the outermost included), each under the key "a".
+    fn nested_tables(levels: usize) -> Vec<u8> {
+        // Level L's content is one 7-byte entry header per level below it.
+        let mut out = Vec::with_capacity(levels * 7);
+        for level in 1..levels {
+            out.extend_from_slice(&(((levels - level) * 7) as u32).to_be_bytes());
+            out.extend_from_slice(&[1, b'a', b'F']);
+        }
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out
+    }
+
+    /// How many tables deep a decoded table goes, and what ends it.
+    fn depth_of(table: &FieldTable) -> (usize, Option<AMQPValue>) {
+        let mut depth = 1;
+        let mut t = table;
+        loop {
+            match t.inner().get("a") {
+                Some(AMQPValue::FieldTable(inner)) => {
+                    depth += 1;
+                    t = inner;
+                }
+                other => return (depth, other.cloned()),
+            }
+        }
+    }
+
+    #[test]
+    fn nesting_is_decoded_to_the_bound_and_kept_as_bytes_below_it() {
+        let encoded = nested_tables(MAX_NESTING_DEPTH);
+        let (rest, table) = parse_field_table(&encoded[..]).unwrap();
+        assert!(rest.is_empty());
+        assert_eq!(depth_of(&table), (MAX_NESTING_DEPTH, None));
+
+        let encoded = nested_tables(MAX_NESTING_DEPTH + 5);
+        let (rest, table) = parse_field_table(&encoded[..]).unwrap();
+        assert!(rest.is_empty());
+        let (depth, end) = depth_of(&table);
+        assert_eq!(depth, MAX_NESTING_DEPTH);
+        let Some(AMQPValue::ByteArray(bytes)) = end else {
+            panic!("the level past the bound is not kept as bytes: {end:?}");
+        };
+        // The bytes are the undecoded table: the remaining five levels' content.
+        let mut framed = (bytes.len() as u32).to_be_bytes().to_vec();
+        framed.extend_from_slice(bytes.as_slice());
+        assert_eq!(framed, nested_tables(5));
+    }
+
+    #[test]
+    fn arrays_count_towards_the_bound() {
+        let mut inner = 0u32.to_be_bytes().to_vec();
+        for _ in 0..(MAX_NESTING_DEPTH * 3) {
+            let mut entry = vec![b'A'];
+            entry.extend_from_slice(&inner);
+            inner = (entry.len() as u32).to_be_bytes().to_vec();
+            inner.extend_from_slice(&entry);
+        }
+        let (rest, mut array) = parse_field_array(&inner[..]).unwrap();
+        assert!(rest.is_empty());
+        let mut depth = 1;
+        while let Some(AMQPValue::FieldArray(a)) = array.as_slice().first().cloned() {
+            depth += 1;
+            array = a;
+        }
+        assert_eq!(depth, MAX_NESTING_DEPTH);
+        assert!(matches!(array.as_slice().first(), Some(AMQPValue::ByteArray(_))));
+    }
+
+    #[test]
+    fn the_deepest_table_a_frame_can_hold_decodes_on_a_small_stack() {
+        // 131,072 bytes (RabbitMQ's default frame_max) hold about 21,800 levels; ten times
+        // that decodes on a quarter of lapin's 2 MiB I/O thread stack, which overflowed at
+        // 2,000 levels before the bound. (The bound's 100 levels take about 200 KiB here.)
+        let encoded = nested_tables(218_000);
+        let decoded = std::thread::Builder::new()
+            .stack_size(512 * 1024)
+            .spawn(move || parse_field_table(&encoded[..]).map(|(_, t)| depth_of(&t).0))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(decoded, Ok(MAX_NESTING_DEPTH));
+    }
+
+    #[test]
+    fn short_strings_that_are_not_utf8_decode_lossily() {
+        assert_eq!(
+            parse_short_string(&[4, 0xff, b'i', b'd', 0xfe][..]),
+            Ok((EMPTY, "\u{fffd}id\u{fffd}".into()))
         );
     }
 
