@@ -53,6 +53,7 @@ pub struct Metrics {
     mismatches: Family<ConsumerLabel, Counter>,
     refused: Family<ReasonLabels, Counter>,
     dead_lettered: Family<ReasonLabels, Counter>,
+    dead_letter_unconfirmed: Family<ConsumerLabel, Counter>,
     attempts: Family<OutcomeLabels, Counter>,
     latency: Family<ConsumerLabel, Histogram>,
     settled: Family<StateLabels, Counter>,
@@ -108,6 +109,7 @@ impl Metrics {
             mismatches: Family::default(),
             refused: Family::default(),
             dead_lettered: Family::default(),
+            dead_letter_unconfirmed: Family::default(),
             attempts: Family::default(),
             latency: Family::new_with_constructor(|| {
                 Histogram::new([
@@ -155,6 +157,11 @@ impl Metrics {
             "dead_lettered",
             "Broker messages sent to the dead-letter exchange, by reason",
             m.dead_lettered.clone(),
+        );
+        registry.register(
+            "dead_letter_unconfirmed",
+            "Dead-letter publishes the broker did not confirm (no queue bound, nack, channel lost); each requeues its message, which comes back",
+            m.dead_letter_unconfirmed.clone(),
         );
         registry.register(
             "effect_attempts",
@@ -271,6 +278,12 @@ impl Metrics {
                 consumer: c.to_string(),
                 reason: reason.to_string(),
             })
+            .inc();
+    }
+    /// A dead-letter publish not confirmed (its message requeued).
+    pub fn dead_letter_unconfirmed(&self, c: &str) {
+        self.dead_letter_unconfirmed
+            .get_or_create(&consumer(c))
             .inc();
     }
     /// A provider call and how long it took.

@@ -141,17 +141,13 @@ fn raw_value_at<I: ParsableInput>(
         AMQPType::FieldArray | AMQPType::FieldTable if depth >= MAX_NESTING_DEPTH => {
             map(parse_byte_array, AMQPValue::ByteArray).parse(i)
         }
-        AMQPType::FieldArray => map(
-            |i| field_array_at(i, depth + 1),
-            AMQPValue::FieldArray,
-        )
-        .parse(i),
+        AMQPType::FieldArray => {
+            map(|i| field_array_at(i, depth + 1), AMQPValue::FieldArray).parse(i)
+        }
         AMQPType::Timestamp => map(parse_timestamp, AMQPValue::Timestamp).parse(i),
-        AMQPType::FieldTable => map(
-            |i| field_table_at(i, depth + 1),
-            AMQPValue::FieldTable,
-        )
-        .parse(i),
+        AMQPType::FieldTable => {
+            map(|i| field_table_at(i, depth + 1), AMQPValue::FieldTable).parse(i)
+        }
         AMQPType::ByteArray => map(parse_byte_array, AMQPValue::ByteArray).parse(i),
         AMQPType::Void => Ok((i, AMQPValue::Void)),
     }
@@ -665,7 +661,10 @@ mod test {
             array = a;
         }
         assert_eq!(depth, MAX_NESTING_DEPTH);
-        assert!(matches!(array.as_slice().first(), Some(AMQPValue::ByteArray(_))));
+        assert!(matches!(
+            array.as_slice().first(),
+            Some(AMQPValue::ByteArray(_))
+        ));
     }
 
     #[test]
