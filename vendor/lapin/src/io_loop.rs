@@ -29,6 +29,8 @@ use std::{
 use tracing::{Level, debug, error, trace};
 
 const FRAMES_STORAGE: usize = 32;
+/// A frame's header (type, channel, size: 7 bytes) and end octet (claimd patch).
+const FRAME_OVERHEAD: usize = 8;
 
 #[derive(Debug, PartialEq)]
 enum Status {
@@ -617,7 +619,10 @@ impl<
             Ok((i, f)) => {
                 let consumed = self.receive_buffer.offset(i);
                 let frame_max = self.configuration.frame_max() as usize;
-                if frame_max > 0 && consumed > frame_max {
+                // claimd patch: RabbitMQ takes from publishers, and delivers, frames whose
+                // payload is frame_max bytes (the frame 8 bytes more). Refusing one closed the
+                // connection and the broker delivered the same message again, for ever.
+                if frame_max > 0 && consumed > frame_max + FRAME_OVERHEAD {
                     error!(bytes = consumed, "received large frame");
                     let error = AMQPError::new(
                         AMQPHardError::FRAMEERROR.into(),
