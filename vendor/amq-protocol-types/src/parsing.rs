@@ -251,12 +251,21 @@ pub fn parse_decimal_value<I: ParsableInput>(i: I) -> ParserResult<I, DecimalVal
 /// A short string's bytes as text. Bytes that are not UTF-8 are replaced with U+FFFD (claimd
 /// patch): RabbitMQ passes such bytes through (in a `message_id` or a header name), and
 /// refusing them failed the whole frame, which closed the connection and had the broker
-/// deliver the same message again, for ever.
+/// deliver the same message again, for ever. Each replacement takes three bytes, so the text
+/// is cut at 255 bytes (a short string's limit; over it, `ShortString::from` panics).
 fn make_str<I: Input<Item = u8>>(i: I) -> String {
     let bytes: Vec<u8> = i.iter_elements().collect();
     match String::from_utf8(bytes) {
         Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        Err(e) => {
+            let mut s = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            let mut end = s.len().min(255);
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+            s
+        }
     }
 }
 
@@ -680,6 +689,14 @@ mod test {
             .join()
             .unwrap();
         assert_eq!(decoded, Ok(MAX_NESTING_DEPTH));
+    }
+
+    #[test]
+    fn short_strings_of_255_bytes_that_are_not_utf8_stay_short_strings() {
+        let mut input = vec![255u8];
+        input.extend([0xffu8; 255]);
+        let (_, s) = parse_short_string(&input[..]).unwrap();
+        assert_eq!(s.as_str(), "\u{fffd}".repeat(85));
     }
 
     #[test]
