@@ -171,22 +171,18 @@ impl RawPublisher {
             .and_then(|_| self.send(2, 1, &header))
             .and_then(|_| self.send(3, 1, body));
         sent.map_err(|e| format!("send: {e}"))?;
-        loop {
-            let (_, _, p) = self.read_frame().map_err(|e| format!("read: {e}"))?;
-            match (
-                u16::from_be_bytes([p[0], p[1]]),
-                u16::from_be_bytes([p[2], p[3]]),
-            ) {
-                (60, 80) => return Ok(()),
-                (60, 120) => return Err("nack".into()),
-                (60, 50) => return Err("returned: no such queue".into()),
-                (class, id) => {
-                    return Err(format!(
-                        "{class}.{id}: {}",
-                        String::from_utf8_lossy(&p[4..p.len().min(200)])
-                    ));
-                }
-            }
+        let (_, _, p) = self.read_frame().map_err(|e| format!("read: {e}"))?;
+        match (
+            u16::from_be_bytes([p[0], p[1]]),
+            u16::from_be_bytes([p[2], p[3]]),
+        ) {
+            (60, 80) => Ok(()),
+            (60, 120) => Err("nack".into()),
+            (60, 50) => Err("returned: no such queue".into()),
+            (class, id) => Err(format!(
+                "{class}.{id}: {}",
+                String::from_utf8_lossy(&p[4..p.len().min(200)])
+            )),
         }
     }
 }

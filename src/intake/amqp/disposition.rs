@@ -78,6 +78,22 @@ pub(super) async fn requeue(d: &AmqpDelivery, delay: Duration, why: &str) {
     }
 }
 
+/// The dead letter's properties: the original's, less any header nested deeper than
+/// [`MAX_HEADER_DEPTH`], plus `claimd-reason`.
+pub(super) fn dead_letter_properties(props: &BasicProperties, sentence: &str) -> BasicProperties {
+    let mut kept = props
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    for (name, _) in verdict::too_deep_headers(props) {
+        kept.remove(name.as_str());
+    }
+    let mut headers = FieldTable::from(kept);
+    headers.insert(REASON_HEADER.into(), AMQPValue::LongString(sentence.into()));
+    props.clone().with_headers(headers)
+}
+
 /// Publishes `d` to the dead-letter exchange, unchanged plus the reason header (less any header
 /// nested deeper than [`MAX_HEADER_DEPTH`]: the sentence names them), and waits for the
 /// broker's confirm. Unroutable (no queue bound) counts as a failure.
@@ -87,18 +103,7 @@ pub(super) async fn dead_letter(
     d: &AmqpDelivery,
     sentence: &str,
 ) -> Result<(), String> {
-    let mut kept = d
-        .properties
-        .headers()
-        .as_ref()
-        .map(|h| h.inner().clone())
-        .unwrap_or_default();
-    for (name, _) in verdict::too_deep_headers(&d.properties) {
-        kept.remove(name.as_str());
-    }
-    let mut headers = FieldTable::from(kept);
-    headers.insert(REASON_HEADER.into(), AMQPValue::LongString(sentence.into()));
-    let properties = d.properties.clone().with_headers(headers);
+    let properties = dead_letter_properties(&d.properties, sentence);
     let exchange = short(&c.dead_letter_exchange).map_err(|e| e.to_string())?;
     let confirm = publisher
         .basic_publish(

@@ -46,6 +46,8 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{Instrument, debug, error, info, info_span, instrument, warn};
 
+#[cfg(test)]
+mod decode_fuzz;
 mod disposition;
 mod session;
 mod verdict;
