@@ -366,6 +366,7 @@ impl Metrics {
                 &self.created,
                 &self.duplicates,
                 &self.mismatches,
+                &self.dead_letter_unconfirmed,
             ] {
                 let _ = family.get_or_create(&label);
             }
@@ -466,6 +467,7 @@ pub mod vocabulary {
         "unusable_payload",
         "invalid_content_type",
         "key_too_long",
+        "headers_too_deep",
     ];
     /// `claimd_reconcile_outcomes_total{reason}`.
     pub const LOOKUPS: &[&str] = &["found", "not_found", "unknown"];
