@@ -53,6 +53,7 @@ pub struct Metrics {
     mismatches: Family<ConsumerLabel, Counter>,
     refused: Family<ReasonLabels, Counter>,
     dead_lettered: Family<ReasonLabels, Counter>,
+    dead_letter_unconfirmed: Family<ConsumerLabel, Counter>,
     attempts: Family<OutcomeLabels, Counter>,
     latency: Family<ConsumerLabel, Histogram>,
     settled: Family<StateLabels, Counter>,
@@ -113,6 +114,7 @@ impl Metrics {
             mismatches: Family::default(),
             refused: Family::default(),
             dead_lettered: Family::default(),
+            dead_letter_unconfirmed: Family::default(),
             attempts: Family::default(),
             latency: Family::new_with_constructor(|| {
                 Histogram::new([
@@ -165,6 +167,11 @@ impl Metrics {
             "dead_lettered",
             "Broker messages sent to the dead-letter exchange, by reason",
             m.dead_lettered.clone(),
+        );
+        registry.register(
+            "dead_letter_unconfirmed",
+            "Dead-letter publishes the broker did not confirm (no queue bound, nack, channel lost); each requeues its message, which comes back",
+            m.dead_letter_unconfirmed.clone(),
         );
         registry.register(
             "effect_attempts",
@@ -338,6 +345,12 @@ impl Metrics {
             })
             .inc();
     }
+    /// A dead-letter publish not confirmed (its message requeued).
+    pub fn dead_letter_unconfirmed(&self, c: &str) {
+        self.dead_letter_unconfirmed
+            .get_or_create(&consumer(c))
+            .inc();
+    }
     /// A provider call and how long it took.
     pub fn attempt(&self, c: &str, outcome: &str, status: Option<i32>, seconds: f64) {
         self.attempts
@@ -418,6 +431,7 @@ impl Metrics {
                 &self.created,
                 &self.duplicates,
                 &self.mismatches,
+                &self.dead_letter_unconfirmed,
             ] {
                 let _ = family.get_or_create(&label);
             }
@@ -523,6 +537,7 @@ pub mod vocabulary {
         "unusable_payload",
         "invalid_content_type",
         "key_too_long",
+        "headers_too_deep",
     ];
     /// `claimd_reconcile_outcomes_total{reason}`.
     pub const LOOKUPS: &[&str] = &["found", "not_found", "unknown"];

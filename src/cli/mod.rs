@@ -320,6 +320,9 @@ impl Output {
     }
 }
 
+/// lapin's module that logs returned messages with their payload.
+const QUIET_TARGET: &str = "lapin::returned_messages";
+
 /// Sets up `tracing` on stderr: `--log-format` if given, else the configuration's
 /// `[log] format`, `auto` deciding by whether stderr is a terminal. A second call (tests run
 /// commands in one process) keeps the first set-up.
@@ -328,6 +331,17 @@ pub fn init_logging(cli: Option<LogFormat>, config: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CLAIMD_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,sqlx=warn,tokio_cron_scheduler=warn")
     });
+    // lapin logs every returned (unroutable) message at WARN with its whole body and headers;
+    // claimd logs the unconfirmed dead letter itself, without them. Unless asked for by name.
+    let filter = if std::env::var("CLAIMD_LOG").is_ok_and(|v| v.contains(QUIET_TARGET)) {
+        filter
+    } else {
+        filter.add_directive(
+            format!("{QUIET_TARGET}=error")
+                .parse()
+                .expect("a valid directive"),
+        )
+    };
     let terminal = std::io::stderr().is_terminal();
     let format = cli.unwrap_or(config).resolve(terminal);
     // Colours only for a terminal: pretty lines sent to a file stay plain text.

@@ -172,6 +172,10 @@ pub struct Readiness {
     pub accepting: bool,
     /// Every RabbitMQ consumer connected (`"ok"`), or which are not.
     pub broker: String,
+    /// Dead-lettering works (`"ok"`), or which consumers' dead-letter publishes are failing,
+    /// since when and why (their bad messages are requeued and come back). It does not decide
+    /// readiness: good messages and HTTP intake still work.
+    pub dead_letters: String,
     /// The sweeper: `"ok"`, or what is going on (starting, a long pass, not running).
     pub sweeper: String,
     /// The sweeper's health in detail (status, running, last pass start).
@@ -218,6 +222,10 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         writes: write_health(&state).await,
         accepting: state.claimer.is_accepting(),
         broker: match state.amqp.as_ref().map(|a| a.check()) {
+            None | Some(Ok(())) => "ok".to_string(),
+            Some(Err(e)) => e,
+        },
+        dead_letters: match state.amqp.as_ref().map(|a| a.dead_letter_check()) {
             None | Some(Ok(())) => "ok".to_string(),
             Some(Err(e)) => e,
         },

@@ -7,6 +7,7 @@
 //! print `SKIPPED: ...`; under `CI=true` they fail.
 //!
 //! By role: `delivery` (good messages, outages, reconnects), `dead_letters` (bad messages),
+//! `poison` (messages that crashed or wedged a worker, against a `claimd` process of its own),
 //! `email` (broker to SMTP); this file holds the helpers they share.
 
 #[path = "../common/mod.rs"]
@@ -26,6 +27,7 @@ use std::time::Duration;
 mod dead_letters;
 mod delivery;
 mod email;
+mod poison;
 
 fn http_effect(provider: &str) -> String {
     format!(

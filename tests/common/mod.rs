@@ -254,6 +254,7 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 pub mod amqp;
+pub mod amqp_raw;
 pub mod hangup;
 pub mod provider;
 pub mod smtp;
@@ -436,17 +437,18 @@ pub async fn try_raw_request(
 }
 pub mod proxy;
 
-/// The `claimd` binary: the one cargo built for this test, else `$CLAIMD_BIN`, else
+/// The `claimd` binary: `$CLAIMD_BIN` when set (a copy taken right after a build: a target
+/// directory shared between checkouts may be rebuilt by another one before the tests run, or
+/// another version to compare with), else the one cargo built for this test, else
 /// `target/release/claimd` (for the long-run example).
 pub fn claimd_bin() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("CLAIMD_BIN") {
+        return p.into();
+    }
     if let Some(p) = option_env!("CARGO_BIN_EXE_claimd") {
         return p.into();
     }
-    std::env::var("CLAIMD_BIN")
-        .map(Into::into)
-        .unwrap_or_else(|_| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/claimd")
-        })
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/claimd")
 }
 
 /// A worker on a fresh SQLite store with one `payments` consumer calling a fresh sandbox;

@@ -20,9 +20,16 @@ pub(super) async fn handle(ctx: Arc<Ctx>, publisher: Channel, d: AmqpDelivery) {
         } => {
             if let Err(why) = dead_letter(&ctx.amqp, &publisher, &d, &sentence).await {
                 warn!(error = %why, "dead-letter publish not confirmed; requeueing the message");
+                // Counted and shown (metrics, /readyz body): a dead-letter queue that is gone
+                // otherwise shows only as the same message coming back for ever.
+                ctx.state.dead_letter_failed(&why);
+                ctx.claimer
+                    .metrics()
+                    .dead_letter_unconfirmed(&ctx.config.name);
                 requeue(&d, DEAD_LETTER_RETRY_DELAY, &why).await;
                 return;
             }
+            ctx.state.dead_letter_confirmed();
             // Counted before the ack: if the store cannot count it, the message comes back
             // and is dead-lettered (and counted) again, so the store's count never falls short
             // of the bad messages received; at worst the dead-letter queue holds a copy more.
@@ -71,17 +78,32 @@ pub(super) async fn requeue(d: &AmqpDelivery, delay: Duration, why: &str) {
     }
 }
 
-/// Publishes `d` to the dead-letter exchange, unchanged plus the reason header, and waits for
-/// the broker's confirm. Unroutable (no queue bound) counts as a failure.
+/// The dead letter's properties: the original's, less any header nested deeper than
+/// [`MAX_HEADER_DEPTH`], plus `claimd-reason`.
+pub(super) fn dead_letter_properties(props: &BasicProperties, sentence: &str) -> BasicProperties {
+    let mut kept = props
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    for (name, _) in verdict::too_deep_headers(props) {
+        kept.remove(name.as_str());
+    }
+    let mut headers = FieldTable::from(kept);
+    headers.insert(REASON_HEADER.into(), AMQPValue::LongString(sentence.into()));
+    props.clone().with_headers(headers)
+}
+
+/// Publishes `d` to the dead-letter exchange, unchanged plus the reason header (less any header
+/// nested deeper than [`MAX_HEADER_DEPTH`]: the sentence names them), and waits for the
+/// broker's confirm. Unroutable (no queue bound) counts as a failure.
 pub(super) async fn dead_letter(
     c: &AmqpSourceConfig,
     publisher: &Channel,
     d: &AmqpDelivery,
     sentence: &str,
 ) -> Result<(), String> {
-    let mut headers = d.properties.headers().clone().unwrap_or_default();
-    headers.insert(REASON_HEADER.into(), AMQPValue::LongString(sentence.into()));
-    let properties = d.properties.clone().with_headers(headers);
+    let properties = dead_letter_properties(&d.properties, sentence);
     let exchange = short(&c.dead_letter_exchange).map_err(|e| e.to_string())?;
     let confirm = publisher
         .basic_publish(

@@ -15,6 +15,13 @@
 //!   acknowledged. If the publish is not confirmed, or the store cannot count it, the original
 //!   is requeued instead: never dropped, never uncounted.
 //!
+//! A message whose headers nest tables or arrays more than [`MAX_HEADER_DEPTH`] levels deep is
+//! dead-lettered (`headers_too_deep`) with those headers left out of the copy. The AMQP value
+//! decoder itself (the patched `amq-protocol-types` in `vendor/`) decodes at most 100 levels
+//! and keeps anything deeper as bytes, so no header can overflow the stack of lapin's I/O
+//! thread, and short strings that are not UTF-8 decode lossily instead of closing the
+//! connection (the message id is then refused as not visible ASCII).
+//!
 //! A connection lost mid-flight loses nothing: unacknowledged messages go back to the queue,
 //! and a redelivery of a message whose claim had committed is a duplicate (acknowledged, not
 //! performed again).
@@ -39,6 +46,8 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{Instrument, debug, error, info, info_span, instrument, warn};
 
+#[cfg(test)]
+mod decode_fuzz;
 mod disposition;
 mod session;
 mod verdict;
@@ -49,6 +58,16 @@ use verdict::{Verdict, judge};
 
 /// The header a dead-lettered message carries, with a readable sentence saying why.
 pub const REASON_HEADER: &str = "claimd-reason";
+
+/// How many tables or arrays deep a message's headers may nest, the `headers` table itself
+/// being level 1. Below the decoder's own bound (`lapin::types::parsing::MAX_NESTING_DEPTH`,
+/// 100, past which a level is kept undecoded), so a header the decoder cut short is always
+/// over this limit too.
+pub const MAX_HEADER_DEPTH: usize = 32;
+
+/// Log lines show at most this many characters of a message id (ids are refused over 255, but
+/// a header can carry any length: the rest is cut, with the full length noted).
+pub const LOGGED_ID_CHARS: usize = 128;
 
 /// How long a connection attempt (TCP, TLS, AMQP handshake) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -81,6 +100,8 @@ pub enum DeadLetterReason {
     InvalidContentType,
     /// The rendered idempotency key is longer than the provider accepts.
     KeyTooLong,
+    /// A header nests tables or arrays more than [`MAX_HEADER_DEPTH`] levels deep.
+    HeadersTooDeep,
 }
 
 impl DeadLetterReason {
@@ -95,6 +116,7 @@ impl DeadLetterReason {
             DeadLetterReason::UnusablePayload => "unusable_payload",
             DeadLetterReason::InvalidContentType => "invalid_content_type",
             DeadLetterReason::KeyTooLong => "key_too_long",
+            DeadLetterReason::HeadersTooDeep => "headers_too_deep",
         }
     }
 }
@@ -126,6 +148,15 @@ fn broker(what: impl Into<String>) -> impl FnOnce(lapin::Error) -> AmqpError {
     move |source| AmqpError::Broker { what, source }
 }
 
+/// A message id as log lines show it: whole up to [`LOGGED_ID_CHARS`] characters, else cut
+/// there with the full length noted (a header can carry an id of any length).
+pub fn id_for_log(id: &str) -> std::borrow::Cow<'_, str> {
+    match id.char_indices().nth(LOGGED_ID_CHARS) {
+        None => id.into(),
+        Some((end, _)) => format!("{}… ({} bytes in all)", &id[..end], id.len()).into(),
+    }
+}
+
 fn short(name: &str) -> Result<ShortString, AmqpError> {
     ShortString::try_new(name).map_err(|_| AmqpError::Name(name.to_string()))
 }
@@ -139,6 +170,19 @@ pub struct AmqpConsumerState {
     sessions: AtomicU64,
     last_error: Mutex<Option<String>>,
     dead_lettered: Mutex<BTreeMap<DeadLetterReason, u64>>,
+    dead_letter_failing: Mutex<Option<DeadLetterFailing>>,
+}
+
+/// Dead-letter publishes failing since the last one that was confirmed: each failure
+/// requeues its message, which comes back and fails again until the cause is fixed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterFailing {
+    /// Failed publishes in a row.
+    pub failures: u64,
+    /// When the first of them failed.
+    pub since: chrono::DateTime<chrono::Utc>,
+    /// Why the last one failed.
+    pub last_error: String,
 }
 
 impl AmqpConsumerState {
@@ -149,6 +193,7 @@ impl AmqpConsumerState {
             sessions: AtomicU64::new(0),
             last_error: Mutex::new(None),
             dead_lettered: Mutex::new(BTreeMap::new()),
+            dead_letter_failing: Mutex::new(None),
         }
     }
 
@@ -182,6 +227,35 @@ impl AmqpConsumerState {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Dead-letter publishes failing in a row now (none since the last confirmed one: `None`).
+    pub fn dead_letter_failing(&self) -> Option<DeadLetterFailing> {
+        self.dead_letter_failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn dead_letter_failed(&self, why: &str) {
+        let mut f = self
+            .dead_letter_failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let f = f.get_or_insert_with(|| DeadLetterFailing {
+            failures: 0,
+            since: chrono::Utc::now(),
+            last_error: String::new(),
+        });
+        f.failures += 1;
+        f.last_error = why.to_string();
+    }
+
+    fn dead_letter_confirmed(&self) {
+        *self
+            .dead_letter_failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     fn set_error(&self, e: Option<String>) {
@@ -293,6 +367,31 @@ impl AmqpIntake {
                 "not consuming from the broker: {}",
                 down.join("; ")
             ))
+        }
+    }
+
+    /// The dead-letter check for `/readyz`'s body: `Ok` unless a consumer's dead-letter
+    /// publishes are failing (its bad messages are requeued and come back until they succeed),
+    /// else one line naming those consumers, how many failed since when, and why.
+    pub fn dead_letter_check(&self) -> Result<(), String> {
+        let failing: Vec<String> = self
+            .states
+            .iter()
+            .filter_map(|s| {
+                let f = s.dead_letter_failing()?;
+                Some(format!(
+                    "{}: {} dead-letter publishes not confirmed since {} (messages requeued): {}",
+                    s.name,
+                    f.failures,
+                    f.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    f.last_error
+                ))
+            })
+            .collect();
+        if failing.is_empty() {
+            Ok(())
+        } else {
+            Err(failing.join("; "))
         }
     }
 

@@ -70,6 +70,60 @@ pub(super) fn message_id_of(props: &BasicProperties, header: &str) -> Result<Vec
         .unwrap_or_default())
 }
 
+/// How many tables or arrays deep `value` nests: 0 for a scalar, 1 for a table of scalars.
+/// Iterative, so a deep value cannot overflow the stack here either.
+pub(super) fn nesting(value: &AMQPValue) -> usize {
+    let mut deepest = 0;
+    let mut todo = vec![(value, 1)];
+    while let Some((v, level)) = todo.pop() {
+        match v {
+            AMQPValue::FieldTable(t) => {
+                deepest = deepest.max(level);
+                todo.extend(t.inner().values().map(|v| (v, level + 1)));
+            }
+            AMQPValue::FieldArray(a) => {
+                deepest = deepest.max(level);
+                todo.extend(a.as_slice().iter().map(|v| (v, level + 1)));
+            }
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// The headers nested more than [`MAX_HEADER_DEPTH`] levels deep (the `headers` table being
+/// level 1), with their depth, in name order.
+pub(super) fn too_deep_headers(props: &BasicProperties) -> Vec<(String, usize)> {
+    let Some(headers) = props.headers().as_ref() else {
+        return Vec::new();
+    };
+    headers
+        .inner()
+        .iter()
+        .map(|(name, v)| (name.as_str().to_string(), 1 + nesting(v)))
+        .filter(|(_, levels)| *levels > MAX_HEADER_DEPTH)
+        .collect()
+}
+
+/// The sentence for headers nested too deep.
+pub(super) fn depth_sentence(deep: &[(String, usize)]) -> String {
+    let cut = lapin::types::parsing::MAX_NESTING_DEPTH;
+    let each: Vec<String> = deep
+        .iter()
+        .map(|(name, levels)| {
+            if *levels >= cut {
+                format!("{name:?} ({cut} levels or more)")
+            } else {
+                format!("{name:?} ({levels} levels)")
+            }
+        })
+        .collect();
+    format!(
+        "headers nest tables or arrays deeper than {MAX_HEADER_DEPTH} levels: {}; they are left out of this copy",
+        each.join(", ")
+    )
+}
+
 pub(super) fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -100,6 +154,18 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
             ctx.amqp.message_id_header
         )
     };
+    let deep = too_deep_headers(props);
+    if !deep.is_empty() {
+        let id = message_id_of(props, &ctx.amqp.message_id_header)
+            .ok()
+            .filter(|id| !id.is_empty())
+            .map(|id| lossy(&id));
+        return Verdict::DeadLetter {
+            reason: DeadLetterReason::HeadersTooDeep,
+            sentence: depth_sentence(&deep),
+            message_id: id,
+        };
+    }
     let raw_id = match message_id_of(props, &ctx.amqp.message_id_header) {
         Ok(id) => id,
         Err(why) => {
@@ -111,7 +177,10 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
         }
     };
     let shown_id = (!raw_id.is_empty()).then(|| lossy(&raw_id));
-    tracing::Span::current().record("message_id", shown_id.as_deref().unwrap_or(""));
+    tracing::Span::current().record(
+        "message_id",
+        shown_id.as_deref().map(id_for_log).as_deref().unwrap_or(""),
+    );
     if let Err(e) = validate_message_id(&raw_id) {
         let reason = if matches!(e, IdError::Missing(_)) {
             DeadLetterReason::MissingMessageId
@@ -261,6 +330,60 @@ mod tests {
         t.insert("x-id".into(), AMQPValue::Boolean(true));
         let props = BasicProperties::default().with_headers(t);
         assert!(message_id_of(&props, "x-id").is_err());
+    }
+
+    /// A table value nesting `levels` tables, alternating tables and arrays below the first.
+    fn nested(levels: usize) -> AMQPValue {
+        let mut v = AMQPValue::LongString("bottom".into());
+        for level in 0..levels {
+            v = if level % 2 == 0 {
+                let mut t = FieldTable::default();
+                t.insert("a".into(), v);
+                AMQPValue::FieldTable(t)
+            } else {
+                AMQPValue::FieldArray(vec![v].into())
+            };
+        }
+        v
+    }
+
+    #[test]
+    fn headers_nested_past_the_limit_are_named_with_their_depth() {
+        assert_eq!(nesting(&AMQPValue::Boolean(true)), 0);
+        assert_eq!(nesting(&nested(5)), 5);
+        let mut h = FieldTable::default();
+        h.insert("ok".into(), nested(MAX_HEADER_DEPTH - 1));
+        h.insert("deep".into(), nested(MAX_HEADER_DEPTH));
+        h.insert(
+            "cut".into(),
+            nested(lapin::types::parsing::MAX_NESTING_DEPTH),
+        );
+        let props = BasicProperties::default().with_headers(h);
+        let deep = too_deep_headers(&props);
+        assert_eq!(
+            deep,
+            vec![
+                (
+                    "cut".to_string(),
+                    lapin::types::parsing::MAX_NESTING_DEPTH + 1
+                ),
+                ("deep".to_string(), MAX_HEADER_DEPTH + 1)
+            ]
+        );
+        assert_eq!(
+            depth_sentence(&deep),
+            "headers nest tables or arrays deeper than 32 levels: \"cut\" (100 levels or more), \"deep\" (33 levels); they are left out of this copy"
+        );
+    }
+
+    #[test]
+    fn long_ids_are_cut_in_log_lines() {
+        assert_eq!(id_for_log("order-1"), "order-1");
+        let long = "k".repeat(100_000);
+        let shown = id_for_log(&long);
+        assert!(shown.starts_with(&"k".repeat(LOGGED_ID_CHARS)), "{shown}");
+        assert!(shown.ends_with("… (100000 bytes in all)"), "{shown}");
+        assert!(shown.len() < 200);
     }
 
     #[test]

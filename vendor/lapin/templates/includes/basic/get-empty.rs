@@ -1,0 +1,1 @@
+/// Server response to `basic.get` indicating the queue is empty.

@@ -1,0 +1,1 @@
+/// Server acknowledgement of a `basic.qos` request.

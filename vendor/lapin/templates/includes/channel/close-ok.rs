@@ -1,0 +1,1 @@
+/// Acknowledgement of a `channel.close` request; the channel is now closed.

@@ -1,0 +1,1 @@
+/// Server confirmation of the current message flow state on the channel.

@@ -1,0 +1,1 @@
+/// Server confirmation that transaction mode has been enabled on this channel.
