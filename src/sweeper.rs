@@ -328,19 +328,16 @@ async fn handle(
     claimer.metrics().sweep_action(action_name(&decision));
     let result = match &decision {
         Takeover::CheckSent => unreachable!("decided with the history read"),
-        Takeover::Fail(reason) => end_name(
-            &claimer
-                .settler()
-                .settle(
-                    &mut Slot::none(),
-                    claim,
-                    None,
-                    settle::never_sent(reason.clone()),
-                    "sweep",
-                    "never_sent",
-                )
-                .await,
-        ),
+        Takeover::Fail(reason) => {
+            settle_taken(
+                claimer,
+                claim,
+                settle::never_sent(reason.clone()),
+                "sweep",
+                "never_sent",
+            )
+            .await
+        }
         Takeover::Perform { resend } => end_name(
             &claimer
                 .drive(
@@ -356,19 +353,16 @@ async fn handle(
         Takeover::Reconcile => match claimer.lookup(consumer, claim).await {
             Some(Lookup::Found {
                 status, response, ..
-            }) => end_name(
-                &claimer
-                    .settler()
-                    .settle(
-                        &mut Slot::none(),
-                        claim,
-                        None,
-                        settle::completed(status, response, true),
-                        "reconcile",
-                        "found",
-                    )
-                    .await,
-            ),
+            }) => {
+                settle_taken(
+                    claimer,
+                    claim,
+                    settle::completed(status, response, true),
+                    "reconcile",
+                    "found",
+                )
+                .await
+            }
             Some(Lookup::NotFound { .. })
                 if let Err(left) =
                     not_found_trusted(claimer, claim, consumer.effect.not_found_after()).await =>
@@ -477,17 +471,28 @@ async fn wait_undecided(claimer: &Claimer, claim: &Claim, why: &str, wait: Durat
 
 /// Parks a taken claim for a person (one try: a store error leaves it for the next pass).
 async fn park(claimer: &Claimer, claim: &Claim, reason: &str) -> String {
+    settle_taken(
+        claimer,
+        claim,
+        settle::park(reason.to_string(), None),
+        "sweep",
+        "parked",
+    )
+    .await
+}
+
+/// Settles a taken claim (one try: a store error leaves it for the next pass) and says how.
+async fn settle_taken(
+    claimer: &Claimer,
+    claim: &Claim,
+    s: crate::store::Settlement,
+    action: &str,
+    outcome: &str,
+) -> String {
     end_name(
         &claimer
             .settler()
-            .settle(
-                &mut Slot::none(),
-                claim,
-                None,
-                settle::park(reason.to_string(), None),
-                "sweep",
-                "parked",
-            )
+            .settle(&mut Slot::none(), claim, None, s, action, outcome)
             .await,
     )
 }

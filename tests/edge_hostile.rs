@@ -275,7 +275,7 @@ fn form_field<'a>(html: &'a str, name: &str) -> Option<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sign_in_guesses_are_throttled_per_client() {
-    let (_store, _sb, running) = payments_worker("admin_token = \"s3cret-admin\"").await;
+    let (_store, _sb, running) = payments_worker("admin_token = \"s3cret-admin-token\"").await;
     let addr = running.http_addr;
     let form = [
         ("Host", "127.0.0.1"),
@@ -315,7 +315,7 @@ async fn sign_in_guesses_are_throttled_per_client() {
         "POST",
         "/signin",
         &form,
-        "name=ann&token=s3cret-admin",
+        "name=ann&token=s3cret-admin-token",
     )
     .await;
     assert_eq!(status, 429);
@@ -336,7 +336,7 @@ async fn sign_in_guesses_are_throttled_per_client() {
         "POST",
         "/signin",
         &form,
-        "name=ann&token=s3cret-admin",
+        "name=ann&token=s3cret-admin-token",
     )
     .await;
     assert_eq!(status, 303, "{head}");
@@ -376,7 +376,7 @@ fn assert_page_headers(what: &str, head: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_html_answer_has_the_page_headers_and_sign_out_needs_the_csrf_token() {
-    let (_store, _sb, running) = payments_worker("admin_token = \"s3cret-admin\"").await;
+    let (_store, _sb, running) = payments_worker("admin_token = \"s3cret-admin-token\"").await;
     let addr = running.http_addr;
     let host = ("Host", "127.0.0.1");
     let form = ("Content-Type", "application/x-www-form-urlencoded");
@@ -392,7 +392,7 @@ async fn every_html_answer_has_the_page_headers_and_sign_out_needs_the_csrf_toke
         "POST",
         "/signin",
         &[host, form],
-        "name=ann&token=s3cret-admin",
+        "name=ann&token=s3cret-admin-token",
     )
     .await;
     assert_eq!(status, 303);
