@@ -134,7 +134,7 @@ rate_limit = "{rate}/s"
             .copied()
             .unwrap_or((0.0, 0));
         let pace = (done - back.1) as f64 / (s - back.0).max(1.0);
-        if history.len() % 10 == 0 || done >= backlog {
+        if history.len().is_multiple_of(10) || done >= backlog {
             println!(
                 "| {s:.0} | {done} | {pace:.0} | {mem:.1} | {:.1} |",
                 support::load1()
