@@ -1,7 +1,7 @@
 //! A backlog left by a provider outage drains at the configured pace: 100,000 claims waiting
 //! for their provider (handed back after answers that applied nothing, their leases just
 //! ended) are taken by the sweeper and sent to the sandbox provider under
-//! `effect.rate_limit = "500/s"`. Prints the drain second by second (completed, pace over the
+//! `effect.rate_limit = "500/s"` (the provider is `claimd sandbox` in a process of its own). Prints the drain second by second (completed, pace over the
 //! last 10 s, the process's RSS) and the total against the target: 100,000 / 500 = 200 s
 //! within 5 %, memory flat.
 //!
@@ -13,7 +13,6 @@ mod support;
 
 use claimd::app::App;
 use claimd::config::Config;
-use claimd::sandbox::{Sandbox, SandboxOptions};
 use sqlx::Connection;
 use std::time::{Duration, Instant};
 use support::env_or;
@@ -48,13 +47,28 @@ async fn main() {
         .unwrap();
     let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider = format!("http://{}", listener.local_addr().unwrap());
-    let sandbox = Sandbox::new(SandboxOptions::default());
-    let served = sandbox.clone();
-    tokio::spawn(async move {
-        let _ = served.serve(listener, std::future::pending()).await;
-    });
+    // The provider in a process of its own, so that this process's memory is claimd's alone
+    // (the sandbox keeps every effect it applied).
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let provider = format!("http://127.0.0.1:{port}");
+    let mut sandbox = std::process::Command::new(env!("CARGO_BIN_EXE_claimd"))
+        .args(["sandbox", "--listen", &format!("127.0.0.1:{port}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the sandbox provider");
+    let http = reqwest::Client::new();
+    while http
+        .get(format!("{provider}/healthz"))
+        .send()
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let toml = format!(
         r#"
 [store]
@@ -68,7 +82,7 @@ batch_size = 20000
 [[consumers]]
 name = "payments"
 source = "http"
-concurrency = 256
+concurrency = 1024
 lease = "60s"
 key = "{{message_id}}"
 [consumers.effect]
@@ -146,7 +160,17 @@ rate_limit = "{rate}/s"
     }
     let total = start.elapsed().as_secs_f64();
     let target = backlog as f64 / f64::from(rate);
-    let applied_twice = sandbox.effects().iter().filter(|e| e.applied > 1).count();
+    let effects: serde_json::Value = http
+        .get(format!("{provider}/v1/effects"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let applied_twice = effects["effects"].as_array().map_or(0, |e| {
+        e.iter().filter(|e| e["applied"].as_u64() > Some(1)).count()
+    });
     let (min, max) = rss
         .iter()
         .skip(rss.len() / 10)
@@ -162,6 +186,8 @@ rate_limit = "{rate}/s"
         backlog as f64 / total
     );
     running.shutdown(Duration::from_secs(5)).await;
+    let _ = sandbox.kill();
+    let _ = sandbox.wait();
     pool.close().await;
     let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE {db} WITH (FORCE)"

@@ -193,11 +193,11 @@ pub fn never_sent<'a>(
 }
 
 /// How long a claim that waits (its destination down or rate limited, a lookup without an
-/// answer) is left before the sweeper takes it again: doubling from 1 s with each wait,
+/// answer) is left before the sweeper takes it again: doubling from 0.5 s with each wait,
 /// capped at `cap`.
 pub fn wait_backoff(waits: i32, cap: Duration) -> Duration {
     let exp = waits.clamp(0, 16) as u32;
-    Duration::from_secs(1u64 << exp).min(cap)
+    Duration::from_millis(500u64 << exp).min(cap)
 }
 
 /// After a status lookup said "not found": perform again only within `redrive_within`.
@@ -492,8 +492,8 @@ mod tests {
     #[test]
     fn waits_back_off_to_a_cap() {
         let cap = Duration::from_secs(30);
-        assert_eq!(wait_backoff(0, cap), Duration::from_secs(1));
-        assert_eq!(wait_backoff(3, cap), Duration::from_secs(8));
+        assert_eq!(wait_backoff(0, cap), Duration::from_millis(500));
+        assert_eq!(wait_backoff(3, cap), Duration::from_secs(4));
         assert_eq!(wait_backoff(10, cap), cap);
         assert_eq!(wait_backoff(i32::MAX, cap), cap);
     }

@@ -48,7 +48,9 @@ async fn metrics_show_attempts_and_stuck_claims_that_match_the_report() {
     }
     let mut max_stuck = 0.0f64;
     let mut last = String::new();
-    for _ in 0..150 {
+    // Up to a minute: a claim that meets several 503s in a row waits a little longer each time
+    // (0.5 s doubling to 10 s) and the sweeper comes every 3 s.
+    for _ in 0..300 {
         last = c
             .get(format!("{base}/metrics"))
             .send()
