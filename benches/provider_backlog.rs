@@ -13,7 +13,6 @@ mod support;
 
 use claimd::app::App;
 use claimd::config::Config;
-use sqlx::Connection;
 use std::time::{Duration, Instant};
 use support::env_or;
 
@@ -31,21 +30,10 @@ fn rss_mib() -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let admin: String = env_or(
-        "BENCH_PG",
-        "postgres://postgres@127.0.0.1:5432/postgres".to_string(),
-    );
     let backlog: i64 = env_or("BENCH_BACKLOG", 100_000);
     let rate: u32 = env_or("BENCH_RATE", 500);
-    let db = format!("claimd_bench_backlog_{}", std::process::id());
-    let mut conn = sqlx::PgConnection::connect(&admin)
-        .await
-        .expect("connect admin");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+    let db = support::BenchDb::create("backlog").await;
+    let url = db.url.clone();
 
     // The provider in a process of its own, so that this process's memory is claimd's alone
     // (the sandbox keeps every effect it applied).
@@ -189,9 +177,5 @@ rate_limit = "{rate}/s"
     let _ = sandbox.kill();
     let _ = sandbox.wait();
     pool.close().await;
-    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {db} WITH (FORCE)"
-    )))
-    .execute(&mut conn)
-    .await;
+    db.drop_now().await;
 }

@@ -10,7 +10,6 @@ mod support;
 use claimd::claim::{NewClaim, fingerprint};
 use claimd::store::ClaimStore;
 use claimd::store::postgres::PgStore;
-use sqlx::Connection;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,22 +17,10 @@ use support::env_or;
 
 #[tokio::main]
 async fn main() {
-    let admin: String = env_or(
-        "BENCH_PG",
-        "postgres://postgres@127.0.0.1:5432/postgres".to_string(),
-    );
     let rows: i64 = env_or("BENCH_ROWS", 1_000_000);
     let batch: u32 = env_or("BENCH_BATCH", 5000);
-    let db = format!("claimd_bench_retention_{}", std::process::id());
-    let mut conn = sqlx::PgConnection::connect(&admin)
-        .await
-        .expect("connect admin");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
-    let store = PgStore::connect(&url, 8).await.unwrap();
+    let db = support::BenchDb::create("retention").await;
+    let store = PgStore::connect(&db.url, 8).await.unwrap();
     store.migrate().await.unwrap();
 
     let t = Instant::now();
@@ -130,10 +117,5 @@ async fn main() {
         "retention must never delete open claims"
     );
     drop(store);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {db} WITH (FORCE)"
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    db.drop_now().await;
 }
