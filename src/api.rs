@@ -12,7 +12,7 @@ pub use crate::http::problem::problem;
 pub use crate::http::state::AppState;
 
 use crate::http::auth::{require_admin, require_intake};
-use crate::http::{actions, ops, signin};
+use crate::http::{actions, ops, provider_events, signin};
 use crate::intake;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -51,6 +51,12 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(intake)
         .merge(admin)
+        // Signed by the provider, not by a token (see `http::provider_events`).
+        .route(
+            "/v1/provider-events/{consumer}",
+            post(provider_events::post_event)
+                .layer(DefaultBodyLimit::max(state.config.http.max_body_bytes)),
+        )
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -18,6 +18,10 @@ pub const MAX_MESSAGE_ID_LEN: usize = 255;
 pub enum ClaimState {
     /// Claimed; the effect may or may not have happened yet.
     Started,
+    /// The provider accepted the effect and has not finished it (a payment at the bank): not
+    /// stuck, not a person's work, never sent again. Its provider's event or the next poll of
+    /// its status settles it.
+    Pending,
     /// The provider accepted the effect (`processed_utc` is set).
     Completed,
     /// The provider rejected the effect permanently, or an operator said so.
@@ -28,8 +32,9 @@ pub enum ClaimState {
 
 impl ClaimState {
     /// Every state, in the order reports list them.
-    pub const ALL: [ClaimState; 4] = [
+    pub const ALL: [ClaimState; 5] = [
         ClaimState::Started,
+        ClaimState::Pending,
         ClaimState::Completed,
         ClaimState::Failed,
         ClaimState::NeedsAttention,
@@ -39,6 +44,7 @@ impl ClaimState {
     pub fn as_str(self) -> &'static str {
         match self {
             ClaimState::Started => "started",
+            ClaimState::Pending => "pending",
             ClaimState::Completed => "completed",
             ClaimState::Failed => "failed",
             ClaimState::NeedsAttention => "needs_attention",
@@ -53,15 +59,21 @@ impl ClaimState {
     /// Whether the state machine allows `self -> to`.
     ///
     /// `started` moves to any other state (settle, park) and to itself (a sweeper takeover);
-    /// `needs_attention` and `failed` move back to `started` (operator redrive) or to a
-    /// terminal state (operator resolve); `completed` is final.
+    /// `pending` moves to itself (a poll) and to any decided state, never back to `started`
+    /// (the effect exists at the provider: it is never sent again); `needs_attention` moves
+    /// back to `started` (operator redrive), to `pending` (the provider says it is under
+    /// way) or to a terminal state (operator resolve, the provider's final word); `failed`
+    /// moves back to `started` (redrive), to `completed` (resolve) or to `needs_attention`
+    /// (the provider says it succeeded after all: a person checks, nothing flips silently);
+    /// `completed` is final.
     pub fn can_move_to(self, to: ClaimState) -> bool {
         use ClaimState::*;
         matches!(
             (self, to),
             (Started, _)
-                | (NeedsAttention, Started | Completed | Failed)
-                | (Failed, Started | Completed)
+                | (Pending, Pending | Completed | Failed | NeedsAttention)
+                | (NeedsAttention, Started | Pending | Completed | Failed)
+                | (Failed, Started | Completed | NeedsAttention)
         )
     }
 }
@@ -72,9 +84,11 @@ impl fmt::Display for ClaimState {
     }
 }
 
-/// A state name that is not one of claimd's four.
+/// A state name that is not one of claimd's five.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown claim state {0:?} (expected started, completed, failed or needs_attention)")]
+#[error(
+    "unknown claim state {0:?} (expected started, pending, completed, failed or needs_attention)"
+)]
 pub struct UnknownState(pub String);
 
 impl FromStr for ClaimState {
@@ -82,6 +96,7 @@ impl FromStr for ClaimState {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "started" => Ok(ClaimState::Started),
+            "pending" => Ok(ClaimState::Pending),
             "completed" => Ok(ClaimState::Completed),
             "failed" => Ok(ClaimState::Failed),
             "needs_attention" => Ok(ClaimState::NeedsAttention),
@@ -436,6 +451,11 @@ pub struct Claim {
     /// The token of the intake call that inserted the row ([`NewClaim::claim_token`]).
     #[serde(skip)]
     pub claim_token: Option<String>,
+    /// The provider's own id of the effect (a PaymentIntent's `pi_...`), when its answer
+    /// carried one (`[effect.outcome] id_pointer`): how the provider's events find the claim.
+    pub provider_id: Option<String>,
+    /// When the claim became `pending` (the provider accepted it without finishing).
+    pub pending_utc: Option<DateTime<Utc>>,
 }
 
 impl NewClaim {
@@ -476,6 +496,23 @@ mod tests {
         assert!(!ClaimState::NeedsAttention.is_terminal());
         assert!(ClaimState::NeedsAttention.can_move_to(ClaimState::Started));
         assert!(!ClaimState::NeedsAttention.can_move_to(ClaimState::NeedsAttention));
+    }
+
+    #[test]
+    fn a_pending_claim_is_never_sent_again_and_not_terminal() {
+        assert!(!ClaimState::Pending.can_move_to(ClaimState::Started));
+        assert!(!ClaimState::Pending.is_terminal());
+        for to in [
+            ClaimState::Pending,
+            ClaimState::Completed,
+            ClaimState::Failed,
+            ClaimState::NeedsAttention,
+        ] {
+            assert!(ClaimState::Pending.can_move_to(to), "{to}");
+        }
+        assert!(ClaimState::Started.can_move_to(ClaimState::Pending));
+        assert!(ClaimState::NeedsAttention.can_move_to(ClaimState::Pending));
+        assert!(!ClaimState::Failed.can_move_to(ClaimState::Pending));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::config::ConsumerConfig;
 use crate::destination::Destination;
 use crate::effect::Effect;
 use crate::policy;
+use crate::provider_events::ProviderEvents;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -23,6 +24,8 @@ pub struct Consumer {
     pub effect: Arc<dyn Effect>,
     /// The provider's health and pace: every call and lookup passes through it.
     pub destination: Arc<Destination>,
+    /// The provider's signed events, when the consumer takes them.
+    pub provider_events: Option<Arc<ProviderEvents>>,
     /// Provider calls in flight (`concurrency`).
     slots: Arc<Semaphore>,
     /// Deliveries being claimed, or claimed and waiting for a call slot (also `concurrency`):
@@ -52,8 +55,15 @@ impl Consumer {
             crate::config::EffectConfig::Http(h) => h.rate_limit.map(|r| r.per_second),
             crate::config::EffectConfig::Smtp(_) => None,
         };
+        let provider_events = match &config.provider_events {
+            Some(pe) => Some(Arc::new(ProviderEvents::new(pe.clone()).map_err(|e| {
+                format!("consumer {}: provider_events.secrets: {e}", config.name)
+            })?)),
+            None => None,
+        };
         Ok(Consumer {
             destination: Arc::new(Destination::new(ceiling)),
+            provider_events,
             config,
             template,
             effect,

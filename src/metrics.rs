@@ -65,6 +65,7 @@ pub struct Metrics {
     claims: Family<StateLabels, Gauge>,
     stuck: Family<ConsumerLabel, Gauge>,
     oldest: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
+    oldest_pending: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     sweeper_last_run: Gauge<f64, AtomicU64>,
     sweeper_running: Gauge,
     sweeper_running_seconds: Gauge<f64, AtomicU64>,
@@ -75,6 +76,7 @@ pub struct Metrics {
     destination_rate: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_resumes: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_held: Family<ReasonLabels, Counter>,
+    provider_events: Family<ReasonLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -130,6 +132,7 @@ impl Metrics {
             claims: Family::default(),
             stuck: Family::default(),
             oldest: Family::default(),
+            oldest_pending: Family::default(),
             sweeper_last_run: Gauge::default(),
             sweeper_running: Gauge::default(),
             sweeper_running_seconds: Gauge::default(),
@@ -140,6 +143,7 @@ impl Metrics {
             destination_rate: Family::default(),
             destination_resumes: Family::default(),
             destination_held: Family::default(),
+            provider_events: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -215,7 +219,7 @@ impl Metrics {
         );
         registry.register(
             "claims",
-            "Open claims by state (started, needs_attention), read from the store",
+            "Open claims by state (started, pending, needs_attention), read from the store",
             m.claims.clone(),
         );
         registry.register(
@@ -227,6 +231,11 @@ impl Metrics {
             "oldest_started_age_seconds",
             "Age of the oldest started claim",
             m.oldest.clone(),
+        );
+        registry.register(
+            "oldest_pending_age_seconds",
+            "How long the oldest pending claim (accepted by the provider, not final) has been pending",
+            m.oldest_pending.clone(),
         );
         registry.register(
             "sweeper_last_run_timestamp_seconds",
@@ -278,7 +287,22 @@ impl Metrics {
             "Calls and lookups held back without a request, by reason: open, probing, pace",
             m.destination_held.clone(),
         );
+        registry.register(
+            "provider_events",
+            "Provider events (webhooks) received, by what came of them: settled, same, stale, conflict, unmapped, duplicate, ignored, unknown_object, or refused (unsigned, bad_signature, expired, malformed)",
+            m.provider_events.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// A provider event for `c` came to `result` (see the metric's help).
+    pub fn provider_event(&self, c: &str, result: &str) {
+        self.provider_events
+            .get_or_create(&ReasonLabels {
+                consumer: c.to_string(),
+                reason: result.to_string(),
+            })
+            .inc();
     }
 
     /// A call or lookup of `c` was held back by its destination (`open`, `probing`, `pace`).
@@ -491,6 +515,10 @@ impl Metrics {
                 state: state.to_string(),
             };
             self.claims.get_or_create(&label("started")).set(c.started);
+            self.claims.get_or_create(&label("pending")).set(c.pending);
+            self.oldest_pending
+                .get_or_create(&consumer(name))
+                .set(c.oldest_pending_age_s.unwrap_or(0.0));
             self.claims
                 .get_or_create(&label("needs_attention"))
                 .set(c.needs_attention);
@@ -542,7 +570,7 @@ pub mod vocabulary {
     /// `claimd_reconcile_outcomes_total{reason}`.
     pub const LOOKUPS: &[&str] = &["found", "not_found", "unknown"];
     /// `claimd_claims_settled_total{state}`.
-    pub const SETTLED: &[&str] = &["completed", "failed", "needs_attention"];
+    pub const SETTLED: &[&str] = &["completed", "pending", "failed", "needs_attention"];
     /// `claimd_effect_attempts_total{outcome,status_class}`: the pairs an alert on the
     /// provider's error rate divides by.
     pub const ATTEMPTS: &[(&str, &str)] = &[

@@ -200,6 +200,45 @@ pub fn wait_backoff(waits: i32, cap: Duration) -> Duration {
     Duration::from_millis(500u64 << exp).min(cap)
 }
 
+/// The longest wait between two polls of a `pending` claim.
+pub const PENDING_POLL_CAP: Duration = Duration::from_secs(3600);
+
+/// What the sweeper does with a `pending` claim whose next poll is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PendingStep {
+    /// Ask the provider's status endpoint; if still pending, ask again after the `Duration`.
+    Poll(Duration),
+    /// No status endpoint: wait for the provider's event, at most the `Duration` more.
+    Wait(Duration),
+    /// Pending longer than `pending_for`: a person looks (the reason).
+    Park(String),
+}
+
+/// The next step for a pending claim that has been pending for `pending_age`: polled
+/// (or, without a status endpoint, left to its events) at a wait that grows with its age —
+/// a quarter of it, never less than `pending_poll` nor more than [`PENDING_POLL_CAP`] — and
+/// parked once it has been pending longer than `pending_for`.
+pub fn on_pending(
+    pending_age: Duration,
+    pending_poll: Duration,
+    pending_for: Duration,
+    can_poll: bool,
+) -> PendingStep {
+    if pending_age >= pending_for {
+        return PendingStep::Park(format!(
+            "still pending after {} (pending_for = {}): the provider accepted it and has not said how it ended; check it there",
+            crate::duration::Dur(Duration::from_secs(pending_age.as_secs())),
+            crate::duration::Dur(pending_for)
+        ));
+    }
+    let left = pending_for - pending_age;
+    if !can_poll {
+        return PendingStep::Wait(left);
+    }
+    let next = (pending_age / 4).clamp(pending_poll, PENDING_POLL_CAP.max(pending_poll));
+    PendingStep::Poll(next.min(left))
+}
+
 /// After a status lookup said "not found": perform again only within `redrive_within`.
 pub fn after_not_found(age: Duration, redrive_within: Duration) -> Takeover {
     if age <= redrive_within {
@@ -509,5 +548,27 @@ mod tests {
             after_not_found(Duration::from_secs(11), w),
             Takeover::Park(_)
         ));
+    }
+
+    #[test]
+    fn a_pending_claim_is_polled_less_often_as_it_ages_and_parked_past_pending_for() {
+        let poll = Duration::from_secs(30);
+        let week = Duration::from_secs(7 * 86400);
+        let at = |s: u64| on_pending(Duration::from_secs(s), poll, week, true);
+        assert_eq!(at(0), PendingStep::Poll(poll));
+        assert_eq!(at(60), PendingStep::Poll(poll));
+        assert_eq!(at(400), PendingStep::Poll(Duration::from_secs(100)));
+        assert_eq!(at(86400), PendingStep::Poll(PENDING_POLL_CAP));
+        assert_eq!(
+            at(7 * 86400 - 10),
+            PendingStep::Poll(Duration::from_secs(10))
+        );
+        assert!(
+            matches!(at(7 * 86400), PendingStep::Park(r) if r.contains("still pending after 7d"))
+        );
+        assert_eq!(
+            on_pending(Duration::from_secs(100), poll, week, false),
+            PendingStep::Wait(week - Duration::from_secs(100))
+        );
     }
 }

@@ -68,6 +68,9 @@ pub struct Audit {
     pub truncated: bool,
     /// Disagreements, worst first.
     pub mismatches: Vec<Mismatch>,
+    /// Provider events (webhooks) about objects claimd has no claim for, newest first: an
+    /// effect made outside claimd, or a claim retention deleted.
+    pub unmatched_events: Vec<crate::store::UnmatchedEvent>,
 }
 
 impl Audit {
@@ -170,6 +173,13 @@ pub async fn audit(
             });
         }
     }
+    result.unmatched_events = claimer
+        .store()
+        .unmatched_provider_events(since, AUDIT_LIMIT)
+        .await?
+        .into_iter()
+        .filter(|e| only.is_none_or(|o| o == e.consumer))
+        .collect();
     result.mismatches.sort_by(|a, b| {
         (a.kind, &a.consumer, &a.message_id).cmp(&(b.kind, &b.consumer, &b.message_id))
     });

@@ -6,8 +6,10 @@
 //! audited here against the invariants.
 
 use crate::claim::{Claim, ClaimState, Handoff};
+use crate::config::ValueOutcomes;
 use crate::consumer::Slot;
 use crate::effect::Outcome;
+use crate::effect::by_value::{self, Reading, Verdict};
 use crate::metrics::Metrics;
 use crate::store::{NewEvent, Settlement, Store};
 use std::borrow::Cow;
@@ -336,6 +338,45 @@ impl Settler {
     }
 }
 
+impl Settler {
+    /// Settles a claim this instance does not hold as a worker: a `pending` claim it polled,
+    /// or a claim a provider event decided. Fenced on the state and attempt read (`from`,
+    /// `claim.attempt`): `Ok(false)` when the claim moved meanwhile (nothing written). One
+    /// try: the poll comes back, the provider re-sends an event not answered 2xx.
+    pub async fn settle_from(
+        &self,
+        claim: &Claim,
+        from: ClaimState,
+        mut s: Settlement,
+        action: &str,
+        outcome: &str,
+    ) -> Result<bool, crate::store::StoreError> {
+        for text in [&mut s.provider_response, &mut s.error]
+            .into_iter()
+            .flatten()
+        {
+            if let Cow::Owned(safe) = storable(text) {
+                *text = safe;
+            }
+        }
+        let event = NewEvent {
+            actor: &self.instance,
+            action,
+            outcome,
+            provider_status: s.provider_status,
+            detail: s.error.as_deref(),
+        };
+        let changed = self
+            .store
+            .settle_from(claim.id, claim.attempt, from, &s, &event)
+            .await?;
+        if changed && let Some(state) = s.state.filter(|st| *st != from) {
+            self.metrics.settled(&claim.consumer, state.as_str());
+        }
+        Ok(changed)
+    }
+}
+
 /// Text as it can be stored in every dialect: PostgreSQL's `text` refuses the NUL character
 /// (a provider's answer is any bytes), so each one is written as the escape `\0`. Other
 /// control characters are stored as they came and escaped where they are shown.
@@ -356,6 +397,80 @@ pub fn completed(status: i32, response: String, reconciled: bool) -> Settlement 
         reconciled,
         ..Default::default()
     }
+}
+
+/// How a `2xx` answer (the call's, or a "found" status lookup's) settles, with the name of its
+/// history line: `completed` under `default_name`, unless the effect reads outcomes by value
+/// (`[effect.outcome]`), when the value at its pointer in the object (at `object_pointer`
+/// in the answer) decides: `completed`, `pending` (polled from `pending_poll` on), parked
+/// for a person (`needs_attention`, or a value no list names: unknown, never completed) or
+/// `failed` with the provider's reason. The provider's id of the object is kept either way.
+pub fn by_answer(
+    outcomes: Option<&ValueOutcomes>,
+    object_pointer: &str,
+    status: i32,
+    response: String,
+    reconciled: bool,
+    default_name: &'static str,
+) -> (Settlement, &'static str) {
+    let Some(map) = outcomes else {
+        return (completed(status, response, reconciled), default_name);
+    };
+    let reading = by_value::read_body(map, &response, object_pointer);
+    by_reading(map, &reading, status, response, reconciled, default_name)
+}
+
+/// [`by_answer`] for an object already read ([`by_value::read`]): a provider event's object,
+/// or an answer read once for several uses.
+pub fn by_reading(
+    map: &ValueOutcomes,
+    reading: &Reading,
+    status: i32,
+    response: String,
+    reconciled: bool,
+    default_name: &'static str,
+) -> (Settlement, &'static str) {
+    let mut s = Settlement {
+        provider_status: Some(status),
+        provider_response: Some(response),
+        reconciled,
+        provider_id: reading.provider_id.clone(),
+        ..Default::default()
+    };
+    let name = match reading.verdict {
+        Some(Verdict::Completed) => {
+            s.state = Some(ClaimState::Completed);
+            default_name
+        }
+        Some(Verdict::Pending) => {
+            s.state = Some(ClaimState::Pending);
+            s.error = Some(reading.describe(map));
+            s.lease_for = Some(map.pending_poll.0);
+            "pending"
+        }
+        Some(Verdict::NeedsAttention) => {
+            s.state = Some(ClaimState::NeedsAttention);
+            s.error = Some(format!(
+                "{}; a person or the customer must act",
+                reading.describe(map)
+            ));
+            "needs_attention"
+        }
+        Some(Verdict::Failed) => {
+            s.state = Some(ClaimState::Failed);
+            s.error = Some(reading.describe(map));
+            "failed"
+        }
+        None => {
+            s.state = Some(ClaimState::NeedsAttention);
+            s.error = Some(format!(
+                "provider answered {status}; {}; the effect exists at the provider and is not sent again: check it there",
+                reading.describe(map)
+            ));
+            "unmapped"
+        }
+    };
+    (s, name)
 }
 
 /// `failed`: the provider refused the request for good.
@@ -401,7 +516,58 @@ pub fn error_of(outcome: &Outcome) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::storable;
+    use super::*;
+
+    fn stripe() -> ValueOutcomes {
+        ValueOutcomes {
+            pointer: "/status".into(),
+            completed: vec!["succeeded".into()],
+            pending: vec!["processing".into()],
+            needs_attention: vec!["requires_action".into()],
+            failed: vec!["requires_payment_method".into()],
+            id_pointer: "/id".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn without_a_mapping_a_2xx_completes_as_before() {
+        let (s, name) = by_answer(None, "", 200, "{}".into(), false, "applied");
+        assert_eq!(s.state, Some(ClaimState::Completed));
+        assert_eq!(name, "applied");
+        assert!(s.provider_id.is_none() && s.lease_for.is_none());
+    }
+
+    #[test]
+    fn a_2xx_settles_by_the_value_in_it_and_never_completes_an_unknown_one() {
+        let m = stripe();
+        let settle = |status: &str| {
+            by_answer(
+                Some(&m),
+                "",
+                200,
+                format!(r#"{{"id":"pi_7","status":"{status}"}}"#),
+                false,
+                "applied",
+            )
+        };
+        let (s, name) = settle("succeeded");
+        assert_eq!((s.state, name), (Some(ClaimState::Completed), "applied"));
+        assert_eq!(s.provider_id.as_deref(), Some("pi_7"));
+        let (s, name) = settle("processing");
+        assert_eq!((s.state, name), (Some(ClaimState::Pending), "pending"));
+        assert_eq!(s.lease_for, Some(m.pending_poll.0));
+        let (s, _) = settle("requires_action");
+        assert_eq!(s.state, Some(ClaimState::NeedsAttention));
+        let (s, _) = settle("requires_payment_method");
+        assert_eq!(s.state, Some(ClaimState::Failed));
+        let (s, name) = settle("requires_confirmation");
+        assert_eq!(
+            (s.state, name),
+            (Some(ClaimState::NeedsAttention), "unmapped")
+        );
+        assert!(s.error.unwrap().contains("not sent again"));
+    }
 
     #[test]
     fn nul_characters_are_escaped_before_they_are_stored() {

@@ -129,7 +129,11 @@ impl Sweeper {
             let batch = self.batch_size;
             let finish = self.finish;
             per_consumer.push(tokio::spawn(async move {
-                sweep_consumer(&claimer, &consumer, batch, cutoff, finish).await
+                let mut items = sweep_consumer(&claimer, &consumer, batch, cutoff, finish).await?;
+                items.extend(
+                    crate::pending_poller::poll_consumer(&claimer, &consumer, batch).await?,
+                );
+                Ok::<_, StoreError>(items)
             }));
         }
         let mut first_error = None;
@@ -354,14 +358,16 @@ async fn handle(
             Some(Lookup::Found {
                 status, response, ..
             }) => {
-                settle_taken(
-                    claimer,
-                    claim,
-                    settle::completed(status, response, true),
-                    "reconcile",
+                let effect = &consumer.effect;
+                let (s, name) = settle::by_answer(
+                    effect.outcomes(),
+                    effect.lookup_object(),
+                    status,
+                    response,
+                    true,
                     "found",
-                )
-                .await
+                );
+                settle_taken(claimer, claim, s, "reconcile", name).await
             }
             Some(Lookup::NotFound { .. })
                 if let Err(left) =

@@ -60,6 +60,8 @@ fn claim(key: &str, payload: &str) -> Claim {
         resent_count: 0,
         waits: 0,
         claim_token: None,
+        provider_id: None,
+        pending_utc: None,
     }
 }
 

@@ -12,260 +12,15 @@ mod common;
 use bytes::Bytes;
 use claimd::claim::ClaimState;
 use claimd::config::Config;
+use common::localstripe::*;
 use common::*;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use serde_json::{Value, json};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-const SECRET: &str = "sk_test_claimd_localstripe";
-
-/// The localstripe executable, or why there is none.
-fn localstripe() -> Result<PathBuf, String> {
-    let candidates = [
-        std::env::var("LOCALSTRIPE").ok().map(PathBuf::from),
-        std::env::var("HOME")
-            .ok()
-            .map(|h| PathBuf::from(h).join(".cache/claimd/localstripe-1.15.10/bin/localstripe")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            "localstripe is not installed (run .ci/run, or: python3 -m venv ~/.cache/claimd/localstripe-1.15.10 && ~/.cache/claimd/localstripe-1.15.10/bin/pip install localstripe==1.15.10)".into()
-        })
-}
-
-/// Returns the executable, or `None` after saying why the test skips (a failure under CI).
-fn require_localstripe() -> Option<PathBuf> {
-    match localstripe() {
-        Ok(p) => Some(p),
-        Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{why}"),
-        Err(why) => {
-            eprintln!("SKIPPED: {why}");
-            None
-        }
-    }
-}
-
-/// A running localstripe, killed on drop.
-struct LocalStripe {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Drop for LocalStripe {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl LocalStripe {
-    async fn start(bin: &Path) -> LocalStripe {
-        let port = free_port();
-        let child = std::process::Command::new(bin)
-            .args(["--port", &port.to_string(), "--from-scratch"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start localstripe");
-        let ls = LocalStripe {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        let up = eventually(Duration::from_secs(30), || async {
-            client()
-                .get(format!("{}/v1/payment_intents", ls.url))
-                .bearer_auth(SECRET)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await;
-        assert!(up, "localstripe did not start on {}", ls.url);
-        ls
-    }
-
-    /// Every PaymentIntent, read straight from localstripe (not through the proxy).
-    async fn payment_intents(&self) -> Vec<Value> {
-        list_payment_intents(&self.url).await
-    }
-}
-
-async fn list_payment_intents(base: &str) -> Vec<Value> {
-    let mut all = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut url = format!("{base}/v1/payment_intents?limit=100");
-        if let Some(a) = &after {
-            url.push_str(&format!("&starting_after={a}"));
-        }
-        let page: Value = client()
-            .get(url)
-            .bearer_auth(SECRET)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let data = page["data"].as_array().cloned().unwrap_or_default();
-        after = data
-            .last()
-            .and_then(|p| p["id"].as_str())
-            .map(str::to_string);
-        all.extend(data);
-        if page["has_more"] != json!(true) || after.is_none() {
-            return all;
-        }
-    }
-}
-
-/// The fault proxy's state: how many `POST /v1/payment_intents` each key made.
-#[derive(Default)]
-struct Faults {
-    posts: HashMap<String, u32>,
-    dropped: u32,
-    /// Hold each answer of a `POST /v1/payment_intents` this long after localstripe acted
-    /// (a worker can be killed meanwhile).
-    hold: Duration,
-}
-
-/// Closes the connection without an answer (hyper drops it when the service fails).
-#[derive(Debug)]
-struct Dropped;
-impl std::fmt::Display for Dropped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("answer dropped by the fault proxy")
-    }
-}
-impl std::error::Error for Dropped {}
-
-/// Starts the fault proxy in front of `target`; returns its base URL.
-async fn fault_proxy(target: String, drop_first: u32, faults: Arc<Mutex<Faults>>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let (target, faults) = (target.clone(), faults.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |r| {
-                    proxy_one(target.clone(), drop_first, faults.clone(), r)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    url
-}
-
-async fn proxy_one(
-    target: String,
-    drop_first: u32,
-    faults: Arc<Mutex<Faults>>,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Dropped> {
-    let (parts, body) = request.into_parts();
-    let body = body.collect().await.map_err(|_| Dropped)?.to_bytes();
-    let path = parts.uri.path().to_string();
-    if path == "/v1/payment_intents/search" {
-        return Ok(search(&target, parts.uri.query().unwrap_or("")).await);
-    }
-    let url = format!(
-        "{target}{}",
-        parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/")
-    );
-    let mut forward = client().request(parts.method.clone(), url).body(body);
-    for (name, value) in &parts.headers {
-        if name != hyper::header::HOST && name != hyper::header::CONTENT_LENGTH {
-            forward = forward.header(name, value);
-        }
-    }
-    let answer = forward.send().await.map_err(|_| Dropped)?;
-    let status = answer.status();
-    let content_type = answer.headers().get(hyper::header::CONTENT_TYPE).cloned();
-    let bytes = answer.bytes().await.map_err(|_| Dropped)?;
-    if parts.method == hyper::Method::POST && path == "/v1/payment_intents" {
-        let key = parts
-            .headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
-        let hold = {
-            let mut f = faults.lock().unwrap();
-            let n = f.posts.entry(key).or_default();
-            *n += 1;
-            if *n <= drop_first {
-                // localstripe has acted: the answer is lost on its way back.
-                f.dropped += 1;
-                return Err(Dropped);
-            }
-            f.hold
-        };
-        tokio::time::sleep(hold).await;
-    }
-    let mut response = Response::new(Full::new(bytes));
-    *response.status_mut() = status;
-    if let Some(ct) = content_type {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, ct);
-    }
-    Ok(response)
-}
-
-/// Stripe's `GET /v1/payment_intents/search?query=metadata['K']:'V'`, answered from
-/// localstripe's list: `200` with the matches, an empty list when none.
-async fn search(target: &str, query: &str) -> Response<Full<Bytes>> {
-    let parsed = reqwest::Url::parse(&format!("http://x/?{query}")).unwrap();
-    let q = parsed
-        .query_pairs()
-        .find(|(k, _)| k == "query")
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default();
-    // metadata['claimd_key']:'value'
-    let clause = q
-        .strip_prefix("metadata['")
-        .and_then(|rest| rest.split_once("']:'"))
-        .and_then(|(field, value)| {
-            Some((field.to_string(), value.strip_suffix('\'')?.to_string()))
-        });
-    let Some((field, value)) = clause else {
-        let mut r = Response::new(Full::new(Bytes::from(
-            json!({"error": {"message": format!("unsupported query {q:?}")}}).to_string(),
-        )));
-        *r.status_mut() = hyper::StatusCode::BAD_REQUEST;
-        return r;
-    };
-    let data: Vec<Value> = list_payment_intents(target)
-        .await
-        .into_iter()
-        .filter(|p| p["metadata"][&field] == json!(value))
-        .collect();
-    let body = json!({"object": "search_result", "data": data, "has_more": false});
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    r
-}
 
 fn example_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/stripe.toml")
@@ -276,6 +31,7 @@ fn example_env(store_url: &str, api: &str) -> Vec<(String, String)> {
     [
         ("STRIPE_API", api),
         ("STRIPE_SECRET_KEY", SECRET),
+        ("STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
         ("CLAIMD_STORE_URL", store_url),
         ("CLAIMD__HTTP__LISTEN", "127.0.0.1:0"),
         ("CLAIMD__SWEEPER__SCHEDULE", "* * * * * *"),
@@ -318,14 +74,26 @@ async fn spawn_worker(store_url: &str, api: &str, port: u16, log: &Path) -> Work
     Worker::attach(child, port).await
 }
 
-/// Posts `order-{i}` for each `i`, expecting `status`.
-async fn post_orders(base: &str, orders: std::ops::Range<usize>, status: u16) {
+/// The signing secret of the example's webhook endpoint in these tests.
+const WEBHOOK_SECRET: &str = "whsec_claimd_localstripe_test";
+
+/// Posts `order-{i}` for each `i`, paid with `payment_method`, expecting `status`.
+async fn post_orders(
+    base: &str,
+    orders: std::ops::Range<usize>,
+    payment_method: &str,
+    status: u16,
+) {
     for i in orders {
         let r = client()
             .post(format!("{base}/v1/messages/stripe-payments"))
             .header("Idempotency-Key", format!("order-{i}"))
             .header("Content-Type", "application/json")
-            .body(json!({"amount": 1000 + i, "currency": "eur", "order": i}).to_string())
+            .body(
+                json!({"amount": 1000 + i, "currency": "eur", "order": i,
+                       "payment_method": payment_method})
+                .to_string(),
+            )
             .send()
             .await
             .unwrap();
@@ -403,8 +171,9 @@ async fn the_stripe_example_creates_one_payment_intent_per_message_through_lost_
     let running = claimd::run::start(app).await.expect("start");
     let base = format!("http://{}", running.http_addr);
     const N: usize = 8;
-    post_orders(&base, 0..N, 202).await;
-    post_orders(&base, 0..N, 200).await;
+    let card = ls.payment_method(CARD_OK).await;
+    post_orders(&base, 0..N, &card, 202).await;
+    post_orders(&base, 0..N, &card, 200).await;
     let s = running.app().store.clone();
     assert!(all_completed(&s, N).await, "every claim completes");
     assert_eq!(
@@ -476,7 +245,8 @@ async fn the_stripe_example_survives_a_sigkill_between_the_payment_and_its_answe
     let port = free_port();
     let first = spawn_worker(&store.url(), &proxy, port, &log).await;
     const N: usize = 5;
-    post_orders(&first.base, 0..N, 202).await;
+    let card = ls.payment_method(CARD_OK).await;
+    post_orders(&first.base, 0..N, &card, 202).await;
     let created = eventually(Duration::from_secs(30), || async {
         ls.payment_intents().await.len() == N
     })
@@ -485,7 +255,7 @@ async fn the_stripe_example_survives_a_sigkill_between_the_payment_and_its_answe
     first.kill();
     faults.lock().unwrap().hold = Duration::ZERO;
     let second = spawn_worker(&store.url(), &proxy, port, &log).await;
-    post_orders(&second.base, 0..N, 200).await;
+    post_orders(&second.base, 0..N, &card, 200).await;
     let s = claimd::store::open(&store.url(), 2).await.unwrap();
     assert!(
         all_completed(&s, N).await,
@@ -495,6 +265,300 @@ async fn the_stripe_example_survives_a_sigkill_between_the_payment_and_its_answe
     for i in 0..N {
         let c = order(&s, i).await;
         assert!(c.reconciled && c.attempt >= 2, "order-{i}: {c:?}");
+    }
+    second.kill();
+}
+
+/// The outcome each test payment method comes to at localstripe, and in claimd.
+const OUTCOMES: [(Method, &str, ClaimState); 5] = [
+    (CARD_OK, "succeeded", ClaimState::Completed),
+    // Charged and declined: the create call is answered 402 (the PaymentIntent stays
+    // `requires_payment_method`).
+    (CARD_DECLINED, "requires_payment_method", ClaimState::Failed),
+    (SEPA_OK, "succeeded", ClaimState::Completed),
+    // `processing` in the answer, then failed at the "bank" about 0.5 s later.
+    (SEPA_FAILS, "requires_payment_method", ClaimState::Failed),
+    (CARD_3DS, "requires_action", ClaimState::NeedsAttention),
+];
+
+/// Posts one order per entry of [`OUTCOMES`] (`order-{i}`), each paid with its method.
+async fn post_outcome_orders(ls: &LocalStripe, base: &str) {
+    for (i, (method, _, _)) in OUTCOMES.iter().enumerate() {
+        let pm = ls.payment_method(*method).await;
+        post_orders(base, i..i + 1, &pm, 202).await;
+    }
+}
+
+/// Waits until each claim of [`OUTCOMES`] is in its state; then checks it against the
+/// PaymentIntent localstripe holds for it. Returns whether all got there.
+async fn claims_end_as_their_payment_intents(ls: &LocalStripe, s: &claimd::store::Store) {
+    let settled = eventually(Duration::from_secs(60), || async {
+        let mut all = true;
+        for (i, (_, _, state)) in OUTCOMES.iter().enumerate() {
+            all &= order(s, i).await.state == *state;
+        }
+        all
+    })
+    .await;
+    let pis = ls.payment_intents().await;
+    for (i, (method, pi_status, state)) in OUTCOMES.iter().enumerate() {
+        let c = order(s, i).await;
+        let pi = pis
+            .iter()
+            .find(|p| p["metadata"]["claimd_key"] == json!(c.idem_key))
+            .unwrap_or_else(|| panic!("order-{i}: no PaymentIntent"));
+        assert_eq!(
+            pi["status"],
+            json!(pi_status),
+            "order-{i} ({method:?}) at localstripe"
+        );
+        assert!(
+            settled,
+            "order-{i} ({method:?}): claim {} ({:?}), PaymentIntent {}",
+            c.state, c.last_error, pi["status"]
+        );
+        assert_eq!(
+            c.state, *state,
+            "order-{i} ({method:?}): {:?}",
+            c.last_error
+        );
+        if *state != ClaimState::Failed || i != 1 {
+            // The 402 of a declined card carries no PaymentIntent; every other claim knows
+            // its PaymentIntent's id.
+            assert_eq!(c.provider_id.as_deref(), pi["id"].as_str(), "order-{i}");
+        }
+    }
+    assert_eq!(pis.len(), OUTCOMES.len(), "one PaymentIntent per order");
+}
+
+/// An in-process worker on the Stripe example with `pending_poll` as given, its webhook
+/// endpoint registered at localstripe when `webhook` is set.
+async fn outcome_worker(
+    ls: &LocalStripe,
+    api: &str,
+    store: &TestStore,
+    pending_poll: &str,
+    webhook: bool,
+) -> claimd::run::Running {
+    let path = example_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut env = example_env(&store.url(), api);
+    env.push((
+        "CLAIMD__CONSUMERS__0__EFFECT__OUTCOME__PENDING_POLL".into(),
+        pending_poll.into(),
+    ));
+    let config = Config::from_toml(&text, &path, env)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .config;
+    let app = claimd::app::App::open(config, true).await.unwrap();
+    let running = claimd::run::start(app).await.expect("start");
+    if webhook {
+        ls.register_webhook(
+            &format!(
+                "http://{}/v1/provider-events/stripe-payments",
+                running.http_addr
+            ),
+            WEBHOOK_SECRET,
+        )
+        .await;
+    }
+    running
+}
+
+/// Card payments (succeeded, declined, 3-D Secure) and SEPA debits (succeeded, processing
+/// then failed): each claim ends in the state its PaymentIntent ends in, the pending one by
+/// localstripe's signed webhook (polling is an hour away), with the event in its history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_end_as_their_payment_intents_by_signed_webhooks() {
+    let Some(bin) = require_localstripe() else {
+        return;
+    };
+    let ls = LocalStripe::start(&bin).await;
+    let proxy = fault_proxy(ls.url.clone(), 0, Arc::new(Mutex::new(Faults::default()))).await;
+    let store = TestStore::sqlite();
+    let running = outcome_worker(&ls, &proxy, &store, "1h", true).await;
+    let base = format!("http://{}", running.http_addr);
+    post_outcome_orders(&ls, &base).await;
+    let s = running.app().store.clone();
+    claims_end_as_their_payment_intents(&ls, &s).await;
+    let sepa = order(&s, 3).await;
+    let history = s.events(sepa.id).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| e.action == "perform" && e.outcome == "pending"),
+        "the debit was pending first: {history:?}"
+    );
+    let event = history
+        .iter()
+        .find(|e| e.action == "event" && e.outcome == "payment_intent.payment_failed")
+        .unwrap_or_else(|| panic!("settled by the webhook: {history:?}"));
+    assert!(
+        event
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("signature verified (Stripe-Signature)")),
+        "{event:?}"
+    );
+    assert!(
+        !history.iter().any(|e| e.action == "poll"),
+        "not polled: {history:?}"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The same payments with no webhook endpoint registered: the pending debit is settled by
+/// polling the search API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_end_as_their_payment_intents_by_polling_without_webhooks() {
+    let Some(bin) = require_localstripe() else {
+        return;
+    };
+    let ls = LocalStripe::start(&bin).await;
+    let proxy = fault_proxy(ls.url.clone(), 0, Arc::new(Mutex::new(Faults::default()))).await;
+    let store = TestStore::sqlite();
+    let running = outcome_worker(&ls, &proxy, &store, "1s", false).await;
+    let base = format!("http://{}", running.http_addr);
+    post_outcome_orders(&ls, &base).await;
+    let s = running.app().store.clone();
+    claims_end_as_their_payment_intents(&ls, &s).await;
+    let history = s.events(order(&s, 3).await.id).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| e.action == "poll" && e.outcome == "failed"),
+        "settled by a poll: {history:?}"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A webhook relay that re-delivers like Stripe does: it takes each event from localstripe
+/// (which sends once) and posts it to `target` until it is answered 2xx, every 200 ms for a
+/// minute. Returns its URL and the count of deliveries that were not answered 2xx.
+async fn retrying_relay(target: String) -> (String, Arc<Mutex<u32>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let failed = Arc::new(Mutex::new(0u32));
+    let failures = failed.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (target, failures) = (target.clone(), failures.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |r: Request<Incoming>| {
+                    let (target, failures) = (target.clone(), failures.clone());
+                    async move {
+                        let (parts, body) = r.into_parts();
+                        let body = body.collect().await?.to_bytes();
+                        tokio::spawn(async move {
+                            for _ in 0..300 {
+                                let mut post = client().post(&target).body(body.clone());
+                                for (name, value) in &parts.headers {
+                                    if name != hyper::header::HOST
+                                        && name != hyper::header::CONTENT_LENGTH
+                                    {
+                                        post = post.header(name, value);
+                                    }
+                                }
+                                match post.send().await {
+                                    Ok(r) if r.status().is_success() => return,
+                                    _ => *failures.lock().unwrap() += 1,
+                                }
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                        });
+                        Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::new())))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, failed)
+}
+
+/// SEPA debits pending at localstripe while their worker is SIGKILLed: the failure webhooks
+/// arrive while nothing listens, the relay delivers them again (as Stripe does) once a new
+/// worker is up, and every claim ends failed, as its PaymentIntent did. Polling is an hour
+/// away: only the events settle them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_that_arrive_while_the_worker_is_killed_are_not_lost() {
+    let Some(bin) = require_localstripe() else {
+        return;
+    };
+    let ls = LocalStripe::start(&bin).await;
+    let proxy = fault_proxy(ls.url.clone(), 0, Arc::new(Mutex::new(Faults::default()))).await;
+    let store = TestStore::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workers.log");
+    let port = free_port();
+    let (relay, undelivered) = retrying_relay(format!(
+        "http://127.0.0.1:{port}/v1/provider-events/stripe-payments"
+    ))
+    .await;
+    ls.register_webhook(&relay, WEBHOOK_SECRET).await;
+    let spawn = || {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        std::process::Command::new(claimd_bin())
+            .args(["run", "--config"])
+            .arg(example_path())
+            .envs(example_env(&store.url(), &proxy))
+            .env("CLAIMD__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+            .env("CLAIMD__CONSUMERS__0__EFFECT__OUTCOME__PENDING_POLL", "1h")
+            .env("CLAIMD_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn claimd")
+    };
+    let first = Worker::attach(spawn(), port).await;
+    const N: usize = 6;
+    let pm = ls.payment_method(SEPA_FAILS).await;
+    post_orders(&first.base, 0..N, &pm, 202).await;
+    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let pending = eventually(Duration::from_secs(30), || async {
+        let mut all = true;
+        for i in 0..N {
+            all &= order(&s, i).await.state == ClaimState::Pending;
+        }
+        all
+    })
+    .await;
+    assert!(pending, "every debit is pending at first");
+    // localstripe fails the debits ~0.5 s later and sends each webhook ~1 s after that.
+    first.kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        *undelivered.lock().unwrap() > 0,
+        "webhooks arrived while no worker listened"
+    );
+    let second = Worker::attach(spawn(), port).await;
+    let failed = eventually(Duration::from_secs(30), || async {
+        let mut all = true;
+        for i in 0..N {
+            all &= order(&s, i).await.state == ClaimState::Failed;
+        }
+        all
+    })
+    .await;
+    for i in 0..N {
+        let c = order(&s, i).await;
+        assert!(failed, "order-{i}: {} ({:?})", c.state, c.last_error);
+        let pi = ls.payment_intent(c.provider_id.as_deref().unwrap()).await;
+        assert_eq!(pi["status"], json!("requires_payment_method"));
+        let history = s.events(c.id).await.unwrap();
+        assert!(
+            history.iter().any(|e| e.action == "event"),
+            "order-{i} settled by its event: {history:?}"
+        );
     }
     second.kill();
 }

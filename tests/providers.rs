@@ -436,6 +436,7 @@ fn every_example_configuration_loads() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples");
     let secrets = [
         ("STRIPE_SECRET_KEY", "sk_test_x"),
+        ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
         ("SQUARE_ACCESS_TOKEN", "sq-x"),
         ("SMS_API_TOKEN", "sms-x"),
     ];

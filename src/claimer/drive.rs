@@ -214,16 +214,14 @@ impl Claimer {
                     Outcome::Applied { status, response } => (*status, response.clone()),
                     _ => unreachable!("Complete follows Applied"),
                 };
+                // A 2xx completes, unless the effect reads its answer by value: then the
+                // object's status may say pending, failed or a person's work.
+                let effect = &consumer.effect;
+                let (s, name) =
+                    by_answer(effect.outcomes(), "", status, response, false, "applied");
                 return AfterCall::End(
                     self.settler
-                        .settle(
-                            slot,
-                            claim,
-                            settle_until,
-                            completed(status, response, false),
-                            "perform",
-                            "applied",
-                        )
+                        .settle(slot, claim, settle_until, s, "perform", name)
                         .await,
                 );
             }
@@ -258,16 +256,18 @@ impl Claimer {
                     Some(Lookup::Found {
                         status, response, ..
                     }) => {
+                        let effect = &consumer.effect;
+                        let (s, name) = by_answer(
+                            effect.outcomes(),
+                            effect.lookup_object(),
+                            status,
+                            response,
+                            true,
+                            "found",
+                        );
                         return AfterCall::End(
                             self.settler
-                                .settle(
-                                    slot,
-                                    claim,
-                                    settle_until,
-                                    completed(status, response, true),
-                                    "reconcile",
-                                    "found",
-                                )
+                                .settle(slot, claim, settle_until, s, "reconcile", name)
                                 .await,
                         );
                     }

@@ -20,7 +20,7 @@ use crate::effect::{Lookup, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::{self, Step};
 pub use crate::settle::AttemptEnd;
-use crate::settle::{Resend, Settler, completed, error_of, failed};
+use crate::settle::{Resend, Settler, by_answer, error_of, failed};
 use crate::store::writes::WriteHealth;
 use crate::store::{ClaimOutcome, Store, StoreError};
 use backon::BackoffBuilder;

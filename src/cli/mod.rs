@@ -157,7 +157,7 @@ pub enum ClaimsCommand {
     /// List claims, newest first.
     List {
         /// Only this state.
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["started", "completed", "failed", "needs_attention"]).map(|s| s.parse::<ClaimState>().expect("a listed state")))]
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["started", "pending", "completed", "failed", "needs_attention"]).map(|s| s.parse::<ClaimState>().expect("a listed state")))]
         state: Option<ClaimState>,
         /// Only started claims whose lease expired.
         #[arg(long)]

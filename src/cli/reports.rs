@@ -99,6 +99,30 @@ pub(super) async fn reconcile_cmd(
             if !mismatches.is_empty() {
                 s.push_str(&mismatches.text());
             }
+            if !audit.unmatched_events.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "\n{} provider event(s) about objects claimd has no claim for:",
+                    audit.unmatched_events.len()
+                );
+                let mut events = Table::new(&[
+                    "consumer",
+                    "event_id",
+                    "event_type",
+                    "object_id",
+                    "received_utc",
+                ]);
+                for e in &audit.unmatched_events {
+                    events.row(vec![
+                        e.consumer.clone(),
+                        e.event_id.clone(),
+                        e.event_type.clone(),
+                        e.object_id.clone().unwrap_or_default(),
+                        e.received_utc.to_rfc3339(),
+                    ]);
+                }
+                s.push_str(&events.text());
+            }
             s
         }
     };

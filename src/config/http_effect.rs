@@ -190,3 +190,105 @@ mod rate_tests {
         assert_eq!(String::from(RateLimit::parse("3000/m").unwrap()), "3000/m");
     }
 }
+
+/// How a value in the provider's answer decides an effect's outcome
+/// (`[consumers.effect.outcome]`): for a payment, a `2xx` says only that the provider took the
+/// request, and the object's status (`succeeded`, `processing`, `requires_action`, ...) says
+/// what became of it. Read in the call's own answer, in a status lookup's "found" answer (the
+/// object at `effect.status.found_pointer`, when set) and in a provider event's object.
+/// A value no list names is unknown: never completed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ValueOutcomes {
+    /// A JSON pointer to the value, within the object (like `/status`).
+    pub pointer: String,
+    /// Values that mean the effect is done.
+    pub completed: Vec<String>,
+    /// Values that mean the provider accepted it but has not finished (`processing`,
+    /// `requires_capture`): the claim is `pending` and is never sent again.
+    pub pending: Vec<String>,
+    /// Values that need a person or the customer to act (`requires_action`).
+    pub needs_attention: Vec<String>,
+    /// Values that mean it will not happen (`requires_payment_method`, `canceled`).
+    pub failed: Vec<String>,
+    /// A JSON pointer to the provider's own id of the object (like `/id`), kept on the claim
+    /// so that its events find it.
+    pub id_pointer: String,
+    /// A JSON pointer to the provider's reason for a failure or a request for action (like
+    /// `/last_payment_error/message`), kept with the claim's reason.
+    pub reason_pointer: String,
+    /// How long after a claim became `pending` the status endpoint is first asked again; the
+    /// wait then grows with the claim's time in `pending` (a quarter of it), up to an hour.
+    pub pending_poll: crate::duration::Dur,
+    /// How long a claim may stay `pending`; after that it is parked for a person with the
+    /// reason "still pending after …".
+    pub pending_for: crate::duration::Dur,
+}
+
+impl Default for ValueOutcomes {
+    fn default() -> Self {
+        ValueOutcomes {
+            pointer: String::new(),
+            completed: Vec::new(),
+            pending: Vec::new(),
+            needs_attention: Vec::new(),
+            failed: Vec::new(),
+            id_pointer: String::new(),
+            reason_pointer: String::new(),
+            pending_poll: crate::duration::Dur(std::time::Duration::from_secs(30)),
+            pending_for: crate::duration::Dur(std::time::Duration::from_secs(7 * 24 * 3600)),
+        }
+    }
+}
+
+impl ValueOutcomes {
+    /// The first problem with the table, as `(key, message)`: pointers that are not pointers,
+    /// no values at all, one value in two lists, polling that cannot happen.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        for (key, p) in [
+            ("pointer", &self.pointer),
+            ("id_pointer", &self.id_pointer),
+            ("reason_pointer", &self.reason_pointer),
+        ] {
+            check_pointer(p).map_err(|e| (key, e))?;
+        }
+        if self.pointer.is_empty() {
+            return Err((
+                "pointer",
+                "names no value: write the value's JSON pointer, like \"/status\"".into(),
+            ));
+        }
+        let lists = [
+            ("completed", &self.completed),
+            ("pending", &self.pending),
+            ("needs_attention", &self.needs_attention),
+            ("failed", &self.failed),
+        ];
+        if self.completed.is_empty() {
+            return Err((
+                "completed",
+                "is empty: no answer could ever complete a claim".into(),
+            ));
+        }
+        let mut seen = std::collections::HashMap::new();
+        for (list, values) in lists {
+            for v in values.iter() {
+                if let Some(other) = seen.insert(v.as_str(), list)
+                    && other != list
+                {
+                    return Err((
+                        list,
+                        format!("{v:?} is also in {other}: a value has one meaning"),
+                    ));
+                }
+            }
+        }
+        if self.pending_poll.0 < std::time::Duration::from_secs(1) {
+            return Err(("pending_poll", "must be at least 1s".into()));
+        }
+        if self.pending_for.0 <= self.pending_poll.0 {
+            return Err(("pending_for", "must be longer than pending_poll".into()));
+        }
+        Ok(())
+    }
+}

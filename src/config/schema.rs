@@ -268,6 +268,59 @@ pub struct ConsumerConfig {
     pub tenant_header: String,
     /// The side effect.
     pub effect: EffectConfig,
+    /// The provider's signed events about this consumer's effects (webhooks), received at
+    /// `POST /v1/provider-events/{consumer}` (`[consumers.provider_events]`).
+    pub provider_events: Option<ProviderEventsConfig>,
+}
+
+/// `[consumers.provider_events]`: where the provider's events are verified and how they are
+/// read. The event's object is read with the effect's `[effect.outcome]` (which it needs).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderEventsConfig {
+    /// `"stripe"` (`Stripe-Signature`) or `"standard"` (Standard Webhooks).
+    pub scheme: crate::provider_events::signature::Scheme,
+    /// Signing secrets; any one may match (two while one is rotated). Never shown.
+    #[serde(skip_serializing)]
+    pub secrets: Vec<String>,
+    /// How far the event's signed timestamp may be from now, either way (default 5m): an
+    /// older delivery is refused as stale, however well signed.
+    #[serde(default = "default_event_tolerance")]
+    pub tolerance: Dur,
+    /// A JSON pointer to the object the event is about (default `/data/object`, Stripe's).
+    #[serde(default = "default_object_pointer")]
+    pub object_pointer: String,
+    /// A JSON pointer to the event's id (default `/id`). Standard Webhooks' `webhook-id`
+    /// header is used when it is there.
+    #[serde(default = "default_event_id_pointer")]
+    pub event_id_pointer: String,
+    /// A JSON pointer to the event's type (default `/type`).
+    #[serde(default = "default_type_pointer")]
+    pub type_pointer: String,
+    /// The event types taken; others are answered `200` and ignored. Empty: all.
+    #[serde(default)]
+    pub types: Vec<String>,
+    /// A JSON pointer, within the object, to the message id it carries (in the provider's
+    /// metadata, like `/metadata/claimd_message_id`): finds a claim whose provider id is not
+    /// known yet (its answer was lost). Empty: only the provider id finds claims.
+    #[serde(default)]
+    pub message_id_pointer: String,
+    /// The same for the tenant (empty: no tenant).
+    #[serde(default)]
+    pub tenant_pointer: String,
+}
+
+fn default_event_tolerance() -> Dur {
+    Dur(Duration::from_secs(300))
+}
+fn default_object_pointer() -> String {
+    "/data/object".into()
+}
+fn default_event_id_pointer() -> String {
+    "/id".into()
+}
+fn default_type_pointer() -> String {
+    "/type".into()
 }
 
 impl ConsumerConfig {
@@ -350,6 +403,7 @@ pub struct ConsumerEntry {
     #[serde(default)]
     tenant_header: String,
     effect: EffectConfig,
+    provider_events: Option<ProviderEventsConfig>,
 }
 
 impl TryFrom<ConsumerEntry> for ConsumerConfig {
@@ -403,6 +457,7 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
                 }
                 other => other,
             },
+            provider_events: e.provider_events,
         })
     }
 }
@@ -561,6 +616,10 @@ pub struct HttpEffectConfig {
     /// has `max_sends = 1` (see docs/decisions.md). `2xx` and `409` keep their meaning.
     #[serde(default)]
     pub not_applied_status: Option<Vec<u16>>,
+    /// How the object's status in a `2xx` answer (and a "found" lookup) decides the outcome
+    /// (`[consumers.effect.outcome]`). Unset: any `2xx` completes.
+    #[serde(default)]
+    pub outcome: Option<Box<super::ValueOutcomes>>,
 }
 
 fn default_not_found_after() -> Dur {

@@ -127,6 +127,43 @@ impl Config {
                     ));
                 }
             }
+            if let Some(pe) = &c.provider_events {
+                let reads_by_value =
+                    matches!(&c.effect, EffectConfig::Http(h) if h.outcome.is_some());
+                if !reads_by_value {
+                    return Err((
+                        at("provider_events"),
+                        "needs [consumers.effect.outcome]: an event's object is read by the value at its pointer".into(),
+                    ));
+                }
+                if pe.secrets.is_empty() || pe.secrets.iter().any(|s| s.trim().is_empty()) {
+                    return Err((
+                        at("provider_events.secrets"),
+                        "needs at least one signing secret, none empty: unsigned events are never taken".into(),
+                    ));
+                }
+                for (k, p) in [
+                    ("provider_events.object_pointer", &pe.object_pointer),
+                    ("provider_events.event_id_pointer", &pe.event_id_pointer),
+                    ("provider_events.type_pointer", &pe.type_pointer),
+                    ("provider_events.message_id_pointer", &pe.message_id_pointer),
+                    ("provider_events.tenant_pointer", &pe.tenant_pointer),
+                ] {
+                    check_pointer(p).map_err(|e| (at(k), e))?;
+                }
+                if pe.tolerance.0 < std::time::Duration::from_secs(1) {
+                    return Err((
+                        at("provider_events.tolerance"),
+                        "must be at least 1s".into(),
+                    ));
+                }
+                crate::provider_events::signature::Verifier::new(
+                    pe.scheme,
+                    &pe.secrets,
+                    pe.tolerance.0,
+                )
+                .map_err(|e| (at("provider_events.secrets"), e.to_string()))?;
+            }
             if !c.tenant_header.is_empty() && !template.mentions_tenant() {
                 // Two tenants' messages with one id would be sent under one key: the provider
                 // would apply the first and replay its answer for the second (I5 misapplied).

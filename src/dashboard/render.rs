@@ -184,6 +184,12 @@ pub fn render_tiles(r: &Report, window: Window) -> Markup {
     };
     let (stuck, attention) = open_problems(r);
     let failed: i64 = r.consumers.iter().map(|c| c.failed).sum();
+    let pending: i64 = r.consumers.iter().map(|c| c.pending).sum();
+    let oldest_pending = r
+        .consumers
+        .iter()
+        .filter_map(|c| c.oldest_pending_age_s)
+        .reduce(f64::max);
     let oldest = r
         .consumers
         .iter()
@@ -198,6 +204,11 @@ pub fn render_tiles(r: &Report, window: Window) -> Markup {
                 &attention.to_string(), "parked for a person"))
             (tile(if stuck > 0 { "warn" } else { "" }, "oldest started",
                 &oldest.map_or("-".into(), human_secs), "age of the oldest started claim"))
+            @if pending > 0 {
+                (tile("", "pending", &pending.to_string(),
+                    &format!("at the provider, not final; oldest {}",
+                        oldest_pending.map_or("-".into(), human_secs))))
+            }
             (tile("", "failed", &failed.to_string(),
                 &format!("refused by the provider in {}", window_label(window))))
         }
@@ -226,6 +237,7 @@ fn counts_row(c: &ConsumerCounts, class: &str) -> Markup {
             (count_cell(c.payload_mismatches, "warn"))
             (count_cell(c.started, ""))
             (count_cell(c.stuck, "bad"))
+            (count_cell(c.pending, ""))
             (count_cell(c.completed, ""))
             (count_cell(c.failed, ""))
             (count_cell(c.needs_attention, "bad"))
@@ -248,6 +260,7 @@ fn total(consumers: &[ConsumerCounts]) -> ConsumerCounts {
         started: sum(|c| c.started),
         stuck: sum(|c| c.stuck),
         waiting: sum(|c| c.waiting),
+        pending: sum(|c| c.pending),
         completed: sum(|c| c.completed),
         failed: sum(|c| c.failed),
         needs_attention: sum(|c| c.needs_attention),
@@ -256,6 +269,10 @@ fn total(consumers: &[ConsumerCounts]) -> ConsumerCounts {
         oldest_started_age_s: consumers
             .iter()
             .filter_map(|c| c.oldest_started_age_s)
+            .reduce(f64::max),
+        oldest_pending_age_s: consumers
+            .iter()
+            .filter_map(|c| c.oldest_pending_age_s)
             .reduce(f64::max),
         p50_complete_s: None,
         p95_complete_s: None,
@@ -271,6 +288,7 @@ pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> Markup {
         "mismatches",
         "started",
         "stuck",
+        "pending",
         "completed",
         "failed",
         "needs attention",
@@ -285,7 +303,8 @@ pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> Markup {
             p.note {
                 "received, duplicates, mismatches, completed, failed, resent and the \
                 receive-to-complete times (p50, p95) over " (window_label(window)) "; started, \
-                stuck, needs attention and the oldest started claim over all claims."
+                stuck, pending (accepted by the provider, not final), needs attention and the \
+                oldest started claim over all claims."
             }
             div.scroll {
                 table {

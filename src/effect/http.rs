@@ -11,7 +11,9 @@ use super::{
     parse_retry_after,
 };
 use crate::claim::Claim;
-use crate::config::{BodyMode, HttpEffectConfig, HttpVersion, ProbeMode, StatusCheck};
+use crate::config::{
+    BodyMode, HttpEffectConfig, HttpVersion, ProbeMode, StatusCheck, ValueOutcomes,
+};
 use crate::store::truncate;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -158,6 +160,24 @@ impl RequestShape {
         ] {
             crate::config::check_pointer(pointer).map_err(|e| (key, e))?;
         }
+        if let Some(o) = &config.outcome {
+            o.check().map_err(|(key, e)| {
+                (
+                    match key {
+                        "pointer" => "outcome.pointer",
+                        "completed" => "outcome.completed",
+                        "pending" => "outcome.pending",
+                        "needs_attention" => "outcome.needs_attention",
+                        "failed" => "outcome.failed",
+                        "id_pointer" => "outcome.id_pointer",
+                        "reason_pointer" => "outcome.reason_pointer",
+                        "pending_poll" => "outcome.pending_poll",
+                        _ => "outcome.pending_for",
+                    },
+                    e,
+                )
+            })?;
+        }
         Ok(shape)
     }
 
@@ -254,6 +274,8 @@ pub struct HttpEffect {
     not_found_after: Duration,
     /// `effect.not_applied_status`: the statuses that prove nothing was applied.
     not_applied: Box<[u16]>,
+    /// `[effect.outcome]`: the outcome by the value in the answer.
+    outcomes: Option<Box<ValueOutcomes>>,
 }
 
 impl HttpEffect {
@@ -311,6 +333,7 @@ impl HttpEffect {
             headers,
             status: config.status.clone(),
             not_found_after: config.not_found_after.0,
+            outcomes: config.outcome.clone(),
         })
     }
 
@@ -494,6 +517,14 @@ fn describe(e: &reqwest::Error) -> String {
 
 #[async_trait]
 impl Effect for HttpEffect {
+    fn outcomes(&self) -> Option<&ValueOutcomes> {
+        self.outcomes.as_deref()
+    }
+
+    fn lookup_object(&self) -> &str {
+        &self.status.found_pointer
+    }
+
     async fn perform(&self, claim: &Claim) -> Outcome {
         // This future is held for the whole provider call. What it keeps across an await it
         // keeps in full, even once moved out: so the request is built in a plain function, and

@@ -1,6 +1,7 @@
 //! Effects: the external call a claim stands for ([`http::HttpEffect`],
 //! [`smtp::SmtpEffect`]), and the pure classification of what the provider answered.
 
+pub mod by_value;
 pub mod http;
 pub mod http_status;
 pub mod http_template;
@@ -194,6 +195,17 @@ pub trait Effect: Send + Sync + 'static {
 
     /// Whether [`Effect::lookup`] can answer.
     fn can_reconcile(&self) -> bool;
+
+    /// `[effect.outcome]`, when the effect's answers are read by value ([`by_value`]).
+    fn outcomes(&self) -> Option<&crate::config::ValueOutcomes> {
+        None
+    }
+
+    /// Where the effect's object is in a "found" status answer (`effect.status.found_pointer`;
+    /// empty: the whole answer), for reading it by value.
+    fn lookup_object(&self) -> &str {
+        ""
+    }
 
     /// How long after the last call a "not found" may be trusted (a provider whose status
     /// search lags its writes answers "not found" for an effect it has just applied).

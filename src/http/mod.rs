@@ -7,6 +7,7 @@ pub mod auth;
 pub mod guard;
 pub mod ops;
 pub mod problem;
+pub mod provider_events;
 pub mod session;
 pub mod signin;
 pub mod state;

@@ -55,7 +55,20 @@ pub(crate) fn repeat_args(new: &NewClaim) -> [Arg<'_>; 5] {
 }
 
 /// The arguments of the fenced `settle` statement (I2: the attempt held).
-pub(crate) fn settle_args(id: i64, attempt: i32, s: &Settlement) -> [Arg<'_>; 9] {
+/// How many parameters `settle` binds ([`settle_args`]).
+pub(crate) const SETTLE_PARAMS: usize = 11;
+
+pub(crate) fn settle_args(id: i64, attempt: i32, s: &Settlement) -> [Arg<'_>; SETTLE_PARAMS] {
+    settle_from_args(id, attempt, ClaimState::Started, s)
+}
+
+/// [`settle_args`] fenced on another state than `started` (a poll or a provider event).
+pub(crate) fn settle_from_args(
+    id: i64,
+    attempt: i32,
+    from: ClaimState,
+    s: &Settlement,
+) -> [Arg<'_>; SETTLE_PARAMS] {
     [
         Arg::I64(id),
         Arg::I32(attempt),
@@ -66,6 +79,8 @@ pub(crate) fn settle_args(id: i64, attempt: i32, s: &Settlement) -> [Arg<'_>; 9]
         Arg::Bool(s.reconciled),
         Arg::OptText(s.handoff.map(Handoff::as_str)),
         Arg::OptI64(s.lease_for.map(ms)),
+        Arg::OptText(s.provider_id.as_deref()),
+        Arg::Text(from.as_str()),
     ]
 }
 
@@ -96,6 +111,11 @@ pub(crate) fn operator_from_states(
     to: ClaimState,
     expected: Option<ClaimState>,
 ) -> Option<[&'static str; 2]> {
+    // Parking is the provider's or the sweeper's move (failed -> needs_attention when the
+    // provider contradicts a failure), never an operator's.
+    if to == ClaimState::NeedsAttention {
+        return None;
+    }
     let from: Vec<&'static str> = [ClaimState::NeedsAttention, ClaimState::Failed]
         .into_iter()
         .filter(|s| s.can_move_to(to) && expected.is_none_or(|e| e == *s))

@@ -11,7 +11,7 @@ macro_rules! claim_cols {
         "id, consumer, tenant, message_id, idem_key, fingerprint, content_type, state, attempt, \
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
-         resent_count, handoff, handoff_attempt, claim_token, waits"
+         resent_count, handoff, handoff_attempt, claim_token, waits, provider_id, pending_utc"
     };
 }
 
@@ -109,6 +109,10 @@ pub struct Statements {
     pub take_stale: &'static str,
     /// Stale claims a take would return, changing nothing: consumer, limit.
     pub peek_stale: &'static str,
+    /// Take pending claims whose poll is due (lease to the poller, attempt unchanged),
+    /// returning them with payload and `age_ms` (time pending): consumer, limit, owner,
+    /// lease ms.
+    pub take_pending: &'static str,
     /// Operator resolve, returning the claim: consumer, tenant, message id, to-state, and two
     /// from-states the move is allowed from. Run through [`Dialect::update_logged`].
     pub resolve: &'static str,
@@ -145,6 +149,17 @@ pub struct Statements {
     pub list_destinations: &'static str,
     /// Delete destination rows not written for the milliseconds given (stopped instances).
     pub prune_destinations: &'static str,
+    /// A claim by provider id, newest first: consumer, provider id.
+    pub find_by_provider_id: &'static str,
+    /// Whether a provider event was taken (`n`): consumer, event id.
+    pub provider_event_seen: &'static str,
+    /// Record a provider event once: consumer, event id, type, object id, claim id, result.
+    pub insert_provider_event: &'static str,
+    /// Unmatched provider events, newest first (`consumer, event_id, event_type, object_id,
+    /// received_utc`): since, limit.
+    pub list_unmatched_events: &'static str,
+    /// One batch of provider-event records older than the window: keep ms, batch.
+    pub prune_provider_events: &'static str,
     /// The database's clock (`now`).
     pub now: &'static str,
     /// A statement that only proves the store answers.

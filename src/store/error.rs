@@ -23,6 +23,10 @@ pub enum StoreError {
     /// A stored value makes no sense (an unknown state name, say).
     #[error("corrupt row in claims: {0}")]
     Corrupt(String),
+    /// A row kept changing between reading it and writing a decision on it (a provider
+    /// event meeting polls and settles): worth retrying.
+    #[error("contended: {0}")]
+    Contended(String),
     /// The store URL is not one claimd knows (shown with its credentials redacted).
     #[error("store url {}: expected sqlite:... or postgres://...", redact_url(.0))]
     BadUrl(String),
@@ -52,7 +56,7 @@ impl StoreError {
 
     /// Whether retrying later may succeed.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable(_) | StoreError::Contended(_))
     }
 }
 

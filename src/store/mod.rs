@@ -79,8 +79,10 @@ pub struct Settlement {
     pub handoff: Option<Handoff>,
     /// Set the lease to end this long from now (database clock) instead of letting it run out:
     /// zero hands the claim to the next sweep, more makes it wait (a backoff, a destination
-    /// that is down or rate limited).
+    /// that is down or rate limited). For a `pending` claim: when it is next polled.
     pub lease_for: Option<Duration>,
+    /// The provider's own id of the effect, kept on the claim (its events find it by this).
+    pub provider_id: Option<String>,
 }
 
 /// One line of a claim's history: an attempt's outcome, a sweeper decision or an operator note.
@@ -156,6 +158,39 @@ pub struct TakenClaim {
     pub age: Duration,
 }
 
+/// A provider event as it is recorded ([`ClaimStore::record_provider_event`]).
+#[derive(Debug, Clone)]
+pub struct ProviderEventRecord<'a> {
+    /// Consumer.
+    pub consumer: &'a str,
+    /// The provider's event id (unique per consumer).
+    pub event_id: &'a str,
+    /// The event's type, like `payment_intent.succeeded` (`""` when it has none).
+    pub event_type: &'a str,
+    /// The provider's id of the object the event is about.
+    pub object_id: Option<&'a str>,
+    /// The claim it was applied to; `None`: claimd has no claim for the object.
+    pub claim_id: Option<i64>,
+    /// What came of it (`settled`, `same`, `stale`, `conflict`, `unmapped`,
+    /// `unknown_object`).
+    pub result: &'a str,
+}
+
+/// A provider event about an object claimd has no claim for, listed for reconciliation.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UnmatchedEvent {
+    /// Consumer.
+    pub consumer: String,
+    /// The provider's event id.
+    pub event_id: String,
+    /// Its type.
+    pub event_type: String,
+    /// The provider's id of the object.
+    pub object_id: Option<String>,
+    /// When it was received (database time).
+    pub received_utc: DateTime<Utc>,
+}
+
 /// One instance's view of a consumer's provider, as it last wrote it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DestinationRecord {
@@ -188,6 +223,8 @@ pub struct ConsumerCounts {
     /// applied nothing, held back by its breaker or rate limit, or after a status lookup
     /// without an answer, each until its lease ends.
     pub waiting: i64,
+    /// Claims in `pending`: accepted by the provider, not final (not stuck, not completed).
+    pub pending: i64,
     /// Claims in `completed`.
     pub completed: i64,
     /// Claims in `failed`.
@@ -201,6 +238,8 @@ pub struct ConsumerCounts {
     pub dead_lettered: i64,
     /// Age of the oldest `started` claim, in seconds.
     pub oldest_started_age_s: Option<f64>,
+    /// How long the oldest `pending` claim has been pending, in seconds.
+    pub oldest_pending_age_s: Option<f64>,
     /// Median receive-to-complete time, seconds.
     pub p50_complete_s: Option<f64>,
     /// 95th percentile receive-to-complete time, seconds.
@@ -236,7 +275,9 @@ impl CountsByConsumer {
             c.stuck = o.stuck;
             c.waiting = o.waiting;
             c.needs_attention = o.needs_attention;
+            c.pending = o.pending;
             c.oldest_started_age_s = o.oldest_started_age_s;
+            c.oldest_pending_age_s = o.oldest_pending_age_s;
         }
     }
 
@@ -324,6 +365,43 @@ pub trait ClaimStore: Send + Sync + 'static {
         Ok(out)
     }
 
+    /// Settles a claim that is in state `from` at `attempt`, as [`settle`] does from
+    /// `started`: a poll of a `pending` claim, a provider event on a claim in any state. The
+    /// fence is the state and attempt the caller read; `false`: it changed meanwhile, nothing
+    /// was written.
+    ///
+    /// [`settle`]: ClaimStore::settle
+    async fn settle_from(
+        &self,
+        id: i64,
+        attempt: i32,
+        from: ClaimState,
+        settlement: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool>;
+
+    /// The claim of `consumer` whose provider id is `provider_id` (the most recent when the
+    /// provider reused one).
+    async fn find_by_provider_id(
+        &self,
+        consumer: &str,
+        provider_id: &str,
+    ) -> StoreResult<Option<Claim>>;
+
+    /// Whether `consumer` already took the provider event `event_id`.
+    async fn provider_event_seen(&self, consumer: &str, event_id: &str) -> StoreResult<bool>;
+
+    /// Records a provider event once (a second record of the same id changes nothing).
+    async fn record_provider_event(&self, event: &ProviderEventRecord<'_>) -> StoreResult<()>;
+
+    /// Provider events about objects claimd has no claim for, received since `since` (all
+    /// when `None`), newest first, at most `limit`.
+    async fn unmatched_provider_events(
+        &self,
+        since: Option<DateTime<Utc>>,
+        limit: u32,
+    ) -> StoreResult<Vec<UnmatchedEvent>>;
+
     /// Records a history line without changing the claim.
     async fn record_event(&self, id: i64, attempt: i32, event: &NewEvent<'_>) -> StoreResult<()>;
 
@@ -362,6 +440,17 @@ pub trait ClaimStore: Send + Sync + 'static {
         owner: &str,
         lease: Duration,
         expired_before: DateTime<Utc>,
+    ) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Takes up to `limit` `pending` claims of `consumer` whose next poll is due (their lease
+    /// ended): leases them to `owner` for `lease` so no other poller asks meanwhile, attempt
+    /// unchanged. [`TakenClaim::age`] is the time since the claim became pending.
+    async fn take_pending(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Stuck claims of `consumer` the sweeper would take (dry run), oldest lease first,

@@ -35,6 +35,8 @@ pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
         resent_count: row.i32("resent_count")?,
         waits: row.i32("waits")?,
         claim_token: row.opt_text("claim_token")?,
+        provider_id: row.opt_text("provider_id")?,
+        pending_utc: row.opt_time("pending_utc")?,
     })
 }
 

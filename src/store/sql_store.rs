@@ -11,15 +11,15 @@
 
 use super::args::{
     created, insert_args, key_args, ms, operator_from_states, repeat_args, repeat_outcome,
-    settle_args,
+    settle_args, settle_from_args,
 };
 use super::batch::Batcher;
 use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
 use super::rows::{claim_from_row, taken_from_row};
 use super::{
     ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer,
-    DestinationRecord, NewEvent, PruneResult, Seen, SettleItem, Settlement, StoreError,
-    StoreResult, TakenClaim,
+    DestinationRecord, NewEvent, ProviderEventRecord, PruneResult, Seen, SettleItem, Settlement,
+    StoreError, StoreResult, TakenClaim, UnmatchedEvent,
 };
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
@@ -283,6 +283,77 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         rows.first().map(claim_from_row).transpose()
     }
 
+    async fn find_by_provider_id(
+        &self,
+        consumer: &str,
+        provider_id: &str,
+    ) -> StoreResult<Option<Claim>> {
+        let rows = self
+            .fetch(
+                "find_by_provider_id",
+                D::SQL.find_by_provider_id,
+                &[Arg::Text(consumer), Arg::Text(provider_id)],
+            )
+            .await?;
+        rows.first().map(claim_from_row).transpose()
+    }
+
+    async fn provider_event_seen(&self, consumer: &str, event_id: &str) -> StoreResult<bool> {
+        let rows = self
+            .fetch(
+                "provider_event_seen",
+                D::SQL.provider_event_seen,
+                &[Arg::Text(consumer), Arg::Text(event_id)],
+            )
+            .await?;
+        Ok(rows.first().map(|r| r.i64("n")).transpose()?.unwrap_or(0) > 0)
+    }
+
+    async fn record_provider_event(&self, e: &ProviderEventRecord<'_>) -> StoreResult<()> {
+        self.execute(
+            "insert_provider_event",
+            D::SQL.insert_provider_event,
+            &[
+                Arg::Text(e.consumer),
+                Arg::Text(e.event_id),
+                Arg::Text(e.event_type),
+                Arg::OptText(e.object_id),
+                Arg::OptI64(e.claim_id),
+                Arg::Text(e.result),
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn unmatched_provider_events(
+        &self,
+        since: Option<DateTime<Utc>>,
+        limit: u32,
+    ) -> StoreResult<Vec<UnmatchedEvent>> {
+        let rows = self
+            .fetch(
+                "list_unmatched_events",
+                D::SQL.list_unmatched_events,
+                &[
+                    Arg::Time(since.unwrap_or(DateTime::UNIX_EPOCH)),
+                    Arg::I64(i64::from(limit)),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(UnmatchedEvent {
+                    consumer: r.text("consumer")?,
+                    event_id: r.text("event_id")?,
+                    event_type: r.text("event_type")?,
+                    object_id: r.opt_text("object_id")?,
+                    received_utc: r.time("received_utc")?,
+                })
+            })
+            .collect()
+    }
+
     #[instrument(skip_all, fields(claim_id = id, attempt))]
     async fn settle(
         &self,
@@ -313,6 +384,27 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             );
         }
         Ok(out)
+    }
+
+    async fn settle_from(
+        &self,
+        id: i64,
+        attempt: i32,
+        from: ClaimState,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool> {
+        let args = settle_from_args(id, attempt, from, s);
+        let changed = self
+            .dialect
+            .update_logged(LoggedWrite {
+                name: "settle_from",
+                sql: D::SQL.settle,
+                args: &args,
+                event,
+            })
+            .await?;
+        Ok(changed.is_some())
     }
 
     async fn record_event(&self, id: i64, attempt: i32, e: &NewEvent<'_>) -> StoreResult<()> {
@@ -420,6 +512,28 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                     Arg::Text(owner),
                     Arg::I64(ms(lease)),
                     Arg::Time(expired_before),
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| taken_from_row(r, 0)).collect()
+    }
+
+    async fn take_pending(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let rows = self
+            .fetch(
+                "take_pending",
+                D::SQL.take_pending,
+                &[
+                    Arg::Text(consumer),
+                    Arg::I64(i64::from(limit)),
+                    Arg::Text(owner),
+                    Arg::I64(ms(lease)),
                 ],
             )
             .await?;
@@ -573,6 +687,9 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                 c.stuck = r.opt_i64("stuck")?.unwrap_or(0);
                 c.waiting = r.opt_i64("waiting")?.unwrap_or(0);
                 c.oldest_started_age_s = r.opt_i64("oldest_ms")?.map(|ms| ms as f64 / 1000.0);
+            } else if state == ClaimState::Pending.as_str() {
+                c.pending = n;
+                c.oldest_pending_age_s = r.opt_i64("oldest_ms")?.map(|ms| ms as f64 / 1000.0);
             } else {
                 c.needs_attention = n;
             }
@@ -688,6 +805,16 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                     .execute("prune_dead_letters", sql.prune_dead_letters, &args)
                     .await?;
                 result.dead_letters_deleted += n;
+                if n < u64::from(batch) {
+                    break;
+                }
+            }
+            // Provider events by the same window: a re-delivery older than it is refused as
+            // stale by its signature's timestamp long before.
+            loop {
+                let n = self
+                    .execute("prune_provider_events", sql.prune_provider_events, &args)
+                    .await?;
                 if n < u64::from(batch) {
                     return Ok(result);
                 }

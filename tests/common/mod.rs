@@ -256,6 +256,7 @@ pub fn client() -> reqwest::Client {
 pub mod amqp;
 pub mod amqp_raw;
 pub mod hangup;
+pub mod localstripe;
 pub mod provider;
 pub mod smtp;
 

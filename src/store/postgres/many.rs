@@ -31,9 +31,9 @@ pub(super) const SETTLE_MANY: &str = "\
     WITH u AS ( \
       SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::text[], \
         $6::text[], $7::bool[], $8::text[], $9::bigint[], $10::text[], $11::text[], $12::text[], \
-        $13::int[], $14::text[]) \
+        $13::int[], $14::text[], $15::text[]) \
       AS u(id, attempt, st, pstatus, presp, err, rec, hoff, rel, actor, action, outcome, \
-           estatus, detail)), \
+           estatus, detail, pid)), \
     s AS ( \
       UPDATE claims c SET \
         state = COALESCE(u.st, c.state), \
@@ -48,6 +48,9 @@ pub(super) const SETTLE_MANY: &str = "\
         lease_owner = CASE WHEN u.st IS NULL OR u.st = 'started' THEN c.lease_owner END, \
         lease_until = CASE WHEN u.rel IS NOT NULL THEN now() + u.rel * interval '1 millisecond' \
                            WHEN u.st IS NULL OR u.st = 'started' THEN c.lease_until END, \
+        provider_id = COALESCE(u.pid, c.provider_id), \
+        pending_utc = CASE WHEN u.st = 'pending' THEN COALESCE(c.pending_utc, now()) \
+                           ELSE c.pending_utc END, \
         updated_utc = now() \
       FROM u WHERE c.id = u.id AND c.attempt = u.attempt AND c.state = 'started' \
       RETURNING c.id, u.attempt, u.actor, u.action, u.outcome, u.estatus, u.detail) \
@@ -182,6 +185,12 @@ pub(super) async fn settle_batch(
                 .collect::<Vec<_>>(),
         )
         .bind(items.iter().map(|i| i.event.detail).collect::<Vec<_>>())
+        .bind(
+            items
+                .iter()
+                .map(|i| i.settlement.provider_id.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(pool)
         .await
         .map_err(err("settle_many"))?;

@@ -38,7 +38,9 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3"
     ),
     state_of: "SELECT state FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3",
-    // Fenced settle and its history line in one statement (I2), returning the row it changed.
+    // Fenced settle and its history line in one statement (I2), returning the row it changed:
+    // from `started` for the worker holding the attempt, from `pending` (or another state) for
+    // a poll or a provider event that read the claim at that attempt.
     // A claim that completes drops its last error: a transient error that did not decide the
     // outcome would read as the reason for it (the history keeps every error).
     settle: "\
@@ -56,13 +58,16 @@ pub(super) const STATEMENTS: Statements = Statements {
         lease_owner = CASE WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_owner END, \
         lease_until = CASE WHEN $9::bigint IS NOT NULL THEN now() + $9 * interval '1 millisecond' \
                            WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_until END, \
+        provider_id = COALESCE($10, provider_id), \
+        pending_utc = CASE WHEN $3::text = 'pending' THEN COALESCE(pending_utc, now()) \
+                           ELSE pending_utc END, \
         updated_utc = now() \
-      WHERE id = $1 AND attempt = $2 AND state = 'started' \
+      WHERE id = $1 AND attempt = $2 AND state = $11 \
       RETURNING id, attempt), \
     e AS ( \
       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                 detail) \
-      SELECT id, attempt, $10, $11, $12, $13, $14 FROM s) \
+      SELECT id, attempt, $12, $13, $14, $15, $16 FROM s) \
     SELECT id, attempt FROM s",
     insert_event: "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
@@ -116,6 +121,21 @@ pub(super) const STATEMENTS: Statements = Statements {
         claim_cols!(),
         ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms"
     ),
+    // Pending claims whose next poll is due, leased to this poller for `$4` ms (others skip
+    // them meanwhile); the attempt is unchanged (nothing is sent). Chosen once, in a
+    // materialised CTE, with the predicate repeated on the UPDATE, as `take_stale`.
+    take_pending: concat!(
+        "WITH due AS MATERIALIZED ( \
+       SELECT id AS due_id FROM claims \
+       WHERE consumer = $1 AND state = 'pending' AND lease_until < now() \
+       ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
+     UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond' \
+     FROM due WHERE id = due_id AND state = 'pending' AND lease_until < now() \
+     RETURNING ",
+        claim_cols!(),
+        ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(pending_utc, received_utc)) * 1000)::bigint \
+       AS age_ms"
+    ),
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),
@@ -160,14 +180,17 @@ pub(super) const STATEMENTS: Statements = Statements {
        SELECT id, attempt, $7, $8, $9, $10, $11 FROM r) \
      SELECT * FROM r"
     ),
-    // Open work, over all time: small sets served by the partial indexes.
+    // Open work, over all time: small sets served by the partial index `claims_open_work`
+    // (its predicate is this one). For pending claims the age is the time since they became
+    // pending.
     count_open: "\
     SELECT consumer, state, COUNT(*) AS n, \
       COUNT(*) FILTER (WHERE lease_until < now()) AS stuck, \
       COUNT(*) FILTER (WHERE lease_until >= now() AND handoff_attempt = attempt \
                          AND handoff IN ('not_applied', 'undecided')) AS waiting, \
-      (EXTRACT(EPOCH FROM now() - MIN(received_utc)) * 1000)::bigint AS oldest_ms \
-    FROM claims WHERE state IN ('started', 'needs_attention') \
+      (EXTRACT(EPOCH FROM now() - MIN(CASE WHEN state = 'pending' THEN pending_utc \
+                                           ELSE received_utc END)) * 1000)::bigint AS oldest_ms \
+    FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
     GROUP BY consumer, state",
     // Throughput figures over the report window.
     count_window: "\
@@ -226,6 +249,24 @@ pub(super) const STATEMENTS: Statements = Statements {
     prune_destinations: "\
     DELETE FROM claimd_heartbeats WHERE name LIKE 'destination:%' \
       AND at_utc < now() - $1 * interval '1 millisecond'",
+    find_by_provider_id: concat!(
+        "SELECT ",
+        claim_cols!(),
+        ", payload FROM claims WHERE consumer = $1 AND provider_id = $2 \
+     ORDER BY id DESC LIMIT 1"
+    ),
+    provider_event_seen: "\
+    SELECT COUNT(*) AS n FROM provider_events WHERE consumer = $1 AND event_id = $2",
+    insert_provider_event: "\
+    INSERT INTO provider_events (consumer, event_id, event_type, object_id, claim_id, result) \
+    VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (consumer, event_id) DO NOTHING",
+    list_unmatched_events: "\
+    SELECT consumer, event_id, event_type, object_id, received_utc FROM provider_events \
+    WHERE claim_id IS NULL AND received_utc >= $1 ORDER BY received_utc DESC, id DESC LIMIT $2",
+    prune_provider_events: "\
+    DELETE FROM provider_events WHERE id IN ( \
+      SELECT id FROM provider_events \
+      WHERE received_utc < now() - $1 * interval '1 millisecond' ORDER BY received_utc LIMIT $2)",
     now: "SELECT now() AS now",
     ping: "SELECT 1",
 };

@@ -15,7 +15,9 @@
 
 use super::{SqliteDialect, sql};
 use crate::claim::NewClaim;
-use crate::store::args::{created, insert_args, repeat_args, repeat_outcome, settle_args};
+use crate::store::args::{
+    SETTLE_PARAMS, created, insert_args, repeat_args, repeat_outcome, settle_args,
+};
 use crate::store::dialect::{Arg, LoggedWrite, SqlPool, SqlRow, event_args};
 use crate::store::rows::claim_from_row;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
@@ -109,9 +111,9 @@ fn update_rows(sql: &str, params: usize, rows: usize) -> String {
     )
 }
 
-/// The one-row `settle` (nine parameters, `RETURNING id, attempt`) for `rows` rows.
+/// The one-row `settle` (eleven parameters, `RETURNING id, attempt`) for `rows` rows.
 fn settle_rows(rows: usize) -> String {
-    update_rows(sql::STATEMENTS.settle, 9, rows)
+    update_rows(sql::STATEMENTS.settle, SETTLE_PARAMS, rows)
 }
 
 /// The one-row `mark_called` (two parameters) for `rows` rows, saying which rows it changed.
@@ -359,9 +361,10 @@ mod tests {
     #[test]
     fn the_multi_row_settle_is_the_one_row_settle_reading_its_parameters_from_v() {
         let two = settle_rows(2);
-        assert!(two.starts_with("WITH v(p1, p2, p3, p4, p5, p6, p7, p8, p9) AS (VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9), (?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)) UPDATE claims SET "), "{two}");
+        assert!(two.starts_with("WITH v(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11) AS (VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11), (?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)) UPDATE claims SET "), "{two}");
+        // The from-state is a parameter (`started` for the batched settles of a worker).
         assert!(
-            two.contains(" FROM v WHERE id = v.p1 AND attempt = v.p2 AND state = 'started'"),
+            two.contains(" FROM v WHERE id = v.p1 AND attempt = v.p2 AND state = v.p11"),
             "{two}"
         );
         let update = &two[two.find("UPDATE").unwrap()..];

@@ -71,9 +71,13 @@ pub(super) const STATEMENTS: Statements = Statements {
        lease_until = CASE WHEN ?9 IS NOT NULL THEN ",
         now_ms!(),
         " + ?9 WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_until END, \
+       provider_id = COALESCE(?10, provider_id), \
+       pending_utc = CASE WHEN ?3 = 'pending' THEN COALESCE(pending_utc, ",
+        now_ms!(),
+        ") ELSE pending_utc END, \
        updated_utc = ",
         now_ms!(),
-        " WHERE id = ?1 AND attempt = ?2 AND state = 'started' RETURNING id, attempt"
+        " WHERE id = ?1 AND attempt = ?2 AND state = ?11 RETURNING id, attempt"
     ),
     insert_event: concat!(
         "INSERT INTO claim_events (claim_id, attempt, at_utc, actor, action, outcome, \
@@ -130,6 +134,18 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         " - received_utc) AS age_ms"
     ),
+    take_pending: concat!(
+        "UPDATE claims SET lease_owner = ?3, lease_until = ",
+        now_ms!(),
+        " + ?4 WHERE id IN (SELECT id FROM claims WHERE consumer = ?1 AND state = 'pending' \
+       AND lease_until < ",
+        now_ms!(),
+        " ORDER BY lease_until LIMIT ?2) RETURNING ",
+        claim_cols!(),
+        ", payload, (",
+        now_ms!(),
+        " - COALESCE(pending_utc, received_utc)) AS age_ms"
+    ),
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),
@@ -170,8 +186,9 @@ pub(super) const STATEMENTS: Statements = Statements {
         " AND handoff_attempt = attempt AND handoff IN ('not_applied', 'undecided') \
          THEN 1 ELSE 0 END) AS waiting, (",
         now_ms!(),
-        " - MIN(received_utc)) AS oldest_ms \
-     FROM claims WHERE state IN ('started', 'needs_attention') GROUP BY consumer, state"
+        " - MIN(CASE WHEN state = 'pending' THEN pending_utc ELSE received_utc END)) AS oldest_ms \
+     FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
+     GROUP BY consumer, state"
     ),
     count_window: "\
     SELECT consumer, COUNT(*) AS claims, \
@@ -237,6 +254,29 @@ pub(super) const STATEMENTS: Statements = Statements {
         "DELETE FROM claimd_heartbeats WHERE name LIKE 'destination:%' AND at_utc < ",
         now_ms!(),
         " - ?1"
+    ),
+    find_by_provider_id: concat!(
+        "SELECT ",
+        claim_cols!(),
+        ", payload FROM claims WHERE consumer = ?1 AND provider_id = ?2 \
+     ORDER BY id DESC LIMIT 1"
+    ),
+    provider_event_seen: "\
+    SELECT COUNT(*) AS n FROM provider_events WHERE consumer = ?1 AND event_id = ?2",
+    insert_provider_event: concat!(
+        "INSERT INTO provider_events (consumer, event_id, event_type, object_id, claim_id, \
+     result, received_utc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
+        now_ms!(),
+        ") ON CONFLICT (consumer, event_id) DO NOTHING"
+    ),
+    list_unmatched_events: "\
+    SELECT consumer, event_id, event_type, object_id, received_utc FROM provider_events \
+    WHERE claim_id IS NULL AND received_utc >= ?1 ORDER BY received_utc DESC, id DESC LIMIT ?2",
+    prune_provider_events: concat!(
+        "DELETE FROM provider_events WHERE id IN ( \
+      SELECT id FROM provider_events WHERE received_utc < ",
+        now_ms!(),
+        " - ?1 ORDER BY received_utc LIMIT ?2)"
     ),
     now: concat!("SELECT ", now_ms!(), " AS now"),
     ping: "SELECT 1",

@@ -1,0 +1,160 @@
+//! Polling `pending` claims: a claim the provider accepted without finishing (a SEPA debit at
+//! the bank) is settled by the provider's event, or, when none comes, by asking its status
+//! endpoint again. Each sweeper pass takes the pending claims whose next poll is due (their
+//! lease, leased to this instance meanwhile), asks, and settles by the value in the answer
+//! ([`crate::settle::by_reading`]), or leaves them pending until a later poll
+//! ([`policy::on_pending`]: less often as they age, parked past `pending_for`). Nothing is
+//! ever sent again: the effect exists at the provider. A poll is a request to the provider
+//! like any other: it passes the destination's breaker and pace.
+
+use crate::claim::{Claim, ClaimState};
+use crate::claimer::{Claimer, Consumer};
+use crate::effect::Lookup;
+use crate::effect::by_value::{self, Verdict};
+use crate::lookup::LOOKUP_WAIT;
+use crate::policy::{self, PendingStep};
+use crate::settle::{self, by_reading};
+use crate::store::{Settlement, StoreError, TakenClaim};
+use crate::sweeper::SweepItem;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{Instrument, info, warn};
+
+/// Polls up to `batch` of `consumer`'s pending claims whose next poll is due, at most its
+/// `concurrency` at a time. A consumer whose effect does not read outcomes by value has no
+/// pending claims; one whose destination is open (its provider failing) is left alone.
+pub(crate) async fn poll_consumer(
+    claimer: &Arc<Claimer>,
+    consumer: &Arc<Consumer>,
+    batch: u32,
+) -> Result<Vec<SweepItem>, StoreError> {
+    if consumer.effect.outcomes().is_none() || consumer.destination.open_until().is_some() {
+        return Ok(Vec::new());
+    }
+    let cfg = &consumer.config;
+    // Long enough for one lookup, with its wait for the destination: another instance's
+    // sweeper may poll the claim only after that.
+    let lease = cfg.effect.timeout() + LOOKUP_WAIT + Duration::from_secs(5);
+    let mut items = Vec::new();
+    let mut remaining = batch;
+    while remaining > 0 {
+        let chunk = remaining.min(cfg.concurrency);
+        let taken = claimer
+            .store()
+            .take_pending(&cfg.name, chunk, claimer.instance(), lease)
+            .await?;
+        if taken.is_empty() {
+            break;
+        }
+        remaining = remaining.saturating_sub(taken.len() as u32);
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in taken {
+            let claimer = claimer.clone();
+            let consumer = consumer.clone();
+            let span = tracing::info_span!(
+                "poll",
+                consumer = %t.claim.consumer,
+                tenant = %t.claim.tenant,
+                message_id = %t.claim.message_id,
+                attempt = t.claim.attempt
+            );
+            tasks.spawn(async move { poll_one(&claimer, &consumer, t).await }.instrument(span));
+        }
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(item) => items.push(item),
+                Err(e) => warn!(error = %e, "pending poll task failed"),
+            }
+        }
+    }
+    if !items.is_empty() {
+        info!(consumer = %cfg.name, polled = items.len(), "pending claims polled");
+    }
+    Ok(items)
+}
+
+/// One due pending claim: parked past `pending_for`, else asked (or, without a status
+/// endpoint, left to its events) and settled or left pending.
+async fn poll_one(claimer: &Claimer, consumer: &Consumer, t: TakenClaim) -> SweepItem {
+    let claim = &t.claim;
+    let Some(map) = consumer.effect.outcomes() else {
+        return item(claim, "nothing to poll with".into());
+    };
+    let settler = claimer.settler();
+    let step = policy::on_pending(
+        t.age,
+        map.pending_poll.0,
+        map.pending_for.0,
+        consumer.effect.can_reconcile(),
+    );
+    let (s, name, result) = match step {
+        PendingStep::Park(reason) => (
+            settle::park(reason, None),
+            "expired",
+            "parked: still pending".to_string(),
+        ),
+        PendingStep::Wait(left) => (
+            still_pending(left, None),
+            "waiting",
+            "no status endpoint: waits for the provider's event".to_string(),
+        ),
+        PendingStep::Poll(next) => match claimer.lookup(consumer, claim).await {
+            Some(Lookup::Found {
+                status, response, ..
+            }) => {
+                let reading = by_value::read_body(map, &response, consumer.effect.lookup_object());
+                if reading.verdict == Some(Verdict::Pending) {
+                    let mut s = still_pending(next, Some(status));
+                    s.provider_id = reading.provider_id.clone();
+                    (s, "pending", "still pending".to_string())
+                } else {
+                    let (s, name) = by_reading(map, &reading, status, response, true, "found");
+                    let result = format!("settled: {}", s.state.map_or("?", ClaimState::as_str));
+                    (s, name, result)
+                }
+            }
+            // The lookup wrote its own history line (a "not found" of an object the provider
+            // accepted is its search lagging; no answer is no decision).
+            _ => (
+                still_pending(next, None),
+                "undecided",
+                "no decision from the status endpoint; asks again later".to_string(),
+            ),
+        },
+    };
+    match settler
+        .settle_from(claim, ClaimState::Pending, s, "poll", name)
+        .await
+    {
+        Ok(true) => item(claim, result),
+        Ok(false) => item(
+            claim,
+            "settled meanwhile (an event or another poller)".into(),
+        ),
+        Err(e) => {
+            warn!(error = %e, "could not record the poll; the claim is polled again after its lease");
+            item(claim, format!("not recorded ({e})"))
+        }
+    }
+}
+
+/// Left `pending`, next polled `next` from now.
+fn still_pending(next: Duration, status: Option<i32>) -> Settlement {
+    Settlement {
+        state: Some(ClaimState::Pending),
+        provider_status: status,
+        lease_for: Some(next),
+        ..Default::default()
+    }
+}
+
+fn item(claim: &Claim, result: String) -> SweepItem {
+    SweepItem {
+        consumer: claim.consumer.clone(),
+        tenant: claim.tenant.clone(),
+        message_id: claim.message_id.clone(),
+        attempt: claim.attempt,
+        action: "poll".into(),
+        result,
+    }
+}

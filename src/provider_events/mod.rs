@@ -1,0 +1,11 @@
+//! Events the provider sends about effects (webhooks): verified, then matched to claims.
+//!
+//! - `signature`: `Stripe-Signature` and Standard Webhooks, verified in constant time.
+//! - `decide`: what an event does to a claim in each state (pure).
+//! - `receive`: one delivery, from its bytes to the fenced settle and its record.
+
+pub mod decide;
+pub mod receive;
+pub mod signature;
+
+pub use receive::{Answer, ProviderEvents, receive};

@@ -1,0 +1,377 @@
+//! Receiving one provider event (`POST /v1/provider-events/{consumer}`): verified
+//! ([`signature`](super::signature)), matched to its claim (by the provider's object id, or by
+//! the message id the object carries in its metadata), and applied as [`on_event`] says with
+//! the same fenced settle as every other transition. The answer tells the provider whether to
+//! deliver it again: `2xx` once the event is taken (also for an object claimd has no claim
+//! for, which is recorded and listed, and for a repeat), `400`/`401` for an event that is not
+//! the provider's (nothing changed), `503` when the store could not record it (the provider's
+//! retry brings it back).
+
+use super::decide::{EventMove, on_event};
+use super::signature::{Scheme, SignatureError, Verifier};
+use crate::claim::{Claim, ClaimState};
+use crate::claimer::{Claimer, Consumer};
+use crate::config::{ProviderEventsConfig, ValueOutcomes};
+use crate::effect::by_value::{self, Reading};
+use crate::settle::{by_reading, park};
+use crate::store::{ProviderEventRecord, StoreError, truncate};
+use axum::http::HeaderMap;
+use serde::Serialize;
+use serde_json::Value;
+use tracing::{info, warn};
+
+/// A consumer's provider events: its configuration and the verifier built from its secrets.
+#[derive(Debug)]
+pub struct ProviderEvents {
+    /// `[consumers.provider_events]`.
+    pub config: ProviderEventsConfig,
+    verifier: Verifier,
+}
+
+impl ProviderEvents {
+    /// Builds the verifier; an unusable secret is an error naming its position.
+    pub fn new(config: ProviderEventsConfig) -> Result<Self, SignatureError> {
+        let verifier = Verifier::new(config.scheme, &config.secrets, config.tolerance.0)?;
+        Ok(ProviderEvents { config, verifier })
+    }
+
+    /// The signing scheme.
+    pub fn scheme(&self) -> Scheme {
+        self.config.scheme
+    }
+}
+
+/// What the provider is answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Answer {
+    /// HTTP status.
+    #[serde(skip)]
+    pub status: u16,
+    /// What came of the event: `settled`, `same`, `stale`, `conflict`, `unmapped`,
+    /// `duplicate`, `ignored`, `unknown_object`; or, refused, why.
+    pub result: String,
+    /// The claim it was applied to, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimRef>,
+}
+
+/// The claim an event was applied to, as the answer names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClaimRef {
+    /// Tenant.
+    pub tenant: String,
+    /// Message id.
+    pub message_id: String,
+    /// Its state after the event.
+    pub state: ClaimState,
+}
+
+impl Answer {
+    fn taken(result: &str, claim: Option<ClaimRef>) -> Answer {
+        Answer {
+            status: 200,
+            result: result.to_string(),
+            claim,
+        }
+    }
+
+    fn refused(status: u16, why: String) -> Answer {
+        Answer {
+            status,
+            result: why,
+            claim: None,
+        }
+    }
+}
+
+/// How many times an event is applied again after its claim moved meanwhile (a poll, the
+/// worker's own settle, another delivery of an event).
+const RETRIES: usize = 3;
+
+/// Receives one delivery for `consumer`, `now_unix` being the current time.
+pub async fn receive(
+    claimer: &Claimer,
+    consumer: &Consumer,
+    headers: &HeaderMap,
+    body: &[u8],
+    now_unix: i64,
+) -> Answer {
+    let name = consumer.name();
+    let metrics = claimer.metrics();
+    let (Some(events), Some(map)) = (
+        consumer.provider_events.as_deref(),
+        consumer.effect.outcomes(),
+    ) else {
+        return Answer::refused(
+            404,
+            format!("consumer {name} takes no provider events ([consumers.provider_events])"),
+        );
+    };
+    let verified = match events.verifier.verify(headers, body, now_unix) {
+        Ok(v) => v,
+        Err(e) => {
+            metrics.provider_event(name, refusal(&e));
+            return Answer::refused(e.status(), format!("refused: {e}; nothing changed"));
+        }
+    };
+    let cfg = &events.config;
+    let Ok(event) = serde_json::from_slice::<Value>(body) else {
+        metrics.provider_event(name, "malformed");
+        return Answer::refused(
+            400,
+            "refused: the event is not JSON; nothing changed".into(),
+        );
+    };
+    let text = |pointer: &str| -> Option<String> {
+        match event.pointer(pointer)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => None,
+            other => Some(other.to_string()),
+        }
+    };
+    let event_id = verified.webhook_id.clone().or_else(|| {
+        (!cfg.event_id_pointer.is_empty())
+            .then(|| text(&cfg.event_id_pointer))
+            .flatten()
+    });
+    let Some(event_id) = event_id.map(|id| truncate(&id, 255)) else {
+        metrics.provider_event(name, "malformed");
+        return Answer::refused(
+            400,
+            format!(
+                "refused: the event has no id at {}; nothing changed",
+                cfg.event_id_pointer
+            ),
+        );
+    };
+    let event_type = text(&cfg.type_pointer)
+        .map(|t| truncate(&t, 100))
+        .unwrap_or_default();
+    if !cfg.types.is_empty() && !cfg.types.contains(&event_type) {
+        metrics.provider_event(name, "ignored");
+        return Answer::taken("ignored", None);
+    }
+    let Some(object) = event.pointer(&cfg.object_pointer) else {
+        metrics.provider_event(name, "malformed");
+        return Answer::refused(
+            400,
+            format!(
+                "refused: the event has no object at {}; nothing changed",
+                cfg.object_pointer
+            ),
+        );
+    };
+    let store = claimer.store();
+    match store.provider_event_seen(name, &event_id).await {
+        Ok(true) => {
+            metrics.provider_event(name, "duplicate");
+            return Answer::taken("duplicate", None);
+        }
+        Ok(false) => {}
+        Err(e) => return unavailable(name, &e),
+    }
+    let reading = by_value::read(map, object);
+    let found = match find_claim(claimer, consumer, cfg, object, &reading).await {
+        Ok(found) => found,
+        Err(e) => return unavailable(name, &e),
+    };
+    let Some(claim) = found else {
+        let record = ProviderEventRecord {
+            consumer: name,
+            event_id: &event_id,
+            event_type: &event_type,
+            object_id: reading.provider_id.as_deref(),
+            claim_id: None,
+            result: "unknown_object",
+        };
+        if let Err(e) = store.record_provider_event(&record).await {
+            return unavailable(name, &e);
+        }
+        metrics.provider_event(name, "unknown_object");
+        info!(
+            consumer = name,
+            event_id,
+            event_type,
+            "provider event for an object claimd has no claim for; recorded for reconciliation"
+        );
+        return Answer::taken("unknown_object", None);
+    };
+    let about = Event {
+        id: &event_id,
+        kind: &event_type,
+        scheme: events.scheme(),
+        object,
+    };
+    let (result, claim) = match apply(claimer, map, claim, &reading, &about).await {
+        Ok(done) => done,
+        Err(e) => return unavailable(name, &e),
+    };
+    let record = ProviderEventRecord {
+        consumer: name,
+        event_id: &event_id,
+        event_type: &event_type,
+        object_id: reading.provider_id.as_deref(),
+        claim_id: Some(claim.id),
+        result,
+    };
+    if let Err(e) = store.record_provider_event(&record).await {
+        // The claim is settled already; a re-delivery finds it where this one left it.
+        warn!(error = %e, "could not record the provider event; a re-delivery changes nothing");
+    }
+    metrics.provider_event(name, result);
+    Answer::taken(
+        result,
+        Some(ClaimRef {
+            tenant: claim.tenant.clone(),
+            message_id: claim.message_id.clone(),
+            state: claim.state,
+        }),
+    )
+}
+
+/// The event, for history lines.
+struct Event<'a> {
+    id: &'a str,
+    kind: &'a str,
+    scheme: Scheme,
+    object: &'a Value,
+}
+
+impl Event<'_> {
+    fn describe(&self, map: &ValueOutcomes, reading: &Reading) -> String {
+        let scheme = match self.scheme {
+            Scheme::Stripe => "Stripe-Signature",
+            Scheme::Standard => "Standard Webhooks",
+        };
+        format!(
+            "event {} ({}), signature verified ({scheme}); object {}: {}",
+            self.id,
+            if self.kind.is_empty() {
+                "no type"
+            } else {
+                self.kind
+            },
+            reading.provider_id.as_deref().unwrap_or("without id"),
+            reading.describe(map)
+        )
+    }
+}
+
+/// The claim an object stands for: by the provider's id kept on the claim, else by the
+/// message id (and tenant) the object carries.
+async fn find_claim(
+    claimer: &Claimer,
+    consumer: &Consumer,
+    cfg: &ProviderEventsConfig,
+    object: &Value,
+    reading: &Reading,
+) -> Result<Option<Claim>, StoreError> {
+    let store = claimer.store();
+    if let Some(id) = &reading.provider_id
+        && let Some(claim) = store.find_by_provider_id(consumer.name(), id).await?
+    {
+        return Ok(Some(claim));
+    }
+    let text = |pointer: &str| -> Option<String> {
+        if pointer.is_empty() {
+            return None;
+        }
+        match object.pointer(pointer)? {
+            Value::String(s) => Some(s.clone()),
+            _ => None,
+        }
+    };
+    let Some(message_id) = text(&cfg.message_id_pointer) else {
+        return Ok(None);
+    };
+    let tenant = text(&cfg.tenant_pointer).unwrap_or_default();
+    store.get(consumer.name(), &tenant, &message_id).await
+}
+
+/// Applies the event to its claim, re-reading it when it moved meanwhile. Returns the result
+/// name and the claim as the event left it.
+async fn apply(
+    claimer: &Claimer,
+    map: &ValueOutcomes,
+    mut claim: Claim,
+    reading: &Reading,
+    event: &Event<'_>,
+) -> Result<(&'static str, Claim), StoreError> {
+    let settler = claimer.settler();
+    let detail = event.describe(map, reading);
+    for _ in 0..RETRIES {
+        let from = claim.state;
+        let mv = on_event(from, reading.verdict);
+        let action_outcome = if event.kind.is_empty() {
+            mv.result()
+        } else {
+            event.kind
+        };
+        let moved = match mv {
+            EventMove::Settle(to) => {
+                let response =
+                    truncate(&event.object.to_string(), crate::effect::MAX_RESPONSE_BYTES);
+                let (mut s, _) = by_reading(map, reading, 200, response, false, "completed");
+                s.provider_status = None;
+                debug_assert_eq!(s.state, Some(to));
+                if to != ClaimState::Completed {
+                    s.error = Some(detail.clone());
+                }
+                settler
+                    .settle_from(&claim, from, s, "event", action_outcome)
+                    .await?
+            }
+            EventMove::Flag => {
+                let reason = format!(
+                    "the provider now reports this claim done after claimd failed it ({detail}): money may have moved although the claim says it did not; check the provider before resolving"
+                );
+                settler
+                    .settle_from(&claim, from, park(reason, None), "event", "conflict")
+                    .await?
+            }
+            EventMove::Record(_) => {
+                settler
+                    .note(&claim, "event", mv.result(), None, Some(&detail))
+                    .await;
+                return Ok((mv.result(), claim));
+            }
+        };
+        if moved {
+            let after = claimer
+                .store()
+                .get(&claim.consumer, &claim.tenant, &claim.message_id)
+                .await?;
+            return Ok((mv.result(), after.unwrap_or(claim)));
+        }
+        // It moved meanwhile: read it again and decide again.
+        match claimer
+            .store()
+            .get(&claim.consumer, &claim.tenant, &claim.message_id)
+            .await?
+        {
+            Some(now) => claim = now,
+            None => return Ok(("unknown_object", claim)),
+        }
+    }
+    Err(StoreError::Contended(format!(
+        "claim {}/{} kept moving while a provider event was applied",
+        claim.consumer, claim.message_id
+    )))
+}
+
+fn refusal(e: &SignatureError) -> &'static str {
+    match e {
+        SignatureError::Unsigned(_) => "unsigned",
+        SignatureError::Stale { .. } | SignatureError::Future { .. } => "expired",
+        SignatureError::Mismatch => "bad_signature",
+        SignatureError::Malformed(_) | SignatureError::BadSecret(_) => "malformed",
+    }
+}
+
+fn unavailable(consumer: &str, e: &StoreError) -> Answer {
+    warn!(consumer, error = %e, "could not take a provider event; the provider will deliver it again");
+    Answer::refused(
+        503,
+        format!("the store could not record the event ({e}); deliver it again later"),
+    )
+}
