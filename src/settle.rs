@@ -295,14 +295,7 @@ impl Settler {
         action: &str,
         outcome: &str,
     ) -> AttemptEnd {
-        for text in [&mut s.provider_response, &mut s.error]
-            .into_iter()
-            .flatten()
-        {
-            if let Cow::Owned(safe) = storable(text) {
-                *text = safe;
-            }
-        }
+        make_storable(&mut s);
         let event = NewEvent {
             actor: &self.instance,
             action,
@@ -351,14 +344,7 @@ impl Settler {
         action: &str,
         outcome: &str,
     ) -> Result<bool, crate::store::StoreError> {
-        for text in [&mut s.provider_response, &mut s.error]
-            .into_iter()
-            .flatten()
-        {
-            if let Cow::Owned(safe) = storable(text) {
-                *text = safe;
-            }
-        }
+        make_storable(&mut s);
         let event = NewEvent {
             actor: &self.instance,
             action,
@@ -374,6 +360,18 @@ impl Settler {
             self.metrics.settled(&claim.consumer, state.as_str());
         }
         Ok(changed)
+    }
+}
+
+/// Escapes what a store refuses in a settlement's texts ([`storable`]).
+fn make_storable(s: &mut Settlement) {
+    for text in [&mut s.provider_response, &mut s.error]
+        .into_iter()
+        .flatten()
+    {
+        if let Cow::Owned(safe) = storable(text) {
+            *text = safe;
+        }
     }
 }
 
