@@ -12,7 +12,7 @@ fn choices_are_listed_and_an_unmigrated_database_says_to_migrate() {
     let (code, _, err) = cli(&["claims", "list", "--state", "parked"]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("started, completed, failed, needs_attention"),
+        err.contains("started, pending, completed, failed, needs_attention"),
         "{err}"
     );
     let (code, _, err) = cli(&["claims", "resolve", "p", "m", "--as", "done", "--note", "x"]);
