@@ -709,3 +709,83 @@ async fn an_http2_stream_after_a_graceful_goaway_is_sent_again_on_a_new_connecti
     assert!(connections.load(Ordering::SeqCst) >= 2);
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A re-send the provider refuses (`503`, not applied) sent nothing, so it does not count
+/// towards `max_sends`: after one unknown outcome (`500`) and an outage of several leases, a
+/// claim under `on_unknown = "redrive"` with `max_sends = 2` completes when the provider is
+/// back, instead of being parked as "sent 2 time(s)".
+async fn refused_resends_are_not_counted(store: TestStore) {
+    let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let applied = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let up_at = std::time::Instant::now() + Duration::from_secs(8);
+    let app = {
+        let (first, applied) = (first.clone(), applied.clone());
+        axum::Router::new().route(
+            "/v1/payments",
+            axum::routing::post(move || {
+                let (first, applied) = (first.clone(), applied.clone());
+                async move {
+                    use std::sync::atomic::Ordering;
+                    if first.swap(false, Ordering::SeqCst) {
+                        (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "lost")
+                    } else if std::time::Instant::now() < up_at {
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "down")
+                    } else {
+                        applied.fetch_add(1, Ordering::SeqCst);
+                        (axum::http::StatusCode::OK, "ok")
+                    }
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let consumer = consumer_toml(
+        "payments",
+        &provider,
+        "on_unknown = \"redrive\"\nlease = \"2s\"\nmax_sends = 2\nmax_attempts = 20\nkey = \"{message_id}\"",
+    )
+    .replace("status_url = ", "# status_url = ");
+    let running = start(&config_toml(&store.url(), &consumer)).await;
+    let base = format!("http://{}", running.http_addr);
+    assert_eq!(post(&base, "r-1", "{}").await, 202);
+    let s = running.app().store.clone();
+    let settled = eventually(Duration::from_secs(40), || async {
+        s.get("payments", "", "r-1").await.unwrap().unwrap().state != ClaimState::Started
+    })
+    .await;
+    let c = s.get("payments", "", "r-1").await.unwrap().unwrap();
+    let history = s.events(c.id).await.unwrap();
+    assert!(settled, "still started: {:?}", lines(&history));
+    assert_eq!(
+        c.state,
+        ClaimState::Completed,
+        "{:?}: {:?}",
+        c.last_error,
+        lines(&history)
+    );
+    assert_eq!(applied.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(c.resent_count <= 1, "{}", c.resent_count);
+    assert!(
+        history.iter().any(|e| e.outcome == "uncounted"),
+        "{:?}",
+        lines(&history)
+    );
+    running.shutdown(Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_resends_do_not_count_towards_max_sends_sqlite() {
+    refused_resends_are_not_counted(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_resends_do_not_count_towards_max_sends_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    refused_resends_are_not_counted(store).await;
+}

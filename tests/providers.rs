@@ -64,13 +64,6 @@ async fn wait_state(store: &claimd::store::Store, id: &str, state: ClaimState) -
     c
 }
 
-fn lines(events: &[claimd::store::ClaimEvent]) -> Vec<String> {
-    events
-        .iter()
-        .map(|e| format!("{} {}", e.action, e.outcome))
-        .collect()
-}
-
 /// Starts a sandbox shaped by `modes`.
 async fn shaped_sandbox(options: SandboxOptions, modes: SandboxModes) -> (Sandbox, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

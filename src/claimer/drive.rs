@@ -124,7 +124,8 @@ impl Claimer {
             };
             // A re-send is admitted (counted, capped by max_sends) only once it may go: a send
             // the destination held back was never made, so it is never counted.
-            if let Some(why) = next_is_resend.take()
+            let as_resend = next_is_resend.take();
+            if let Some(why) = as_resend
                 && let Err(end) = Box::pin(self.settler.resend_or_end(
                     &mut slot,
                     claim,
@@ -143,6 +144,17 @@ impl Claimer {
             consumer
                 .destination
                 .record(pass, Verdict::of_outcome(&outcome));
+            // A re-send the provider provably did not apply (refused, a not-applied status)
+            // sent nothing: it is taken back, so weather never brings a claim to max_sends.
+            // The next call, if any, is then still a re-send, counted when it goes.
+            let uncounted = match as_resend {
+                Some(why) if matches!(outcome, Outcome::NotApplied { .. }) => {
+                    Box::pin(self.uncount_resend(claim, &mut resent, &outcome))
+                        .await
+                        .then_some(why)
+                }
+                _ => None,
+            };
             // Boxed: what follows a call (its history line, a lookup, a settle, the sleep
             // before a retry) takes memory only while it runs, not for every claim in a call.
             match Box::pin(self.after_call(
@@ -162,8 +174,31 @@ impl Claimer {
                 AfterCall::End(end) => return end,
                 AfterCall::Again(resend) => {
                     pending_unknown |= resend.is_some();
-                    next_is_resend = resend;
+                    next_is_resend = resend.or(uncounted);
                 }
+            }
+        }
+    }
+
+    /// Takes back the re-send just counted, its call having applied nothing; true when taken
+    /// back. A failure to write it leaves the count one too high (the safe side) and is logged.
+    async fn uncount_resend(&self, claim: &Claim, resent: &mut i32, outcome: &Outcome) -> bool {
+        match self.store().unnote_resent(claim.id, claim.attempt).await {
+            Ok(true) => {
+                *resent = (*resent - 1).max(0);
+                let detail = format!(
+                    "the re-send applied nothing ({}): not counted towards max_sends",
+                    error_of(outcome)
+                );
+                self.settler
+                    .note(claim, "resend", "uncounted", None, Some(&detail))
+                    .await;
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not take back a re-send that applied nothing");
+                false
             }
         }
     }

@@ -97,6 +97,8 @@ pub struct Statements {
     pub mark_called: &'static str,
     /// Count a re-send, fenced: id, attempt.
     pub note_resent: &'static str,
+    /// Take back a counted re-send whose call provably applied nothing, fenced: id, attempt.
+    pub unnote_resent: &'static str,
     /// Claims by filter, newest first: state, consumer, stuck, since, limit.
     pub list_claims: &'static str,
     /// `needs_attention` claims of a consumer whose `last_error` starts with a prefix, newest

@@ -413,6 +413,11 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Counts one re-send after an unknown outcome (for `report`), fenced like `settle`.
     async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool>;
 
+    /// Takes back one counted re-send whose call provably applied nothing (refused, a
+    /// not-applied status), fenced like `settle`: such a send brings no claim closer to
+    /// `max_sends`. A crash before it leaves the count one too high, never too low.
+    async fn unnote_resent(&self, id: i64, attempt: i32) -> StoreResult<bool>;
+
     /// Claims matching the filter, newest first.
     async fn list(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>>;
 

@@ -437,6 +437,17 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         Ok(n == 1)
     }
 
+    async fn unnote_resent(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        let n = self
+            .execute(
+                "unnote_resent",
+                D::SQL.unnote_resent,
+                &[Arg::I64(id), Arg::I32(attempt)],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
     async fn list(&self, f: &ClaimFilter) -> StoreResult<Vec<Claim>> {
         let rows = self
             .fetch(

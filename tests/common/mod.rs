@@ -500,3 +500,11 @@ pub async fn parked_claim_with_key(
     };
     assert!(store.settle(c.id, 1, &parked, &ev).await.unwrap());
 }
+
+/// A claim's history as `action outcome` lines, for assertion messages.
+pub fn lines(events: &[claimd::store::ClaimEvent]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| format!("{} {}", e.action, e.outcome))
+        .collect()
+}

@@ -94,6 +94,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     note_resent: "\
     UPDATE claims SET resent_count = resent_count + 1 \
     WHERE id = ?1 AND attempt = ?2 AND state = 'started'",
+    unnote_resent: "\
+    UPDATE claims SET resent_count = resent_count - 1 \
+    WHERE id = ?1 AND attempt = ?2 AND state = 'started' AND resent_count > 0",
     list_claims: concat!(
         "SELECT ",
         claim_cols!(),
