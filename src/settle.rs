@@ -296,13 +296,7 @@ impl Settler {
         outcome: &str,
     ) -> AttemptEnd {
         make_storable(&mut s);
-        let event = NewEvent {
-            actor: &self.instance,
-            action,
-            outcome,
-            provider_status: s.provider_status,
-            detail: s.error.as_deref(),
-        };
+        let event = self.event_of(&s, action, outcome);
         slot.release_for_settle();
         let mut delay = Duration::from_millis(100);
         loop {
@@ -332,6 +326,22 @@ impl Settler {
 }
 
 impl Settler {
+    /// The history line a settlement writes.
+    fn event_of<'a>(
+        &'a self,
+        s: &'a Settlement,
+        action: &'a str,
+        outcome: &'a str,
+    ) -> NewEvent<'a> {
+        NewEvent {
+            actor: &self.instance,
+            action,
+            outcome,
+            provider_status: s.provider_status,
+            detail: s.error.as_deref(),
+        }
+    }
+
     /// Settles a claim this instance does not hold as a worker: a `pending` claim it polled,
     /// or a claim a provider event decided. Fenced on the state and attempt read (`from`,
     /// `claim.attempt`): `Ok(false)` when the claim moved meanwhile (nothing written). One
@@ -345,13 +355,7 @@ impl Settler {
         outcome: &str,
     ) -> Result<bool, crate::store::StoreError> {
         make_storable(&mut s);
-        let event = NewEvent {
-            actor: &self.instance,
-            action,
-            outcome,
-            provider_status: s.provider_status,
-            detail: s.error.as_deref(),
-        };
+        let event = self.event_of(&s, action, outcome);
         let changed = self
             .store
             .settle_from(claim.id, claim.attempt, from, &s, &event)
