@@ -304,6 +304,20 @@ async fn handle(
 ) -> SweepItem {
     let mut decision = decide(consumer, &t);
     let claim = &t.claim;
+    if t.handoff.is_none()
+        && let Some(holder) = &t.held_by
+    {
+        // No clean hand-off: the holder crashed, was killed or ran out of time. Whose lease
+        // it was tells a person (and the fault harness) which worker to look at.
+        let detail = format!(
+            "attempt {} was held by {holder}; its lease ran out without a hand-off (a crash, a kill or a timeout)",
+            claim.attempt - 1
+        );
+        claimer
+            .settler()
+            .note(claim, "takeover", "lease_expired", None, Some(&detail))
+            .await;
+    }
     if decision == Takeover::CheckSent {
         // Whether it was ever sent decides: a claim that never reached the provider is sent
         // (or, past send_deadline, failed as never sent), one that may have is not guessed.

@@ -82,7 +82,7 @@ async fn kill_and_recover(
     store: &TestStore,
     script: Script,
     extra: &str,
-) -> (TestProvider, Setup, Worker) {
+) -> (TestProvider, Setup, Worker, u32) {
     let provider = TestProvider::start(script).await;
     let s = setup(store, &provider.url, extra);
     let log = s.dir.path().join("worker.log");
@@ -96,6 +96,7 @@ async fn kill_and_recover(
         .await
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed_pid = w.child.id();
     w.kill();
     let before = states(&s.store_url, N).await;
     assert!(
@@ -104,14 +105,35 @@ async fn kill_and_recover(
     );
     // A new worker; its sweeper takes the claims once their lease expires.
     let w2 = Worker::spawn(&s.config, s.port, &log).await;
-    (provider, s, w2)
+    (provider, s, w2, killed_pid)
+}
+
+/// Whether claim `k{i}`'s history has the takeover line naming the killed process (instance
+/// `host-pid`) as the holder of attempt 1: who to look at when a claim was orphaned.
+async fn takeover_names(url: &str, i: usize, killed_pid: u32) -> bool {
+    let s = claimd::store::open(url, 2).await.unwrap();
+    let c = s
+        .get("payments", "", &format!("k{i}"))
+        .await
+        .unwrap()
+        .unwrap();
+    let events = s.events(c.id).await.unwrap();
+    let suffix = format!("-{killed_pid}; its lease ran out without a hand-off");
+    events.iter().any(|e| {
+        e.action == "takeover"
+            && e.outcome == "lease_expired"
+            && e.attempt == 2
+            && e.detail.as_deref().is_some_and(|d| {
+                d.starts_with("attempt 1 was held by ") && d.contains(suffix.as_str())
+            })
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_during_the_call_completes_once_after_the_sweep() {
     let store = TestStore::sqlite();
     let url = store.url();
-    let (provider, _s, _w) = kill_and_recover(
+    let (provider, _s, _w, killed_pid) = kill_and_recover(
         &store,
         Script {
             delay_before_apply_ms: 1500,
@@ -123,6 +145,10 @@ async fn killed_during_the_call_completes_once_after_the_sweep() {
     assert!(all_in(&url, N, ClaimState::Completed, Duration::from_secs(30)).await);
     for i in 0..N {
         assert_eq!(provider.applied(&format!("k{i}")), 1);
+        assert!(
+            takeover_names(&url, i, killed_pid).await,
+            "k{i}: the takeover names the killed worker"
+        );
     }
 }
 
@@ -130,7 +156,7 @@ async fn killed_during_the_call_completes_once_after_the_sweep() {
 async fn killed_between_effect_and_settle_is_reconciled_not_repeated() {
     let store = TestStore::sqlite();
     let url = store.url();
-    let (provider, _s, _w) = kill_and_recover(
+    let (provider, _s, _w, _) = kill_and_recover(
         &store,
         Script {
             delay_after_apply_ms: 2500,
@@ -196,7 +222,7 @@ async fn a_provider_that_ignores_keys_is_not_charged_twice_postgres() {
 async fn parked_claims_wait_for_a_person_then_clear() {
     let store = TestStore::sqlite();
     let url = store.url();
-    let (provider, s, _w) = kill_and_recover(
+    let (provider, s, _w, _) = kill_and_recover(
         &store,
         Script {
             delay_after_apply_ms: 2500,

@@ -65,6 +65,10 @@ async fn fencing(store: TestStore) {
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].claim.attempt, 2);
     assert_eq!(&taken[0].claim.payload[..], b"f1");
+    // The takeover says whose lease ran out (the worker that claimed it), and the sweeper's
+    // lease is now the one on the row.
+    assert_eq!(taken[0].held_by.as_deref(), Some("w1"));
+    assert_eq!(taken[0].claim.lease_owner.as_deref(), Some("sweeper"));
     // The original worker wakes up late and tries to settle with attempt 1: nothing changes.
     let late = Settlement {
         state: Some(ClaimState::Completed),

@@ -94,7 +94,7 @@ pub struct ClaimEvent {
     pub at_utc: DateTime<Utc>,
     /// Worker instance or operator.
     pub actor: String,
-    /// `perform`, `reconcile`, `sweep`, `park`, `resolve`, `redrive`.
+    /// `perform`, `reconcile`, `sweep`, `park`, `resolve`, `redrive`, `takeover`.
     pub action: String,
     /// What came of it (`completed`, `transient`, `unknown`, `rejected`, `found`, ...).
     pub outcome: String,
@@ -156,6 +156,8 @@ pub struct TakenClaim {
     pub handoff: Option<Handoff>,
     /// Seconds since it was received (database time).
     pub age: Duration,
+    /// Who held the lease it was taken from (an instance name), when one was recorded.
+    pub held_by: Option<String>,
 }
 
 /// A provider event as it is recorded ([`ClaimStore::record_provider_event`]).

@@ -57,5 +57,6 @@ pub(crate) fn taken_from_row(
         claim,
         handoff,
         age: Duration::from_millis(age_ms as u64),
+        held_by: row.opt_text("held_by")?,
     })
 }

@@ -74,8 +74,11 @@ pub(super) async fn check(
         .map(|id| {
             let mine = ["acme", "globex"].map(|t| by_id.get(&(t, id.as_str())));
             match mine {
+                // A claim parked for a person is not misapplied: whether it was sent is the
+                // "parked, never sent" check's business.
                 [Some(a), Some(b)] if a.idem_key != b.idem_key => [a, b]
                     .iter()
+                    .filter(|c| c.state != claimd::claim::ClaimState::NeedsAttention)
                     .filter(|c| !applied.contains_key(c.idem_key.as_str()))
                     .count(),
                 [Some(_), Some(_)] => 2, // one key for two payments
@@ -104,25 +107,42 @@ pub(super) async fn check(
         })
         .collect();
     // A worker SIGKILLed between a claim's commit and its first byte to the provider leaves a
-    // claim that nobody can know was never sent: parked under `park`, rightly. Such a claim was
-    // received just before a kill of a worker it was sent to (HTTP: the ledger knows which;
-    // RabbitMQ: any worker may have taken it). Anything else parked unsent is a claim orphaned
-    // while its worker lived.
-    let sent_to = ledger.sent_to.lock().unwrap().clone();
-    let at_kill = |c: &claimd::claim::Claim| {
-        let workers = match s.intake {
-            Intake::Http => sent_to
-                .get(&(c.tenant.clone(), c.message_id.clone()))
-                .copied()
-                .unwrap_or(0),
-            Intake::Amqp => u64::MAX,
-        };
-        timeline.iter().any(|(t, what)| {
-            let ms = (*t - c.received_utc).num_milliseconds();
-            what.strip_prefix("SIGKILL worker ")
-                .and_then(|i| i.parse::<u32>().ok())
-                .is_some_and(|i| workers & (1 << i) != 0 && (-50..=250).contains(&ms))
+    // claim that nobody can know was never sent: parked under `park`, rightly. The sweeper's
+    // takeover line names the process whose lease ran out ("attempt N was held by w{port}.{n}",
+    // one name per process): the claim was parked at a kill when that very process was killed
+    // after the claim arrived and before its lease could have run out. Anything else parked
+    // unsent was orphaned while its worker lived.
+    let killed_at: HashMap<&str, chrono::DateTime<chrono::Utc>> = timeline
+        .iter()
+        .filter_map(|(t, what)| {
+            let name = what.strip_prefix("SIGKILL worker ")?.split_once(" (")?.1;
+            Some((name.strip_suffix(')')?, *t))
         })
+        .collect();
+    let mut holder_of: HashMap<i64, String> = HashMap::new();
+    for c in &never_sent {
+        let events = store.events(c.id).await.unwrap_or_default();
+        if let Some(holder) = events
+            .iter()
+            .rev()
+            .filter(|e| e.action == "takeover")
+            .find_map(|e| {
+                let d = e.detail.as_deref()?;
+                let rest = &d[d.find(" was held by ")? + " was held by ".len()..];
+                Some(rest.split(';').next()?.to_string())
+            })
+        {
+            holder_of.insert(c.id, holder);
+        }
+    }
+    let at_kill = |c: &claimd::claim::Claim| {
+        holder_of
+            .get(&c.id)
+            .and_then(|h| killed_at.get(h.as_str()))
+            .is_some_and(|t| {
+                let ms = (*t - c.received_utc).num_milliseconds();
+                (-50..=WORKER_LEASE_MS + 250).contains(&ms)
+            })
     };
     let parked_never_sent_at_kill = never_sent.iter().filter(|c| at_kill(c)).count();
     // Every unexplained one, then a few at a kill.

@@ -6,6 +6,16 @@ use super::*;
 pub(super) struct WorkerProc {
     pub(super) child: Option<Child>,
     pub(super) port: u16,
+    /// Processes started on this port so far: each one is an instance of its own,
+    /// `w{port}.{n}`, so a takeover's "held by" names the very process that held a claim.
+    pub(super) started: u32,
+}
+
+impl WorkerProc {
+    /// The instance name of the process running now (or last run).
+    pub(super) fn instance(&self) -> String {
+        format!("w{}.{}", self.port, self.started)
+    }
 }
 
 /// The set of `claimd run` processes.
@@ -16,7 +26,7 @@ pub(super) struct Fleet {
 }
 
 impl Fleet {
-    pub(super) fn spawn_one(&self, port: u16) -> Child {
+    pub(super) fn spawn_one(&self, port: u16, instance: &str) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -26,7 +36,7 @@ impl Fleet {
             .args(["run", "--config"])
             .arg(&self.config)
             .env("CLAIMD__HTTP__LISTEN", format!("127.0.0.1:{port}"))
-            .env("CLAIMD__RUN__INSTANCE", format!("w{port}"))
+            .env("CLAIMD__RUN__INSTANCE", instance)
             .env("CLAIMD_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -50,14 +60,20 @@ impl Fleet {
         panic!("worker on {port} did not come up");
     }
 
-    pub(super) async fn restart(&mut self, i: usize) {
+    /// SIGKILLs worker `i` (when running) and starts it again; returns the instance name of
+    /// the process killed.
+    pub(super) async fn restart(&mut self, i: usize) -> Option<String> {
         let port = self.workers[i].port;
-        if let Some(mut c) = self.workers[i].child.take() {
+        let killed = self.workers[i].child.take().map(|mut c| {
             let _ = c.kill();
             let _ = c.wait();
-        }
-        self.workers[i].child = Some(self.spawn_one(port));
+            self.workers[i].instance()
+        });
+        self.workers[i].started += 1;
+        let instance = self.workers[i].instance();
+        self.workers[i].child = Some(self.spawn_one(port, &instance));
         Self::wait_up(port).await;
+        killed
     }
 
     pub(super) fn ports(&self) -> Vec<u16> {
@@ -191,7 +207,7 @@ shutdown_grace = "2s"
 [[consumers]]
 name = "payments"
 {payments_source}{tenant_header}concurrency = 64
-lease = "3s"
+lease = "{lease_ms}ms"
 max_attempts = 20
 redrive_within = "1h"
 on_unknown = "{on_unknown}"
@@ -204,7 +220,7 @@ status_url = "{provider}/v1/effects/{{key}}"
 [[consumers]]
 name = "email"
 {email_source}concurrency = 16
-lease = "3s"
+lease = "{lease_ms}ms"
 max_attempts = 20
 redrive_within = "1h"
 on_unknown = "park"
@@ -221,5 +237,9 @@ timeout = "1s"
         payments_source = source("payments"),
         email_source = source("email"),
         on_unknown = s.on_unknown,
+        lease_ms = WORKER_LEASE_MS,
     )
 }
+
+/// The `lease` of both consumers of the workers under test.
+pub(super) const WORKER_LEASE_MS: i64 = 3000;

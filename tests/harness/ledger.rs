@@ -113,8 +113,6 @@ pub(super) struct Ledger {
     pub(super) attempts: AtomicU64,
     /// Sends whose client hung up.
     pub(super) hung_up: AtomicUsize,
-    /// The workers (by index) each identity was sent to over HTTP.
-    pub(super) sent_to: Mutex<HashMap<Identity, u64>>,
     /// Share of HTTP sends that hang up ([`Scenario::hang_ups`]).
     pub(super) hang_ups: f64,
     pub(super) seed: u64,
@@ -149,10 +147,6 @@ pub(super) async fn send(
     for i in start..start + 2000 {
         let port = ports[i % ports.len()];
         ledger.attempts.fetch_add(1, Ordering::Relaxed);
-        if let Some(k) = key {
-            let id = (tenant.to_string(), String::from_utf8_lossy(k).into_owned());
-            *ledger.sent_to.lock().unwrap().entry(id).or_default() |= 1 << (i % ports.len());
-        }
         if may_hang_up
             && ledger.hang_ups > 0.0
             && r.f64() < ledger.hang_ups

@@ -156,6 +156,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             .map(|_| WorkerProc {
                 child: None,
                 port: free_port(),
+                started: 0,
             })
             .collect(),
     };
@@ -259,7 +260,6 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         bad_refused: AtomicUsize::new(0),
         attempts: AtomicU64::new(0),
         hung_up: AtomicUsize::new(0),
-        sent_to: Mutex::new(HashMap::new()),
         hang_ups: s.hang_ups,
         seed: s.seed,
     });
@@ -300,8 +300,12 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             while !done.load(Ordering::SeqCst) && kills_done.load(Ordering::SeqCst) < kills {
                 tokio::time::sleep(Duration::from_millis(r.u64(150..600))).await;
                 let i = r.usize(0..workers);
-                note(format!("SIGKILL worker {i}"));
-                fleet.restart(i).await;
+                let at = chrono::Utc::now();
+                let killed = fleet.restart(i).await.unwrap_or_default();
+                timeline
+                    .lock()
+                    .unwrap()
+                    .push((at, format!("SIGKILL worker {i} ({killed})")));
                 note(format!("worker {i} up again"));
                 let k = kills_done.fetch_add(1, Ordering::SeqCst) + 1;
                 if let Some(d) = broker

@@ -47,9 +47,10 @@ pub struct Outcome {
     /// Claims parked for a person whose key (HTTP) or recipient (SMTP) never reached the
     /// provider's door: parked although never sent.
     pub parked_never_sent: usize,
-    /// Of those, claims received within -50..+250 ms of a SIGKILL of a worker they were sent to:
-    /// the worker died between the commit and the call, and nobody can know the call was never
-    /// made (parking them is right). The others were orphaned while their worker lived.
+    /// Of those, claims whose holder (the process the sweeper's takeover line names) was
+    /// SIGKILLed after the claim arrived and before its lease could run out: the worker died
+    /// between the commit and the call, and nobody can know the call was never made (parking
+    /// them is right). The others were orphaned while their worker lived.
     pub parked_never_sent_at_kill: usize,
     pub kills: usize,
     pub seconds: f64,

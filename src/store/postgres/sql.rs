@@ -110,9 +110,11 @@ pub(super) const STATEMENTS: Statements = Statements {
     // chosen once, in a materialised CTE (a `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)`
     // subquery may be re-scanned by the plan and take more than `n`), and the predicate is
     // repeated on the UPDATE so a row settled meanwhile is never taken.
+    // `held_by` is the lease holder the claim is taken from (a takeover's history says whose
+    // lease ran out).
     take_stale: concat!(
         "WITH stale AS MATERIALIZED ( \
-       SELECT id AS stale_id FROM claims \
+       SELECT id AS stale_id, lease_owner AS held_by FROM claims \
        WHERE consumer = $1 AND state = 'started' AND lease_until < LEAST(now(), $5) \
        ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
      UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
@@ -122,7 +124,8 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",
         claim_cols!(),
-        ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms"
+        ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
+       stale.held_by"
     ),
     // Pending claims whose next poll is due, leased to this poller for `$4` ms (others skip
     // them meanwhile); the attempt is unchanged (nothing is sent). Chosen once, in a
@@ -137,12 +140,13 @@ pub(super) const STATEMENTS: Statements = Statements {
      RETURNING ",
         claim_cols!(),
         ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(pending_utc, received_utc)) * 1000)::bigint \
-       AS age_ms"
+       AS age_ms, NULL::text AS held_by"
     ),
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),
-        ", (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms \
+        ", (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
+       lease_owner AS held_by \
      FROM claims WHERE consumer = $1 AND state = 'started' AND lease_until < now() \
      ORDER BY lease_until LIMIT $2"
     ),

@@ -121,21 +121,24 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
     FROM claim_events WHERE claim_id = ?1 ORDER BY id",
     // Takeover: SQLite runs one writer at a time, so the statement alone is atomic.
+    // `held_by`: the lease holder the claim is taken from, read from the materialised CTE
+    // (RETURNING sees only new values; an UPDATE ... FROM table is not allowed in RETURNING).
     take_stale: concat!(
-        "UPDATE claims SET attempt = attempt + 1, lease_owner = ?3, lease_until = ",
+        "WITH stale AS MATERIALIZED (SELECT id AS stale_id, lease_owner AS held_by FROM claims \
+       WHERE consumer = ?1 AND state = 'started' AND lease_until < MIN(?5, ",
+        now_ms!(),
+        ") ORDER BY lease_until LIMIT ?2) \
+       UPDATE claims SET attempt = attempt + 1, lease_owner = ?3, lease_until = ",
         now_ms!(),
         " + ?4, started_utc = ",
         now_ms!(),
         ", updated_utc = ",
         now_ms!(),
-        " WHERE id IN (SELECT id FROM claims WHERE consumer = ?1 AND state = 'started' \
-       AND lease_until < MIN(?5, ",
-        now_ms!(),
-        ") ORDER BY lease_until LIMIT ?2) RETURNING ",
+        " WHERE id IN (SELECT stale_id FROM stale) RETURNING ",
         claim_cols!(),
         ", payload, (",
         now_ms!(),
-        " - received_utc) AS age_ms"
+        " - received_utc) AS age_ms, (SELECT held_by FROM stale WHERE stale_id = claims.id) AS held_by"
     ),
     take_pending: concat!(
         "UPDATE claims SET lease_owner = ?3, lease_until = ",
@@ -147,14 +150,15 @@ pub(super) const STATEMENTS: Statements = Statements {
         claim_cols!(),
         ", payload, (",
         now_ms!(),
-        " - COALESCE(pending_utc, received_utc)) AS age_ms"
+        " - COALESCE(pending_utc, received_utc)) AS age_ms, NULL AS held_by"
     ),
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),
         ", (",
         now_ms!(),
-        " - received_utc) AS age_ms FROM claims WHERE consumer = ?1 AND state = 'started' AND lease_until < ",
+        " - received_utc) AS age_ms, lease_owner AS held_by FROM claims \
+       WHERE consumer = ?1 AND state = 'started' AND lease_until < ",
         now_ms!(),
         " ORDER BY lease_until LIMIT ?2"
     ),
