@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Alternating A/B runs of the throughput bench: builds compared on the same machine, in turn,
-# so that drift in the machine's load falls on every build alike.
+# Alternating A/B runs of the throughput bench: builds compared on the same machine, in turn
+# (each round starting with the next build), so that drift in the machine's load falls on every
+# build alike.
 #
 #   benches/ab.sh ROUNDS NAME=BENCH_BINARY [NAME=BENCH_BINARY ...]
 #
@@ -20,11 +21,17 @@ export BENCH_DB_N="${BENCH_DB_N:-0}"
 export BENCH_INFLIGHT="${BENCH_INFLIGHT:-}"
 out="${AB_DIR:-target/bench/ab}"
 mkdir -p "$out"
+builds=("$@")
 for round in $(seq 1 "$rounds"); do
-  for pair in "$@"; do
+  # Each round starts with the next build, so that whatever drifts within a round (a
+  # checkpoint, the page cache) falls on every build alike; and each run starts after a
+  # checkpoint, so that no run pays for the previous run's writes.
+  for i in $(seq 0 $((${#builds[@]} - 1))); do
+    pair="${builds[$(( (i + round - 1) % ${#builds[@]} ))]}"
     name="${pair%%=*}"
     bin="${pair#*=}"
     echo "== round $round: $name" >&2
+    psql -q "${BENCH_PG:-postgres://postgres@127.0.0.1:5432/postgres}" -c CHECKPOINT >/dev/null 2>&1 || true
     BENCH_CSV="$out/$name-$round.csv" "$bin" --bench >"$out/$name-$round.log" 2>&1 \
       || { echo "$name round $round failed; see $out/$name-$round.log" >&2; exit 1; }
   done

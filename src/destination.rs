@@ -327,7 +327,12 @@ impl Destination {
         loop {
             match self.reserve(latest) {
                 Ok(pass) => {
-                    tokio::time::sleep_until(pass.at).await;
+                    // Only a reserved moment in the future is slept to: a timer set for "now"
+                    // still waits for the timer driver's next tick (up to a millisecond, and a
+                    // wake-up), on every call of a destination that holds nothing back.
+                    if pass.at > Instant::now() {
+                        tokio::time::sleep_until(pass.at).await;
+                    }
                     return Ok(pass);
                 }
                 Err(held) if held.by == HeldBy::Probing && held.until <= latest => {
