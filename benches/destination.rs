@@ -22,7 +22,10 @@ async fn per_call(d: Arc<Destination>, calls: u64, tasks: u64) -> f64 {
         handles.push(tokio::spawn(async move {
             for _ in 0..calls / tasks {
                 let latest = Instant::now() + Duration::from_secs(10);
-                let pass = d.admit(latest).await.expect("a closed destination lets it go");
+                let pass = d
+                    .admit(latest)
+                    .await
+                    .expect("a closed destination lets it go");
                 d.record(pass, Verdict::Answered);
             }
         }));
@@ -46,7 +49,10 @@ fn main() {
     println!("| destination | tasks | calls | ns per call (admit + record) |");
     println!("|---|---|---|---|");
     // A ceiling far above what the loop reaches: the pace's bookkeeping runs, never a wait.
-    for (name, ceiling) in [("adaptive (no rate_limit)", None), ("rate_limit = 1e9/s", Some(1e9))] {
+    for (name, ceiling) in [
+        ("adaptive (no rate_limit)", None),
+        ("rate_limit = 1e9/s", Some(1e9)),
+    ] {
         for tasks in [1u64, 64] {
             let d = Arc::new(Destination::new(ceiling));
             let ns = rt.block_on(per_call(d, calls, tasks));
