@@ -20,6 +20,7 @@ pub mod duration;
 pub mod effect;
 pub mod http;
 pub mod intake;
+pub mod ledger;
 pub mod lookup;
 pub mod metrics;
 pub mod operator_action;

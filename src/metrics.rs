@@ -40,6 +40,12 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    consumer: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabel {
     action: String,
 }
@@ -77,6 +83,8 @@ pub struct Metrics {
     destination_resumes: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_held: Family<ReasonLabels, Counter>,
     provider_events: Family<ReasonLabels, Counter>,
+    ledger_mismatches: Family<KindLabels, Gauge>,
+    ledger_last_run: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -144,6 +152,8 @@ impl Metrics {
             destination_resumes: Family::default(),
             destination_held: Family::default(),
             provider_events: Family::default(),
+            ledger_mismatches: Family::default(),
+            ledger_last_run: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -291,6 +301,16 @@ impl Metrics {
             "provider_events",
             "Provider events (webhooks) received, by what came of them: settled, same, stale, conflict, unmapped, duplicate, ignored, unknown_object, or refused (unsigned, bad_signature, expired, malformed)",
             m.provider_events.clone(),
+        );
+        registry.register(
+            "ledger_mismatches",
+            "Disagreements the last `claimd reconcile --ledger` found, by kind: double, missing, orphan, amount_mismatch, currency_mismatch, status_mismatch",
+            m.ledger_mismatches.clone(),
+        );
+        registry.register(
+            "ledger_last_run_timestamp_seconds",
+            "When the last `claimd reconcile --ledger` of the consumer ran",
+            m.ledger_last_run.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -531,6 +551,19 @@ impl Metrics {
         if let Some(t) = store.last_sweep().await? {
             self.sweeper_last_run
                 .set(t.timestamp_millis() as f64 / 1000.0);
+        }
+        for run in crate::ledger::LedgerView::all(store, None).await? {
+            self.ledger_last_run
+                .get_or_create(&consumer(&run.consumer))
+                .set(run.ran_utc.timestamp_millis() as f64 / 1000.0);
+            for (kind, n) in &run.summary.mismatches {
+                self.ledger_mismatches
+                    .get_or_create(&KindLabels {
+                        consumer: run.consumer.clone(),
+                        kind: kind.clone(),
+                    })
+                    .set(i64::try_from(*n).unwrap_or(i64::MAX));
+            }
         }
         let mut out = String::new();
         // Writing to a String cannot fail.

@@ -227,6 +227,8 @@ pub struct Report {
     pub since_utc: Option<DateTime<Utc>>,
     /// Each running instance's view of each consumer's provider (breaker, pace, next probe).
     pub providers: Vec<ProviderView>,
+    /// Each consumer's last ledger reconciliation (`claimd reconcile --ledger`).
+    pub ledger: Vec<crate::ledger::LedgerView>,
 }
 
 /// How long after its last write an instance's view of a provider is taken as gone (each
@@ -379,6 +381,7 @@ pub async fn build(
         attention,
         since_utc: since,
         providers,
+        ledger: crate::ledger::LedgerView::all(store, only).await?,
     })
 }
 
@@ -481,6 +484,7 @@ pub fn render_table(r: &Report) -> String {
         }
         out.push_str(&attention.text());
     }
+    out.push_str(&crate::ledger::render::report_section(&r.ledger));
     out
 }
 

@@ -10,7 +10,7 @@ mod reports;
 mod worker;
 
 use claims::claims;
-use reports::{reconcile_cmd, report_cmd};
+use reports::{ledger_cmd, reconcile_cmd, report_cmd};
 use worker::{run_worker, sandbox, sweep};
 
 use crate::app::App;
@@ -103,17 +103,28 @@ pub enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Audit claims against the provider's status endpoint; exit 3 on any mismatch.
+    /// Audit claims against the provider's status endpoint, or (--ledger) against the
+    /// provider's own list of objects; exit 3 on any mismatch.
     Reconcile {
         /// Only this consumer.
         #[arg(long)]
         consumer: Option<String>,
-        /// Only claims received within this window, like 24h.
-        #[arg(long)]
+        /// Only claims received within this window, like 24h (--ledger: default 24h).
+        #[arg(long, conflicts_with_all = ["from", "to"])]
         since: Option<Dur>,
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
         format: Format,
+        /// Match claims with the provider's list of objects (`[consumers.effect.ledger]`):
+        /// doubles, orphans, missing payments, amounts and totals.
+        #[arg(long)]
+        ledger: bool,
+        /// With --ledger: the window's start (RFC 3339, like 2026-11-01T00:00:00Z).
+        #[arg(long, requires_all = ["ledger", "to"])]
+        from: Option<chrono::DateTime<chrono::Utc>>,
+        /// With --ledger: the window's end, exclusive (RFC 3339).
+        #[arg(long, requires_all = ["ledger", "from"])]
+        to: Option<chrono::DateTime<chrono::Utc>>,
     },
     /// Inspect and repair claims.
     Claims {
@@ -415,6 +426,15 @@ async fn execute_unescaped(cli: Cli) -> Output {
             consumer,
             since,
             format,
+            ledger: true,
+            from,
+            to,
+        } => ledger_cmd(&app, consumer, since, from.zip(to), format).await,
+        Command::Reconcile {
+            consumer,
+            since,
+            format,
+            ..
         } => reconcile_cmd(&app, consumer, since, format).await,
         Command::Claims { command } => claims(&app, command, &config_path).await,
         Command::Prune { dry_run } => {

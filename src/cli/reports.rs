@@ -145,3 +145,71 @@ pub(super) async fn reconcile_cmd(
         ..Default::default()
     }
 }
+
+/// `claimd reconcile --ledger`: the window is `--from .. --to`, else the last `--since`
+/// (default 24h) up to the database's now.
+pub(super) async fn ledger_cmd(
+    app: &App,
+    consumer: Option<String>,
+    since: Option<Dur>,
+    between: Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>,
+    format: Format,
+) -> Output {
+    if let Some(c) = consumer.as_deref()
+        && !app.consumer_names().iter().any(|n| n == c)
+    {
+        return Output::fail(
+            2,
+            format!("--consumer {c:?}: no such consumer in the configuration"),
+        );
+    }
+    let (from, to) = match between {
+        Some((from, to)) if from >= to => {
+            return Output::fail(2, "--from must be before --to");
+        }
+        Some(w) => w,
+        None => {
+            let now = match app.store.now().await {
+                Ok(n) => n,
+                Err(e) => return Output::fail(1, e),
+            };
+            let since = since.unwrap_or(Dur(std::time::Duration::from_secs(24 * 3600)));
+            (
+                since.before(now).unwrap_or(chrono::DateTime::UNIX_EPOCH),
+                now,
+            )
+        }
+    };
+    let run = match crate::ledger::run(
+        &app.store,
+        app.claimer.consumers(),
+        &OperatorCommands::new(app.config.file.as_deref()),
+        consumer.as_deref(),
+        from,
+        to,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return Output::fail(1, e),
+    };
+    if run.consumers.is_empty() {
+        return Output {
+            stdout: crate::ledger::render::text(&run),
+            stderr:
+                "claimd: no consumer has [consumers.effect.ledger]: nothing to reconcile against\n"
+                    .into(),
+            code: 2,
+        };
+    }
+    let stdout = match format {
+        Format::Json => to_json(&run),
+        Format::Csv => crate::ledger::render::csv(&run),
+        Format::Table => crate::ledger::render::text(&run),
+    };
+    Output {
+        stdout,
+        code: if run.disagrees() { 3 } else { 0 },
+        ..Default::default()
+    }
+}

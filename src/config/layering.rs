@@ -121,14 +121,17 @@ pub(super) fn expand_vars(
 }
 
 /// Whether the value at dotted key `at` goes to a provider in a URL or a header
-/// (`consumers[0].effect.url`, `.status_url`, `.headers.Authorization`), where an unset
+/// (`consumers[0].effect.url`, `.status_url`, `.ledger.url`, `.headers.Authorization`), where an unset
 /// secret must stop the start instead of being sent empty.
 pub(super) fn must_be_set(at: &str) -> bool {
     let Some((_, rest)) = at.split_once("].effect.") else {
         return false;
     };
     at.starts_with("consumers[")
-        && (rest == "url" || rest == "status_url" || rest.starts_with("headers."))
+        && (rest == "url"
+            || rest == "status_url"
+            || rest == "ledger.url"
+            || rest.starts_with("headers."))
 }
 
 pub(super) fn expand_string(

@@ -6,11 +6,13 @@
 
 mod http_effect;
 mod layering;
+mod ledger;
 mod log;
 mod schema;
 mod validate;
 
 pub use http_effect::*;
+pub use ledger::LedgerConfig;
 pub use log::{LogConfig, LogFormat};
 pub use schema::*;
 pub use validate::{parse_cron, validate_cron};

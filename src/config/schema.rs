@@ -620,6 +620,10 @@ pub struct HttpEffectConfig {
     /// (`[consumers.effect.outcome]`). Unset: any `2xx` completes.
     #[serde(default)]
     pub outcome: Option<Box<super::ValueOutcomes>>,
+    /// The provider's own list of objects, for `claimd reconcile --ledger`
+    /// (`[consumers.effect.ledger]`). Unset: the consumer has no ledger to reconcile against.
+    #[serde(default)]
+    pub ledger: Option<Box<super::LedgerConfig>>,
 }
 
 fn default_not_found_after() -> Dur {

@@ -178,6 +178,9 @@ impl RequestShape {
                 )
             })?;
         }
+        if let Some(l) = &config.ledger {
+            l.check()?;
+        }
         Ok(shape)
     }
 
@@ -264,6 +267,23 @@ fn vars<'a>(claim: &'a Claim, payload: Option<&'a serde_json::Value>) -> Vars<'a
     }
 }
 
+/// The configured headers (`effect.headers`), each marked sensitive so that no debug output
+/// prints it.
+pub fn header_map(
+    configured: &std::collections::BTreeMap<String, String>,
+) -> Result<HeaderMap, HttpEffectError> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in configured {
+        let n = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| HttpEffectError::BadHeader(name.clone()))?;
+        let mut v =
+            HeaderValue::from_str(value).map_err(|_| HttpEffectError::BadHeader(name.clone()))?;
+        v.set_sensitive(true);
+        headers.insert(n, v);
+    }
+    Ok(headers)
+}
+
 /// Calls a provider over HTTP.
 #[derive(Debug, Clone)]
 pub struct HttpEffect {
@@ -283,16 +303,7 @@ impl HttpEffect {
     pub fn new(config: &HttpEffectConfig) -> Result<Self, HttpEffectError> {
         let shape = RequestShape::parse(config)
             .map_err(|(key, why)| HttpEffectError::Shape(format!("effect.{key}: {why}")))?;
-        let mut headers = HeaderMap::new();
-        for (name, value) in &config.headers {
-            let n = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| HttpEffectError::BadHeader(name.clone()))?;
-            let mut v = HeaderValue::from_str(value)
-                .map_err(|_| HttpEffectError::BadHeader(name.clone()))?;
-            // Marked sensitive so no debug output of the client prints it.
-            v.set_sensitive(true);
-            headers.insert(n, v);
-        }
+        let headers = header_map(&config.headers)?;
         let builder = Client::builder()
             .timeout(config.timeout.0)
             .connect_timeout(config.timeout.0.min(Duration::from_secs(5)))

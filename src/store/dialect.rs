@@ -162,6 +162,14 @@ pub struct Statements {
     pub list_unmatched_events: &'static str,
     /// One batch of provider-event records older than the window: keep ms, batch.
     pub prune_provider_events: &'static str,
+    /// A consumer's claims received in a window, in key order (byte order) after a keyset
+    /// position (`id, tenant, message_id, idem_key, state, received_utc, payload`): consumer,
+    /// from, to (exclusive), after key, after id, limit.
+    pub list_ledger_claims: &'static str,
+    /// Keep a consumer's last ledger run (upsert): consumer, summary (JSON).
+    pub save_ledger_run: &'static str,
+    /// Every consumer's last ledger run (`consumer, at_utc, summary`), by consumer.
+    pub list_ledger_runs: &'static str,
     /// The database's clock (`now`).
     pub now: &'static str,
     /// A statement that only proves the store answers.

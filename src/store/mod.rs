@@ -193,6 +193,36 @@ pub struct UnmatchedEvent {
     pub received_utc: DateTime<Utc>,
 }
 
+/// A claim as `claimd reconcile --ledger` reads it (in key order, with its payload).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerClaim {
+    /// Row id (the keyset's tie-breaker).
+    pub id: i64,
+    /// Tenant.
+    pub tenant: String,
+    /// Message id.
+    pub message_id: String,
+    /// The idempotency key the provider saw.
+    pub idem_key: String,
+    /// State.
+    pub state: ClaimState,
+    /// When it was received (database time).
+    pub received_utc: DateTime<Utc>,
+    /// The message.
+    pub payload: Vec<u8>,
+}
+
+/// A consumer's last ledger reconciliation, as stored.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LedgerRunRecord {
+    /// Consumer.
+    pub consumer: String,
+    /// When it was stored (database time).
+    pub at_utc: DateTime<Utc>,
+    /// Its summary (JSON, [`crate::ledger::Summary`]).
+    pub summary: serde_json::Value,
+}
+
 /// One instance's view of a consumer's provider, as it last wrote it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DestinationRecord {
@@ -395,6 +425,23 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Records a provider event once (a second record of the same id changes nothing).
     async fn record_provider_event(&self, event: &ProviderEventRecord<'_>) -> StoreResult<()>;
+
+    /// Claims of `consumer` received in `[from, to)`, in key order (byte order, then id)
+    /// after the keyset position `after` (`("", 0)` for the first page), at most `limit`.
+    async fn ledger_claims(
+        &self,
+        consumer: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after: (&str, i64),
+        limit: u32,
+    ) -> StoreResult<Vec<LedgerClaim>>;
+
+    /// Keeps `consumer`'s last ledger run's summary (JSON), replacing the one before.
+    async fn save_ledger_run(&self, consumer: &str, summary: &str) -> StoreResult<()>;
+
+    /// Every consumer's last ledger run.
+    async fn ledger_runs(&self) -> StoreResult<Vec<LedgerRunRecord>>;
 
     /// Provider events about objects claimd has no claim for, received since `since` (all
     /// when `None`), newest first, at most `limit`.

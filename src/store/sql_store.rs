@@ -18,8 +18,8 @@ use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
 use super::rows::{claim_from_row, taken_from_row};
 use super::{
     ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer,
-    DestinationRecord, NewEvent, ProviderEventRecord, PruneResult, Seen, SettleItem, Settlement,
-    StoreError, StoreResult, TakenClaim, UnmatchedEvent,
+    DestinationRecord, LedgerClaim, LedgerRunRecord, NewEvent, ProviderEventRecord, PruneResult,
+    Seen, SettleItem, Settlement, StoreError, StoreResult, TakenClaim, UnmatchedEvent,
 };
 use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
@@ -324,6 +324,70 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         )
         .await
         .map(|_| ())
+    }
+
+    async fn ledger_claims(
+        &self,
+        consumer: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after: (&str, i64),
+        limit: u32,
+    ) -> StoreResult<Vec<LedgerClaim>> {
+        let rows = self
+            .fetch(
+                "list_ledger_claims",
+                D::SQL.list_ledger_claims,
+                &[
+                    Arg::Text(consumer),
+                    Arg::Time(from),
+                    Arg::Time(to),
+                    Arg::Text(after.0),
+                    Arg::I64(after.1),
+                    Arg::I64(i64::from(limit)),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LedgerClaim {
+                    id: r.i64("id")?,
+                    tenant: r.text("tenant")?,
+                    message_id: r.text("message_id")?,
+                    idem_key: r.text("idem_key")?,
+                    state: ClaimState::from_str(&r.text("state")?)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    received_utc: r.time("received_utc")?,
+                    payload: r.bytes_or_empty("payload"),
+                })
+            })
+            .collect()
+    }
+
+    async fn save_ledger_run(&self, consumer: &str, summary: &str) -> StoreResult<()> {
+        self.execute(
+            "save_ledger_run",
+            D::SQL.save_ledger_run,
+            &[Arg::Text(consumer), Arg::Text(summary)],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn ledger_runs(&self) -> StoreResult<Vec<LedgerRunRecord>> {
+        let rows = self
+            .fetch("list_ledger_runs", D::SQL.list_ledger_runs, &[])
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LedgerRunRecord {
+                    consumer: r.text("consumer")?,
+                    at_utc: r.time("at_utc")?,
+                    summary: serde_json::from_str(&r.text("summary")?)
+                        .unwrap_or(serde_json::Value::Null),
+                })
+            })
+            .collect()
     }
 
     async fn unmatched_provider_events(

@@ -274,6 +274,15 @@ pub(super) const STATEMENTS: Statements = Statements {
     DELETE FROM provider_events WHERE id IN ( \
       SELECT id FROM provider_events \
       WHERE received_utc < now() - $1 * interval '1 millisecond' ORDER BY received_utc LIMIT $2)",
+    list_ledger_claims: "\
+    SELECT id, tenant, message_id, idem_key, state, received_utc, payload FROM claims \
+    WHERE consumer = $1 AND received_utc >= $2 AND received_utc < $3 \
+      AND (idem_key COLLATE \"C\", id) > ($4 COLLATE \"C\", $5) \
+    ORDER BY consumer, idem_key COLLATE \"C\", id LIMIT $6",
+    save_ledger_run: "\
+    INSERT INTO ledger_runs (consumer, at_utc, summary) VALUES ($1, now(), $2) \
+    ON CONFLICT (consumer) DO UPDATE SET at_utc = EXCLUDED.at_utc, summary = EXCLUDED.summary",
+    list_ledger_runs: "SELECT consumer, at_utc, summary FROM ledger_runs ORDER BY consumer",
     now: "SELECT now() AS now",
     ping: "SELECT 1",
 };

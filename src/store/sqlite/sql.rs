@@ -285,6 +285,18 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         " - ?1 ORDER BY received_utc LIMIT ?2)"
     ),
+    list_ledger_claims: "\
+    SELECT id, tenant, message_id, idem_key, state, received_utc, payload FROM claims \
+    WHERE consumer = ?1 AND received_utc >= ?2 AND received_utc < ?3 \
+      AND (idem_key, id) > (?4, ?5) \
+    ORDER BY consumer, idem_key, id LIMIT ?6",
+    save_ledger_run: concat!(
+        "INSERT INTO ledger_runs (consumer, at_utc, summary) VALUES (?1, ",
+        now_ms!(),
+        ", ?2) ON CONFLICT (consumer) DO UPDATE SET at_utc = excluded.at_utc, \
+         summary = excluded.summary"
+    ),
+    list_ledger_runs: "SELECT consumer, at_utc, summary FROM ledger_runs ORDER BY consumer",
     now: concat!("SELECT ", now_ms!(), " AS now"),
     ping: "SELECT 1",
 };
