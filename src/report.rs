@@ -343,8 +343,8 @@ pub async fn build(
                 state: Some(state),
                 consumer: only.map(str::to_string),
                 stuck,
-                since: None,
                 limit: ATTENTION_LIMIT,
+                ..Default::default()
             })
             .await?;
         attention.extend(claims.into_iter().map(|c| AttentionItem {

@@ -305,6 +305,7 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
             stuck: false,
             since: None,
             limit: 5,
+            ..Default::default()
         })
         .await
         .unwrap()
