@@ -12,7 +12,7 @@ pub use crate::http::problem::problem;
 pub use crate::http::state::AppState;
 
 use crate::http::auth::{require_admin, require_intake};
-use crate::http::{actions, ops, provider_events, signin};
+use crate::http::{actions, claims, ops, provider_events, signin};
 use crate::intake;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -34,7 +34,8 @@ pub fn router(state: AppState) -> Router {
             require_intake,
         ));
     let admin = Router::new()
-        .route("/v1/claims", get(ops::list_claims))
+        .route("/v1/claims", get(claims::list_claims))
+        .route("/v1/claims/{consumer}/{message_id}", get(claims::get_claim))
         .route("/v1/report", get(ops::get_report))
         .route(
             "/v1/claims/{consumer}/{message_id}/resolve",
@@ -45,6 +46,11 @@ pub fn router(state: AppState) -> Router {
             post(actions::redrive),
         )
         .route("/", get(crate::dashboard::page))
+        .route("/claims", get(crate::dashboard::claims::search))
+        .route(
+            "/claims/{consumer}/{message_id}",
+            get(crate::dashboard::claims::claim),
+        )
         .route("/actions/preview", post(crate::dashboard::actions::preview))
         .route("/actions/apply", post(crate::dashboard::actions::apply))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));

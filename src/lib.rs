@@ -10,6 +10,7 @@
 pub mod api;
 pub mod app;
 pub mod claim;
+pub mod claim_query;
 pub mod claimer;
 pub mod cli;
 pub mod config;

@@ -345,8 +345,8 @@ pub async fn build(
                 state: Some(state),
                 consumer: only.map(str::to_string),
                 stuck,
-                since: None,
                 limit: ATTENTION_LIMIT,
+                ..Default::default()
             })
             .await?;
         attention.extend(claims.into_iter().map(|c| AttentionItem {
@@ -535,7 +535,36 @@ pub fn render_csv(r: &Report) -> String {
             v.map(|x| format!("{x:.3}")).unwrap_or_default()
         }));
     }
-    t.csv()
+    let mut out = t.csv();
+    // The claims that need a look, as a second table after a blank line (as the text
+    // report lists them after the counts).
+    if !r.attention.is_empty() {
+        let mut a = Table::new(&[
+            "consumer",
+            "tenant",
+            "message_id",
+            "state",
+            "attempt",
+            "age_s",
+            "reason",
+            "idempotency_key",
+        ]);
+        for i in &r.attention {
+            a.row(vec![
+                i.consumer.clone(),
+                i.tenant.clone(),
+                i.message_id.clone(),
+                i.state.clone(),
+                i.attempt.to_string(),
+                i.age_s.to_string(),
+                i.reason.clone(),
+                i.key.clone(),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&a.csv());
+    }
+    out
 }
 
 #[cfg(test)]

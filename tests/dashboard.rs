@@ -234,10 +234,15 @@ async fn the_operator_page_needs_the_admin_token_and_says_what_to_do() {
     assert!(csp.contains("default-src 'none'"), "{csp}");
     let page = r.text().await.unwrap();
     assert_shows_the_work(&page);
-    // Counts: payments: 28 claims received in the last 24h + 2 duplicates + 1 mismatch.
+    // Counts, what needs a person first: payments has 2 parked, 2 stuck, 1 failed; then
+    // 31 received (28 claims + 2 duplicates + 1 mismatch), 2 duplicates, 1 mismatch.
     assert!(
-        page.contains("<tr class=\"\"><td>payments</td><td class=\"\">31</td><td class=\"\">2</td><td class=\"warn\">1</td>"),
+        page.contains("<tr class=\"\"><td>payments</td><td class=\"bad\">2</td><td class=\"bad\">2</td><td class=\"warn\">1</td>"),
         "payments counts"
+    );
+    assert!(
+        page.contains("<td class=\"\">31</td><td class=\"\">2</td><td class=\"warn\">1</td>"),
+        "payments received, duplicates, mismatches"
     );
 
     let r = c

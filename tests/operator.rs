@@ -95,6 +95,10 @@ async fn sweep_dry_run_report_formats_and_stuck_listing() {
         "{out}"
     );
     assert!(out.contains("\npayments,1,0,0,1,1,0,0,0,"), "{out}");
+    assert!(
+        out.contains("\n\nconsumer,tenant,message_id,state,attempt,age_s,reason,idempotency_key\npayments,,stuck-1,started,"),
+        "the claims that need a look follow the counts: {out}"
+    );
 
     let (code, out, _) = cli(&["sweep", "--dry-run", "--config", &cfg]);
     assert_eq!(code, 0);
@@ -305,6 +309,7 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
             stuck: false,
             since: None,
             limit: 5,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -1,6 +1,8 @@
 //! The operator page in a real browser (issue 15): headless Chromium, driven through
 //! ChromeDriver's WebDriver protocol (plain HTTP + JSON), signs in, resolves one parked claim
-//! and redrives another by clicking the page's own forms, and the store is checked after each.
+//! and redrives another by clicking the page's own forms, searches for a third, opens its page
+//! and resolves it there, and the store is checked after each; at 900 px the page does not
+//! scroll sideways and what needs a person is in view.
 //! Screenshots of the signed-in page and of a preview go to `target/`, and also to
 //! `$CLAIMD_SCREENSHOT_DIR` when set (`CLAIMD_SCREENSHOT_DIR=docs` regenerates docs' pictures). Needs `chromium` and `chromedriver` (Debian `chromium`, `chromium-driver`; `.ci/run`
 //! installs them): missing, the test fails under `CI=true` and skips with a reason elsewhere.
@@ -225,6 +227,16 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
             .unwrap();
         assert_eq!(r.status().as_u16(), 202);
     }
+    // One the provider declined (the sandbox does when the message asks): failed, with its
+    // answer.
+    let r = http
+        .post(format!("{base}/v1/messages/payments"))
+        .header("Idempotency-Key", "order-0974")
+        .body(r#"{"amount": 990, "currency": "EUR", "customer": "cus_2210", "sandbox": "decline"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
     parked_claim_with_key(
         &s,
         "payments",
@@ -241,6 +253,14 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
         "previous attempt ended without an answer (crash or timeout); on_unknown = \"park\"",
     )
     .await;
+    parked_claim_with_key(
+        &s,
+        "payments",
+        "order-1003",
+        "payments::order-1003",
+        "provider answered 402: declined by the bank at capture; on_unknown = \"park\"",
+    )
+    .await;
     assert!(
         eventually(Duration::from_secs(20), || async {
             s.get("payments", "", "order-0973")
@@ -250,6 +270,16 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
         })
         .await,
         "the posted payments complete"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            s.get("payments", "", "order-0974")
+                .await
+                .unwrap()
+                .is_some_and(|c| c.state == ClaimState::Failed)
+        })
+        .await,
+        "the declined payment fails"
     );
 
     // The page sends a browser that is not signed in to the form.
@@ -307,10 +337,8 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     // Redrive order-1002 from its card.
     b.go(&format!("{base}/")).await;
     b.wait_for("order-1002").await;
-    let card = "form.act:has(input[value^=\"payments\t\torder-1002\t\"])";
-    b.select(&format!("{card} select[name=action]"), "redrive")
+    b.click("form.act.redrive:has(input[value^=\"payments\t\torder-1002\t\"]) button")
         .await;
-    b.click(&format!("{card} button")).await;
     let preview = b.wait_for("Confirm: redrive 1").await;
     assert!(preview.contains("payments/order-1002"), "{preview}");
     b.click("form[action=\"/actions/apply\"] button").await;
@@ -331,6 +359,74 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
             .iter()
             .any(|e| e.actor == "page:ann" && e.action == "redrive")
     );
+
+    // Search → the claim's page → act on it there.
+    b.go(&format!("{base}/")).await;
+    b.wait_for("order-1003").await;
+    b.type_into("form.search input[name=q]", "order-100").await;
+    b.click("form.search button").await;
+    let results = b.wait_for("end of the list").await;
+    assert!(
+        results.contains("order-1001") && results.contains("order-1002"),
+        "every order-100* claim: {results}"
+    );
+    b.click("a[href=\"/claims/payments/order-1003\"]").await;
+    let claim_page = b.wait_for("History (").await;
+    assert!(
+        claim_page.contains("payments::order-1003")
+            && claim_page.contains("declined by the bank at capture"),
+        "{claim_page}"
+    );
+    b.screenshot("claim-page.png").await;
+    b.select("form.act.resolve select[name=action]", "fail")
+        .await;
+    b.type_into(
+        "form.act.resolve input[name=note]",
+        "no charge at the provider",
+    )
+    .await;
+    b.click("form.act.resolve button").await;
+    let preview = b.wait_for("Confirm: fail 1").await;
+    assert!(
+        preview.contains("declined by the bank at capture"),
+        "the preview shows the reason: {preview}"
+    );
+    b.click("form[action=\"/actions/apply\"] button").await;
+    b.wait_for("now failed").await;
+    assert_eq!(
+        s.get("payments", "", "order-1003")
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        ClaimState::Failed
+    );
+
+    // At 900 px the page does not scroll sideways and what needs a person is in view.
+    b.call(
+        reqwest::Method::POST,
+        "/window/rect",
+        json!({"width": 900, "height": 1000}),
+    )
+    .await;
+    b.go(&format!("{base}/")).await;
+    b.wait_for("Needs a look").await;
+    let v = b
+        .call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": "const h = [...document.querySelectorAll('h2')].find(e => e.textContent.startsWith('Needs a look')); return [document.documentElement.scrollWidth, document.documentElement.clientWidth, h.getBoundingClientRect().top, window.innerHeight];", "args": []}),
+        )
+        .await;
+    let n = |i: usize| v[i].as_f64().unwrap();
+    assert!(n(0) <= n(1), "no sideways scroll at 900 px: {v}");
+    assert!(n(2) < n(3), "\"Needs a look\" is above the fold: {v}");
+    b.call(
+        reqwest::Method::POST,
+        "/window/rect",
+        json!({"width": 1280, "height": 1400}),
+    )
+    .await;
 
     // Sign out: the page asks for the token again.
     b.go(&format!("{base}/")).await;

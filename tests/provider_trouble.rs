@@ -305,6 +305,7 @@ async fn all_completed_once(
                 stuck: false,
                 since: None,
                 limit: 10,
+                ..Default::default()
             })
             .await
             .unwrap();

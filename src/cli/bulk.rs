@@ -5,7 +5,7 @@
 //! one guarded store transition each, reporting per claim whether it changed or was skipped
 //! because its state changed since it was listed.
 
-use super::claims::operator_name;
+use super::actor::operator_name;
 use super::*;
 use crate::claim::Claim;
 use crate::operator_action::{Action, BULK_LIMIT, Outcome, Target, act, select_parked};
@@ -38,7 +38,10 @@ pub(super) async fn bulk(
     if selection.claims.is_empty() {
         return Output::ok(format!("no {which}: nothing to do\n"));
     }
-    let actor = operator_name();
+    let actor = match operator_name() {
+        Ok(a) => a,
+        Err(why) => return Output::fail(2, why),
+    };
     let n = selection.claims.len();
     let verb = action.verb();
     let mut s = format!(

@@ -1,8 +1,11 @@
 //! `claimd claims list|show|resolve|redrive` (the bulk forms of resolve and redrive are in
 //! `bulk.rs`).
 
+use super::actor::operator_name;
 use super::*;
+use crate::claim_query::ClaimQuery;
 use crate::operator_action::Action;
+use crate::store::ClaimCursor;
 
 pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
@@ -15,22 +18,42 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
             state,
             stuck,
             consumer,
+            tenant,
+            search,
+            since,
+            until,
+            cursor,
             limit,
             format,
         } => {
-            let filter = ClaimFilter {
-                state,
+            let query = ClaimQuery {
+                q: search,
                 consumer,
-                stuck,
-                since: None,
-                limit,
+                state: state.map(|s| s.to_string()),
+                tenant,
+                stuck: Some(stuck),
+                since,
+                until,
+                cursor,
+                limit: Some(limit),
             };
-            let (list, now) = match (store.list(&filter).await, store.now().await) {
-                (Ok(l), Ok(n)) => (l, n),
-                (Err(e), _) | (_, Err(e)) => return Output::fail(1, e),
+            let now = match store.now().await {
+                Ok(n) => n,
+                Err(e) => return Output::fail(1, e),
             };
+            let filter = match query.filter(now, limit) {
+                Ok(f) => f,
+                Err(e) => return Output::fail(2, e),
+            };
+            let list = match store.list(&filter).await {
+                Ok(l) => l,
+                Err(e) => return Output::fail(1, e),
+            };
+            let next = ClaimCursor::next(&list, limit).map(|c| c.encode());
             if format == Format::Json {
-                return Output::ok(to_json(&serde_json::json!({ "claims": list })));
+                return Output::ok(to_json(
+                    &serde_json::json!({ "claims": list, "next_cursor": next }),
+                ));
             }
             // CSV is for scripts (every field, exact times); the table for people.
             let csv = format == Format::Csv;
@@ -76,7 +99,12 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                 row.push(c.last_error.clone().unwrap_or_default());
                 t.row(row);
             }
-            Output::ok(if csv { t.csv() } else { t.text() })
+            let mut out = Output::ok(if csv { t.csv() } else { t.text() });
+            // On stderr: the listing itself stays clean for scripts.
+            if let Some(next) = next {
+                out.stderr = format!("more claims: add --cursor {next} for the next page\n");
+            }
+            out
         }
         ClaimsCommand::Show {
             consumer,
@@ -98,6 +126,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                 Ok(h) => h,
                 Err(e) => return Output::fail(1, e),
             };
+            let now = store.now().await;
             if format == Format::Json {
                 return Output::ok(to_json(
                     &serde_json::json!({ "claim": claim, "history": history }),
@@ -114,9 +143,13 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                 (
                     "lease",
                     format!(
-                        "{} until {}",
+                        "{} until {}{}",
                         claim.lease_owner.clone().unwrap_or_else(|| "-".into()),
-                        time_or_dash(claim.lease_until)
+                        time_or_dash(claim.lease_until),
+                        match (claim.lease_until, now.as_ref()) {
+                            (Some(until), Ok(now)) if until < *now => " (expired)",
+                            _ => "",
+                        }
                     ),
                 ),
                 ("received", claim.received_utc.to_rfc3339()),
@@ -185,7 +218,10 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                 return super::bulk::bulk(app, &bulk, Action::resolve_as(to), note.trim(), config)
                     .await;
             };
-            let actor = operator_name();
+            let actor = match operator_name() {
+                Ok(a) => a,
+                Err(why) => return Output::fail(2, why),
+            };
             match store
                 .resolve(&consumer, &tenant, &message_id, to, &actor, &note, None)
                 .await
@@ -221,19 +257,31 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
             let (Some(consumer), Some(message_id)) = (consumer, message_id) else {
                 return super::bulk::bulk(app, &bulk, Action::Redrive, "", config).await;
             };
-            let actor = operator_name();
+            let actor = match operator_name() {
+                Ok(a) => a,
+                Err(why) => return Output::fail(2, why),
+            };
             match store
                 .redrive(&consumer, &tenant, &message_id, &actor, None)
                 .await
             {
+                // The sweep that takes it over starts the next attempt.
                 Ok(Some(Ok(c))) => Output::ok(format!(
-                    "{}/{} is started again as attempt {}; the next sweep performs it with key {:?}\n",
-                    c.consumer, c.message_id, c.attempt, c.idem_key
+                    "{}/{} is started again; the next sweep performs it as attempt {} with key {:?}\n",
+                    c.consumer,
+                    c.message_id,
+                    c.attempt + 1,
+                    c.idem_key
                 )),
                 Ok(Some(Err(state))) => Output::fail(
                     1,
                     format!(
-                        "{consumer}/{message_id} is {state}; only needs_attention or failed claims can be redriven"
+                        "{consumer}/{message_id} is {state}; only needs_attention or failed claims can be redriven{}",
+                        if state == ClaimState::Started {
+                            " (a started claim is the sweeper's: once its lease has expired, `claimd sweep` sends it again now)"
+                        } else {
+                            ""
+                        }
                     ),
                 ),
                 Ok(None) => Output::fail(
@@ -244,12 +292,4 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
             }
         }
     }
-}
-
-/// Who an operator command is recorded as: `$CLAIMD_OPERATOR`, else `$USER`, else `operator`.
-pub(super) fn operator_name() -> String {
-    std::env::var("CLAIMD_OPERATOR")
-        .or_else(|_| std::env::var("USER"))
-        .map(|u| format!("operator:{u}"))
-        .unwrap_or_else(|_| "operator".into())
 }

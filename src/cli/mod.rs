@@ -4,6 +4,7 @@
 //! Exit codes: `0` ok, `1` runtime failure, `2` bad usage or configuration, `3` a check found
 //! problems.
 
+mod actor;
 mod bulk;
 mod claims;
 mod reports;
@@ -22,7 +23,6 @@ use crate::report::{self, Window};
 use crate::retention;
 use crate::run;
 use crate::sandbox::{Sandbox, SandboxOptions};
-use crate::store::ClaimFilter;
 use crate::sweeper::Sweeper;
 use crate::table::{Table, escape_controls, escape_controls_keep_lines};
 use clap::builder::TypedValueParser;
@@ -159,6 +159,10 @@ pub enum Command {
         /// Take at most N POSTs a second, answering 429 (Retry-After: 1) beyond [default: no limit].
         #[arg(long)]
         rate_limit: Option<u32>,
+        /// Read the idempotency key from this field of a JSON body instead of the header
+        /// (Square's `idempotency_key`; config/examples/square.toml runs against it).
+        #[arg(long, value_name = "FIELD")]
+        key_field: Option<String>,
     },
 }
 
@@ -176,7 +180,24 @@ pub enum ClaimsCommand {
         /// Only this consumer.
         #[arg(long)]
         consumer: Option<String>,
-        /// At most this many.
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only claims whose message id, idempotency key or provider id is this text or starts
+        /// with it, or whose tenant is this text.
+        #[arg(long, short = 'q', value_name = "TEXT")]
+        search: Option<String>,
+        /// Only claims received at or after this: a duration back from now (1h, 7d) or a time
+        /// (2026-05-01T12:00:00Z; without a zone, UTC).
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
+        /// Only claims received before this (as --since).
+        #[arg(long, value_name = "WHEN")]
+        until: Option<String>,
+        /// Start after this position: the cursor the previous page printed.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// At most this many (at most 1000).
         #[arg(long, default_value_t = 50)]
         limit: u32,
         /// Output format.
@@ -396,15 +417,35 @@ async fn execute_unescaped(cli: Cli) -> Output {
         return sandbox(&cli).await;
     }
     let config_path = cli.config_path();
-    let loaded = match Config::load(&config_path) {
+    // Only these call providers: the others run without the providers' secrets.
+    let calls_providers = matches!(
+        cli.command,
+        Command::Run | Command::Sweep { .. } | Command::Reconcile { .. }
+    );
+    let loaded = match if calls_providers {
+        Config::load(&config_path)
+    } else {
+        Config::load_without_provider_secrets(&config_path)
+    } {
         Ok(l) => l,
         Err(e) => return Output::fail(2, e),
     };
     init_logging(cli.log_format, loaded.config.log.format);
-    for w in &loaded.warnings {
-        tracing::warn!("{}", w);
+    // Said by the commands that start work; a listing repeating them each time is noise.
+    if calls_providers || matches!(cli.command, Command::Migrate) {
+        for w in &loaded.warnings {
+            tracing::warn!("{}", w);
+        }
     }
     let migrate = matches!(cli.command, Command::Run | Command::Migrate);
+    // Held until this process ends: one `claimd run` per SQLite file.
+    let _one_process = match &cli.command {
+        Command::Run => match worker::sqlite_run_lock(&loaded.config.store.url) {
+            Ok(lock) => lock,
+            Err(why) => return Output::fail(2, why),
+        },
+        _ => None,
+    };
     let app = match App::open(loaded.config, migrate).await {
         Ok(a) => a,
         Err(e) => return Output::fail(1, e),

@@ -83,10 +83,15 @@ pub(super) async fn reconcile_cmd(
         Format::Csv => mismatches.csv(),
         Format::Table => {
             let mut s = format!(
-                "checked {} claims, {} undecided, {} mismatches{}\n",
+                "checked {} claims, {} undecided, {} mismatch{}{}\n",
                 audit.checked,
                 audit.undecided,
                 audit.mismatches.len(),
+                if audit.mismatches.len() == 1 {
+                    ""
+                } else {
+                    "es"
+                },
                 if audit.truncated {
                     " (window truncated: narrow --since)"
                 } else {

@@ -12,6 +12,7 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         ambiguous_rate,
         ignore_keys,
         rate_limit,
+        key_field,
     } = &cli.command
     else {
         unreachable!("called for `claimd sandbox` only")
@@ -46,7 +47,11 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         rate_limit = options.rate_limit,
         "sandbox provider listening"
     );
-    let sandbox = Sandbox::new(options);
+    let modes = crate::sandbox::SandboxModes {
+        key_field: key_field.clone(),
+        ..Default::default()
+    };
+    let sandbox = Sandbox::with_modes(options, modes);
     match sandbox.serve(listener, shutdown_signal()).await {
         Ok(()) => Output::default(),
         Err(e) => Output::fail(1, e),
@@ -69,6 +74,50 @@ pub(super) async fn shutdown_signal() {
         tracing::warn!("second signal: exiting now; in-flight claims stay started for the sweeper");
         std::process::exit(130);
     });
+}
+
+/// With a SQLite store, the one `claimd run` on that file: an exclusive lock on
+/// `<file>.run-lock`, held until the process ends (the system drops it on any exit, a crash
+/// included). SQLite takes one writing process; a second worker on the same file would start
+/// its own sweeper and HTTP listener beside the first. `Ok(None)`: not SQLite, or in memory.
+pub(super) fn sqlite_run_lock(url: &str) -> Result<Option<std::fs::File>, String> {
+    use std::str::FromStr;
+    if !url.starts_with("sqlite:") {
+        return Ok(None);
+    }
+    let Ok(options) = sqlx::sqlite::SqliteConnectOptions::from_str(url) else {
+        return Ok(None); // opening the store reports a bad URL
+    };
+    let file = options.get_filename();
+    if file.as_os_str().is_empty() || file.to_string_lossy().contains(":memory:") {
+        return Ok(None);
+    }
+    let mut lock_path = file.as_os_str().to_owned();
+    lock_path.push(".run-lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| {
+            format!(
+                "cannot open {}: {e}",
+                std::path::Path::new(&lock_path).display()
+            )
+        })?;
+    match lock.try_lock() {
+        Ok(()) => Ok(Some(lock)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "another `claimd run` is using the SQLite store {} (it holds {}); SQLite takes one \
+             process: stop that one first, or use PostgreSQL for several instances",
+            file.display(),
+            std::path::Path::new(&lock_path).display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(format!(
+            "cannot lock {}: {e}",
+            std::path::Path::new(&lock_path).display()
+        )),
+    }
 }
 
 pub(super) async fn run_worker(app: App) -> Output {

@@ -134,6 +134,10 @@ pub(super) fn must_be_set(at: &str) -> bool {
             || rest.starts_with("headers."))
 }
 
+/// A pseudo variable (no real one can hold a NUL) in the environment given to
+/// [`expand_string`]: the command calls no provider, so an unset provider secret is no error.
+pub(super) const NO_PROVIDER_CALLS: &str = "\0claimd:no-provider-calls";
+
 pub(super) fn expand_string(
     s: &str,
     env: &BTreeMap<String, String>,
@@ -156,6 +160,10 @@ pub(super) fn expand_string(
         match (env.get(name).filter(|v| !v.is_empty()), default) {
             (Some(v), _) => out.push_str(v),
             (None, Some(d)) => out.push_str(d),
+            // A command that calls no provider (report, claims ...): the value goes nowhere.
+            (None, None) if must_be_set(at) && env.contains_key(NO_PROVIDER_CALLS) => {
+                out.push_str("unset");
+            }
             (None, None) if must_be_set(at) => {
                 return Err((
                     at.to_string(),

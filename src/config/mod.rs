@@ -170,6 +170,21 @@ impl Config {
         Ok(loaded)
     }
 
+    /// [`Config::load`] for a command that calls no provider (`report`, `claims ...`,
+    /// `prune`, `migrate`): a provider secret that is not set is no error there, since the
+    /// value is never sent.
+    pub fn load_without_provider_secrets(path: &Path) -> Result<Loaded, ConfigError> {
+        let text = read_config_file(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let env =
+            std::env::vars().chain([(layering::NO_PROVIDER_CALLS.to_string(), String::new())]);
+        let mut loaded = Self::from_toml(&text, path, env)?;
+        loaded.config.file = Some(std::fs::canonicalize(path).unwrap_or_else(|_| path.into()));
+        Ok(loaded)
+    }
+
     /// Parses `text` (named `path` in errors) with the given environment.
     pub fn from_toml(
         text: &str,

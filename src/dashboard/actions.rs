@@ -54,7 +54,7 @@ fn page(status: StatusCode, title: &str, body: maud::Markup) -> Response {
             head {
                 meta charset="utf-8";
                 title { "claimd: " (title) }
-                style { (maud::PreEscaped(super::render::CSS)) }
+                style { (maud::PreEscaped(super::layout::CSS)) }
             }
             body { main { section { h2 { (title) } (body) } } }
         }
@@ -136,6 +136,18 @@ pub async fn preview(
     }
     let csrf = session.csrf(&state.config.http.admin_token);
     let n = p.claims.len();
+    // What each claim is now, so the person confirms knowing the reason and the key.
+    let mut now_shown = Vec::with_capacity(n);
+    for t in &p.claims {
+        let c = state
+            .claimer
+            .store()
+            .get(&t.consumer, &t.tenant, &t.message_id)
+            .await
+            .ok()
+            .flatten();
+        now_shown.push(c);
+    }
     page(
         StatusCode::OK,
         "Confirm",
@@ -144,7 +156,23 @@ pub async fn preview(
                 "This will " strong { (action.describe()) } " for " strong { (n) " claim" @if n != 1 { "s" } }
                 ", recorded as " code { "page:" (session.name) } @if !p.note.is_empty() { " with the note “" (super::render::visible(&p.note)) "”" } "."
             }
-            ul { @for t in &p.claims { li { code { (super::render::visible(&t.label())) } } } }
+            table {
+                thead { tr { th { "claim" } th { "state" } th { "idempotency key" } th { "reason" } } }
+                tbody {
+                    @for (t, c) in p.claims.iter().zip(&now_shown) {
+                        tr {
+                            td { code { (super::render::visible(&t.label())) } }
+                            @if let Some(c) = c {
+                                td { (c.state) " (attempt " (c.attempt) ")" }
+                                td { code { (super::render::visible(&c.idem_key)) } }
+                                td.text { (super::render::visible(c.last_error.as_deref().unwrap_or("-"))) }
+                            } @else {
+                                td colspan="3" { "no such claim any more" }
+                            }
+                        }
+                    }
+                }
+            }
             form method="post" action="/actions/apply" {
                 input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" name="action" value=(action.name());
@@ -193,19 +221,27 @@ pub async fn apply(
     )
 }
 
-/// The forms on a parked claim's card: resolve (with a note) or redrive, each to the preview.
+/// The forms on a parked (or failed) claim: resolve (as completed or failed, with a note the
+/// browser requires before sending) and redrive, each to the preview.
 pub fn claim_forms(target: &Target, csrf: &str) -> maud::Markup {
     maud::html! {
-        form.act method="post" action="/actions/preview" {
-            input type="hidden" name="csrf" value=(csrf);
-            input type="hidden" name="claim" value=(target.encode());
-            select name="action" aria-label="action" {
-                option value="complete" { "resolve: completed" }
-                option value="fail" { "resolve: failed" }
-                option value="redrive" { "redrive" }
+        div.acts {
+            form.act.resolve method="post" action="/actions/preview" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="claim" value=(target.encode());
+                select name="action" aria-label="resolve as" {
+                    option value="complete" { "resolve: completed" }
+                    option value="fail" { "resolve: failed" }
+                }
+                input type="text" name="note" required placeholder="note: what the provider shows for its key" size="40" aria-label="note";
+                button type="submit" { "Review…" }
             }
-            input type="text" name="note" placeholder="note: what the provider shows (required to resolve)" size="40";
-            button type="submit" { "Review…" }
+            form.act.redrive method="post" action="/actions/preview" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="claim" value=(target.encode());
+                input type="hidden" name="action" value="redrive";
+                button type="submit" { "Redrive (same key)…" }
+            }
         }
     }
 }
@@ -218,9 +254,11 @@ pub fn bulk_form(consumers: &[String], csrf: &str) -> maud::Markup {
             "All parked claims of "
             select name="consumer" aria-label="consumer" { @for c in consumers { option value=(c) { (c) } } }
             " whose reason starts with "
-            input type="text" name="reason" placeholder="(any reason)" size="24";
+            input type="text" name="reason" placeholder="(empty: any reason)" size="24";
             " → "
-            select name="action" aria-label="action" {
+            // No default: a bulk action is chosen, never taken by leaving the form as it was.
+            select name="action" aria-label="action" required {
+                option value="" disabled selected { "choose an action" }
                 option value="redrive" { "redrive" }
                 option value="complete" { "resolve: completed" }
                 option value="fail" { "resolve: failed" }

@@ -16,18 +16,38 @@ pub fn commands_for(
         tenant: &item.tenant,
         message_id: &item.message_id,
     };
+    let stuck = item.state == ClaimState::Started.as_str();
+    commands_for_claim(commands, claim, if stuck { "stuck" } else { &item.state })
+}
+
+/// What an operator can do about a claim in `state` (a state's name, or `stuck`): (when,
+/// command), in the order to try them. A claim in flight, pending or completed gets only
+/// `show`.
+pub fn commands_for_claim(
+    commands: &OperatorCommands,
+    claim: ClaimRef<'_>,
+    state: &str,
+) -> Vec<(&'static str, String)> {
     let show = ("look first", commands.show(claim));
-    if item.state == ClaimState::Started.as_str() {
-        vec![show, ("run a sweeper pass now", commands.sweep())]
-    } else {
-        vec![
+    match state {
+        "stuck" => vec![show, ("run a sweeper pass now", commands.sweep())],
+        "needs_attention" => vec![
             show,
             (
                 "the provider has the effect",
                 commands.resolve(claim, ClaimState::Completed, Note::ToWrite),
             ),
             ("the provider has no record of it", commands.redrive(claim)),
-        ]
+        ],
+        "failed" => vec![
+            show,
+            (
+                "the provider has the effect after all",
+                commands.resolve(claim, ClaimState::Completed, Note::ToWrite),
+            ),
+            ("fixed the cause: send it again", commands.redrive(claim)),
+        ],
+        _ => vec![show],
     }
 }
 
@@ -63,6 +83,22 @@ mod tests {
         assert_eq!(
             cmds[2],
             "claimd claims redrive payments order-1 --tenant acme"
+        );
+    }
+
+    #[test]
+    fn failed_claims_get_resolve_and_redrive_commands() {
+        let claim = ClaimRef {
+            consumer: "payments",
+            tenant: "",
+            message_id: "order-9",
+        };
+        let cmds = commands_for_claim(&OperatorCommands::default(), claim, "failed");
+        assert_eq!(cmds.len(), 3);
+        assert_eq!(cmds[2].1, "claimd claims redrive payments order-9");
+        assert_eq!(
+            commands_for_claim(&OperatorCommands::default(), claim, "completed").len(),
+            1
         );
     }
 

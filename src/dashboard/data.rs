@@ -15,8 +15,8 @@ pub const COMPLETED_SAMPLE: u32 = 500;
 /// How many of the newest `started` claims the open-claim age chart reads.
 pub const STARTED_SAMPLE: u32 = 500;
 
-/// How many of the newest `failed` claims the page lists.
-pub const FAILED_SHOWN: u32 = 50;
+/// How many of the newest `failed` claims the page lists (the rest: on the search page).
+pub const FAILED_SHOWN: u32 = super::render::SHOWN_PER_LIST as u32;
 
 /// Reads everything the page shows. `window` bounds the throughput figures and the
 /// time-to-complete sample; open work is counted in full.

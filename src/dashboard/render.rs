@@ -6,17 +6,20 @@
 
 use super::actions::{Target, bulk_form, claim_forms};
 use super::chart::{Series, histogram, histogram_svg};
-use super::commands::commands_for;
+use super::commands::{commands_for, commands_for_claim};
+use super::layout::{search_form, shell};
 use super::{Dashboard, OpenKind, PageSession, REFRESH_SECONDS};
 use crate::claim::ClaimState;
-use crate::operator_command::OperatorCommands;
-use crate::report::{Report, Window};
+use crate::claim_query::{ClaimQuery, claim_path, claim_path_of};
+use crate::operator_command::{ClaimRef, OperatorCommands};
+use crate::report::{AttentionItem, Report, Window};
 use crate::store::ConsumerCounts;
 use chrono::{DateTime, Utc};
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{Markup, html};
 
-/// The page's stylesheet, compiled into the binary: the page loads no external asset.
-pub(super) const CSS: &str = include_str!("page.css");
+/// How many parked claims, stuck claims and failed claims the page lists each (the rest are
+/// a link away, on the search page's pages).
+pub const SHOWN_PER_LIST: usize = 10;
 
 /// Escapes text for HTML element content and quoted attribute values, as the templates do
 /// (`&`, `<`, `>` and `"`; attribute values are always double-quoted).
@@ -78,7 +81,9 @@ fn open_problems(r: &Report) -> (i64, i64) {
     (stuck, parked)
 }
 
-/// The whole page.
+/// The whole page, most urgent first: what needs a person (parked, stuck and failed claims,
+/// providers and brokers that are down), then the counts and the charts. A section another
+/// part of claimd adds is one function returning `Markup`, called from one line below.
 pub fn render(d: &Dashboard) -> String {
     let r = &d.report;
     let (stuck, attention) = open_problems(r);
@@ -87,63 +92,39 @@ pub fn render(d: &Dashboard) -> String {
         0 => "claimd: sweeper NOT RUNNING".to_string(),
         n => format!("claimd: {n} need a look"),
     };
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                // A signed-in person may be typing a note: no reload under them.
-                @if d.session.is_none() {
-                    meta http-equiv="refresh" content=(REFRESH_SECONDS);
-                }
-                link rel="icon" href="data:,";
-                title { (title) }
-                style { (PreEscaped(CSS)) }
-            }
-            body {
-                header {
-                    h1 { "claimd" }
-                    span.what { "operator page" }
-                    span.meta {
-                        "generated " (fmt_time(r.generated_utc)) " (database clock) · store "
-                        (d.store) " · instance " (d.instance)
-                        @if d.session.is_none() { " · reloads every " (REFRESH_SECONDS) "s" }
-                    }
-                    @if let Some(s) = &d.session {
-                        form.signout method="post" action="/signout" {
-                            input type="hidden" name="csrf" value=(s.csrf);
-                            "signed in as " strong { (s.name) } " · "
-                            a href="/" { "reload" } " "
-                            button type="submit" { "Sign out" }
-                        }
-                    }
-                }
-                main {
-                    (render_tiles(r, d.window))
-                    (render_providers(r))
-                    (super::ledger::render_ledger(&r.ledger))
-                    (render_counts(&r.consumers, d.window))
-                    (render_charts(d))
-                    (render_attention(r, &d.commands, d.session.as_ref()))
-                    (render_failed(d))
-                    (render_brokers(d))
-                }
-                footer {
-                    @if d.session.is_none() { "Read-only (sign in at /signin to act). " }
-                    "The same figures: " code { "claimd report --format json" }
-                    " or " code { "GET /v1/report" } ". What each reason means and what to do: \
-                    docs/operations.md."
-                    @if !d.commands.names_config() {
-                        " This worker's configuration was not read from a file: add "
-                        code { "--config PATH" } " to the commands when it is not "
-                        code { "config/default.toml" } "."
-                    }
-                }
+    let consumers: Vec<String> = r.consumers.iter().map(|c| c.consumer.clone()).collect();
+    let meta = html! {
+        "generated " (fmt_time(r.generated_utc)) " (database clock) · store "
+        (d.store) " · instance " (d.instance)
+        @if d.session.is_none() { " · reloads every " (REFRESH_SECONDS) "s" }
+    };
+    let body = html! {
+        main {
+            (search_form(&ClaimQuery::default(), &consumers))
+            (render_tiles(r, d.window))
+            // What needs a person.
+            (render_attention(r, &d.commands, d.session.as_ref()))
+            (render_failed(d))
+            (render_providers(r))
+            (render_brokers(d))
+            (super::ledger::render_ledger(&r.ledger))
+            // How it is going.
+            (render_counts(&r.consumers, d.window))
+            (render_charts(d))
+        }
+        footer {
+            @if d.session.is_none() { "Read-only (sign in at /signin to act). " }
+            "The same figures: " code { "claimd report --format json" }
+            " or " code { "GET /v1/report" } ". What each reason means and what to do: \
+            docs/operations.md."
+            @if !d.commands.names_config() {
+                " This worker's configuration was not read from a file: add "
+                code { "--config PATH" } " to the commands when it is not "
+                code { "config/default.toml" } "."
             }
         }
-    }
-    .into_string()
+    };
+    shell(&title, meta, d.session.as_ref(), true, body)
 }
 
 fn tile(class: &str, label: &str, value: &str, sub: &str) -> Markup {
@@ -158,6 +139,7 @@ fn tile(class: &str, label: &str, value: &str, sub: &str) -> Markup {
 
 /// The row of tiles: sweeper health, stuck, needs attention, oldest started, failed.
 pub fn render_tiles(r: &Report, window: Window) -> Markup {
+    let (stuck, attention) = open_problems(r);
     let last = match r.sweeper.last_run_utc {
         Some(t) => format!(
             "last pass {} ago",
@@ -173,6 +155,14 @@ pub fn render_tiles(r: &Report, window: Window) -> Markup {
             "STARTING",
             &format!("{last}; first pass due within 3 schedule periods of this worker's start"),
         )
+    } else if r.sweeper.healthy && stuck > 0 {
+        // Running, but claims wait for it: "healthy" alone would read as "nothing to do".
+        tile(
+            "warn",
+            "sweeper",
+            "healthy",
+            &format!("{last}; {stuck} stuck claim(s) wait for its next pass"),
+        )
     } else if r.sweeper.healthy {
         tile("ok", "sweeper", "healthy", &last)
     } else {
@@ -183,7 +173,6 @@ pub fn render_tiles(r: &Report, window: Window) -> Markup {
             &format!("{last}; is a claimd run up?"),
         )
     };
-    let (stuck, attention) = open_problems(r);
     let failed: i64 = r.consumers.iter().map(|c| c.failed).sum();
     let pending: i64 = r.consumers.iter().map(|c| c.pending).sum();
     let oldest_pending = r
@@ -210,7 +199,7 @@ pub fn render_tiles(r: &Report, window: Window) -> Markup {
                     &format!("at the provider, not final; oldest {}",
                         oldest_pending.map_or("-".into(), human_secs))))
             }
-            (tile("", "failed", &failed.to_string(),
+            (tile(if failed > 0 { "warn" } else { "ok" }, "failed", &failed.to_string(),
                 &format!("refused by the provider in {}", window_label(window))))
         }
     }
@@ -233,15 +222,15 @@ fn counts_row(c: &ConsumerCounts, class: &str) -> Markup {
     html! {
         tr class=(class) {
             td { (c.consumer) }
+            (count_cell(c.needs_attention, "bad"))
+            (count_cell(c.stuck, "bad"))
+            (count_cell(c.failed, "warn"))
+            (count_cell(c.started, ""))
+            (count_cell(c.pending, ""))
+            (count_cell(c.completed, ""))
             (count_cell(c.received, ""))
             (count_cell(c.duplicates, ""))
             (count_cell(c.payload_mismatches, "warn"))
-            (count_cell(c.started, ""))
-            (count_cell(c.stuck, "bad"))
-            (count_cell(c.pending, ""))
-            (count_cell(c.completed, ""))
-            (count_cell(c.failed, ""))
-            (count_cell(c.needs_attention, "bad"))
             (count_cell(c.resent, ""))
             (secs_cell(c.oldest_started_age_s, if c.stuck > 0 { "warn" } else { "" }))
             (secs_cell(c.p50_complete_s, ""))
@@ -284,15 +273,15 @@ fn total(consumers: &[ConsumerCounts]) -> ConsumerCounts {
 pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> Markup {
     let header = [
         "consumer",
+        "needs attention",
+        "stuck",
+        "failed",
+        "started",
+        "pending",
+        "completed",
         "received",
         "duplicates",
         "mismatches",
-        "started",
-        "stuck",
-        "pending",
-        "completed",
-        "failed",
-        "needs attention",
         "resent",
         "oldest started",
         "p50",
@@ -323,26 +312,37 @@ pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> Markup {
     }
 }
 
-/// The stuck and parked claims, each with its reason, age, attempt and commands.
+/// The parked claims (each with its reason, age, attempt, commands and, signed in, its
+/// forms) and the stuck ones, the first [`SHOWN_PER_LIST`] of each; the rest are on the
+/// search page.
 pub fn render_attention(
     r: &Report,
     commands: &OperatorCommands,
     session: Option<&PageSession>,
 ) -> Markup {
     let (stuck, parked) = open_problems(r);
-    let shown = r.attention.len() as i64;
+    let parked_items: Vec<&AttentionItem> = r
+        .attention
+        .iter()
+        .filter(|a| a.state == ClaimState::NeedsAttention.as_str())
+        .collect();
+    let stuck_items: Vec<&AttentionItem> = r
+        .attention
+        .iter()
+        .filter(|a| a.state == ClaimState::Started.as_str())
+        .collect();
     html! {
-        section {
+        section.attention {
             h2 { "Needs a look (" (stuck + parked) ")" }
             p.note {
                 "Parked claims wait for a decision: check the provider (its records for the \
                 claim's key), then resolve or redrive. Stuck claims wait for the next sweeper \
-                pass. Click a command to select it."
+                pass. Click a command to select it; open a claim for its history."
             }
             @if r.attention.is_empty() {
                 p.clear { "Nothing is stuck and nothing needs attention." }
             }
-            @if parked > 1 {
+            @if r.attention.len() > 1 {
                 @let groups = reasons(r);
                 p.groups {
                     "By reason: "
@@ -356,50 +356,92 @@ pub fn render_attention(
                 @let consumers: Vec<String> = r.consumers.iter().filter(|c| c.needs_attention > 0).map(|c| c.consumer.clone()).collect();
                 (bulk_form(&consumers, &s.csrf))
             }
-            @for a in &r.attention {
-                @let (class, badge) = if a.state == ClaimState::Started.as_str() {
-                    ("stuck", "stuck")
-                } else {
-                    ("attention", "needs attention")
-                };
-                div class={ "item " (class) } {
-                    div.head {
-                        span class={ "badge " (class) } { (badge) }
-                        span.who {
-                            (a.consumer) " · " code { (visible(&a.message_id)) }
-                            @if !a.tenant.is_empty() { " · tenant " (visible(&a.tenant)) }
-                        }
-                        span.facts {
-                            "attempt " (a.attempt) " · received " (human_secs(a.age_s as f64))
-                            " ago"
+            @for a in parked_items.iter().take(SHOWN_PER_LIST) {
+                (attention_card(a, commands, session))
+            }
+            @if parked > SHOWN_PER_LIST as i64 {
+                p.more {
+                    "Showing " (SHOWN_PER_LIST.min(parked_items.len())) " of " (parked) " parked claims: "
+                    a href="/claims?state=needs_attention" { "all parked claims »" }
+                    " (or " code { (commands.list(&["--state", "needs_attention"])) } ")"
+                }
+            }
+            @if !stuck_items.is_empty() {
+                h3.stuck { "Stuck (" (stuck) "): started, lease expired, waiting for the sweeper" }
+                div.cmds {
+                    span.when { "run a sweeper pass now" }
+                    code { (commands.sweep()) }
+                }
+                div.scroll {
+                    table.stuck {
+                        thead { tr { th { "claim" } th { "attempt" } th { "received" } th { "reason" } th { "look first" } } }
+                        tbody {
+                            @for a in stuck_items.iter().take(SHOWN_PER_LIST) {
+                                tr {
+                                    td { a href=(claim_path_of(&a.consumer, &a.tenant, &a.message_id)) {
+                                        (a.consumer) " / " code { (visible(&a.message_id)) } }
+                                        @if !a.tenant.is_empty() { " · tenant " (visible(&a.tenant)) } }
+                                    td { (a.attempt) }
+                                    td { (human_secs(a.age_s as f64)) " ago" }
+                                    td.text { (visible(&a.reason)) }
+                                    td.cmdcell { code { (visible(&commands.show(ClaimRef {
+                                        consumer: &a.consumer,
+                                        tenant: &a.tenant,
+                                        message_id: &a.message_id,
+                                    }))) } }
+                                }
+                            }
                         }
                     }
-                    div.reason {
-                        @if a.reason.is_empty() { "(no reason recorded)" } @else { (visible(&a.reason)) }
-                    }
-                    div.key { "idempotency key (look it up at the provider): " code { (visible(&a.key)) } }
-                    div.cmds {
-                        @for (when, cmd) in commands_for(commands, a) {
-                            span.when { (when) }
-                            code { (visible(&cmd)) }
-                        }
-                    }
-                    @if let Some(s) = session.filter(|_| a.state == ClaimState::NeedsAttention.as_str()) {
-                        (claim_forms(&Target {
-                            consumer: a.consumer.clone(),
-                            tenant: a.tenant.clone(),
-                            message_id: a.message_id.clone(),
-                            attempt: Some(a.attempt),
-                        }, &s.csrf))
+                }
+                @if stuck > SHOWN_PER_LIST as i64 {
+                    p.more {
+                        "Showing " (SHOWN_PER_LIST.min(stuck_items.len())) " of " (stuck) " stuck claims: "
+                        a href="/claims?state=stuck" { "all stuck claims »" }
+                        " (or " code { (commands.list(&["--stuck"])) } ")"
                     }
                 }
             }
-            @if shown < stuck + parked {
-                p.more {
-                    "Showing " (shown) " of " (stuck + parked) "; "
-                    code { (commands.list(&["--state", "needs_attention"])) } " and "
-                    code { (commands.list(&["--stuck"])) } " list them all."
+        }
+    }
+}
+
+/// One parked claim's card.
+fn attention_card(
+    a: &AttentionItem,
+    commands: &OperatorCommands,
+    session: Option<&PageSession>,
+) -> Markup {
+    html! {
+        div class="item attention" {
+            div.head {
+                span class="badge attention" { "needs attention" }
+                a.who href=(claim_path_of(&a.consumer, &a.tenant, &a.message_id)) {
+                    (a.consumer) " · " code { (visible(&a.message_id)) }
+                    @if !a.tenant.is_empty() { " · tenant " (visible(&a.tenant)) }
                 }
+                span.facts {
+                    "attempt " (a.attempt) " · received " (human_secs(a.age_s as f64))
+                    " ago"
+                }
+            }
+            div.reason {
+                @if a.reason.is_empty() { "(no reason recorded)" } @else { (visible(&a.reason)) }
+            }
+            div.key { "idempotency key (look it up at the provider): " code { (visible(&a.key)) } }
+            div.cmds {
+                @for (when, cmd) in commands_for(commands, a) {
+                    span.when { (when) }
+                    code { (visible(&cmd)) }
+                }
+            }
+            @if let Some(s) = session {
+                (claim_forms(&Target {
+                    consumer: a.consumer.clone(),
+                    tenant: a.tenant.clone(),
+                    message_id: a.message_id.clone(),
+                    attempt: Some(a.attempt),
+                }, &s.csrf))
             }
         }
     }
@@ -409,12 +451,12 @@ pub fn render_attention(
 /// and "outcome unknown (500)" group together), most frequent first.
 fn reasons(r: &Report) -> Vec<(String, usize)> {
     let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
-    for a in r
-        .attention
-        .iter()
-        .filter(|a| a.state == ClaimState::NeedsAttention.as_str())
-    {
-        let head = a.reason.split(['(', ':']).next().unwrap_or("").trim();
+    for a in &r.attention {
+        let head = if a.state == ClaimState::Started.as_str() {
+            "stuck: lease expired"
+        } else {
+            a.reason.split(['(', ':']).next().unwrap_or("").trim()
+        };
         *counts.entry(head.to_string()).or_default() += 1;
     }
     let mut v: Vec<_> = counts.into_iter().collect();
@@ -422,27 +464,51 @@ fn reasons(r: &Report) -> Vec<(String, usize)> {
     v
 }
 
-/// The newest failed claims with what the provider said.
+/// The newest failed claims: when, what the provider answered (status and message), and
+/// what can be done (resolve or redrive accept a failed claim).
 pub fn render_failed(d: &Dashboard) -> Markup {
+    let failed: i64 = d.report.consumers.iter().map(|c| c.failed).sum();
+    let now = d.report.generated_utc;
     html! {
         @if !d.failed.is_empty() {
-            section {
-                h2 { "Failed (newest " (d.failed.len()) ")" }
-                p.note { "Refused by the provider: final. The provider's status and message say why." }
-                table {
-                    thead { tr { th { "consumer" } th { "message id" } th { "key" } th { "status" } th { "reason" } th { "when" } } }
-                    tbody {
-                        @for c in &d.failed {
-                            tr {
-                                td { (c.consumer) }
-                                td { code { (visible(&c.message_id)) } @if !c.tenant.is_empty() { " · tenant " (visible(&c.tenant)) } }
-                                td { code { (visible(&c.idem_key)) } }
-                                td { @if let Some(s) = c.provider_status { (s) } @else { "-" } }
-                                td { (visible(c.last_error.as_deref().unwrap_or("-"))) }
-                                td { (c.processed_utc.map(fmt_time).unwrap_or_default()) }
+            section.failed {
+                h2 { "Failed in " (window_label(d.window)) " (" (failed) ")" }
+                p.note { "Refused by the provider: final unless someone acts. The provider's status \
+                    and message say why; if the cause is fixed, redrive sends it again with the same key." }
+                div.scroll {
+                    table.failed {
+                        thead { tr { th { "claim" } th { "when" } th { "provider said" } th { "what to do" } } }
+                        tbody {
+                            @for c in d.failed.iter().take(SHOWN_PER_LIST) {
+                                @let claim = ClaimRef { consumer: &c.consumer, tenant: &c.tenant, message_id: &c.message_id };
+                                tr {
+                                    td {
+                                        a href=(claim_path(c)) { (c.consumer) " / " code { (visible(&c.message_id)) } }
+                                        @if !c.tenant.is_empty() { br; "tenant " (visible(&c.tenant)) }
+                                        br; span.sub { "key " code { (visible(&c.idem_key)) } }
+                                    }
+                                    td { @match c.processed_utc {
+                                        Some(t) => { (human_secs((now - t).num_milliseconds() as f64 / 1000.0)) " ago" br; span.sub { (fmt_time(t)) } },
+                                        None => { "received " (human_secs((now - c.received_utc).num_milliseconds() as f64 / 1000.0)) " ago" },
+                                    } }
+                                    td.text {
+                                        @if let Some(s) = c.provider_status { strong { (s) } " " }
+                                        (visible(c.provider_response.as_deref().filter(|r| !r.is_empty()).unwrap_or("")))
+                                        @if let Some(e) = &c.last_error { br; span.sub { (visible(e)) } }
+                                    }
+                                    td.cmdcell {
+                                        @for (_, cmd) in commands_for_claim(&d.commands, claim, "failed").into_iter().skip(1) {
+                                            code { (visible(&cmd)) }
+                                        }
+                                    }
+                                }
                             }
                         }
                     }
+                }
+                @if failed > SHOWN_PER_LIST as i64 {
+                    p.more { "Showing the newest " (SHOWN_PER_LIST.min(d.failed.len())) " of " (failed) ": "
+                        a href="/claims?state=failed" { "all failed claims »" } }
                 }
             }
         }

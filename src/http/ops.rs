@@ -1,11 +1,10 @@
-//! The operations routes: the claims list, the report, Prometheus metrics, liveness and
+//! The operations routes: the report, Prometheus metrics, liveness and
 //! readiness.
 
 use super::problem::{problem, store_down};
 use super::state::AppState;
-use crate::claim::{Claim, ClaimState};
+use crate::claim::Claim;
 use crate::report::{self, SweeperHealth, Window};
-use crate::store::ClaimFilter;
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -22,47 +21,6 @@ pub struct ClaimView<'a> {
     pub claim: &'a Claim,
     /// Started and past its lease.
     pub stuck: bool,
-}
-
-/// Filters of `GET /v1/claims`.
-#[derive(Debug, Deserialize)]
-pub struct ClaimsQuery {
-    /// Query parameter `state`.
-    pub state: Option<String>,
-    /// Query parameter `consumer`.
-    pub consumer: Option<String>,
-    /// Query parameter `stuck`.
-    pub stuck: Option<bool>,
-    /// Query parameter `limit`.
-    pub limit: Option<u32>,
-}
-
-/// `GET /v1/claims`.
-pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimsQuery>) -> Response {
-    let st = match q.state.as_deref().map(str::parse::<ClaimState>).transpose() {
-        Ok(s) => s,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad state", &e.to_string()),
-    };
-    let filter = ClaimFilter {
-        state: st,
-        consumer: q.consumer,
-        stuck: q.stuck.unwrap_or(false),
-        since: None,
-        limit: q.limit.unwrap_or(100).min(10_000),
-    };
-    let store = state.claimer.store();
-    let (claims, now) = match (store.list(&filter).await, store.now().await) {
-        (Ok(c), Ok(n)) => (c, n),
-        (Err(e), _) | (_, Err(e)) => return store_down(e),
-    };
-    let views: Vec<ClaimView> = claims
-        .iter()
-        .map(|c| ClaimView {
-            claim: c,
-            stuck: c.is_stuck(now),
-        })
-        .collect();
-    Json(serde_json::json!({ "claims": views })).into_response()
 }
 
 /// Parameters of `GET /v1/report`.

@@ -52,10 +52,29 @@ fn see_other(to: &'static str) -> Response {
 /// `GET /signin`: the form (or straight to the page when no admin token is configured).
 pub async fn form(State(state): State<AppState>) -> Response {
     if state.config.http.admin_token.is_empty() {
-        return see_other("/");
+        return no_admin_token();
     }
     page(StatusCode::OK, "")
 }
+
+/// What `/signin` says when no admin token is configured: nothing to sign in with, so the
+/// page stays read-only, and what to set to act from it.
+fn no_admin_token() -> Response {
+    crate::dashboard::html_page(StatusCode::OK, NO_TOKEN_PAGE.to_string())
+}
+
+const NO_TOKEN_PAGE: &str = r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>claimd — no admin token</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>body{font:16px system-ui,sans-serif;margin:4rem auto;max-width:34rem;color:#1d2733}h1{font-size:1.4rem}</style></head>
+<body><h1>No sign-in on this worker</h1>
+<p>This worker has no <code>[http] admin_token</code>, so there is nothing to sign in with: the
+<a href="/">operator page</a> is open to whoever reaches this (loopback) listener, and read-only.</p>
+<p>To resolve and redrive from the page, set an admin token (at least 16 characters) and start
+the worker again, for example <code>admin_token = "${CLAIMD_ADMIN_TOKEN}"</code> under
+<code>[http]</code> with <code>CLAIMD_ADMIN_TOKEN</code> set in its environment; then sign in here
+with it. Without the page, <code>claimd claims resolve|redrive</code> act from the command line.</p>
+</body></html>"#;
 
 /// `POST /signin`: checks the token; sets the session cookie and goes to the page.
 pub async fn sign_in(
@@ -66,7 +85,7 @@ pub async fn sign_in(
 ) -> Response {
     let expected = &state.config.http.admin_token;
     if expected.is_empty() {
-        return see_other("/");
+        return no_admin_token();
     }
     let peer = peer.map(|Extension(Peer(addr))| addr);
     // Without a recorded address (the router called in-process) every try shares one bucket.

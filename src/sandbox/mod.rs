@@ -4,7 +4,7 @@
 //! It is the test double for every test and benchmark, and what `claimd sandbox` (or
 //! `[sandbox] enabled = true` under `claimd run`) serves. Its behaviour:
 //!
-//! - `POST /v1/<anything>` (except under `/v1/effects`) needs an `Idempotency-Key` header of
+//! - `POST /v1/<anything>` or `/v2/<anything>` (except under `/v1/effects`) needs an `Idempotency-Key` header of
 //!   1–255 visible ASCII characters, else `400`. After sleeping the configured latency (the key
 //!   is *in flight* meanwhile) the first request for a key applies the effect once and stores
 //!   the response. A repeat with the same body (compared by SHA-256) replays the stored
@@ -15,10 +15,17 @@
 //!   provider either answers `500` or drops the connection without any response (50/50).
 //! - `rate_limit` N: at most N `POST`s a second (a token bucket holding one second's worth);
 //!   beyond it a `POST` is answered `429` with `Retry-After: 1`, nothing applied.
+//! - A JSON body whose top-level `"sandbox"` field is `"decline"` is refused with `402`
+//!   (nothing applied); `"unknown"` is applied, then answered `500`: an outcome a message asks
+//!   for, to see a failed or a parked claim on purpose (README's walk-through).
 //! - `ignore_keys`: a provider without idempotency — every `POST` applies (the key header is
 //!   optional; when present the effect is counted under it), nothing is replayed or refused.
 //! - It speaks HTTP/1.1, and HTTP/2 to a client that starts with the HTTP/2 preface (h2c,
 //!   prior knowledge), without a limit on concurrent streams.
+//! - `GET /v1/<objects>/search?query=metadata['claimd_key']:'K'` (Stripe's search shape)
+//!   returns `{"object":"search_result","data":[<stored response>]}`.
+//! - `GET /v1/messages?reference=K` (an SMS API's list) returns `{"data":[{"id":...,
+//!   "reference":K,...}]}`, an empty list when nothing was sent under K.
 //! - `GET /v1/effects/{key}` returns the [`EffectRecord`] or `404 {"error":"not found"}`;
 //!   `GET /v1/effects` returns `{"effects":[...]}` sorted by key; `GET /healthz` returns `200`.
 //! - Other provider shapes ([`Sandbox::with_modes`], [`SandboxModes`]): the key in a JSON body
@@ -175,6 +182,7 @@ impl std::error::Error for DropConnection {}
 type Reply = Result<Response<Full<Bytes>>, DropConnection>;
 
 /// What happens after an effect was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Aftermath {
     /// Answer with the stored response.
     Respond,
@@ -406,12 +414,13 @@ impl Inner {
         key: String,
         path: String,
         body_sha256: String,
+        directed: Option<Aftermath>,
     ) -> (StatusCode, Bytes, Aftermath) {
         tokio::time::sleep(self.options.latency).await;
         let stored = self.new_stored(key.clone(), path, body_sha256);
         let (status, body) = (stored.status, stored.body.clone());
         self.shard(&key).insert(key, Slot::Done(Box::new(stored)));
-        (status, body, self.aftermath())
+        (status, body, directed.unwrap_or_else(|| self.aftermath()))
     }
 
     /// Apply an effect with idempotency ignored: every call counts.
@@ -484,7 +493,20 @@ async fn handle(inner: Arc<Inner>, request: Request<Incoming>) -> Reply {
             _ => method_not_allowed("GET"),
         });
     }
-    if path.len() > "/v1/".len() && path.starts_with("/v1/") {
+    // An SMS-shaped lookup: the messages sent with a `reference` (the key, with `ignore_keys`
+    // the `Idempotency-Key` header the message came with).
+    if path == "/v1/messages" && matches!(method, Method::GET | Method::HEAD) {
+        return Ok(modes::messages(&inner, request.uri().query()));
+    }
+    // A Stripe-shaped search (`GET /v1/payment_intents/search?query=metadata['k']:'KEY'`).
+    if path.starts_with("/v1/") && path.ends_with("/search") && method == Method::GET {
+        return Ok(modes::search_query(&inner, request.uri().query()));
+    }
+    // `/v1/...` and `/v2/...` (Square's `POST /v2/payments`).
+    let api = ["/v1/", "/v2/"]
+        .iter()
+        .any(|p| path.len() > p.len() && path.starts_with(p));
+    if api {
         if method != Method::POST {
             return Ok(method_not_allowed("POST"));
         }
@@ -573,6 +595,20 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
         return Ok(r);
     }
 
+    // A message can ask for an outcome (README's walk-through): `"sandbox": "decline"` is
+    // refused with 402, nothing applied; `"sandbox": "unknown"` is applied, then answered 500.
+    let directed = match directive(&body) {
+        Some("decline") => {
+            return Ok(problem(
+                StatusCode::PAYMENT_REQUIRED,
+                "Card Declined",
+                "the card was declined (asked for by the message: \"sandbox\": \"decline\"); nothing was applied".into(),
+            ));
+        }
+        Some("unknown") => Some(Aftermath::Error500),
+        _ => None,
+    };
+
     if Inner::roll(options.fail_rate) {
         tracing::debug!(?key, "sandbox simulating 503 (nothing applied)");
         return Ok(problem(
@@ -620,7 +656,7 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
                     let (status, body) = (stored.status, stored.body.clone());
                     map.insert(key, Slot::Done(Box::new(stored)));
                     drop(map);
-                    return finish(status, body, inner.aftermath());
+                    return finish(status, body, directed.unwrap_or_else(|| inner.aftermath()));
                 }
                 None => {
                     map.insert(
@@ -633,7 +669,7 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
             }
         }
         // Applied in its own task: a client that gives up mid-flight does not undo it.
-        tokio::spawn(Arc::clone(&inner).apply_keyed(key, path, body_sha256))
+        tokio::spawn(Arc::clone(&inner).apply_keyed(key, path, body_sha256, directed))
     };
     match work.await {
         Ok((status, body, aftermath)) => finish(status, body, aftermath),
@@ -645,6 +681,19 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
                 "the sandbox failed while applying".into(),
             ))
         }
+    }
+}
+
+/// The outcome a JSON body asks for in its top-level `"sandbox"` field, if any.
+fn directive(body: &[u8]) -> Option<&'static str> {
+    if !body.windows(9).any(|w| w == b"\"sandbox\"") {
+        return None; // the common case: no parse
+    }
+    let v: Value = serde_json::from_slice(body).ok()?;
+    match v.get("sandbox")?.as_str()? {
+        "decline" => Some("decline"),
+        "unknown" => Some("unknown"),
+        _ => None,
     }
 }
 

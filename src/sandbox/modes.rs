@@ -67,6 +67,67 @@ pub(super) fn search(inner: &Inner, query: Option<&str>) -> Response<Full<Bytes>
     )
 }
 
+/// `GET /v1/messages?reference=K`: the message sent under key `K`, as an SMS API lists it.
+pub(super) fn messages(inner: &Inner, query: Option<&str>) -> Response<Full<Bytes>> {
+    let reference = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("reference="))
+        .and_then(|k| percent_decode(&k.replace('+', " ")));
+    let Some(reference) = reference else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Bad Request",
+            "list messages with ?reference=".into(),
+        );
+    };
+    let data: Vec<Value> = inner
+        .effect(&reference)
+        .filter(|r| inner.modes.visible(r))
+        .map(|r| {
+            json!({
+                "id": r.response.get("id").cloned().unwrap_or(Value::Null),
+                "reference": r.key,
+                "status": "sent",
+                "sent_count": r.applied,
+            })
+        })
+        .into_iter()
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/<objects>/search?query=metadata['claimd_key']:'K'`: the stored response of key
+/// `K` (the last quoted value of the query), as Stripe's search lists objects.
+pub(super) fn search_query(inner: &Inner, query: Option<&str>) -> Response<Full<Bytes>> {
+    let text = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("query="))
+        .and_then(|q| percent_decode(&q.replace('+', " ")));
+    let key = text.as_deref().and_then(|q| {
+        let q = q.strip_suffix('\'')?;
+        q.rsplit_once('\'').map(|(_, k)| k.to_string())
+    });
+    let Some(key) = key else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Bad Request",
+            "search needs ?query=field:'value'".into(),
+        );
+    };
+    let data: Vec<Value> = inner
+        .effect(&key)
+        .filter(|r| inner.modes.visible(r))
+        .map(|r| r.response)
+        .into_iter()
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "search_result", "data": data}),
+    )
+}
+
 /// What a lookup route answers when this provider has no lookup endpoint.
 pub(super) fn no_route(path: &str) -> Response<Full<Bytes>> {
     problem(

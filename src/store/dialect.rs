@@ -99,8 +99,12 @@ pub struct Statements {
     pub note_resent: &'static str,
     /// Take back a counted re-send whose call provably applied nothing, fenced: id, attempt.
     pub unnote_resent: &'static str,
-    /// Claims by filter, newest first: state, consumer, stuck, since, limit.
+    /// Claims by filter, newest first: state, consumer, stuck, since, limit, until, tenant,
+    /// cursor time, cursor id (the keyset: only claims before that position).
     pub list_claims: &'static str,
+    /// [`Statements::list_claims`] narrowed to a search text: its nine parameters, then the
+    /// text and the text followed by U+10FFFF (the top of the prefix range).
+    pub search_claims: &'static str,
     /// `needs_attention` claims of a consumer whose `last_error` starts with a prefix, newest
     /// first: consumer, prefix, limit.
     pub list_parked_by_reason: &'static str,

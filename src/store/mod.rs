@@ -143,8 +143,63 @@ pub struct ClaimFilter {
     pub stuck: bool,
     /// Only claims received at or after this time.
     pub since: Option<DateTime<Utc>>,
+    /// Only claims received before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Only this tenant.
+    pub tenant: Option<String>,
+    /// Only claims whose message id, idempotency key or provider id is this text or starts
+    /// with it, or whose tenant is this text (empty: no search).
+    pub search: Option<String>,
+    /// Only claims after this position in the newest-first order: the next page.
+    pub after: Option<ClaimCursor>,
     /// At most this many (newest first).
     pub limit: u32,
+}
+
+/// A position in the newest-first order of claims (receive time, then id): where the next
+/// page of a listing starts. Written as `<receive time in ms>.<id>`; a keyset, so a page
+/// costs the same wherever it is and claims arriving meanwhile shift nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimCursor {
+    /// The receive time of the last claim shown.
+    pub received_utc: DateTime<Utc>,
+    /// Its id.
+    pub id: i64,
+}
+
+impl ClaimCursor {
+    /// The position just after `claim`.
+    pub fn after(claim: &Claim) -> ClaimCursor {
+        ClaimCursor {
+            received_utc: claim.received_utc,
+            id: claim.id,
+        }
+    }
+
+    /// The cursor as text: `<ms>.<id>`.
+    pub fn encode(&self) -> String {
+        format!("{}.{}", self.received_utc.timestamp_millis(), self.id)
+    }
+
+    /// The cursor `next` of a page of `limit` claims: after its last claim when the page is
+    /// full (there may be more), none otherwise.
+    pub fn next(page: &[Claim], limit: u32) -> Option<ClaimCursor> {
+        (page.len() >= limit as usize && limit > 0)
+            .then(|| page.last().map(ClaimCursor::after))
+            .flatten()
+    }
+}
+
+impl std::str::FromStr for ClaimCursor {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("cursor {s:?} is not one a listing gave (<ms>.<id>)");
+        let (ms, id) = s.split_once('.').ok_or_else(bad)?;
+        let ms: i64 = ms.parse().map_err(|_| bad())?;
+        let id: i64 = id.parse().map_err(|_| bad())?;
+        let received_utc = DateTime::<Utc>::from_timestamp_millis(ms).ok_or_else(bad)?;
+        Ok(ClaimCursor { received_utc, id })
+    }
 }
 
 /// A claim the sweeper took over: attempt already bumped, lease renewed.

@@ -513,19 +513,28 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     }
 
     async fn list(&self, f: &ClaimFilter) -> StoreResult<Vec<Claim>> {
-        let rows = self
-            .fetch(
-                "list_claims",
-                D::SQL.list_claims,
-                &[
-                    Arg::OptText(f.state.map(ClaimState::as_str)),
-                    Arg::OptText(f.consumer.as_deref()),
-                    Arg::Bool(f.stuck),
-                    Arg::OptTime(f.since),
-                    Arg::I64(i64::from(f.limit)),
-                ],
-            )
-            .await?;
+        let search = f.search.as_deref().filter(|q| !q.is_empty());
+        // The top of the prefix range: nothing that starts with the text sorts after it.
+        let top = search.map(|q| format!("{q}\u{10FFFF}"));
+        let mut args = vec![
+            Arg::OptText(f.state.map(ClaimState::as_str)),
+            Arg::OptText(f.consumer.as_deref()),
+            Arg::Bool(f.stuck),
+            Arg::OptTime(f.since),
+            Arg::I64(i64::from(f.limit)),
+            Arg::OptTime(f.until),
+            Arg::OptText(f.tenant.as_deref()),
+            Arg::OptTime(f.after.map(|c| c.received_utc)),
+            Arg::OptI64(f.after.map(|c| c.id)),
+        ];
+        let rows = match (search, &top) {
+            (Some(q), Some(top)) => {
+                args.extend([Arg::Text(q), Arg::Text(top)]);
+                self.fetch("search_claims", D::SQL.search_claims, &args)
+                    .await?
+            }
+            _ => self.fetch("list_claims", D::SQL.list_claims, &args).await?,
+        };
         rows.iter().map(claim_from_row).collect()
     }
 

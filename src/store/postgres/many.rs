@@ -44,7 +44,8 @@ pub(super) const SETTLE_MANY: &str = "\
         handoff = COALESCE(u.hoff, c.handoff), \
         handoff_attempt = CASE WHEN u.hoff IS NOT NULL THEN c.attempt ELSE c.handoff_attempt END, \
         waits = c.waits + CASE WHEN u.hoff IS NOT NULL THEN 1 ELSE 0 END, \
-        processed_utc = CASE WHEN u.st = 'completed' THEN now() ELSE c.processed_utc END, \
+        processed_utc = CASE WHEN u.st IN ('completed', 'failed') THEN now() \
+                             ELSE c.processed_utc END, \
         lease_owner = CASE WHEN u.st IS NULL OR u.st = 'started' THEN c.lease_owner END, \
         lease_until = CASE WHEN u.rel IS NOT NULL THEN now() + u.rel * interval '1 millisecond' \
                            WHEN u.st IS NULL OR u.st = 'started' THEN c.lease_until END, \

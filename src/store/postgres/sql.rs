@@ -10,6 +10,26 @@ pub(super) const TRY_PRUNE_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 
 pub(super) const PRUNE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
 
+/// The filters `list_claims` and `search_claims` share (see `Statements::list_claims`).
+macro_rules! pg_list_where {
+    () => {
+        "($1::text IS NULL OR state = $1) \
+       AND ($2::text IS NULL OR consumer = $2) \
+       AND (NOT $3 OR (state = 'started' AND lease_until < now())) \
+       AND ($4::timestamptz IS NULL OR received_utc >= $4) \
+       AND ($6::timestamptz IS NULL OR received_utc < $6) \
+       AND ($7::text IS NULL OR tenant = $7) \
+       AND ($8::timestamptz IS NULL OR (received_utc, id) < ($8, $9::bigint))"
+    };
+}
+
+/// Newest first, the keyset's order.
+macro_rules! pg_list_order {
+    () => {
+        " ORDER BY received_utc DESC, id DESC LIMIT $5"
+    };
+}
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
@@ -54,7 +74,8 @@ pub(super) const STATEMENTS: Statements = Statements {
         handoff = COALESCE($8::text, handoff), \
         handoff_attempt = CASE WHEN $8::text IS NOT NULL THEN attempt ELSE handoff_attempt END, \
         waits = waits + CASE WHEN $8::text IS NOT NULL THEN 1 ELSE 0 END, \
-        processed_utc = CASE WHEN $3::text = 'completed' THEN now() ELSE processed_utc END, \
+        processed_utc = CASE WHEN $3::text IN ('completed', 'failed') THEN now() \
+                             ELSE processed_utc END, \
         lease_owner = CASE WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_owner END, \
         lease_until = CASE WHEN $9::bigint IS NOT NULL THEN now() + $9 * interval '1 millisecond' \
                            WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_until END, \
@@ -87,12 +108,40 @@ pub(super) const STATEMENTS: Statements = Statements {
     list_claims: concat!(
         "SELECT ",
         claim_cols!(),
-        " FROM claims \
-     WHERE ($1::text IS NULL OR state = $1) \
-       AND ($2::text IS NULL OR consumer = $2) \
-       AND (NOT $3 OR (state = 'started' AND lease_until < now())) \
-       AND ($4::timestamptz IS NULL OR received_utc >= $4) \
-     ORDER BY received_utc DESC, id DESC LIMIT $5"
+        " FROM claims WHERE ",
+        pg_list_where!(),
+        pg_list_order!()
+    ),
+    // One arm per way a text can match, each a range (or equality) on its own index
+    // (0009_claim_search.sql) with every filter and its own order and limit: the newest page
+    // of matches is within the union of each arm's newest page. A single OR let the planner
+    // walk `claims_received` backwards in the hope of finding a page soon: 4 s at 10 million
+    // claims for a text nothing matched (docs/performance.md, "Claim search").
+    search_claims: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims WHERE id IN ( \
+       SELECT id FROM (SELECT id FROM claims \
+         WHERE message_id COLLATE \"C\" >= $10 AND message_id COLLATE \"C\" < $11 AND ",
+        pg_list_where!(),
+        pg_list_order!(),
+        ") AS by_id \
+       UNION ALL SELECT id FROM (SELECT id FROM claims \
+         WHERE idem_key COLLATE \"C\" >= $10 AND idem_key COLLATE \"C\" < $11 AND ",
+        pg_list_where!(),
+        pg_list_order!(),
+        ") AS by_key \
+       UNION ALL SELECT id FROM (SELECT id FROM claims \
+         WHERE provider_id IS NOT NULL AND provider_id COLLATE \"C\" >= $10 \
+           AND provider_id COLLATE \"C\" < $11 AND ",
+        pg_list_where!(),
+        pg_list_order!(),
+        ") AS by_provider_id \
+       UNION ALL SELECT id FROM (SELECT id FROM claims WHERE tenant <> '' AND tenant = $10 AND ",
+        pg_list_where!(),
+        pg_list_order!(),
+        ") AS by_tenant)",
+        pg_list_order!()
     ),
     // A prefix compared with substr (not LIKE): the operator's text may hold `%` or `_`.
     list_parked_by_reason: concat!(
@@ -156,7 +205,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     resolve: concat!(
         "WITH r AS ( \
        UPDATE claims SET state = $4, \
-         processed_utc = CASE WHEN $4 = 'completed' THEN COALESCE(processed_utc, now()) \
+         processed_utc = CASE WHEN $4 IN ('completed', 'failed') THEN COALESCE(processed_utc, now()) \
                               ELSE processed_utc END, \
          lease_owner = NULL, lease_until = NULL, updated_utc = now() \
        WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($5, $6) \
@@ -176,7 +225,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         "WITH r AS ( \
        UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
          lease_until = now() - interval '1 millisecond', handoff = 'operator_redrive', \
-         handoff_attempt = attempt + 1, updated_utc = now() \
+         handoff_attempt = attempt + 1, processed_utc = NULL, updated_utc = now() \
        WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($4, $5) \
          AND ($6::int IS NULL OR attempt = $6) \
        RETURNING ",

@@ -16,6 +16,29 @@ pub(super) const COMPLETE_TIME_AT: &str = "\
     WHERE consumer = ?1 AND state = 'completed' AND received_utc >= ?2 \
     ORDER BY 1 LIMIT 1 OFFSET ?3";
 
+/// The filters `list_claims` and `search_claims` share (see `Statements::list_claims`).
+macro_rules! sqlite_list_where {
+    () => {
+        concat!(
+            "(?1 IS NULL OR state = ?1) \
+       AND (?2 IS NULL OR consumer = ?2) \
+       AND (NOT ?3 OR (state = 'started' AND lease_until < ",
+            now_ms!(),
+            ")) AND (?4 IS NULL OR received_utc >= ?4) \
+       AND (?6 IS NULL OR received_utc < ?6) \
+       AND (?7 IS NULL OR tenant = ?7) \
+       AND (?8 IS NULL OR (received_utc, id) < (?8, ?9))"
+        )
+    };
+}
+
+/// Newest first, the keyset's order.
+macro_rules! sqlite_list_order {
+    () => {
+        " ORDER BY received_utc DESC, id DESC LIMIT ?5"
+    };
+}
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
@@ -64,7 +87,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        handoff = COALESCE(?8, handoff), \
        handoff_attempt = CASE WHEN ?8 IS NOT NULL THEN attempt ELSE handoff_attempt END, \
        waits = waits + CASE WHEN ?8 IS NOT NULL THEN 1 ELSE 0 END, \
-       processed_utc = CASE WHEN ?3 = 'completed' THEN ",
+       processed_utc = CASE WHEN ?3 IN ('completed', 'failed') THEN ",
         now_ms!(),
         " ELSE processed_utc END, \
        lease_owner = CASE WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_owner END, \
@@ -100,13 +123,32 @@ pub(super) const STATEMENTS: Statements = Statements {
     list_claims: concat!(
         "SELECT ",
         claim_cols!(),
-        " FROM claims \
-     WHERE (?1 IS NULL OR state = ?1) \
-       AND (?2 IS NULL OR consumer = ?2) \
-       AND (NOT ?3 OR (state = 'started' AND lease_until < ",
-        now_ms!(),
-        ")) AND (?4 IS NULL OR received_utc >= ?4) \
-     ORDER BY received_utc DESC, id DESC LIMIT ?5"
+        " FROM claims WHERE ",
+        sqlite_list_where!(),
+        sqlite_list_order!()
+    ),
+    // One arm per way a text can match, each on its own index (0008_claim_search.sql), as
+    // the PostgreSQL statement does (see there).
+    search_claims: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims WHERE id IN ( \
+       SELECT id FROM (SELECT id FROM claims WHERE message_id >= ?10 AND message_id < ?11 AND ",
+        sqlite_list_where!(),
+        sqlite_list_order!(),
+        ") UNION ALL SELECT id FROM (SELECT id FROM claims \
+         WHERE idem_key >= ?10 AND idem_key < ?11 AND ",
+        sqlite_list_where!(),
+        sqlite_list_order!(),
+        ") UNION ALL SELECT id FROM (SELECT id FROM claims \
+         WHERE provider_id IS NOT NULL AND provider_id >= ?10 AND provider_id < ?11 AND ",
+        sqlite_list_where!(),
+        sqlite_list_order!(),
+        ") UNION ALL SELECT id FROM (SELECT id FROM claims WHERE tenant <> '' AND tenant = ?10 AND ",
+        sqlite_list_where!(),
+        sqlite_list_order!(),
+        "))",
+        sqlite_list_order!()
     ),
     // A prefix compared with substr (not LIKE): the operator's text may hold `%` or `_`.
     list_parked_by_reason: concat!(
@@ -164,7 +206,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     resolve: concat!(
         "UPDATE claims SET state = ?4, \
-       processed_utc = CASE WHEN ?4 = 'completed' THEN COALESCE(processed_utc, ",
+       processed_utc = CASE WHEN ?4 IN ('completed', 'failed') THEN COALESCE(processed_utc, ",
         now_ms!(),
         ") ELSE processed_utc END, \
        lease_owner = NULL, lease_until = NULL, updated_utc = ",
@@ -177,7 +219,8 @@ pub(super) const STATEMENTS: Statements = Statements {
         "UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
        lease_until = ",
         now_ms!(),
-        " - 1, handoff = 'operator_redrive', handoff_attempt = attempt + 1, updated_utc = ",
+        " - 1, handoff = 'operator_redrive', handoff_attempt = attempt + 1, processed_utc = NULL, \
+       updated_utc = ",
         now_ms!(),
         " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?4, ?5) \
        AND (?6 IS NULL OR attempt = ?6) RETURNING ",
