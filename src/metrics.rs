@@ -77,6 +77,8 @@ pub struct Metrics {
     destination_resumes: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_held: Family<ReasonLabels, Counter>,
     provider_events: Family<ReasonLabels, Counter>,
+    /// The outcome relay's series.
+    pub outbox: crate::outcome_relay::metrics::OutboxMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -144,8 +146,10 @@ impl Metrics {
             destination_resumes: Family::default(),
             destination_held: Family::default(),
             provider_events: Family::default(),
+            outbox: Default::default(),
             registry: Registry::default(),
         };
+        m.outbox.register(&mut registry);
         registry.register(
             "messages_received",
             "Deliveries that reached intake for a known consumer",
@@ -528,6 +532,7 @@ impl Metrics {
                 .get_or_create(&consumer(name))
                 .set(c.oldest_started_age_s.unwrap_or(0.0));
         }
+        self.outbox.read(store, &store.outcome_consumers()).await?;
         if let Some(t) = store.last_sweep().await? {
             self.sweeper_last_run
                 .set(t.timestamp_millis() as f64 / 1000.0);

@@ -14,6 +14,7 @@ pub mod actions;
 mod chart;
 mod commands;
 mod data;
+mod outcomes;
 mod render;
 
 pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};
@@ -205,6 +206,7 @@ mod tests {
                 },
                 since_utc: None,
                 providers: vec![],
+                outcome_events: vec![],
                 consumers: vec![
                     ConsumerCounts {
                         consumer: "payments".into(),

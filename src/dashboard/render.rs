@@ -122,6 +122,7 @@ pub fn render(d: &Dashboard) -> String {
                 main {
                     (render_tiles(r, d.window))
                     (render_providers(r))
+                    (super::outcomes::render_outcome_events(r))
                     (render_counts(&r.consumers, d.window))
                     (render_charts(d))
                     (render_attention(r, &d.commands, d.session.as_ref()))
@@ -610,6 +611,7 @@ mod tests {
         let hostile = "<b>x</b>\x1b]8;;https://evil.example\x07\u{202e}txt.exe\r\nline";
         let report = Report {
             providers: vec![],
+            outcome_events: vec![],
             generated_utc: Utc::now(),
             sweeper: SweeperHealth::default(),
             consumers: vec![ConsumerCounts {
