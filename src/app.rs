@@ -87,6 +87,15 @@ impl App {
         if migrate {
             store.migrate().await?;
         }
+        // Settles of consumers with an outcome destination write outcome events.
+        store.set_outcome_consumers(
+            config
+                .consumers
+                .iter()
+                .filter(|c| c.outcomes.is_some())
+                .map(|c| c.name.clone())
+                .collect(),
+        );
         let mut consumers = Vec::new();
         for c in &config.consumers {
             let effect = build_effect(&c.name, &c.effect)?;

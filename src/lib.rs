@@ -26,6 +26,7 @@ pub mod lookup;
 pub mod metrics;
 pub mod operator_action;
 pub mod operator_command;
+pub mod outcome_relay;
 pub mod pending_poller;
 pub mod policy;
 pub mod provider_events;

@@ -85,6 +85,8 @@ pub struct Metrics {
     provider_events: Family<ReasonLabels, Counter>,
     ledger_mismatches: Family<KindLabels, Gauge>,
     ledger_last_run: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
+    /// The outcome relay's series.
+    pub outbox: crate::outcome_relay::metrics::OutboxMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -154,8 +156,10 @@ impl Metrics {
             provider_events: Family::default(),
             ledger_mismatches: Family::default(),
             ledger_last_run: Family::default(),
+            outbox: Default::default(),
             registry: Registry::default(),
         };
+        m.outbox.register(&mut registry);
         registry.register(
             "messages_received",
             "Deliveries that reached intake for a known consumer",
@@ -548,6 +552,7 @@ impl Metrics {
                 .get_or_create(&consumer(name))
                 .set(c.oldest_started_age_s.unwrap_or(0.0));
         }
+        self.outbox.read(store, &store.outcome_consumers()).await?;
         if let Some(t) = store.last_sweep().await? {
             self.sweeper_last_run
                 .set(t.timestamp_millis() as f64 / 1000.0);

@@ -229,6 +229,8 @@ pub struct Report {
     pub providers: Vec<ProviderView>,
     /// Each consumer's last ledger reconciliation (`claimd reconcile --ledger`).
     pub ledger: Vec<crate::ledger::LedgerView>,
+    /// The outcome relay's backlog, per consumer with an outcome destination.
+    pub outcome_events: Vec<crate::store::outbox::OutboxBacklog>,
 }
 
 /// How long after its last write an instance's view of a provider is taken as gone (each
@@ -374,6 +376,7 @@ pub async fn build(
         .filter(|r| only.is_none_or(|o| o == r.consumer))
         .filter_map(|r| ProviderView::from_record(r, now))
         .collect();
+    let outcome_events = outbox_backlog(store, only).await?;
     Ok(Report {
         generated_utc: now,
         sweeper: sweeper_health(last, now, sweep_period, None),
@@ -382,7 +385,33 @@ pub async fn build(
         since_utc: since,
         providers,
         ledger: crate::ledger::LedgerView::all(store, only).await?,
+        outcome_events,
     })
+}
+
+/// The relay's backlog of every consumer with an outcome destination (`only`: that one),
+/// zero for those with none unsent.
+async fn outbox_backlog(
+    store: &Store,
+    only: Option<&str>,
+) -> StoreResult<Vec<crate::store::outbox::OutboxBacklog>> {
+    let names = store.outcome_consumers();
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let backlog = store.outbox_backlog().await?;
+    Ok(names
+        .into_iter()
+        .filter(|n| only.is_none_or(|o| o == n))
+        .map(|n| {
+            backlog.iter().find(|b| b.consumer == n).cloned().unwrap_or(
+                crate::store::outbox::OutboxBacklog {
+                    consumer: n,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect())
 }
 
 fn opt(v: Option<f64>) -> String {
@@ -459,6 +488,18 @@ pub fn render_table(r: &Report) -> String {
             ]);
         }
         out.push_str(&providers.text());
+    }
+    if !r.outcome_events.is_empty() {
+        out.push_str("\noutcome events (relay backlog):\n");
+        let mut outbox = Table::new(&["consumer", "unsent", "oldest_unsent_s"]);
+        for b in &r.outcome_events {
+            outbox.row(vec![
+                b.consumer.clone(),
+                b.unsent.to_string(),
+                opt(b.oldest_unsent_age_s),
+            ]);
+        }
+        out.push_str(&outbox.text());
     }
     if !r.attention.is_empty() {
         out.push_str("\nneeds a look:\n");

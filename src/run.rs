@@ -306,6 +306,15 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         }));
     }
 
+    // Outcome events to each consumer's destination (`[consumers.outcomes]`).
+    background.extend(crate::outcome_relay::start(
+        app.store.clone(),
+        &config,
+        app.claimer.instance(),
+        app.claimer.metrics().clone(),
+        stopped.clone(),
+    ));
+
     Ok(Running {
         http_addr,
         sandbox_addr,

@@ -35,7 +35,9 @@
 //! flight, comma-separated `latency_ms:concurrency:n[:client_connections[:h2]]`
 //! [2000:1000:10000, empty skips them]; a design (or memory run) ending in `-h2` (`:h2`) has
 //! `effect.http_version = "2"`: every provider call on one HTTP/2 connection; `BENCH_PG` admin URL
-//! [postgres://postgres@127.0.0.1:5432/postgres]; `BENCH_CSV` [target/bench/throughput.csv].
+//! [postgres://postgres@127.0.0.1:5432/postgres]; `BENCH_CSV` [target/bench/throughput.csv];
+//! `BENCH_OUTCOMES_AMQP` (a RabbitMQ URL, or `1` for guest@127.0.0.1:5672): the claimd designs
+//! run with outcome events on, published to the exchange and queue `claimd-bench.outcomes`.
 //!
 //! Scale of work (`scale`), not run by default: `BENCH_PREFILL` table sizes, comma-separated
 //! (e.g. `0,1000000,10000000`): claimd-pg at each of `BENCH_LATENCIES` on one database filled

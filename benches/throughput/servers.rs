@@ -156,6 +156,63 @@ status_url = "{provider}/v1/effects/{{key}}"
     )
 }
 
+/// The exchange and queue outcome events go to when `BENCH_OUTCOMES_AMQP` is set.
+const OUTCOMES: &str = "claimd-bench.outcomes";
+
+/// `[consumers.outcomes]` to RabbitMQ at `url` (`1`: the local broker), after declaring the
+/// exchange and an emptied queue bound to all its events (an event no queue takes is not
+/// confirmed, and would be tried again for ever).
+async fn outcomes_amqp(url: &str) -> String {
+    use lapin::options::{
+        ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueuePurgeOptions,
+    };
+    use lapin::types::FieldTable;
+    let url = if url == "1" {
+        "amqp://guest:guest@127.0.0.1:5672/%2f"
+    } else {
+        url
+    };
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .expect("BENCH_OUTCOMES_AMQP: connect to RabbitMQ");
+    let ch = conn.create_channel().await.expect("channel");
+    ch.exchange_declare(
+        OUTCOMES.into(),
+        lapin::ExchangeKind::Topic,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare the outcome exchange");
+    ch.queue_declare(
+        OUTCOMES.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare the outcome queue");
+    ch.queue_bind(
+        OUTCOMES.into(),
+        OUTCOMES.into(),
+        "#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("bind the outcome queue");
+    ch.queue_purge(OUTCOMES.into(), QueuePurgeOptions::default())
+        .await
+        .expect("purge the outcome queue");
+    let _ = conn.close(200, "ok".into()).await;
+    format!("[consumers.outcomes]\nkind = \"amqp\"\nurl = \"{url}\"\nexchange = \"{OUTCOMES}\"\n")
+}
+
 pub(crate) async fn child(mode: &str) {
     let provider: String = std::env::var("BENCH_PROVIDER").expect("BENCH_PROVIDER");
     let pool_size: u32 = env_or("BENCH_POOL", 16);
@@ -206,7 +263,7 @@ pub(crate) async fn child(mode: &str) {
             let on_unknown: String = env_or("BENCH_ON_UNKNOWN", "reconcile".to_string());
             let latency_ms: u64 = env_or("BENCH_LATENCY_MS", 0);
             let http_version: String = env_or("BENCH_HTTP_VERSION", "1.1".to_string());
-            let toml = claimd_toml(
+            let mut toml = claimd_toml(
                 &store,
                 &provider,
                 pool_size,
@@ -215,6 +272,9 @@ pub(crate) async fn child(mode: &str) {
                 latency_ms,
                 &http_version,
             );
+            if let Ok(amqp) = std::env::var("BENCH_OUTCOMES_AMQP") {
+                toml.push_str(&outcomes_amqp(&amqp).await);
+            }
             let config = Config::from_toml(&toml, Path::new("bench.toml"), std::env::vars())
                 .expect("config")
                 .config;

@@ -8,12 +8,14 @@ mod http_effect;
 mod layering;
 mod ledger;
 mod log;
+mod outcomes;
 mod schema;
 mod validate;
 
 pub use http_effect::*;
 pub use ledger::LedgerConfig;
 pub use log::{LogConfig, LogFormat};
+pub use outcomes::{OutcomeKind, OutcomesConfig, render_routing_key};
 pub use schema::*;
 pub use validate::{parse_cron, validate_cron};
 

@@ -96,6 +96,8 @@ pub struct HttpConfig {
     /// Host names (beside loopback names) a request may name in `Host` and `Origin` for a
     /// route whose token is empty; a route with a token set accepts any.
     pub allowed_hosts: Vec<String>,
+    /// The longest `Prefer: wait=N` honoured: a request asking for more waits this long.
+    pub max_wait: Dur,
 }
 
 impl Default for HttpConfig {
@@ -114,6 +116,7 @@ impl Default for HttpConfig {
             max_connections: 1024,
             body_budget_bytes: 16 * 1024 * 1024,
             allowed_hosts: Vec::new(),
+            max_wait: Dur(Duration::from_secs(30)),
         }
     }
 }
@@ -271,6 +274,8 @@ pub struct ConsumerConfig {
     /// The provider's signed events about this consumer's effects (webhooks), received at
     /// `POST /v1/provider-events/{consumer}` (`[consumers.provider_events]`).
     pub provider_events: Option<ProviderEventsConfig>,
+    /// Where this consumer's outcome events go (`[consumers.outcomes]`); `None`: no events.
+    pub outcomes: Option<super::OutcomesConfig>,
 }
 
 /// `[consumers.provider_events]`: where the provider's events are verified and how they are
@@ -404,6 +409,7 @@ pub struct ConsumerEntry {
     tenant_header: String,
     effect: EffectConfig,
     provider_events: Option<ProviderEventsConfig>,
+    outcomes: Option<super::OutcomesConfig>,
 }
 
 impl TryFrom<ConsumerEntry> for ConsumerConfig {
@@ -458,6 +464,7 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
                 other => other,
             },
             provider_events: e.provider_events,
+            outcomes: e.outcomes,
         })
     }
 }

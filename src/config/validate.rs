@@ -54,6 +54,10 @@ impl Config {
             if c.concurrency == 0 {
                 return Err((at("concurrency"), "must be at least 1".into()));
             }
+            if let Some(o) = &c.outcomes {
+                o.check()
+                    .map_err(|(k, why)| (at(&format!("outcomes.{k}")), why))?;
+            }
             if c.max_attempts == 0 {
                 return Err((at("max_attempts"), "must be at least 1".into()));
             }

@@ -19,6 +19,7 @@ mod commands;
 mod data;
 mod ledger;
 mod layout;
+mod outcomes;
 mod render;
 
 pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};
@@ -212,6 +213,7 @@ mod tests {
                 since_utc: None,
                 providers: vec![],
                 ledger: vec![],
+                outcome_events: vec![],
                 consumers: vec![
                     ConsumerCounts {
                         consumer: "payments".into(),

@@ -108,6 +108,7 @@ pub fn render(d: &Dashboard) -> String {
             (render_providers(r))
             (render_brokers(d))
             (super::ledger::render_ledger(&r.ledger))
+            (super::outcomes::render_outcome_events(r))
             // How it is going.
             (render_counts(&r.consumers, d.window))
             (render_charts(d))
@@ -678,6 +679,7 @@ mod tests {
         let report = Report {
             providers: vec![],
             ledger: vec![],
+            outcome_events: vec![],
             generated_utc: Utc::now(),
             sweeper: SweeperHealth::default(),
             consumers: vec![ConsumerCounts {

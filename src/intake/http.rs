@@ -4,12 +4,17 @@
 //! the consumer's effect cannot use (an email without a recipient), `400` bad
 //! key, `404` unknown consumer, `413` body too large, `503` store unavailable or saturated
 //! (nothing committed; `Retry-After` says when to retry). Errors are `application/problem+json`.
+//!
+//! A retried `POST` (same key and body) after the claim settled answers `200` with the
+//! outcome and `Idempotent-Replayed: true`; `Prefer: wait=N` holds the answer until the claim
+//! settles or N seconds pass (see [`answer`](super::answer)).
 
-use crate::claim::Claim;
+use crate::claim::{Claim, ClaimState};
 use crate::claimer::{Accepted, Delivery, SubmitError};
 use crate::config::SourceConfig;
 use crate::http::problem::problem;
 use crate::http::state::AppState;
+use crate::intake::answer::{self, prefer_wait, settled};
 use crate::server::{BodyReadTimeout, BodyShare};
 use axum::Json;
 use axum::body::Body;
@@ -41,6 +46,18 @@ pub struct MessageView<'a> {
     pub received_utc: DateTime<Utc>,
     /// When the effect was confirmed.
     pub processed_utc: Option<DateTime<Utc>>,
+    /// The provider's status, once it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_status: Option<i32>,
+    /// The provider's id of the object, when it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<&'a str>,
+    /// The provider's answer (at most 4 KiB), once the claim is settled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_answer: Option<&'a str>,
+    /// Why a settled claim did not complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'a str>,
 }
 
 impl<'a> MessageView<'a> {
@@ -56,8 +73,60 @@ impl<'a> MessageView<'a> {
             duplicates: claim.duplicate_count,
             received_utc: claim.received_utc,
             processed_utc: claim.processed_utc,
+            provider_status: claim.provider_status,
+            provider_id: claim.provider_id.as_deref(),
+            provider_answer: claim
+                .provider_response
+                .as_deref()
+                .filter(|_| settled(claim.state)),
+            reason: claim
+                .last_error
+                .as_deref()
+                .filter(|_| settled(claim.state) && claim.state != ClaimState::Completed),
         }
     }
+}
+
+/// `Prefer: wait=N` on this request, capped by `[http] max_wait`.
+fn wait_asked(state: &AppState, headers: &HeaderMap) -> Option<std::time::Duration> {
+    prefer_wait(
+        headers.get_all("Prefer").iter().map(|v| v.as_bytes()),
+        state.config.http.max_wait.0,
+    )
+}
+
+/// The answer with `claim`: `settled_status` with the outcome once it is settled (a
+/// duplicate's marked `Idempotent-Replayed: true`), `status` as before otherwise; waited for
+/// first when the client asked (`Preference-Applied: wait=N`).
+async fn answer_with(
+    state: &AppState,
+    claim: Claim,
+    status: StatusCode,
+    duplicate: bool,
+    wait: Option<std::time::Duration>,
+) -> Response {
+    let claim = match wait {
+        Some(w) if !settled(claim.state) => {
+            let store = state.claimer.store();
+            answer::await_outcome(store, &claim.consumer, &claim.tenant, &claim.message_id, w)
+                .await
+                .unwrap_or(claim)
+        }
+        _ => claim,
+    };
+    let done = settled(claim.state);
+    let status = if done { StatusCode::OK } else { status };
+    let mut r = (status, Json(MessageView::of(&claim, duplicate))).into_response();
+    if done && duplicate {
+        r.headers_mut()
+            .insert(answer::REPLAYED, header::HeaderValue::from_static("true"));
+    }
+    if let Some(w) = wait
+        && let Ok(v) = header::HeaderValue::from_str(&format!("wait={}", w.as_secs()))
+    {
+        r.headers_mut().insert(answer::PREFERENCE_APPLIED, v);
+    }
+    r
 }
 
 /// Tenant header name for `consumer` (configurable, `Tenant-Id` by default).
@@ -146,12 +215,13 @@ pub async fn post_message(
         payload: body.into(),
         content_type,
     };
+    let wait = wait_asked(&state, &headers);
     match state.claimer.submit_held(delivery, share).await {
         Ok(Accepted::New(claim)) => {
-            (StatusCode::ACCEPTED, Json(MessageView::of(&claim, false))).into_response()
+            answer_with(&state, claim, StatusCode::ACCEPTED, false, wait).await
         }
         Ok(Accepted::Duplicate(claim)) => {
-            (StatusCode::OK, Json(MessageView::of(&claim, true))).into_response()
+            answer_with(&state, claim, StatusCode::OK, true, wait).await
         }
         Err(e) => submit_error(e),
     }
@@ -320,7 +390,10 @@ pub async fn get_message(
         .get(&consumer, &tenant, &message_id)
         .await
     {
-        Ok(Some(claim)) => Json(MessageView::of(&claim, false)).into_response(),
+        Ok(Some(claim)) => {
+            let wait = wait_asked(&state, &headers);
+            answer_with(&state, claim, StatusCode::OK, false, wait).await
+        }
         Ok(None) => problem(
             StatusCode::NOT_FOUND,
             "no such message",

@@ -3,4 +3,5 @@
 //! [`Claimer::submit`](crate::claimer::Claimer::submit) returns.
 
 pub mod amqp;
+pub mod answer;
 pub mod http;

@@ -237,7 +237,7 @@ async fn settle_worker<D: Dialect>(
             let round = next_round(&mut batch, |p| p.id);
             if round.len() > 1 || D::BATCH_SINGLES {
                 let items: Vec<SettleItem<'_>> = round.iter().map(PendingSettle::item).collect();
-                if let Some(Ok(done)) = store.dialect.settle_many(&items).await {
+                if let Some(Ok(done)) = store.dialect.settle_many(&items, store.outcomes()).await {
                     for (p, d) in round.into_iter().zip(done) {
                         let _ = p.done.send(Ok(d));
                     }

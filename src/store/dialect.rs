@@ -15,6 +15,14 @@ macro_rules! claim_cols {
     };
 }
 
+/// The columns of an outcome event the relay reads, for every dialect's statements.
+macro_rules! outcome_cols {
+    () => {
+        "id, claim_id, consumer, tenant, message_id, idem_key, state, attempt, provider_status, \
+         provider_id, provider_response, reason, actor, action, at_utc, tries"
+    };
+}
+
 use super::{ClaimOutcome, NewEvent, SettleItem, StoreError, StoreResult};
 use crate::claim::NewClaim;
 use async_trait::async_trait;
@@ -178,6 +186,19 @@ pub struct Statements {
     pub now: &'static str,
     /// A statement that only proves the store answers.
     pub ping: &'static str,
+    /// Outcome events to relay: consumer, limit, lease owner, lease ms; returns
+    /// `outcome_cols!()`. A claim's event is taken only when none of its earlier ones is
+    /// unsent; rows another relay holds are skipped.
+    pub take_outcomes: &'static str,
+    /// Marks the events named in the JSON array of ids `$1` sent.
+    pub mark_outcomes_sent: &'static str,
+    /// Gives back the events named in `$1` (JSON ids) to be tried again after `$2` ms, with
+    /// the error `$3`.
+    pub retry_outcomes: &'static str,
+    /// Unsent events per consumer: consumer, n, oldest_ms.
+    pub count_outcomes: &'static str,
+    /// One batch of retention of sent events: keep ms, batch.
+    pub prune_outcomes: &'static str,
 }
 
 /// What a database supplies to the one body.
@@ -229,8 +250,13 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     }
 
     /// Settles many claims (distinct ids) in one commit, when the dialect can, each fenced on
-    /// its own attempt, each with its history line.
-    async fn settle_many(&self, _items: &[SettleItem<'_>]) -> Option<StoreResult<Vec<bool>>> {
+    /// its own attempt, each with its history line and, for `outcomes`' consumers, its outcome
+    /// event.
+    async fn settle_many(
+        &self,
+        _items: &[SettleItem<'_>],
+        _outcomes: &super::outbox::OutcomeConsumers,
+    ) -> Option<StoreResult<Vec<bool>>> {
         None
     }
 
@@ -272,6 +298,9 @@ pub struct LoggedWrite<'a> {
     pub args: &'a [Arg<'a>],
     /// The history line.
     pub event: &'a NewEvent<'a>,
+    /// The consumers whose change writes an outcome event, as a JSON array
+    /// ([`OutcomeConsumers::bound`](super::outbox::OutcomeConsumers::bound)); `[]`: none.
+    pub outcomes: &'a str,
 }
 
 /// Runs named statements with [`Arg`]s.

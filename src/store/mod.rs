@@ -18,6 +18,7 @@ pub mod dialect;
 mod args;
 mod batch;
 mod error;
+pub mod outbox;
 pub mod postgres;
 mod rows;
 pub mod sql_store;
@@ -633,6 +634,33 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Every instance's latest view of each consumer's provider.
     async fn destinations(&self) -> StoreResult<Vec<DestinationRecord>>;
+
+    /// Makes the settles of `consumers` (those with an outcome destination) write outcome
+    /// events ([`outbox`]). Set once, before the first settle; later calls change nothing.
+    fn set_outcome_consumers(&self, consumers: Vec<String>);
+
+    /// The consumers whose settles write outcome events.
+    fn outcome_consumers(&self) -> Vec<String>;
+
+    /// Takes up to `limit` unsent outcome events of `consumer` for `owner` to send, leasing
+    /// them for `lease` (no other relay takes them meanwhile), in order; a claim's event only
+    /// when every earlier event of that claim was sent.
+    async fn take_outcomes(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<outbox::OutcomeEvent>>;
+
+    /// Marks these events sent (their destination confirmed them). Returns how many changed.
+    async fn mark_outcomes_sent(&self, seqs: &[i64]) -> StoreResult<u64>;
+
+    /// Gives these events back, to be tried again after `after`, recording `error`.
+    async fn retry_outcomes(&self, seqs: &[i64], after: Duration, error: &str) -> StoreResult<()>;
+
+    /// Unsent outcome events per consumer, with the oldest one's age.
+    async fn outbox_backlog(&self) -> StoreResult<Vec<outbox::OutboxBacklog>>;
 
     /// Deletes terminal claims last changed before `now - keep`, `batch` rows per statement,
     /// under a lock so one instance prunes at a time. `dry_run` only counts.

@@ -15,6 +15,7 @@ use super::args::{
 };
 use super::batch::Batcher;
 use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
+use super::outbox::{OutboxBacklog, OutcomeConsumers, OutcomeEvent, emits};
 use super::rows::{claim_from_row, taken_from_row};
 use super::{
     ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer,
@@ -25,7 +26,7 @@ use crate::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::instrument;
 
@@ -39,6 +40,8 @@ pub struct SqlStore<D> {
     pub(crate) dialect: D,
     /// Where concurrent writes wait to be committed together; `None`: one by one.
     batch: Option<Arc<Batcher>>,
+    /// The consumers whose settles write outcome events (set once, at start).
+    outcomes: Arc<OnceLock<OutcomeConsumers>>,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -48,6 +51,7 @@ impl<D: Dialect> SqlStore<D> {
         let plain = SqlStore {
             dialect,
             batch: None,
+            outcomes: Arc::default(),
         };
         SqlStore {
             batch: Some(Batcher::start(plain.clone())),
@@ -65,6 +69,14 @@ impl<D: Dialect> SqlStore<D> {
 }
 
 impl<D: Dialect> SqlStore<D> {
+    /// The consumers whose settles write outcome events (none until set).
+    pub(crate) fn outcomes(&self) -> &OutcomeConsumers {
+        static NONE: OnceLock<OutcomeConsumers> = OnceLock::new();
+        self.outcomes
+            .get()
+            .unwrap_or_else(|| NONE.get_or_init(OutcomeConsumers::default))
+    }
+
     async fn fetch(
         &self,
         name: &'static str,
@@ -136,6 +148,7 @@ impl<D: Dialect> SqlStore<D> {
                 sql: D::SQL.settle,
                 args: &args,
                 event,
+                outcomes: self.outcomes().bound(emits(ClaimState::Started, s.state)),
             })
             .await?;
         Ok(changed.is_some())
@@ -187,11 +200,13 @@ impl<D: Dialect> SqlStore<D> {
             Arg::Text(from_b),
             Arg::OptI32(expected.and_then(|e| e.attempt)),
         ]);
+        // An operator's resolve or redrive is always an outcome event.
         let write = LoggedWrite {
             name,
             sql,
             args: &args,
             event,
+            outcomes: self.outcomes().bound(true),
         };
         match self.dialect.update_logged(write).await? {
             Some(row) => Ok(Some(Ok(claim_from_row(&row)?))),
@@ -436,7 +451,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
 
     async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
         if (items.len() > 1 || D::BATCH_SINGLES)
-            && let Some(done) = self.dialect.settle_many(items).await
+            && let Some(done) = self.dialect.settle_many(items, self.outcomes()).await
         {
             return done;
         }
@@ -466,6 +481,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                 sql: D::SQL.settle,
                 args: &args,
                 event,
+                outcomes: self.outcomes().bound(emits(from, s.state)),
             })
             .await?;
         Ok(changed.is_some())
@@ -849,6 +865,102 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         rows.first().map(|r| r.time("at_utc")).transpose()
     }
 
+    fn set_outcome_consumers(&self, consumers: Vec<String>) {
+        let _ = self.outcomes.set(OutcomeConsumers::new(consumers));
+    }
+
+    fn outcome_consumers(&self) -> Vec<String> {
+        self.outcomes().names().to_vec()
+    }
+
+    async fn take_outcomes(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<OutcomeEvent>> {
+        let rows = self
+            .fetch(
+                "take_outcomes",
+                D::SQL.take_outcomes,
+                &[
+                    Arg::Text(consumer),
+                    Arg::I64(i64::from(limit)),
+                    Arg::Text(owner),
+                    Arg::I64(ms(lease)),
+                ],
+            )
+            .await?;
+        let mut events = rows
+            .iter()
+            .map(|r| {
+                Ok(OutcomeEvent {
+                    seq: r.i64("id")?,
+                    claim_id: r.i64("claim_id")?,
+                    consumer: r.text("consumer")?,
+                    tenant: r.text("tenant")?,
+                    message_id: r.text("message_id")?,
+                    key: r.text("idem_key")?,
+                    state: r.text("state")?,
+                    attempt: r.i32("attempt")?,
+                    provider_status: r.opt_i32("provider_status")?,
+                    provider_id: r.opt_text("provider_id")?,
+                    provider_response: r.opt_text("provider_response")?,
+                    reason: r.opt_text("reason")?,
+                    actor: r.text("actor")?,
+                    action: r.text("action")?,
+                    at_utc: r.time("at_utc")?,
+                    tries: r.i32("tries")?,
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        events.sort_by_key(|e| e.seq);
+        Ok(events)
+    }
+
+    async fn mark_outcomes_sent(&self, seqs: &[i64]) -> StoreResult<u64> {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let ids = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".into());
+        self.execute(
+            "mark_outcomes_sent",
+            D::SQL.mark_outcomes_sent,
+            &[Arg::Text(&ids)],
+        )
+        .await
+    }
+
+    async fn retry_outcomes(&self, seqs: &[i64], after: Duration, error: &str) -> StoreResult<()> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let ids = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".into());
+        self.execute(
+            "retry_outcomes",
+            D::SQL.retry_outcomes,
+            &[Arg::Text(&ids), Arg::I64(ms(after)), Arg::Text(error)],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn outbox_backlog(&self) -> StoreResult<Vec<OutboxBacklog>> {
+        let rows = self
+            .fetch("count_outcomes", D::SQL.count_outcomes, &[])
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OutboxBacklog {
+                    consumer: r.text("consumer")?,
+                    unsent: r.i64("n")?,
+                    oldest_unsent_age_s: r.opt_i64("oldest_ms")?.map(|ms| ms as f64 / 1000.0),
+                })
+            })
+            .collect()
+    }
+
     async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult> {
         let sql = &D::SQL;
         if dry_run {
@@ -889,6 +1001,15 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                     .execute("prune_dead_letters", sql.prune_dead_letters, &args)
                     .await?;
                 result.dead_letters_deleted += n;
+                if n < u64::from(batch) {
+                    break;
+                }
+            }
+            // Sent outcome events by the same window (unsent ones stay until they are sent).
+            loop {
+                let n = self
+                    .execute("prune_outcomes", sql.prune_outcomes, &args)
+                    .await?;
                 if n < u64::from(batch) {
                     break;
                 }

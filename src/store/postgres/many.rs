@@ -3,8 +3,9 @@
 //! their history lines in one statement ([`SETTLE_MANY`]). A conflicting claim is left to the
 //! one-row path, which counts the repeat.
 
-use crate::claim::{Claim, Handoff, NewClaim};
+use crate::claim::{Claim, ClaimState, Handoff, NewClaim};
 use crate::store::args::{created as created_outcome, ms};
+use crate::store::outbox::{OutcomeConsumers, emits};
 use crate::store::rows::claim_from_row;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use sqlx::PgPool;
@@ -26,14 +27,16 @@ pub(super) const INSERT_CLAIMS: &str = concat!(
 
 /// Many fenced settles and their history lines in one statement: each row is updated only
 /// `WHERE id = u.id AND attempt = u.attempt AND state = 'started'` (I2), as in [`SETTLE`];
-/// a claim that completes drops its last error there too.
-pub(super) const SETTLE_MANY: &str = "\
-    WITH u AS ( \
+/// a claim that completes drops its last error there too. Each row's outcome event is written
+/// by the same statement when its `outcomes` list (JSON, per row: `[]` unless the settle
+/// ends or pauses the claim) names its consumer.
+pub(super) const SETTLE_MANY: &str = concat!(
+    "WITH u AS ( \
       SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::text[], \
         $6::text[], $7::bool[], $8::text[], $9::bigint[], $10::text[], $11::text[], $12::text[], \
-        $13::int[], $14::text[], $15::text[]) \
+        $13::int[], $14::text[], $15::text[], $16::text[]) \
       AS u(id, attempt, st, pstatus, presp, err, rec, hoff, rel, actor, action, outcome, \
-           estatus, detail, pid)), \
+           estatus, detail, pid, outcomes)), \
     s AS ( \
       UPDATE claims c SET \
         state = COALESCE(u.st, c.state), \
@@ -54,9 +57,22 @@ pub(super) const SETTLE_MANY: &str = "\
                            ELSE c.pending_utc END, \
         updated_utc = now() \
       FROM u WHERE c.id = u.id AND c.attempt = u.attempt AND c.state = 'started' \
-      RETURNING c.id, u.attempt, u.actor, u.action, u.outcome, u.estatus, u.detail) \
-    INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
-    SELECT id, attempt, actor, action, outcome, estatus, detail FROM s RETURNING claim_id";
+      RETURNING c.id, u.attempt, u.actor, u.action, u.outcome, u.estatus, u.detail, u.outcomes, \
+        c.consumer, c.tenant, c.message_id, c.idem_key, c.state, c.provider_status, \
+        c.provider_id, c.provider_response, c.last_error), \
+    e AS ( \
+      INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
+                                detail) \
+      SELECT id, attempt, actor, action, outcome, estatus, detail FROM s), ",
+    outbox_insert!(
+        "COALESCE(detail, last_error)",
+        "actor",
+        "action",
+        "s",
+        "outcomes"
+    ),
+    " SELECT id FROM s"
+);
 
 /// Inserts many claims in one statement: per item its new claim, or `None` when the key was
 /// already claimed (before, or earlier in this batch).
@@ -134,6 +150,7 @@ pub(super) async fn mark_called_batch(
 pub(super) async fn settle_batch(
     pool: &PgPool,
     items: &[SettleItem<'_>],
+    outcomes: &OutcomeConsumers,
 ) -> StoreResult<Vec<bool>> {
     let state = |i: &SettleItem<'_>| i.settlement.state.map(|st| st.as_str());
     let rows: Vec<i64> = sqlx::query_scalar(SETTLE_MANY)
@@ -190,6 +207,12 @@ pub(super) async fn settle_batch(
             items
                 .iter()
                 .map(|i| i.settlement.provider_id.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            items
+                .iter()
+                .map(|i| outcomes.bound(emits(ClaimState::Started, i.settlement.state)))
                 .collect::<Vec<_>>(),
         )
         .fetch_all(pool)

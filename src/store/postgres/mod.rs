@@ -12,8 +12,9 @@ pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
 
 use crate::claim::NewClaim;
 use crate::store::dialect::{
-    ClaimDb, Dialect, LoggedWrite, RetentionLock, SqlPool, Statements, event_args,
+    Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, SqlPool, Statements, event_args,
 };
+use crate::store::outbox::OutcomeConsumers;
 use crate::store::sql_store::SqlStore;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use async_trait::async_trait;
@@ -125,8 +126,9 @@ impl Dialect for PgDialect {
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<PgRow>> {
         let mut all = w.args.to_vec();
         // The event's columns after the claim's id and attempt, which the statement takes
-        // from the row it changed.
+        // from the row it changed; then the consumers that get outcome events.
         all.extend_from_slice(&event_args(0, 0, w.event)[2..]);
+        all.push(Arg::Text(w.outcomes));
         SqlPool::<Postgres>::query(w.sql, &all)
             .fetch_optional(&self.sql.pool)
             .await
@@ -160,8 +162,12 @@ impl Dialect for PgDialect {
         Some(many::insert_batch(&self.sql.pool, new).await)
     }
 
-    async fn settle_many(&self, items: &[SettleItem<'_>]) -> Option<StoreResult<Vec<bool>>> {
-        Some(many::settle_batch(&self.sql.pool, items).await)
+    async fn settle_many(
+        &self,
+        items: &[SettleItem<'_>],
+        outcomes: &OutcomeConsumers,
+    ) -> Option<StoreResult<Vec<bool>>> {
+        Some(many::settle_batch(&self.sql.pool, items, outcomes).await)
     }
 
     async fn mark_called_many(&self, marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {

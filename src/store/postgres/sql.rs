@@ -30,6 +30,38 @@ macro_rules! pg_list_order {
     };
 }
 
+/// What a settle's update returns for its outcome event (the row after the change).
+macro_rules! outbox_returning {
+    () => {
+        "id, attempt, consumer, tenant, message_id, idem_key, state, provider_status, \
+         provider_id, provider_response, last_error"
+    };
+}
+
+/// The CTE `o` that writes the outcome event of each row of `$from` (a settle's or an
+/// operator move's `RETURNING`) whose consumer is in the JSON array `$consumers` (`[]`: none,
+/// and then it writes nothing): in the same statement, so it commits exactly with the change.
+macro_rules! outbox_insert {
+    ($reason:literal, $actor:literal, $action:literal, $from:literal, $consumers:literal) => {
+        concat!(
+            "o AS (INSERT INTO outcome_events (claim_id, consumer, tenant, message_id, \
+             idem_key, state, attempt, provider_status, provider_id, provider_response, reason, \
+             actor, action) SELECT id, consumer, tenant, message_id, idem_key, state, attempt, \
+             provider_status, provider_id, provider_response, ",
+            $reason,
+            ", ",
+            $actor,
+            ", ",
+            $action,
+            " FROM ",
+            $from,
+            " WHERE consumer IN (SELECT jsonb_array_elements_text(",
+            $consumers,
+            "::jsonb)))"
+        )
+    };
+}
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
@@ -63,8 +95,8 @@ pub(super) const STATEMENTS: Statements = Statements {
     // a poll or a provider event that read the claim at that attempt.
     // A claim that completes drops its last error: a transient error that did not decide the
     // outcome would read as the reason for it (the history keeps every error).
-    settle: "\
-    WITH s AS ( \
+    settle: concat!(
+        "WITH s AS ( \
       UPDATE claims SET \
         state = COALESCE($3::text, state), \
         provider_status = COALESCE($4, provider_status), \
@@ -84,12 +116,16 @@ pub(super) const STATEMENTS: Statements = Statements {
                            ELSE pending_utc END, \
         updated_utc = now() \
       WHERE id = $1 AND attempt = $2 AND state = $11 \
-      RETURNING id, attempt), \
+      RETURNING ",
+        outbox_returning!(),
+        "), \
     e AS ( \
       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                 detail) \
-      SELECT id, attempt, $12, $13, $14, $15, $16 FROM s) \
-    SELECT id, attempt FROM s",
+      SELECT id, attempt, $12, $13, $14, $15, $16 FROM s), ",
+        outbox_insert!("COALESCE($16, last_error)", "$12", "$13", "s", "$17"),
+        " SELECT id, attempt FROM s"
+    ),
     insert_event: "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -215,8 +251,9 @@ pub(super) const STATEMENTS: Statements = Statements {
         "), e AS ( \
        INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                  detail) \
-       SELECT id, attempt, $8, $9, $10, $11, $12 FROM r) \
-     SELECT * FROM r"
+       SELECT id, attempt, $8, $9, $10, $11, $12 FROM r), ",
+        outbox_insert!("COALESCE($12, last_error)", "$8", "$9", "r", "$13"),
+        " SELECT * FROM r"
     ),
     // Operator redrive (back to `started`, attempt + 1, lease expired, hand-off recorded) and its
     // history line in one statement, allowed only from the states bound as `$4`, `$5` (and at
@@ -233,8 +270,9 @@ pub(super) const STATEMENTS: Statements = Statements {
         "), e AS ( \
        INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                  detail) \
-       SELECT id, attempt, $7, $8, $9, $10, $11 FROM r) \
-     SELECT * FROM r"
+       SELECT id, attempt, $7, $8, $9, $10, $11 FROM r), ",
+        outbox_insert!("COALESCE($11, last_error)", "$7", "$8", "r", "$12"),
+        " SELECT * FROM r"
     ),
     // Open work, over all time: small sets served by the partial index `claims_open_work`
     // (its predicate is this one). For pending claims the age is the time since they became
@@ -334,6 +372,38 @@ pub(super) const STATEMENTS: Statements = Statements {
     list_ledger_runs: "SELECT consumer, at_utc, summary FROM ledger_runs ORDER BY consumer",
     now: "SELECT now() AS now",
     ping: "SELECT 1",
+    // Chosen once, in a materialised CTE locking its rows and skipping those another relay
+    // holds (as `take_stale`); the predicate stands on the UPDATE too.
+    take_outcomes: concat!(
+        "WITH due AS MATERIALIZED ( \
+       SELECT e.id AS due_id FROM outcome_events e \
+       WHERE e.consumer = $1 AND e.sent_utc IS NULL \
+         AND (e.lease_until IS NULL OR e.lease_until < now()) \
+         AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \
+                         AND p.id < e.id AND p.sent_utc IS NULL) \
+       ORDER BY e.id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+     UPDATE outcome_events SET lease_owner = $3, \
+       lease_until = now() + $4 * interval '1 millisecond' \
+     FROM due WHERE id = due_id AND sent_utc IS NULL RETURNING ",
+        outcome_cols!()
+    ),
+    mark_outcomes_sent: "\
+    UPDATE outcome_events SET sent_utc = now(), lease_owner = NULL, lease_until = NULL \
+    WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb)) \
+      AND sent_utc IS NULL",
+    retry_outcomes: "\
+    UPDATE outcome_events SET lease_owner = NULL, \
+      lease_until = now() + $2 * interval '1 millisecond', tries = tries + 1, last_error = $3 \
+    WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb)) \
+      AND sent_utc IS NULL",
+    count_outcomes: "\
+    SELECT consumer, COUNT(*) AS n, \
+      (EXTRACT(EPOCH FROM now() - MIN(at_utc)) * 1000)::bigint AS oldest_ms \
+    FROM outcome_events WHERE sent_utc IS NULL GROUP BY consumer",
+    prune_outcomes: "\
+    DELETE FROM outcome_events WHERE id IN ( \
+      SELECT id FROM outcome_events \
+      WHERE sent_utc < now() - $1 * interval '1 millisecond' ORDER BY sent_utc LIMIT $2)",
 };
 
 /// `take_stale`, for benchmarks that explain its plan.

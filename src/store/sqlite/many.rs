@@ -14,13 +14,15 @@
 //! in the same transaction, with the same rule as the one-row path.
 
 use super::{SqliteDialect, sql};
+use crate::claim::ClaimState;
 use crate::claim::NewClaim;
 use crate::store::args::{
     SETTLE_PARAMS, created, insert_args, repeat_args, repeat_outcome, settle_args,
 };
 use crate::store::dialect::{Arg, LoggedWrite, SqlPool, SqlRow, event_args};
+use crate::store::outbox::{OutcomeConsumers, emits};
 use crate::store::rows::claim_from_row;
-use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
+use crate::store::{ClaimOutcome, NewEvent, SettleItem, StoreError, StoreResult};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Sqlite, SqliteConnection};
 use std::collections::{HashMap, HashSet};
@@ -191,7 +193,35 @@ pub(super) async fn logged(
     .execute(&mut *conn)
     .await
     .map_err(err("insert_event"))?;
+    insert_outcome(conn, id, w.event, w.outcomes).await?;
     Ok(Some(row))
+}
+
+/// Writes the outcome event of claim `id` as it is now, when `outcomes` (a JSON array) names
+/// its consumer: in the change's transaction.
+async fn insert_outcome(
+    conn: &mut SqliteConnection,
+    id: i64,
+    event: &NewEvent<'_>,
+    outcomes: &str,
+) -> StoreResult<()> {
+    if outcomes == "[]" {
+        return Ok(());
+    }
+    SqlPool::<Sqlite>::query(
+        sql::INSERT_OUTCOME,
+        &[
+            Arg::I64(id),
+            Arg::Text(event.actor),
+            Arg::Text(event.action),
+            Arg::OptText(event.detail),
+            Arg::Text(outcomes),
+        ],
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(err("insert_outcome"))?;
+    Ok(())
 }
 
 impl SqliteDialect {
@@ -267,7 +297,11 @@ impl SqliteDialect {
 
     /// Settles `items` (distinct ids) in one transaction, each fenced on its own attempt (I2),
     /// then writes the history lines of those that changed.
-    pub(super) async fn settle_together(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
+    pub(super) async fn settle_together(
+        &self,
+        items: &[SettleItem<'_>],
+        outcomes: &OutcomeConsumers,
+    ) -> StoreResult<Vec<bool>> {
         let (_writer, mut tx) = self.write_transaction().await?;
         let mut settled: HashSet<(i64, i32)> = HashSet::with_capacity(items.len());
         for chunk in chunks(items) {
@@ -296,6 +330,12 @@ impl SqliteDialect {
                 .execute(&mut *tx)
                 .await
                 .map_err(err("insert_events"))?;
+        }
+        if !outcomes.is_empty() {
+            for i in &changed {
+                let bound = outcomes.bound(emits(ClaimState::Started, i.settlement.state));
+                insert_outcome(&mut tx, i.id, &i.event, bound).await?;
+            }
         }
         tx.commit().await.map_err(err("commit"))?;
         Ok(items

@@ -13,6 +13,7 @@ use crate::claim::NewClaim;
 use crate::store::dialect::{
     Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, Runner, SqlPool, SqlRow, Statements,
 };
+use crate::store::outbox::OutcomeConsumers;
 use crate::store::sql_store::SqlStore;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use async_trait::async_trait;
@@ -157,8 +158,12 @@ impl Dialect for SqliteDialect {
         Some(self.claim_together(new).await)
     }
 
-    async fn settle_many(&self, items: &[SettleItem<'_>]) -> Option<StoreResult<Vec<bool>>> {
-        Some(self.settle_together(items).await)
+    async fn settle_many(
+        &self,
+        items: &[SettleItem<'_>],
+        outcomes: &OutcomeConsumers,
+    ) -> Option<StoreResult<Vec<bool>>> {
+        Some(self.settle_together(items, outcomes).await)
     }
 
     async fn mark_called_many(&self, marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {

@@ -342,4 +342,53 @@ pub(super) const STATEMENTS: Statements = Statements {
     list_ledger_runs: "SELECT consumer, at_utc, summary FROM ledger_runs ORDER BY consumer",
     now: concat!("SELECT ", now_ms!(), " AS now"),
     ping: "SELECT 1",
+    // SQLite runs one writer at a time: the statement alone takes its rows.
+    take_outcomes: concat!(
+        "UPDATE outcome_events SET lease_owner = ?3, lease_until = ",
+        now_ms!(),
+        " + ?4 WHERE id IN (SELECT e.id FROM outcome_events e \
+       WHERE e.consumer = ?1 AND e.sent_utc IS NULL \
+         AND (e.lease_until IS NULL OR e.lease_until < ",
+        now_ms!(),
+        ") AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \
+                         AND p.id < e.id AND p.sent_utc IS NULL) \
+       ORDER BY e.id LIMIT ?2) RETURNING ",
+        outcome_cols!()
+    ),
+    mark_outcomes_sent: concat!(
+        "UPDATE outcome_events SET sent_utc = ",
+        now_ms!(),
+        ", lease_owner = NULL, lease_until = NULL \
+     WHERE id IN (SELECT value FROM json_each(?1)) AND sent_utc IS NULL"
+    ),
+    retry_outcomes: concat!(
+        "UPDATE outcome_events SET lease_owner = NULL, lease_until = ",
+        now_ms!(),
+        " + ?2, tries = tries + 1, last_error = ?3 \
+     WHERE id IN (SELECT value FROM json_each(?1)) AND sent_utc IS NULL"
+    ),
+    count_outcomes: concat!(
+        "SELECT consumer, COUNT(*) AS n, ",
+        now_ms!(),
+        " - MIN(at_utc) AS oldest_ms FROM outcome_events WHERE sent_utc IS NULL \
+     GROUP BY consumer"
+    ),
+    prune_outcomes: concat!(
+        "DELETE FROM outcome_events WHERE id IN (SELECT id FROM outcome_events \
+     WHERE sent_utc < ",
+        now_ms!(),
+        " - ?1 ORDER BY sent_utc LIMIT ?2)"
+    ),
 };
+
+/// The outcome event of the claim `?1` as it is now (after the change, in the change's
+/// transaction), when its consumer is in the JSON array `?5`; `?2` actor, `?3` action, `?4`
+/// the reason when the history line gives one (an operator's note), else the last error.
+pub(super) const INSERT_OUTCOME: &str = concat!(
+    "INSERT INTO outcome_events (claim_id, consumer, tenant, message_id, idem_key, state, \
+     attempt, provider_status, provider_id, provider_response, reason, actor, action, at_utc) \
+     SELECT id, consumer, tenant, message_id, idem_key, state, attempt, provider_status, \
+     provider_id, provider_response, COALESCE(?4, last_error), ?2, ?3, ",
+    now_ms!(),
+    " FROM claims WHERE id = ?1 AND consumer IN (SELECT value FROM json_each(?5))"
+);

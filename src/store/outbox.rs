@@ -1,0 +1,138 @@
+//! The outcome-event outbox as the store keeps it: which consumers get events
+//! ([`OutcomeConsumers`]), which moves write one ([`emits`]), an event row as the relay reads it
+//! ([`OutcomeEvent`]) and the relay's backlog ([`OutboxBacklog`]).
+//!
+//! The rows are written by the settle statements themselves (a data-modifying CTE in
+//! PostgreSQL, a statement of the settle's transaction in SQLite): an event exists exactly
+//! when the change it reports committed. A consumer without an outcome destination binds an
+//! empty list, so its statements have the same shape and write nothing more.
+
+use crate::claim::ClaimState;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// The consumers whose settles write outcome events, as the statements bind them: a JSON
+/// array of names (`[]`: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutcomeConsumers {
+    names: Vec<String>,
+    json: String,
+}
+
+impl Default for OutcomeConsumers {
+    fn default() -> Self {
+        OutcomeConsumers::new(Vec::new())
+    }
+}
+
+impl OutcomeConsumers {
+    /// The consumers named.
+    pub fn new(mut names: Vec<String>) -> Self {
+        names.sort();
+        names.dedup();
+        let json = serde_json::to_string(&names).unwrap_or_else(|_| "[]".into());
+        OutcomeConsumers { names, json }
+    }
+
+    /// The names, sorted.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// What a statement binds for a write that `emits` an event: the JSON list, or `[]`.
+    pub fn bound(&self, emits: bool) -> &str {
+        if emits { &self.json } else { "[]" }
+    }
+
+    /// Whether none gets events.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+/// Whether a settle from `from` to `to` writes an outcome event: the claim ends or pauses
+/// (`completed`, `failed`, `needs_attention`, `pending`), or moves between those. A hand-off
+/// (still `started`) or a poll that leaves a claim as it was writes none. An operator's resolve
+/// or redrive always writes one.
+pub fn emits(from: ClaimState, to: Option<ClaimState>) -> bool {
+    matches!(to, Some(t) if t != from && t != ClaimState::Started)
+}
+
+/// One outcome event, as the relay reads it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OutcomeEvent {
+    /// The event's sequence number (unique in the store; the event id is made from it).
+    pub seq: i64,
+    /// The claim's id.
+    pub claim_id: i64,
+    /// Consumer.
+    pub consumer: String,
+    /// Tenant (`""` when none).
+    pub tenant: String,
+    /// Message id.
+    pub message_id: String,
+    /// The idempotency key sent to the provider.
+    pub key: String,
+    /// The claim's state after the change.
+    pub state: String,
+    /// The claim's attempt after the change.
+    pub attempt: i32,
+    /// The provider's status, when there was an answer.
+    pub provider_status: Option<i32>,
+    /// The provider's id of the effect.
+    pub provider_id: Option<String>,
+    /// The provider's answer (at most 4 KiB, as stored on the claim).
+    pub provider_response: Option<String>,
+    /// Why (the claim's last error), when not completed.
+    pub reason: Option<String>,
+    /// Who made the change: a worker instance, or the operator.
+    pub actor: String,
+    /// What made it: the history line's action (`perform`, `reconcile`, `poll`, `event`,
+    /// `resolve`, `redrive`, ...).
+    pub action: String,
+    /// When the change committed (database time).
+    pub at_utc: DateTime<Utc>,
+    /// Sends tried before this one.
+    pub tries: i32,
+}
+
+/// The relay's backlog for one consumer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct OutboxBacklog {
+    /// Consumer.
+    pub consumer: String,
+    /// Events not sent yet.
+    pub unsent: i64,
+    /// Age of the oldest unsent event, in seconds.
+    pub oldest_unsent_age_s: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_claim_that_ends_or_pauses_writes_an_event() {
+        use ClaimState::*;
+        assert!(emits(Started, Some(Completed)));
+        assert!(emits(Started, Some(Failed)));
+        assert!(emits(Started, Some(NeedsAttention)));
+        assert!(emits(Started, Some(Pending)));
+        assert!(emits(Pending, Some(Completed)));
+        assert!(emits(Completed, Some(NeedsAttention)));
+        assert!(!emits(Started, None), "a hand-off");
+        assert!(!emits(Started, Some(Started)));
+        assert!(
+            !emits(Pending, Some(Pending)),
+            "a poll that changed nothing"
+        );
+    }
+
+    #[test]
+    fn the_bound_list_is_empty_unless_the_write_emits() {
+        let c = OutcomeConsumers::new(vec!["b".into(), "a".into(), "a".into()]);
+        assert_eq!(c.bound(true), r#"["a","b"]"#);
+        assert_eq!(c.bound(false), "[]");
+        assert_eq!(OutcomeConsumers::default().bound(true), "[]");
+    }
+}
