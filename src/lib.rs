@@ -3,7 +3,58 @@
 //!
 //! A message is claimed (a row committed alone, unique on consumer, tenant and message id),
 //! acknowledged, then performed with the message's idempotency key and settled. A sweeper
-//! finishes what a crash or a timeout left `started`. See `docs/architecture.md`.
+//! finishes what a crash or a timeout left `started`.
+//!
+//! # Embedding claimd
+//!
+//! [`Worker`] runs everything `claimd run` runs inside the caller's Tokio runtime, with
+//! effects of the program's own ([`Effect`]) next to the configured HTTP and SMTP effects:
+//!
+//! ```no_run
+//! use claimd::{Claim, Effect, Lookup, Outcome, Worker, async_trait};
+//!
+//! struct Audit;
+//!
+//! #[async_trait]
+//! impl Effect for Audit {
+//!     async fn perform(&self, claim: &Claim) -> Outcome {
+//!         // Write somewhere that makes a second write of `claim.idem_key` a no-op.
+//!         Outcome::Applied { status: 200, response: format!("audited {}", claim.idem_key) }
+//!     }
+//!     async fn lookup(&self, _claim: &Claim) -> Option<Lookup> {
+//!         None // nothing to ask: unknown outcomes follow `on_unknown`
+//!     }
+//!     fn can_reconcile(&self) -> bool {
+//!         false
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let worker = Worker::from_toml(
+//!         r#"
+//!         [store]
+//!         url = "sqlite://claims.db"
+//!         [[consumers]]
+//!         name = "audit"
+//!         source = "http"
+//!         on_unknown = "park"
+//!         [consumers.effect]
+//!         kind = "custom"
+//!         "#,
+//!     )?
+//!     .effect("audit", Audit)
+//!     .start()
+//!     .await?;
+//!     worker.submit("audit", "event-1", r#"{"who":"ada"}"#).await?;
+//!     worker.shutdown(std::time::Duration::from_secs(10)).await;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The public API is what the crate root exports; `docs/library.md` lists it and explains
+//! writing an effect. The other modules are used by claimd's own binary, tests and benches
+//! and carry no stability promise.
 
 #![warn(missing_docs)]
 
@@ -37,3 +88,12 @@ pub mod settle;
 pub mod store;
 pub mod sweeper;
 pub mod table;
+pub mod worker;
+
+pub use async_trait::async_trait;
+pub use claim::{Claim, ClaimState, IdError};
+pub use claimer::{Accepted, Delivery, SubmitError};
+pub use config::Config;
+pub use effect::{Effect, Lookup, Outcome};
+pub use store::{Store, StoreError, open as open_store};
+pub use worker::{Error, Worker, WorkerBuilder};

@@ -213,6 +213,8 @@ impl Config {
                     );
                     hosts.entry(host).or_default().push((&c.name, template));
                 }
+                // Whether it can reconcile is known once the program gives the effect.
+                EffectConfig::Custom(_) => {}
                 EffectConfig::Smtp(s) => {
                     if s.tls == SmtpTls::None && !s.username.is_empty() {
                         warnings.push(format!(
