@@ -5,7 +5,6 @@
 //! one guarded store transition each, reporting per claim whether it changed or was skipped
 //! because its state changed since it was listed.
 
-use super::claims::operator_name;
 use super::*;
 use crate::claim::Claim;
 use crate::operator_action::{Action, BULK_LIMIT, Outcome, Target, act, select_parked};
@@ -128,4 +127,12 @@ fn table(claims: &[Claim], results: Option<&[Outcome]>) -> Table {
         t.row(row);
     }
     t
+}
+
+/// Who an operator command is recorded as: `$CLAIMD_OPERATOR`, else `$USER`, else `operator`.
+pub(super) fn operator_name() -> String {
+    std::env::var("CLAIMD_OPERATOR")
+        .or_else(|_| std::env::var("USER"))
+        .map(|u| format!("operator:{u}"))
+        .unwrap_or_else(|_| "operator".into())
 }

@@ -1,6 +1,7 @@
 //! `claimd claims list|show|resolve|redrive` (the bulk forms of resolve and redrive are in
 //! `bulk.rs`).
 
+use super::bulk::operator_name;
 use super::*;
 use crate::operator_action::Action;
 
@@ -244,12 +245,4 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
             }
         }
     }
-}
-
-/// Who an operator command is recorded as: `$CLAIMD_OPERATOR`, else `$USER`, else `operator`.
-pub(super) fn operator_name() -> String {
-    std::env::var("CLAIMD_OPERATOR")
-        .or_else(|_| std::env::var("USER"))
-        .map(|u| format!("operator:{u}"))
-        .unwrap_or_else(|_| "operator".into())
 }

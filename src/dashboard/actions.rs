@@ -54,7 +54,7 @@ fn page(status: StatusCode, title: &str, body: maud::Markup) -> Response {
             head {
                 meta charset="utf-8";
                 title { "claimd: " (title) }
-                style { (maud::PreEscaped(super::render::CSS)) }
+                style { (maud::PreEscaped(super::text::CSS)) }
             }
             body { main { section { h2 { (title) } (body) } } }
         }
@@ -142,9 +142,9 @@ pub async fn preview(
         maud::html! {
             p {
                 "This will " strong { (action.describe()) } " for " strong { (n) " claim" @if n != 1 { "s" } }
-                ", recorded as " code { "page:" (session.name) } @if !p.note.is_empty() { " with the note “" (super::render::visible(&p.note)) "”" } "."
+                ", recorded as " code { "page:" (session.name) } @if !p.note.is_empty() { " with the note “" (super::text::visible(&p.note)) "”" } "."
             }
-            ul { @for t in &p.claims { li { code { (super::render::visible(&t.label())) } } } }
+            ul { @for t in &p.claims { li { code { (super::text::visible(&t.label())) } } } }
             form method="post" action="/actions/apply" {
                 input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" name="action" value=(action.name());
@@ -186,7 +186,7 @@ pub async fn apply(
         maud::html! {
             table {
                 thead { tr { th { "claim" } th { "result" } } }
-                tbody { @for (who, said) in &rows { tr { td { code { (super::render::visible(who)) } } td { (super::render::visible(said)) } } } }
+                tbody { @for (who, said) in &rows { tr { td { code { (super::text::visible(who)) } } td { (super::text::visible(said)) } } } }
             }
             p { a href="/" { "Back to the page" } }
         },

@@ -15,6 +15,7 @@ mod chart;
 mod commands;
 mod data;
 mod render;
+mod text;
 
 pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};
 pub use commands::commands_for;

@@ -7,6 +7,7 @@
 use super::actions::{Target, bulk_form, claim_forms};
 use super::chart::{Series, histogram, histogram_svg};
 use super::commands::commands_for;
+use super::text::{CSS, visible};
 use super::{Dashboard, OpenKind, PageSession, REFRESH_SECONDS};
 use crate::claim::ClaimState;
 use crate::operator_command::OperatorCommands;
@@ -15,20 +16,10 @@ use crate::store::ConsumerCounts;
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-/// The page's stylesheet, compiled into the binary: the page loads no external asset.
-pub(super) const CSS: &str = include_str!("page.css");
-
 /// Escapes text for HTML element content and quoted attribute values, as the templates do
 /// (`&`, `<`, `>` and `"`; attribute values are always double-quoted).
 pub fn escape(s: &str) -> String {
     html! { (s) }.into_string()
-}
-
-/// Text from a client or provider as the page shows it: control and bidi characters written
-/// out visibly ([`crate::table::escape_controls`]; a right-to-left override in a reason would
-/// otherwise reorder what an operator reads), then HTML-escaped by the template.
-pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
-    crate::table::escape_controls(s)
 }
 
 /// A duration for people: `0.4s`, `12s`, `4m 12s`, `3h 05m`, `2d 04h`.
