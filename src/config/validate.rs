@@ -309,7 +309,7 @@ impl Config {
 /// `{customer_id}`) filled with sample values: the URL is checked, and its host read, before
 /// any message exists.
 fn sample_url(url: &str) -> Result<reqwest::Url, String> {
-    use crate::effect::http::encode_path_segment;
+    use crate::effect::http_template::encode_path_segment;
     use crate::effect::http_template::{Template, Vars};
     let template = Template::parse(url)?;
     let vars = Vars {

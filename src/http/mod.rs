@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod auth;
+pub mod constant_time;
 pub mod guard;
 pub mod ops;
 pub mod problem;
