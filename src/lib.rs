@@ -53,42 +53,23 @@
 //! ```
 //!
 //! The public API is what the crate root exports; `docs/library.md` lists it and explains
-//! writing an effect. The other modules are used by claimd's own binary, tests and benches
-//! and carry no stability promise.
+//! writing an effect. Everything else is in `claimd::internal`, public for claimd's own binary,
+//! tests and benches, hidden from these pages and without a stability promise.
 
 #![warn(missing_docs)]
 
-pub mod api;
-pub mod app;
-pub mod claim;
-pub mod claimer;
-pub mod cli;
-pub mod config;
-pub mod consumer;
-pub mod dashboard;
-pub mod destination;
-pub mod duration;
-pub mod effect;
-pub mod http;
-pub mod intake;
-pub mod lookup;
-pub mod metrics;
-pub mod operator_action;
-pub mod operator_command;
-pub mod pending_poller;
-pub mod policy;
-pub mod provider_events;
-pub mod reconcile;
-pub mod report;
-pub mod retention;
-pub mod run;
-pub mod sandbox;
-pub mod server;
-pub mod settle;
-pub mod store;
-pub mod sweeper;
-pub mod table;
-pub mod worker;
+#[doc(hidden)]
+pub mod internal;
+mod worker;
+
+// Inside the crate every part keeps its short path (`crate::store`, …).
+pub(crate) use internal::{
+    api, app, claim, claimer, consumer, dashboard, destination, duration, effect, http, intake,
+    lookup, metrics, operator_action, operator_command, pending_poller, policy, provider_events,
+    reconcile, report, retention, run, sandbox, server, settle, store, sweeper, table,
+};
+
+pub use internal::config;
 
 pub use async_trait::async_trait;
 pub use claim::{Claim, ClaimState, IdError};

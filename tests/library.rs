@@ -10,7 +10,9 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedded_worker_writes_each_ledger_entry_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
-    let summary = custom_effect::demo(dir.path(), 20).await.expect("the example runs");
+    let summary = custom_effect::demo(dir.path(), 20)
+        .await
+        .expect("the example runs");
 
     for i in 0..20 {
         let id = format!("order-{i}");

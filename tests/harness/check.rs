@@ -34,7 +34,7 @@ pub(super) async fn check(
         })
         .await
         .unwrap();
-    let by_id: HashMap<(&str, &str), &claimd::claim::Claim> = claims
+    let by_id: HashMap<(&str, &str), &claimd::internal::claim::Claim> = claims
         .iter()
         .map(|c| ((c.tenant.as_str(), c.message_id.as_str()), c))
         .collect();
@@ -43,13 +43,14 @@ pub(super) async fn check(
         .iter()
         .filter(|(t, id)| !by_id.contains_key(&(t.as_str(), id.as_str())))
         .count();
-    let count = |st: claimd::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
+    let count =
+        |st: claimd::internal::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
     // Why claims wait for a person, by consumer and reason (printed: a long run's table alone
     // does not say).
     let mut parked: HashMap<(String, String), usize> = HashMap::new();
     for c in claims
         .iter()
-        .filter(|c| c.state == claimd::claim::ClaimState::NeedsAttention)
+        .filter(|c| c.state == claimd::internal::claim::ClaimState::NeedsAttention)
     {
         let why: String = c
             .last_error
@@ -85,14 +86,16 @@ pub(super) async fn check(
         .sum();
     let completed_unapplied = claims
         .iter()
-        .filter(|c| c.consumer == "payments" && c.state == claimd::claim::ClaimState::Completed)
+        .filter(|c| {
+            c.consumer == "payments" && c.state == claimd::internal::claim::ClaimState::Completed
+        })
         .filter(|c| !applied.contains_key(c.idem_key.as_str()))
         .count();
     // Parked, and its key (payments) or recipient (emails) never reached the provider's door.
     let (keys_seen, rcpts_seen) = (provider_gate.seen(), smtp_gate.seen());
-    let never_sent: Vec<&claimd::claim::Claim> = claims
+    let never_sent: Vec<&claimd::internal::claim::Claim> = claims
         .iter()
-        .filter(|c| c.state == claimd::claim::ClaimState::NeedsAttention)
+        .filter(|c| c.state == claimd::internal::claim::ClaimState::NeedsAttention)
         .filter(|c| {
             if c.consumer == "email" {
                 // Email `e{seed}-{m}` goes to `user{m}@example.com` (list() carries no payloads).
@@ -109,7 +112,7 @@ pub(super) async fn check(
     // RabbitMQ: any worker may have taken it). Anything else parked unsent is a claim orphaned
     // while its worker lived.
     let sent_to = ledger.sent_to.lock().unwrap().clone();
-    let at_kill = |c: &claimd::claim::Claim| {
+    let at_kill = |c: &claimd::internal::claim::Claim| {
         let workers = match s.intake {
             Intake::Http => sent_to
                 .get(&(c.tenant.clone(), c.message_id.clone()))
@@ -126,7 +129,7 @@ pub(super) async fn check(
     };
     let parked_never_sent_at_kill = never_sent.iter().filter(|c| at_kill(c)).count();
     // Every unexplained one, then a few at a kill.
-    let (at, orphaned): (Vec<&&claimd::claim::Claim>, Vec<_>) =
+    let (at, orphaned): (Vec<&&claimd::internal::claim::Claim>, Vec<_>) =
         never_sent.iter().partition(|c| at_kill(c));
     for c in orphaned.into_iter().chain(at.into_iter().take(10)) {
         // The chaos around the moment it was received (database clock, same host).
@@ -149,7 +152,8 @@ pub(super) async fn check(
         );
     }
     let counts = store.counts(None).await.unwrap();
-    let total = |f: fn(&claimd::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
+    let total =
+        |f: fn(&claimd::internal::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
     // Emails: copies the sink received per Message-ID.
     let mut per_id: HashMap<String, usize> = HashMap::new();
     for r in smtp.received() {
@@ -162,9 +166,9 @@ pub(super) async fn check(
         via_broker: s.intake == Intake::Amqp,
         sent: sent.total,
         acknowledged: acked.len(),
-        completed: count(claimd::claim::ClaimState::Completed),
-        failed: count(claimd::claim::ClaimState::Failed),
-        needs_attention: count(claimd::claim::ClaimState::NeedsAttention),
+        completed: count(claimd::internal::claim::ClaimState::Completed),
+        failed: count(claimd::internal::claim::ClaimState::Failed),
+        needs_attention: count(claimd::internal::claim::ClaimState::NeedsAttention),
         needs_attention_emails: parked
             .iter()
             .filter(|((c, _), _)| c == "email")
@@ -189,7 +193,9 @@ pub(super) async fn check(
         emails_received: per_id.len(),
         emails_completed_unreceived: claims
             .iter()
-            .filter(|c| c.consumer == "email" && c.state == claimd::claim::ClaimState::Completed)
+            .filter(|c| {
+                c.consumer == "email" && c.state == claimd::internal::claim::ClaimState::Completed
+            })
             .filter(|c| !per_id.contains_key(&format!("<{}@chaos.claimd>", c.idem_key)))
             .count(),
         max_emails_per_id: per_id.values().copied().max().unwrap_or(0),
