@@ -8,7 +8,7 @@
 //! BENCH_CALLS=5000000 cargo bench --bench destination
 //! ```
 
-use claimd::destination::{Destination, Verdict};
+use claimd::internal::destination::{Destination, Verdict};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

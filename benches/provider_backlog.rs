@@ -11,8 +11,8 @@
 
 mod support;
 
-use claimd::app::App;
 use claimd::config::Config;
+use claimd::internal::app::App;
 use std::time::{Duration, Instant};
 use support::env_or;
 
@@ -106,7 +106,7 @@ rate_limit = "{rate}/s"
         t.elapsed().as_secs_f64(),
         backlog as f64 / f64::from(rate)
     );
-    let running = claimd::run::start(app).await.expect("start");
+    let running = claimd::internal::run::start(app).await.expect("start");
     let completed = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM claims WHERE state = 'completed'")
             .fetch_one(&pool)

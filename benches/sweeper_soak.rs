@@ -7,10 +7,10 @@
 
 mod support;
 
-use claimd::app::App;
 use claimd::config::Config;
-use claimd::run;
-use claimd::sandbox::{Sandbox, SandboxOptions};
+use claimd::internal::app::App;
+use claimd::internal::run;
+use claimd::internal::sandbox::{Sandbox, SandboxOptions};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::env_or;

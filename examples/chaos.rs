@@ -25,7 +25,7 @@ mod common;
 #[path = "../tests/harness/mod.rs"]
 mod harness;
 
-use claimd::sandbox::SandboxOptions;
+use claimd::internal::sandbox::SandboxOptions;
 use std::time::Duration;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

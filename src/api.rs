@@ -6,7 +6,8 @@
 //! `Authorization: Bearer <admin_token>` when a token is configured; intake needs
 //! `intake_token` likewise; the comparison is constant-time.
 
-pub use crate::http::auth::{bearer_token, constant_time_eq};
+pub use crate::http::auth::bearer_token;
+pub use crate::http::constant_time::constant_time_eq;
 pub use crate::http::ops::{ClaimView, Readiness};
 pub use crate::http::problem::problem;
 pub use crate::http::state::AppState;

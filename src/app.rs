@@ -8,6 +8,7 @@ use crate::effect::http::HttpEffect;
 use crate::effect::smtp::SmtpEffect;
 use crate::store::{self, Store, StoreError};
 use crate::sweeper::schedule_period;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,18 +73,56 @@ pub fn build_effect(consumer: &str, effect: &EffectConfig) -> Result<Arc<dyn Eff
         EffectConfig::Smtp(s) => Ok(Arc::new(
             SmtpEffect::new(s).map_err(|e| bad(e.to_string()))?,
         )),
+        EffectConfig::Custom(_) => Err(bad(
+            "kind = \"custom\" needs the effect from the program that embeds claimd (WorkerBuilder::effect); `claimd run` has none".into(),
+        )),
     }
+}
+
+/// What the embedding program gives instead of what the configuration describes.
+#[derive(Default)]
+pub struct Supplied {
+    /// An open store, instead of opening `[store] url`.
+    pub store: Option<Store>,
+    /// Effects by consumer name, for consumers with `kind = "custom"`.
+    pub effects: HashMap<String, Arc<dyn Effect>>,
 }
 
 impl App {
     /// Opens the store, applies migrations when `migrate`, and builds the consumers.
     pub async fn open(config: Config, migrate: bool) -> Result<App, AppError> {
-        let store = store::open_with(
-            &config.store.url,
-            config.store.max_connections,
-            config.store.batch_writes,
-        )
-        .await?;
+        Self::open_with(config, migrate, Supplied::default()).await
+    }
+
+    /// [`App::open`], with a store and effects the embedding program supplies. Every
+    /// `kind = "custom"` consumer needs an effect, and every effect a custom consumer.
+    pub async fn open_with(
+        config: Config,
+        migrate: bool,
+        mut supplied: Supplied,
+    ) -> Result<App, AppError> {
+        let unmatched = supplied.effects.keys().find(|name| {
+            !matches!(config.consumer(name), Some(c) if matches!(c.effect, EffectConfig::Custom(_)))
+        });
+        if let Some(name) = unmatched {
+            return Err(AppError::Effect {
+                consumer: name.clone(),
+                message:
+                    "an effect was given for it, but no consumer of that name has kind = \"custom\""
+                        .into(),
+            });
+        }
+        let store = match supplied.store.take() {
+            Some(store) => store,
+            None => {
+                store::open_with(
+                    &config.store.url,
+                    config.store.max_connections,
+                    config.store.batch_writes,
+                )
+                .await?
+            }
+        };
         if migrate {
             store.migrate().await?;
         }
@@ -98,7 +137,10 @@ impl App {
         );
         let mut consumers = Vec::new();
         for c in &config.consumers {
-            let effect = build_effect(&c.name, &c.effect)?;
+            let effect = match supplied.effects.remove(&c.name) {
+                Some(effect) => effect,
+                None => build_effect(&c.name, &c.effect)?,
+            };
             let consumer =
                 Consumer::new(c.clone(), effect).map_err(|message| AppError::Effect {
                     consumer: c.name.clone(),

@@ -53,6 +53,7 @@ impl Consumer {
         let intake = Arc::new(Semaphore::new(config.concurrency as usize));
         let ceiling = match &config.effect {
             crate::config::EffectConfig::Http(h) => h.rate_limit.map(|r| r.per_second),
+            crate::config::EffectConfig::Custom(c) => c.rate_limit.map(|r| r.per_second),
             crate::config::EffectConfig::Smtp(_) => None,
         };
         let provider_events = match &config.provider_events {

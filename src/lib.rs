@@ -3,40 +3,79 @@
 //!
 //! A message is claimed (a row committed alone, unique on consumer, tenant and message id),
 //! acknowledged, then performed with the message's idempotency key and settled. A sweeper
-//! finishes what a crash or a timeout left `started`. See `docs/architecture.md`.
+//! finishes what a crash or a timeout left `started`.
+//!
+//! # Embedding claimd
+//!
+//! [`Worker`] runs everything `claimd run` runs inside the caller's Tokio runtime, with
+//! effects of the program's own ([`Effect`]) next to the configured HTTP and SMTP effects:
+//!
+//! ```no_run
+//! use claimd::{Claim, Effect, Lookup, Outcome, Worker, async_trait};
+//!
+//! struct Audit;
+//!
+//! #[async_trait]
+//! impl Effect for Audit {
+//!     async fn perform(&self, claim: &Claim) -> Outcome {
+//!         // Write somewhere that makes a second write of `claim.idem_key` a no-op.
+//!         Outcome::Applied { status: 200, response: format!("audited {}", claim.idem_key) }
+//!     }
+//!     async fn lookup(&self, _claim: &Claim) -> Option<Lookup> {
+//!         None // nothing to ask: unknown outcomes follow `on_unknown`
+//!     }
+//!     fn can_reconcile(&self) -> bool {
+//!         false
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let worker = Worker::from_toml(
+//!         r#"
+//!         [store]
+//!         url = "sqlite://claims.db"
+//!         [[consumers]]
+//!         name = "audit"
+//!         source = "http"
+//!         on_unknown = "park"
+//!         [consumers.effect]
+//!         kind = "custom"
+//!         "#,
+//!     )?
+//!     .effect("audit", Audit)
+//!     .start()
+//!     .await?;
+//!     worker.submit("audit", "event-1", r#"{"who":"ada"}"#).await?;
+//!     worker.shutdown(std::time::Duration::from_secs(10)).await;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The public API is what the crate root exports; `docs/library.md` lists it and explains
+//! writing an effect. Everything else is in `claimd::internal`, public for claimd's own binary,
+//! tests and benches, hidden from these pages and without a stability promise.
 
 #![warn(missing_docs)]
 
-pub mod api;
-pub mod app;
-pub mod claim;
-pub mod claim_query;
-pub mod claimer;
-pub mod cli;
-pub mod config;
-pub mod consumer;
-pub mod dashboard;
-pub mod destination;
-pub mod duration;
-pub mod effect;
-pub mod http;
-pub mod intake;
-pub mod ledger;
-pub mod lookup;
-pub mod metrics;
-pub mod operator_action;
-pub mod operator_command;
-pub mod outcome_relay;
-pub mod pending_poller;
-pub mod policy;
-pub mod provider_events;
-pub mod reconcile;
-pub mod report;
-pub mod retention;
-pub mod run;
-pub mod sandbox;
-pub mod server;
-pub mod settle;
-pub mod store;
-pub mod sweeper;
-pub mod table;
+#[doc(hidden)]
+pub mod internal;
+mod worker;
+
+// Inside the crate every part keeps its short path (`crate::store`, …).
+pub(crate) use internal::{
+    api, app, claim, claim_query, claimer, consumer, dashboard, destination, duration, effect,
+    http, intake, ledger, lookup, metrics, operator_action, operator_command, outcome_relay,
+    pending_poller, policy, provider_events, reconcile, report, retention, run, sandbox, server,
+    settle, store, sweeper, table,
+};
+
+pub use internal::config;
+
+pub use async_trait::async_trait;
+pub use claim::{Claim, ClaimState, IdError};
+pub use claimer::{Accepted, Delivery, SubmitError};
+pub use config::Config;
+pub use effect::{Effect, Lookup, Outcome};
+pub use store::{Store, StoreError, open as open_store};
+pub use worker::{Error, Worker, WorkerBuilder};

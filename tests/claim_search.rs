@@ -7,9 +7,11 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::claim_query::ClaimQuery;
-use claimd::store::{ClaimCursor, ClaimFilter, ClaimOutcome, NewEvent, Settlement, Store};
+use claimd::internal::claim::ClaimState;
+use claimd::internal::claim_query::ClaimQuery;
+use claimd::internal::store::{
+    ClaimCursor, ClaimFilter, ClaimOutcome, NewEvent, Settlement, Store,
+};
 use common::*;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -91,7 +93,7 @@ async fn seed(s: &Store) {
     .await;
 }
 
-fn ids(claims: &[claimd::claim::Claim]) -> Vec<String> {
+fn ids(claims: &[claimd::internal::claim::Claim]) -> Vec<String> {
     claims.iter().map(|c| c.message_id.clone()).collect()
 }
 
@@ -108,7 +110,7 @@ fn search(text: &str) -> ClaimQuery {
 }
 
 async fn search_and_pages(store: TestStore) {
-    let app = claimd::app::App::open(load(&quiet_config(&store)), true)
+    let app = claimd::internal::app::App::open(load(&quiet_config(&store)), true)
         .await
         .unwrap();
     let s = app.store.clone();
@@ -209,7 +211,9 @@ async fn the_api_the_console_and_the_cli_find_a_claim_and_show_its_history() {
     let store = TestStore::sqlite();
     let toml = quiet_config(&store);
     let running = start(&toml).await;
-    let app = claimd::app::App::open(load(&toml), false).await.unwrap();
+    let app = claimd::internal::app::App::open(load(&toml), false)
+        .await
+        .unwrap();
     seed(&app.store).await;
     let base = format!("http://{}", running.http_addr);
 
@@ -346,7 +350,9 @@ fn claimd_nobody(args: &[&str]) -> (i32, String) {
 async fn an_action_nobody_can_be_named_for_is_refused() {
     let store = TestStore::sqlite();
     let toml = quiet_config(&store);
-    let app = claimd::app::App::open(load(&toml), true).await.unwrap();
+    let app = claimd::internal::app::App::open(load(&toml), true)
+        .await
+        .unwrap();
     parked_claim(&app.store, "payments", "p1", "attempts exhausted").await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("claimd.toml");

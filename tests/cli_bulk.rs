@@ -6,9 +6,9 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::operator_action::{Action, Outcome, Target, act, select_parked};
-use claimd::store::Store;
+use claimd::internal::claim::ClaimState;
+use claimd::internal::operator_action::{Action, Outcome, Target, act, select_parked};
+use claimd::internal::store::Store;
 use common::*;
 
 /// Runs `claimd --config CONFIG ARGS...` as operator `tester`: (exit code, stdout, stderr).
@@ -28,7 +28,9 @@ async fn setup(store: &TestStore) -> (tempfile::TempDir, std::path::PathBuf, Sto
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("claimd.toml");
     std::fs::write(&cfg, &toml).unwrap();
-    let app = claimd::app::App::open(load(&toml), true).await.unwrap();
+    let app = claimd::internal::app::App::open(load(&toml), true)
+        .await
+        .unwrap();
     (dir, cfg, app.store.clone())
 }
 
@@ -185,12 +187,12 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
         .unwrap()
         .unwrap()
         .unwrap();
-    let parked_again = claimd::store::Settlement {
+    let parked_again = claimd::internal::store::Settlement {
         state: Some(ClaimState::NeedsAttention),
         error: Some("timeout again".into()),
         ..Default::default()
     };
-    let event = claimd::store::NewEvent {
+    let event = claimd::internal::store::NewEvent {
         actor: "test",
         action: "park",
         outcome: "unknown",

@@ -3,8 +3,8 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::sandbox::SandboxOptions;
+use claimd::internal::claim::ClaimState;
+use claimd::internal::sandbox::SandboxOptions;
 use common::provider::{Script, TestProvider};
 use common::*;
 use std::path::PathBuf;
@@ -54,8 +54,8 @@ async fn post_all(base: &str, n: usize) {
     }
 }
 
-async fn states(url: &str, n: usize) -> Vec<claimd::claim::Claim> {
-    let s = claimd::store::open(url, 2).await.unwrap();
+async fn states(url: &str, n: usize) -> Vec<claimd::internal::claim::Claim> {
+    let s = claimd::internal::store::open(url, 2).await.unwrap();
     let mut out = Vec::new();
     for i in 0..n {
         out.push(
@@ -111,7 +111,7 @@ async fn kill_and_recover(
 /// Whether claim `k{i}`'s history has the takeover line naming the killed process (instance
 /// `host-pid`) as the holder of attempt 1: who to look at when a claim was orphaned.
 async fn takeover_names(url: &str, i: usize, killed_pid: u32) -> bool {
-    let s = claimd::store::open(url, 2).await.unwrap();
+    let s = claimd::internal::store::open(url, 2).await.unwrap();
     let c = s
         .get("payments", "", &format!("k{i}"))
         .await

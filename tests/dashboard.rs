@@ -5,8 +5,8 @@
 
 mod common;
 
-use claimd::claim::{ClaimState, NewClaim, fingerprint};
-use claimd::store::{ClaimOutcome, NewEvent, Settlement, Store};
+use claimd::internal::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::internal::store::{ClaimOutcome, NewEvent, Settlement, Store};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,7 +21,7 @@ const EVIL_ID: &str = "<script>alert(1)</script>";
 /// year), so stuck claims stay stuck and the page shows that no pass has run: a worker this
 /// young is within its start-up grace (three schedule periods), so the sweeper reads
 /// "STARTING", not "NOT RUNNING" (issue 12: readiness and health right after a start).
-async fn start_worker(store: &TestStore) -> claimd::run::Running {
+async fn start_worker(store: &TestStore) -> claimd::internal::run::Running {
     let consumers = consumer_toml("payments", "http://127.0.0.1:9", "")
         + &consumer_toml("emails", "http://127.0.0.1:9", "");
     let toml = config_toml_with(
@@ -48,7 +48,7 @@ fn new_claim(consumer: &str, tenant: &str, id: &str, lease: Duration) -> NewClai
         content_type: "application/json".into(),
         worker: "dead-worker".into(),
         lease,
-        claim_token: claimd::claim::new_claim_token(),
+        claim_token: claimd::internal::claim::new_claim_token(),
         mark_not_called: false,
     }
 }
@@ -177,7 +177,7 @@ fn assert_shows_the_work(page: &str) {
     for needle in [
         "STARTING",
         "Needs a look (6)",
-        &claimd::dashboard::escape(PARKED_REASON),
+        &claimd::internal::dashboard::escape(PARKED_REASON),
         EXHAUSTED_REASON,
         "lease expired; waiting for the sweeper",
         "claimd claims resolve payments order-1007 --as completed --note &quot;...&quot;",

@@ -5,9 +5,9 @@
 //! test --test edge_headers` (docs/reliability.md, "Edge").
 
 use axum::http::{HeaderMap, HeaderValue, header};
-use claimd::claim::{validate_content_type, validate_message_id, validate_tenant};
-use claimd::http::guard::{host_allowed, host_name, is_loopback_name, origin_allowed};
-use claimd::server::declared_length;
+use claimd::internal::claim::{validate_content_type, validate_message_id, validate_tenant};
+use claimd::internal::http::guard::{host_allowed, host_name, is_loopback_name, origin_allowed};
+use claimd::internal::server::declared_length;
 use proptest::prelude::*;
 
 /// Names as DNS has them (never `localhost` or under `.localhost`).

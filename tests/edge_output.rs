@@ -5,8 +5,8 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::store::{ClaimOutcome, NewEvent, Settlement};
+use claimd::internal::claim::ClaimState;
+use claimd::internal::store::{ClaimOutcome, NewEvent, Settlement};
 use common::provider::{Script, TestProvider};
 use common::*;
 use std::time::Duration;
@@ -76,7 +76,7 @@ fn assert_no_formula(csv: &str) {
     }
 }
 
-async fn claim(store: &claimd::store::Store, tenant: &str, id: &str) -> i64 {
+async fn claim(store: &claimd::internal::store::Store, tenant: &str, id: &str) -> i64 {
     let n = orphan_claim("payments", tenant, id, &format!("payments:{tenant}:{id}"));
     match store.claim(&n).await.unwrap() {
         ClaimOutcome::Created(c) => c.id,
@@ -94,7 +94,9 @@ async fn csv_cells_that_a_spreadsheet_would_run_are_neutralised() {
         dir.path(),
         &config_toml(&store.url(), &consumer_toml("payments", &provider.url, "")),
     );
-    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let s = claimd::internal::store::open(&store.url(), 2)
+        .await
+        .unwrap();
     s.migrate().await.unwrap();
     let ev = NewEvent {
         actor: "t",
@@ -334,8 +336,10 @@ async fn a_network_listener_needs_intake_protected_too() {
         "admin_token = \"adm1n-token-0123456789\"\nallow_open_intake = true",
     ] {
         let toml = config_toml_with(&store, extra, &consumers).replace("127.0.0.1:0", "0.0.0.0:0");
-        let app = claimd::app::App::open(load(&toml), true).await.unwrap();
-        let running = claimd::run::start(app)
+        let app = claimd::internal::app::App::open(load(&toml), true)
+            .await
+            .unwrap();
+        let running = claimd::internal::run::start(app)
             .await
             .unwrap_or_else(|e| panic!("{extra}: {e}"));
         running.shutdown(Duration::from_secs(2)).await;

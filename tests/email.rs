@@ -7,12 +7,12 @@
 mod common;
 
 use chrono::Utc;
-use claimd::claim::{Claim, ClaimState};
 use claimd::config::SmtpEffectConfig;
-use claimd::duration::Dur;
-use claimd::effect::smtp::SmtpEffect;
-use claimd::effect::{Effect, Outcome};
-use claimd::store::ClaimFilter;
+use claimd::internal::claim::{Claim, ClaimState};
+use claimd::internal::duration::Dur;
+use claimd::internal::effect::smtp::SmtpEffect;
+use claimd::internal::effect::{Effect, Outcome};
+use claimd::internal::store::ClaimFilter;
 use common::smtp::{Behaviour, SmtpSink};
 use common::*;
 use std::time::Duration;
@@ -189,7 +189,7 @@ async fn post(base: &str, key: &str, body: &str) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-async fn state_of(running: &claimd::run::Running, key: &str) -> Option<Claim> {
+async fn state_of(running: &claimd::internal::run::Running, key: &str) -> Option<Claim> {
     running.app().store.get("email", "", key).await.unwrap()
 }
 

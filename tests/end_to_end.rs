@@ -4,9 +4,9 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::sandbox::SandboxOptions;
-use claimd::store::ClaimFilter;
+use claimd::internal::claim::ClaimState;
+use claimd::internal::sandbox::SandboxOptions;
+use claimd::internal::store::ClaimFilter;
 use common::*;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -64,8 +64,8 @@ fn workload() -> Vec<String> {
 
 async fn check_outcome(
     results: &[(String, u16, bool)],
-    sandbox: &claimd::sandbox::Sandbox,
-    store: &claimd::store::Store,
+    sandbox: &claimd::internal::sandbox::Sandbox,
+    store: &claimd::internal::store::Store,
     expected_posts: usize,
 ) {
     assert_eq!(results.len(), expected_posts);

@@ -6,9 +6,9 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
 use claimd::config::Config;
-use claimd::sandbox::{Sandbox, SandboxModes, SandboxOptions};
+use claimd::internal::claim::ClaimState;
+use claimd::internal::sandbox::{Sandbox, SandboxModes, SandboxOptions};
 use common::*;
 use std::path::Path;
 use std::time::Duration;
@@ -73,10 +73,12 @@ async fn run_example(ex: Example) {
     let config = Config::from_toml(&text, &path, env)
         .unwrap_or_else(|e| panic!("{}: {e}", ex.file))
         .config;
-    let app = claimd::app::App::open(config, true)
+    let app = claimd::internal::app::App::open(config, true)
         .await
         .expect("open app");
-    let running = claimd::run::start(app).await.expect("the example starts");
+    let running = claimd::internal::run::start(app)
+        .await
+        .expect("the example starts");
     let r = client()
         .post(format!(
             "http://{}/v1/messages/{}",

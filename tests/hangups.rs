@@ -12,9 +12,9 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::sandbox::SandboxOptions;
-use claimd::store::ClaimFilter;
+use claimd::internal::claim::ClaimState;
+use claimd::internal::sandbox::SandboxOptions;
+use claimd::internal::store::ClaimFilter;
 use common::hangup::{self, HangUp};
 use common::*;
 use std::collections::HashMap;

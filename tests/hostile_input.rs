@@ -6,8 +6,8 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::store::{ClaimOutcome, NewEvent, Settlement};
+use claimd::internal::claim::ClaimState;
+use claimd::internal::store::{ClaimOutcome, NewEvent, Settlement};
 use common::*;
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ async fn hostile_store(dir: &std::path::Path, provider: &str) -> String {
         config_toml(&store_url, &consumer_toml("payments", provider, "")),
     )
     .unwrap();
-    let s = claimd::store::open(&store_url, 2).await.unwrap();
+    let s = claimd::internal::store::open(&store_url, 2).await.unwrap();
     s.migrate().await.unwrap();
     for (id, state) in [
         ("hostile-1", ClaimState::NeedsAttention),
@@ -319,7 +319,9 @@ async fn payload_fields_in_the_url_work_and_duplicate_keys_are_refused_at_intake
     assert_eq!(r.status().as_u16(), 422);
     let text = r.text().await.unwrap();
     assert!(text.contains("amount") && text.contains("twice"), "{text}");
-    let s = claimd::store::open(&store.url(), 1).await.unwrap();
+    let s = claimd::internal::store::open(&store.url(), 1)
+        .await
+        .unwrap();
     assert!(
         s.get("payments", "", "dup-1").await.unwrap().is_none(),
         "nothing claimed"

@@ -14,8 +14,8 @@
 
 mod common;
 
-use claimd::claim::{ClaimState, NewClaim};
-use claimd::store::{ClaimOutcome, NewEvent, Settlement, Store};
+use claimd::internal::claim::{ClaimState, NewClaim};
+use claimd::internal::store::{ClaimOutcome, NewEvent, Settlement, Store};
 use common::localstripe::*;
 use common::*;
 use serde_json::{Value, json};
@@ -77,12 +77,12 @@ async fn completed_claim(store: &Store, message_id: &str, amount: i64) {
         tenant: String::new(),
         message_id: message_id.into(),
         idem_key: key(message_id),
-        fingerprint: claimd::claim::fingerprint(payload.as_bytes()),
+        fingerprint: claimd::internal::claim::fingerprint(payload.as_bytes()),
         payload: bytes::Bytes::from(payload),
         content_type: "application/json".into(),
         worker: "test".into(),
         lease: Duration::from_secs(60),
-        claim_token: claimd::claim::new_claim_token(),
+        claim_token: claimd::internal::claim::new_claim_token(),
         mark_not_called: false,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
@@ -170,7 +170,7 @@ async fn reconciles_against_localstripe(store_kind: TestStore) {
     let env = env(&url, &ls.url);
     let (code, _, err) = claimd(&["migrate"], &env);
     assert_eq!(code, 0, "migrate: {err}");
-    let store = claimd::store::open(&url, 4).await.unwrap();
+    let store = claimd::internal::store::open(&url, 4).await.unwrap();
     let pm = ls.payment_method(CARD_OK).await;
 
     for i in 0..AGREEING {

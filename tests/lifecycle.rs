@@ -3,8 +3,8 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::sandbox::SandboxOptions;
+use claimd::internal::claim::ClaimState;
+use claimd::internal::sandbox::SandboxOptions;
 use common::proxy::Proxy;
 use common::*;
 use std::time::{Duration, Instant};
@@ -280,7 +280,9 @@ async fn sigterm_finishes_in_flight_work_and_a_restart_completes_the_rest_once()
     assert!(!accepted.is_empty());
     // Restart: the sweeper finishes whatever was left started.
     let _w2 = Worker::spawn(&cfg, port, &log).await;
-    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let s = claimd::internal::store::open(&store.url(), 2)
+        .await
+        .unwrap();
     assert!(
         eventually(Duration::from_secs(30), || async {
             let counts = s.counts(None).await.unwrap();

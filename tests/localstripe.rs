@@ -10,8 +10,8 @@
 mod common;
 
 use bytes::Bytes;
-use claimd::claim::ClaimState;
 use claimd::config::Config;
+use claimd::internal::claim::ClaimState;
 use common::localstripe::*;
 use common::*;
 use http_body_util::{BodyExt, Full};
@@ -105,7 +105,7 @@ async fn post_orders(
 /// message's amount, and none besides; returns them.
 async fn one_payment_intent_each(
     ls: &LocalStripe,
-    store: &claimd::store::Store,
+    store: &claimd::internal::store::Store,
     n: usize,
 ) -> Vec<Value> {
     let pis = ls.payment_intents().await;
@@ -130,7 +130,7 @@ async fn one_payment_intent_each(
 }
 
 /// The claim of `order-{i}`.
-async fn order(store: &claimd::store::Store, i: usize) -> claimd::claim::Claim {
+async fn order(store: &claimd::internal::store::Store, i: usize) -> claimd::internal::claim::Claim {
     store
         .get("stripe-payments", "", &format!("order-{i}"))
         .await
@@ -138,7 +138,7 @@ async fn order(store: &claimd::store::Store, i: usize) -> claimd::claim::Claim {
         .unwrap_or_else(|| panic!("order-{i} was never claimed"))
 }
 
-async fn all_completed(store: &claimd::store::Store, n: usize) -> bool {
+async fn all_completed(store: &claimd::internal::store::Store, n: usize) -> bool {
     eventually(Duration::from_secs(60), || async {
         let mut all = true;
         for i in 0..n {
@@ -165,10 +165,10 @@ async fn the_stripe_example_creates_one_payment_intent_per_message_through_lost_
     let faults = Arc::new(Mutex::new(Faults::default()));
     let proxy = fault_proxy(ls.url.clone(), 1, faults.clone()).await;
     let store = TestStore::sqlite();
-    let app = claimd::app::App::open(stripe_example(&store.url(), &proxy), true)
+    let app = claimd::internal::app::App::open(stripe_example(&store.url(), &proxy), true)
         .await
         .unwrap();
-    let running = claimd::run::start(app).await.expect("start");
+    let running = claimd::internal::run::start(app).await.expect("start");
     let base = format!("http://{}", running.http_addr);
     const N: usize = 8;
     let card = ls.payment_method(CARD_OK).await;
@@ -212,10 +212,10 @@ async fn the_stripe_example_refuses_a_provider_without_the_search_api() {
     };
     let ls = LocalStripe::start(&bin).await;
     let store = TestStore::sqlite();
-    let app = claimd::app::App::open(stripe_example(&store.url(), &ls.url), true)
+    let app = claimd::internal::app::App::open(stripe_example(&store.url(), &ls.url), true)
         .await
         .unwrap();
-    let Err(e) = claimd::run::start(app).await else {
+    let Err(e) = claimd::internal::run::start(app).await else {
         panic!("started")
     };
     let e = e.to_string();
@@ -256,7 +256,9 @@ async fn the_stripe_example_survives_a_sigkill_between_the_payment_and_its_answe
     faults.lock().unwrap().hold = Duration::ZERO;
     let second = spawn_worker(&store.url(), &proxy, port, &log).await;
     post_orders(&second.base, 0..N, &card, 200).await;
-    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let s = claimd::internal::store::open(&store.url(), 2)
+        .await
+        .unwrap();
     assert!(
         all_completed(&s, N).await,
         "every claim completes after the restart"
@@ -291,7 +293,7 @@ async fn post_outcome_orders(ls: &LocalStripe, base: &str) {
 
 /// Waits until each claim of [`OUTCOMES`] is in its state; then checks it against the
 /// PaymentIntent localstripe holds for it. Returns whether all got there.
-async fn claims_end_as_their_payment_intents(ls: &LocalStripe, s: &claimd::store::Store) {
+async fn claims_end_as_their_payment_intents(ls: &LocalStripe, s: &claimd::internal::store::Store) {
     let settled = eventually(Duration::from_secs(60), || async {
         let mut all = true;
         for (i, (_, _, state)) in OUTCOMES.iter().enumerate() {
@@ -339,7 +341,7 @@ async fn outcome_worker(
     store: &TestStore,
     pending_poll: &str,
     webhook: bool,
-) -> claimd::run::Running {
+) -> claimd::internal::run::Running {
     let path = example_path();
     let text = std::fs::read_to_string(&path).unwrap();
     let mut env = example_env(&store.url(), api);
@@ -350,8 +352,10 @@ async fn outcome_worker(
     let config = Config::from_toml(&text, &path, env)
         .unwrap_or_else(|e| panic!("{e}"))
         .config;
-    let app = claimd::app::App::open(config, true).await.unwrap();
-    let running = claimd::run::start(app).await.expect("start");
+    let app = claimd::internal::app::App::open(config, true)
+        .await
+        .unwrap();
+    let running = claimd::internal::run::start(app).await.expect("start");
     if webhook {
         ls.register_webhook(
             &format!(
@@ -523,7 +527,9 @@ async fn webhooks_that_arrive_while_the_worker_is_killed_are_not_lost() {
     const N: usize = 6;
     let pm = ls.payment_method(SEPA_FAILS).await;
     post_orders(&first.base, 0..N, &pm, 202).await;
-    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let s = claimd::internal::store::open(&store.url(), 2)
+        .await
+        .unwrap();
     let pending = eventually(Duration::from_secs(30), || async {
         let mut all = true;
         for i in 0..N {

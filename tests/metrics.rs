@@ -3,7 +3,7 @@
 
 mod common;
 
-use claimd::sandbox::SandboxOptions;
+use claimd::internal::sandbox::SandboxOptions;
 use common::*;
 use std::time::Duration;
 

@@ -4,9 +4,9 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::sandbox::SandboxOptions;
-use claimd::store::{ClaimOutcome, NewEvent, Settlement};
+use claimd::internal::claim::ClaimState;
+use claimd::internal::sandbox::SandboxOptions;
+use claimd::internal::store::{ClaimOutcome, NewEvent, Settlement};
 use common::provider::{Script, TestProvider};
 use common::*;
 use std::time::Duration;
@@ -60,7 +60,7 @@ fn bad_configuration_exits_2_with_one_line_naming_the_key() {
     assert_eq!(code, 2, "bad usage is exit 2: {err}");
 }
 
-async fn stuck_claim(store: &claimd::store::Store, id: &str) -> i64 {
+async fn stuck_claim(store: &claimd::internal::store::Store, id: &str) -> i64 {
     let n = orphan_claim("payments", "", id, id);
     match store.claim(&n).await.unwrap() {
         ClaimOutcome::Created(c) => c.id,
@@ -77,7 +77,9 @@ async fn sweep_dry_run_report_formats_and_stuck_listing() {
         dir.path(),
         &config_toml(&store.url(), &consumer_toml("payments", &provider, "")),
     );
-    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let s = claimd::internal::store::open(&store.url(), 2)
+        .await
+        .unwrap();
     s.migrate().await.unwrap();
     stuck_claim(&s, "stuck-1").await;
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -145,7 +147,9 @@ async fn reconcile_lists_disagreements_worst_first() {
         dir.path(),
         &config_toml(&store.url(), &consumer_toml("payments", &provider.url, "")),
     );
-    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let s = claimd::internal::store::open(&store.url(), 2)
+        .await
+        .unwrap();
     s.migrate().await.unwrap();
     let settle = |state| Settlement {
         state: Some(state),
@@ -303,8 +307,8 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
         })
         .await,
         "no claim stays started: {:?}",
-        s.list(&claimd::store::ClaimFilter {
-            state: Some(claimd::claim::ClaimState::Started),
+        s.list(&claimd::internal::store::ClaimFilter {
+            state: Some(claimd::internal::claim::ClaimState::Started),
             consumer: None,
             stuck: false,
             since: None,

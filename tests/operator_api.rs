@@ -4,7 +4,7 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
+use claimd::internal::claim::ClaimState;
 use common::*;
 use serde_json::json;
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
+use claimd::internal::claim::ClaimState;
 use common::*;
 
 fn no_redirects() -> reqwest::Client {

@@ -9,7 +9,7 @@
 
 mod common;
 
-use claimd::claim::ClaimState;
+use claimd::internal::claim::ClaimState;
 use common::*;
 use serde_json::{Value, json};
 use std::path::Path;

@@ -1,10 +1,10 @@
 //! Property tests for the pure parts: the state machine, key templates, fingerprints, id
 //! validation and the classification of provider answers (CONTRACT.md, provider protocol).
 
-use claimd::claim::{ClaimState, KeyTemplate, fingerprint, validate_message_id};
 use claimd::config::OnUnknown;
-use claimd::effect::{Outcome, StatusClass, classify_status};
-use claimd::policy::{Step, Takeover, TakeoverFacts, after_outcome, on_takeover};
+use claimd::internal::claim::{ClaimState, KeyTemplate, fingerprint, validate_message_id};
+use claimd::internal::effect::{Outcome, StatusClass, classify_status};
+use claimd::internal::policy::{Step, Takeover, TakeoverFacts, after_outcome, on_takeover};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -121,7 +121,7 @@ proptest! {
         attempt in 1i32..40, waits in 0i32..20, max in 1u32..10, age_s in 0u64..10_000, window_s in 1u64..5_000,
         deadline_s in 1u64..10_000, unsent in prop::option::of(any::<bool>()),
         policy in on_unknown(), can in any::<bool>(),
-        handoff in prop::option::of(prop::sample::select(vec![claimd::store::Handoff::NotApplied, claimd::store::Handoff::Undecided])),
+        handoff in prop::option::of(prop::sample::select(vec![claimd::internal::store::Handoff::NotApplied, claimd::internal::store::Handoff::Undecided])),
     ) {
         let waits = waits.min(attempt - 1);
         let t = on_takeover(TakeoverFacts {
@@ -130,7 +130,7 @@ proptest! {
             send_deadline: Duration::from_secs(deadline_s), proven_unsent: unsent,
         });
         if age_s > window_s && matches!(t, Takeover::Perform { .. }) {
-            prop_assert!(handoff == Some(claimd::store::Handoff::NotApplied) && unsent == Some(true), "{:?}", t);
+            prop_assert!(handoff == Some(claimd::internal::store::Handoff::NotApplied) && unsent == Some(true), "{:?}", t);
         }
         if matches!(t, Takeover::Fail(_)) {
             prop_assert!(unsent == Some(true) && age_s > deadline_s, "{:?}", t);

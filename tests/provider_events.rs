@@ -12,8 +12,8 @@ use axum::body::Bytes;
 use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
-use claimd::claim::{Claim, ClaimState};
-use claimd::provider_events::signature::{sign_standard, sign_stripe};
+use claimd::internal::claim::{Claim, ClaimState};
+use claimd::internal::provider_events::signature::{sign_standard, sign_stripe};
 use common::*;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -116,7 +116,12 @@ impl Endpoint {
     }
 }
 
-async fn claim_in(s: &claimd::store::Store, consumer: &str, id: &str, state: ClaimState) -> Claim {
+async fn claim_in(
+    s: &claimd::internal::store::Store,
+    consumer: &str,
+    id: &str,
+    state: ClaimState,
+) -> Claim {
     let reached = eventually(Duration::from_secs(20), || async {
         s.get(consumer, "", id)
             .await

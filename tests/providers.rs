@@ -3,8 +3,8 @@
 
 mod common;
 
-use claimd::claim::{Claim, ClaimState};
-use claimd::sandbox::{Sandbox, SandboxModes, SandboxOptions};
+use claimd::internal::claim::{Claim, ClaimState};
+use claimd::internal::sandbox::{Sandbox, SandboxModes, SandboxOptions};
 use common::*;
 use std::time::Duration;
 
@@ -49,7 +49,7 @@ async fn post(base: &str, key: &str, body: &str) -> u16 {
         .as_u16()
 }
 
-async fn wait_state(store: &claimd::store::Store, id: &str, state: ClaimState) -> Claim {
+async fn wait_state(store: &claimd::internal::store::Store, id: &str, state: ClaimState) -> Claim {
     eventually(Duration::from_secs(30), || async {
         let c = store.get("payments", "", id).await.unwrap();
         c.is_some_and(|c| c.state == state)
@@ -80,9 +80,9 @@ async fn shaped_sandbox(options: SandboxOptions, modes: SandboxModes) -> (Sandbo
 /// sandbox shaped by `options` and `modes`.
 struct Setup {
     sandbox: Sandbox,
-    running: claimd::run::Running,
+    running: claimd::internal::run::Running,
     base: String,
-    store: claimd::store::Store,
+    store: claimd::internal::store::Store,
     _db: TestStore,
 }
 
@@ -277,8 +277,10 @@ async fn a_status_endpoint_that_does_not_exist_is_refused_at_start() {
     )
     .await;
     let toml = config_toml(&store.url(), &search_consumer(&provider, "", ""));
-    let app = claimd::app::App::open(load(&toml), true).await.unwrap();
-    let Err(e) = claimd::run::start(app).await else {
+    let app = claimd::internal::app::App::open(load(&toml), true)
+        .await
+        .unwrap();
+    let Err(e) = claimd::internal::run::start(app).await else {
         panic!("started")
     };
     let e = e.to_string();
@@ -287,8 +289,10 @@ async fn a_status_endpoint_that_does_not_exist_is_refused_at_start() {
         "{e}"
     );
     let warn = toml.replace("found_pointer = ", "probe = \"warn\"\nfound_pointer = ");
-    let app = claimd::app::App::open(load(&warn), true).await.unwrap();
-    let running = claimd::run::start(app)
+    let app = claimd::internal::app::App::open(load(&warn), true)
+        .await
+        .unwrap();
+    let running = claimd::internal::run::start(app)
         .await
         .expect("starts with a warning");
     running.shutdown(Duration::from_secs(5)).await;
@@ -393,12 +397,14 @@ async fn a_slow_claim_does_not_hold_a_sweeper_pass() {
             "lease = \"20s\"\nkey = \"{message_id}\"",
         ),
     );
-    let app = claimd::app::App::open(load(&toml), true).await.unwrap();
+    let app = claimd::internal::app::App::open(load(&toml), true)
+        .await
+        .unwrap();
     app.store
         .claim(&orphan_claim("payments", "", "slow-1", "slow-1"))
         .await
         .unwrap();
-    let sweeper = claimd::sweeper::Sweeper::new(app.claimer.clone(), 10);
+    let sweeper = claimd::internal::sweeper::Sweeper::new(app.claimer.clone(), 10);
     let pass = sweeper.pass(false).await.unwrap();
     assert_eq!(pass.items.len(), 1, "{pass:?}");
     assert!(

@@ -4,7 +4,7 @@
 mod common;
 mod harness;
 
-use claimd::sandbox::SandboxOptions;
+use claimd::internal::sandbox::SandboxOptions;
 use harness::{Intake, Outcome, Scenario, assert_invariants};
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use claimd::sandbox::{EffectRecord, Sandbox, SandboxOptions};
+use claimd::internal::sandbox::{EffectRecord, Sandbox, SandboxOptions};
 use serde_json::Value;
 use tokio::sync::oneshot;
 

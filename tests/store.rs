@@ -8,8 +8,8 @@ mod common;
 #[path = "store/retention.rs"]
 mod retention;
 
-use claimd::claim::{ClaimState, NewClaim, fingerprint};
-use claimd::store::{ClaimOutcome, ClaimStore, NewEvent, Seen, Settlement, Store};
+use claimd::internal::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::internal::store::{ClaimOutcome, ClaimStore, NewEvent, Seen, Settlement, Store};
 use common::*;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -25,7 +25,7 @@ fn new_claim(id: &str, lease: Duration) -> NewClaim {
         content_type: "text/plain".into(),
         worker: "w1".into(),
         lease,
-        claim_token: claimd::claim::new_claim_token(),
+        claim_token: claimd::internal::claim::new_claim_token(),
         mark_not_called: false,
     }
 }
@@ -45,7 +45,9 @@ fn ev() -> NewEvent<'static> {
 }
 
 async fn open(store: &TestStore) -> Store {
-    let s = claimd::store::open(&store.url(), 8).await.unwrap();
+    let s = claimd::internal::store::open(&store.url(), 8)
+        .await
+        .unwrap();
     s.migrate().await.unwrap();
     s
 }
@@ -164,7 +166,9 @@ async fn two_sweepers_never_take_the_same_claim_postgres() {
         return;
     };
     let a = open(&store).await;
-    let b = claimd::store::open(&store.url(), 8).await.unwrap();
+    let b = claimd::internal::store::open(&store.url(), 8)
+        .await
+        .unwrap();
     for i in 0..400 {
         a.claim(&new_claim(&format!("s{i}"), Duration::ZERO))
             .await
@@ -252,7 +256,7 @@ async fn operator_actions(store: TestStore) {
     assert_eq!(taken.len(), 1);
     assert_eq!(
         taken[0].handoff,
-        Some(claimd::store::Handoff::OperatorRedrive)
+        Some(claimd::internal::store::Handoff::OperatorRedrive)
     );
     assert!(s.settle(c.id, 3, &park, &ev()).await.unwrap());
     // An operator who saw it failed (someone else's view, now stale) moves nothing; nor does
@@ -367,8 +371,12 @@ async fn two_workers_migrating_at_once_both_start_postgres() {
         return;
     };
     for _ in 0..3 {
-        let a = claimd::store::open(&store.url(), 2).await.unwrap();
-        let b = claimd::store::open(&store.url(), 2).await.unwrap();
+        let a = claimd::internal::store::open(&store.url(), 2)
+            .await
+            .unwrap();
+        let b = claimd::internal::store::open(&store.url(), 2)
+            .await
+            .unwrap();
         let (ra, rb) = tokio::join!(a.migrate(), b.migrate());
         ra.unwrap();
         rb.unwrap();

@@ -11,7 +11,7 @@
 
 use axum::http::{HeaderMap, HeaderValue};
 use base64::Engine as _;
-use claimd::provider_events::signature::{
+use claimd::internal::provider_events::signature::{
     Scheme, SignatureError, Verified, Verifier, sign_standard,
 };
 use serde_json::{Value, json};

@@ -9,7 +9,7 @@
 //! - `txn`: the single-transaction inbox. BEGIN; INSERT claim ... ON CONFLICT DO NOTHING;
 //!   provider call; UPDATE settle; COMMIT, holding a pooled PostgreSQL connection (and the row
 //!   lock) during the call.
-//! - `claimd-sqlite`, `claimd-pg`: the real worker (`claimd::run::start`); the client gets 202
+//! - `claimd-sqlite`, `claimd-pg`: the real worker (`claimd::internal::run::start`); the client gets 202
 //!   and the effect runs after; "settled" is `processed_utc - received_utc` from the store and
 //!   throughput counts until the last claim is settled.
 //!
@@ -60,12 +60,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use claimd::app::App;
-use claimd::claim::{ClaimState, NewClaim, fingerprint};
 use claimd::config::Config;
-use claimd::sandbox::{Sandbox, SandboxOptions};
-use claimd::store::postgres::PgStore;
-use claimd::store::{ClaimOutcome, ClaimStore, NewEvent, SettleItem, Settlement};
+use claimd::internal::app::App;
+use claimd::internal::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::internal::sandbox::{Sandbox, SandboxOptions};
+use claimd::internal::store::postgres::PgStore;
+use claimd::internal::store::{ClaimOutcome, ClaimStore, NewEvent, SettleItem, Settlement};
 use sqlx::Connection;
 use std::io::Write as _;
 use std::path::Path;

@@ -242,6 +242,20 @@ impl Config {
         Ok(Loaded { config, warnings })
     }
 
+    /// Validates a configuration built or changed in code, as [`Config::from_toml`] validates
+    /// text; returns the warnings. Errors name the key, the path being `<in code>`.
+    pub fn check(&self) -> Result<Vec<String>, ConfigError> {
+        let invalid = |(key, message)| ConfigError::Invalid {
+            path: PathBuf::from("<in code>"),
+            key,
+            message,
+        };
+        self.validate_edge().map_err(invalid)?;
+        let mut warnings = Vec::new();
+        self.validate(&mut warnings).map_err(invalid)?;
+        Ok(warnings)
+    }
+
     /// The consumer with this name.
     pub fn consumer(&self, name: &str) -> Option<&ConsumerConfig> {
         self.consumers.iter().find(|c| c.name == name)

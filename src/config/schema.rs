@@ -518,6 +518,8 @@ pub enum EffectConfig {
     Http(HttpEffectConfig),
     /// An email over SMTP.
     Smtp(SmtpEffectConfig),
+    /// An effect the program embedding claimd supplies (`WorkerBuilder::effect`).
+    Custom(CustomEffectConfig),
 }
 
 impl<'de> Deserialize<'de> for EffectConfig {
@@ -528,7 +530,7 @@ impl<'de> Deserialize<'de> for EffectConfig {
             Some(toml::Value::String(k)) => k,
             Some(other) => {
                 return Err(D::Error::custom(format!(
-                    "kind = {other}: expected \"http\" or \"smtp\""
+                    "kind = {other}: expected \"http\", \"smtp\" or \"custom\""
                 )));
             }
             None => return Err(D::Error::missing_field("kind")),
@@ -547,7 +549,11 @@ impl<'de> Deserialize<'de> for EffectConfig {
         match kind.as_str() {
             "http" => variant(table).map(EffectConfig::Http),
             "smtp" => variant(table).map(EffectConfig::Smtp),
-            other => Err(D::Error::unknown_variant(other, &["http", "smtp"])),
+            "custom" => variant(table).map(EffectConfig::Custom),
+            other => Err(D::Error::unknown_variant(
+                other,
+                &["http", "smtp", "custom"],
+            )),
         }
     }
 }
@@ -558,6 +564,7 @@ impl EffectConfig {
         match self {
             EffectConfig::Http(h) => h.timeout.0,
             EffectConfig::Smtp(s) => s.timeout.0,
+            EffectConfig::Custom(c) => c.timeout.0,
         }
     }
 
@@ -566,6 +573,7 @@ impl EffectConfig {
         match self {
             EffectConfig::Http(h) => h.max_key_length,
             EffectConfig::Smtp(s) => s.max_key_length,
+            EffectConfig::Custom(c) => c.max_key_length,
         }
     }
 }
@@ -650,6 +658,32 @@ fn default_idem_header() -> String {
 }
 fn default_timeout() -> Dur {
     Dur(Duration::from_secs(10))
+}
+
+/// `kind = "custom"`: the effect is code of the program that embeds claimd, given to
+/// `WorkerBuilder::effect` under the consumer's name; `claimd run` refuses such a consumer.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomEffectConfig {
+    /// The longest one call may take: leases and sweeps leave this much room for it.
+    #[serde(default = "default_timeout")]
+    pub timeout: Dur,
+    /// Longest idempotency key the effect accepts; longer keys are refused at intake.
+    #[serde(default = "default_max_key_length")]
+    pub max_key_length: usize,
+    /// The most calls a second this instance makes (`"50/s"`, `"3000/m"`); unset: no ceiling.
+    #[serde(default)]
+    pub rate_limit: Option<super::RateLimit>,
+}
+
+impl Default for CustomEffectConfig {
+    fn default() -> Self {
+        CustomEffectConfig {
+            timeout: default_timeout(),
+            max_key_length: default_max_key_length(),
+            rate_limit: None,
+        }
+    }
 }
 
 /// `kind = "smtp"`

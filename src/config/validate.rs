@@ -217,6 +217,8 @@ impl Config {
                     );
                     hosts.entry(host).or_default().push((&c.name, template));
                 }
+                // Whether it can reconcile is known once the program gives the effect.
+                EffectConfig::Custom(_) => {}
                 EffectConfig::Smtp(s) => {
                     if s.tls == SmtpTls::None && !s.username.is_empty() {
                         warnings.push(format!(
@@ -311,7 +313,7 @@ impl Config {
 /// `{customer_id}`) filled with sample values: the URL is checked, and its host read, before
 /// any message exists.
 fn sample_url(url: &str) -> Result<reqwest::Url, String> {
-    use crate::effect::http::encode_path_segment;
+    use crate::effect::http_template::encode_path_segment;
     use crate::effect::http_template::{Template, Vars};
     let template = Template::parse(url)?;
     let vars = Vars {

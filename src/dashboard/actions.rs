@@ -54,7 +54,7 @@ fn page(status: StatusCode, title: &str, body: maud::Markup) -> Response {
             head {
                 meta charset="utf-8";
                 title { "claimd: " (title) }
-                style { (maud::PreEscaped(super::layout::CSS)) }
+                style { (maud::PreEscaped(super::text::CSS)) }
             }
             body { main { section { h2 { (title) } (body) } } }
         }
@@ -154,18 +154,18 @@ pub async fn preview(
         maud::html! {
             p {
                 "This will " strong { (action.describe()) } " for " strong { (n) " claim" @if n != 1 { "s" } }
-                ", recorded as " code { "page:" (session.name) } @if !p.note.is_empty() { " with the note “" (super::render::visible(&p.note)) "”" } "."
+                ", recorded as " code { "page:" (session.name) } @if !p.note.is_empty() { " with the note “" (super::text::visible(&p.note)) "”" } "."
             }
             table {
                 thead { tr { th { "claim" } th { "state" } th { "idempotency key" } th { "reason" } } }
                 tbody {
                     @for (t, c) in p.claims.iter().zip(&now_shown) {
                         tr {
-                            td { code { (super::render::visible(&t.label())) } }
+                            td { code { (super::text::visible(&t.label())) } }
                             @if let Some(c) = c {
                                 td { (c.state) " (attempt " (c.attempt) ")" }
-                                td { code { (super::render::visible(&c.idem_key)) } }
-                                td.text { (super::render::visible(c.last_error.as_deref().unwrap_or("-"))) }
+                                td { code { (super::text::visible(&c.idem_key)) } }
+                                td.text { (super::text::visible(c.last_error.as_deref().unwrap_or("-"))) }
                             } @else {
                                 td colspan="3" { "no such claim any more" }
                             }
@@ -214,7 +214,7 @@ pub async fn apply(
         maud::html! {
             table {
                 thead { tr { th { "claim" } th { "result" } } }
-                tbody { @for (who, said) in &rows { tr { td { code { (super::render::visible(who)) } } td { (super::render::visible(said)) } } } }
+                tbody { @for (who, said) in &rows { tr { td { code { (super::text::visible(who)) } } td { (super::text::visible(said)) } } } }
             }
             p { a href="/" { "Back to the page" } }
         },

@@ -6,7 +6,8 @@
 use super::actions::{Target, claim_forms};
 use super::commands::commands_for_claim;
 use super::layout::{search_form, shell};
-use super::render::{human_secs, visible};
+use super::render::human_secs;
+use super::text::visible;
 use super::{PageSession, html_page};
 use crate::claim::{Claim, ClaimState};
 use crate::claim_query::{ClaimQuery, claim_path};

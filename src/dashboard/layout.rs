@@ -1,12 +1,10 @@
 //! What every page of the console shares: the document head (stylesheet, no script), the
 //! header with the sign-in state, and the search box.
 
+use super::text::CSS;
 use super::{PageSession, REFRESH_SECONDS};
 use crate::claim_query::ClaimQuery;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
-
-/// The page's stylesheet, compiled into the binary: the page loads no external asset.
-pub(super) const CSS: &str = include_str!("page.css");
 
 /// A whole page: `title`, the header (with `meta` on the right), then `body`. It reloads
 /// every [`REFRESH_SECONDS`] when `refresh` and nobody is signed in (a signed-in person may be

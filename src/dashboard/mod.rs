@@ -17,10 +17,11 @@ mod chart;
 pub mod claims;
 mod commands;
 mod data;
-mod ledger;
 mod layout;
+mod ledger;
 mod outcomes;
 mod render;
+mod text;
 
 pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};
 pub use commands::{commands_for, commands_for_claim};

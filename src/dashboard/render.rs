@@ -8,6 +8,7 @@ use super::actions::{Target, bulk_form, claim_forms};
 use super::chart::{Series, histogram, histogram_svg};
 use super::commands::{commands_for, commands_for_claim};
 use super::layout::{search_form, shell};
+use super::text::visible;
 use super::{Dashboard, OpenKind, PageSession, REFRESH_SECONDS};
 use crate::claim::ClaimState;
 use crate::claim_query::{ClaimQuery, claim_path, claim_path_of};
@@ -25,13 +26,6 @@ pub const SHOWN_PER_LIST: usize = 10;
 /// (`&`, `<`, `>` and `"`; attribute values are always double-quoted).
 pub fn escape(s: &str) -> String {
     html! { (s) }.into_string()
-}
-
-/// Text from a client or provider as the page shows it: control and bidi characters written
-/// out visibly ([`crate::table::escape_controls`]; a right-to-left override in a reason would
-/// otherwise reorder what an operator reads), then HTML-escaped by the template.
-pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
-    crate::table::escape_controls(s)
 }
 
 /// A duration for people: `0.4s`, `12s`, `4m 12s`, `3h 05m`, `2d 04h`.

@@ -4,7 +4,8 @@
 
 use super::http_status::read_answer;
 use super::http_template::{
-    BodyTemplate, Field, RenderError, Template, Vars, form_encode, parse_payload,
+    BodyTemplate, Field, RenderError, Template, Vars, encode_path_segment, form_encode,
+    parse_payload,
 };
 use super::{
     Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status_with,
@@ -487,19 +488,6 @@ fn never_processed(e: &reqwest::Error) -> bool {
         source = s.source();
     }
     false
-}
-
-/// Percent-encodes a key for use inside a URL path.
-pub fn encode_path_segment(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// A transport error, described without the URL (which may carry credentials).

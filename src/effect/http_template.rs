@@ -400,6 +400,19 @@ pub fn form_component(s: &str) -> String {
     out
 }
 
+/// Percent-encodes a key for use inside a URL path.
+pub fn encode_path_segment(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,8 +435,7 @@ mod tests {
             Template::parse("/v1/customers/{customer.id}/pay?ref={message_id}&k={key}").unwrap();
         assert!(t.needs_payload());
         assert_eq!(
-            t.render(&vars(&p), crate::effect::http::encode_path_segment)
-                .unwrap(),
+            t.render(&vars(&p), encode_path_segment).unwrap(),
             "/v1/customers/cus%201%2F2/pay?ref=7&k=pay%3Aacme%3A7"
         );
         let braces = Template::parse("{{literal}} {tenant}").unwrap();
@@ -512,7 +524,7 @@ mod tests {
             ..vars(&empty)
         };
         assert_eq!(
-            t.render_sample(&sample, crate::effect::http::encode_path_segment),
+            t.render_sample(&sample, encode_path_segment),
             "https://api.example/v1/customers/p/pay/pay%3Aacme%3A7"
         );
     }

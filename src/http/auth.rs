@@ -8,6 +8,7 @@
 //! (else `421`), and on changes no foreign `Origin` (else `403`). Wrong tokens are logged with
 //! the client's address, at most one line per [`super::guard::LOG_EVERY`].
 
+use super::constant_time::constant_time_eq;
 use super::problem::problem;
 use super::session::{self, Session};
 use super::state::AppState;
@@ -15,14 +16,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-
-/// Compares two secrets in time that depends only on their lengths.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 /// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
 /// (RFC 9110 §11.1: `bearer`, `BEARER`) and may be followed by several spaces.
@@ -232,14 +225,6 @@ fn unauthorized(detail: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn constant_time_eq_compares_exactly() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secre"));
-        assert!(constant_time_eq(b"", b""));
-    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

@@ -5,6 +5,7 @@
 pub mod actions;
 pub mod auth;
 pub mod claims;
+pub mod constant_time;
 pub mod guard;
 pub mod ops;
 pub mod problem;

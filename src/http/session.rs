@@ -80,7 +80,7 @@ impl Session {
             return None;
         };
         let want = mac(secret, &["session", "v1", e, nonce, name]);
-        if !super::auth::constant_time_eq(got.as_bytes(), want.as_bytes()) {
+        if !super::constant_time::constant_time_eq(got.as_bytes(), want.as_bytes()) {
             return None;
         }
         let expires_unix: i64 = e.parse().ok()?;
@@ -98,7 +98,7 @@ impl Session {
 
     /// Whether `token` is this session's CSRF token.
     pub fn csrf_ok(&self, secret: &str, token: &str) -> bool {
-        super::auth::constant_time_eq(token.as_bytes(), self.csrf(secret).as_bytes())
+        super::constant_time::constant_time_eq(token.as_bytes(), self.csrf(secret).as_bytes())
     }
 }
 

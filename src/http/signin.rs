@@ -5,7 +5,7 @@
 //! `429` + `Retry-After` without looking at the token), and wrong tokens are logged with the
 //! address, one line per period. Signing out needs the session's CSRF token, like any change.
 
-use super::auth::constant_time_eq;
+use super::constant_time::constant_time_eq;
 use super::session::{self, SESSION_TTL, Session};
 use super::state::AppState;
 use crate::server::Peer;

@@ -8,12 +8,37 @@
 //! no delay.
 
 use super::dialect::Dialect;
-use super::sql_store::SqlStore;
 use super::{ClaimOutcome, NewEvent, SettleItem, Settlement, StoreResult};
 use crate::claim::NewClaim;
 use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
+
+/// What the batcher writes through: a store's one-row writes and its dialect's many-row
+/// ones, without a batcher of its own. `SqlStore` implements it; the batcher knows only
+/// this, so the store depends on the batcher and not the other way round.
+pub(crate) trait OneByOne<D: Dialect>: Clone + Send + Sync + 'static {
+    /// The dialect that writes many rows at once.
+    fn dialect(&self) -> &D;
+    /// The consumers whose settles write outcome events.
+    fn outcomes(&self) -> &super::outbox::OutcomeConsumers;
+    /// Claims one message in a transaction of its own.
+    fn claim_one(&self, new: &NewClaim) -> impl Future<Output = StoreResult<ClaimOutcome>> + Send;
+    /// Settles one claim, fenced on `attempt`.
+    fn settle_one(
+        &self,
+        id: i64,
+        attempt: i32,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// Clears one claim's "not called yet" marker, fenced on `attempt`.
+    fn mark_called_one(
+        &self,
+        id: i64,
+        attempt: i32,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+}
 
 /// Most rows in one batched write.
 pub(crate) const MAX_BATCH: usize = 256;
@@ -35,7 +60,7 @@ impl Batcher {
     /// Starts [`Dialect::BATCH_WORKERS`] tasks for claims and as many for settles, writing
     /// through `plain` (a store without a batcher). Must be called inside a Tokio runtime. The
     /// tasks end when the last [`Batcher`] handle is dropped.
-    pub(crate) fn start<D: Dialect>(plain: SqlStore<D>) -> Arc<Batcher> {
+    pub(crate) fn start<D: Dialect, S: OneByOne<D>>(plain: S) -> Arc<Batcher> {
         let (claims, claims_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
         let (settles, settles_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
         let (marks, marks_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
@@ -186,8 +211,8 @@ fn next_round<T>(batch: &mut Vec<T>, id: impl Fn(&T) -> i64) -> Vec<T> {
     round
 }
 
-async fn claim_worker<D: Dialect>(
-    store: SqlStore<D>,
+async fn claim_worker<D: Dialect, S: OneByOne<D>>(
+    store: S,
     rx: Arc<Mutex<mpsc::Receiver<PendingClaim>>>,
 ) {
     while let Some(mut batch) = next_batch(&rx).await {
@@ -197,7 +222,7 @@ async fn claim_worker<D: Dialect>(
             continue;
         }
         let news: Vec<&NewClaim> = batch.iter().map(|p| &p.new).collect();
-        match store.dialect.insert_many(&news).await {
+        match store.dialect().insert_many(&news).await {
             Some(Ok(outcomes)) => {
                 for (p, o) in batch.into_iter().zip(outcomes) {
                     match o {
@@ -228,8 +253,8 @@ async fn claim_worker<D: Dialect>(
     }
 }
 
-async fn settle_worker<D: Dialect>(
-    store: SqlStore<D>,
+async fn settle_worker<D: Dialect, S: OneByOne<D>>(
+    store: S,
     rx: Arc<Mutex<mpsc::Receiver<PendingSettle>>>,
 ) {
     while let Some(mut batch) = next_batch(&rx).await {
@@ -237,7 +262,8 @@ async fn settle_worker<D: Dialect>(
             let round = next_round(&mut batch, |p| p.id);
             if round.len() > 1 || D::BATCH_SINGLES {
                 let items: Vec<SettleItem<'_>> = round.iter().map(PendingSettle::item).collect();
-                if let Some(Ok(done)) = store.dialect.settle_many(&items, store.outcomes()).await {
+                if let Some(Ok(done)) = store.dialect().settle_many(&items, store.outcomes()).await
+                {
                     for (p, d) in round.into_iter().zip(done) {
                         let _ = p.done.send(Ok(d));
                     }
@@ -255,13 +281,16 @@ async fn settle_worker<D: Dialect>(
     }
 }
 
-async fn mark_worker<D: Dialect>(store: SqlStore<D>, rx: Arc<Mutex<mpsc::Receiver<PendingMark>>>) {
+async fn mark_worker<D: Dialect, S: OneByOne<D>>(
+    store: S,
+    rx: Arc<Mutex<mpsc::Receiver<PendingMark>>>,
+) {
     while let Some(mut batch) = next_batch(&rx).await {
         while !batch.is_empty() {
             let round = next_round(&mut batch, |p| p.id);
             if round.len() > 1 || D::BATCH_SINGLES {
                 let marks: Vec<(i64, i32)> = round.iter().map(|p| (p.id, p.attempt)).collect();
-                if let Some(Ok(done)) = store.dialect.mark_called_many(&marks).await {
+                if let Some(Ok(done)) = store.dialect().mark_called_many(&marks).await {
                     for (p, d) in round.into_iter().zip(done) {
                         let _ = p.done.send(Ok(d));
                     }

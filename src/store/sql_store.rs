@@ -13,7 +13,7 @@ use super::args::{
     created, insert_args, key_args, ms, operator_from_states, repeat_args, repeat_outcome,
     settle_args, settle_from_args,
 };
-use super::batch::Batcher;
+use super::batch::{Batcher, OneByOne};
 use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
 use super::outbox::{OutboxBacklog, OutcomeConsumers, OutcomeEvent, emits};
 use super::rows::{claim_from_row, taken_from_row};
@@ -42,6 +42,38 @@ pub struct SqlStore<D> {
     batch: Option<Arc<Batcher>>,
     /// The consumers whose settles write outcome events (set once, at start).
     outcomes: Arc<OnceLock<OutcomeConsumers>>,
+}
+
+impl<D: Dialect> OneByOne<D> for SqlStore<D> {
+    fn dialect(&self) -> &D {
+        &self.dialect
+    }
+
+    fn outcomes(&self) -> &super::outbox::OutcomeConsumers {
+        SqlStore::outcomes(self)
+    }
+
+    fn claim_one(&self, new: &NewClaim) -> impl Future<Output = StoreResult<ClaimOutcome>> + Send {
+        SqlStore::claim_one(self, new)
+    }
+
+    fn settle_one(
+        &self,
+        id: i64,
+        attempt: i32,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> impl Future<Output = StoreResult<bool>> + Send {
+        SqlStore::settle_one(self, id, attempt, s, event)
+    }
+
+    fn mark_called_one(
+        &self,
+        id: i64,
+        attempt: i32,
+    ) -> impl Future<Output = StoreResult<bool>> + Send {
+        SqlStore::mark_called_one(self, id, attempt)
+    }
 }
 
 impl<D: Dialect> SqlStore<D> {

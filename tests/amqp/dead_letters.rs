@@ -194,20 +194,22 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_a_reason() {
     assert_eq!(pc.payload_mismatches, 1, "{pc:?}");
     assert_eq!(counts_of(&st, "email").await.dead_lettered, 2);
     let by_reason = running.amqp.consumer("payments").unwrap().dead_lettered();
-    let n = |r: claimd::intake::amqp::DeadLetterReason| by_reason.get(&r).copied().unwrap_or(0);
-    use claimd::intake::amqp::DeadLetterReason as R;
+    let n = |r: claimd::internal::intake::amqp::DeadLetterReason| {
+        by_reason.get(&r).copied().unwrap_or(0)
+    };
+    use claimd::internal::intake::amqp::DeadLetterReason as R;
     assert_eq!(n(R::MissingMessageId), 1);
     assert_eq!(n(R::InvalidMessageId), 3);
     assert_eq!(n(R::BodyTooLarge), 1);
     assert_eq!(n(R::PayloadMismatch), 1);
     assert_eq!(n(R::InvalidContentType), 2);
     assert_eq!(n(R::KeyTooLong), 1);
-    let report = claimd::report::render_csv(
-        &claimd::report::build(
+    let report = claimd::internal::report::render_csv(
+        &claimd::internal::report::build(
             &st,
             &["payments".into()],
             None,
-            claimd::report::Window::All,
+            claimd::internal::report::Window::All,
             Duration::from_secs(1),
         )
         .await

@@ -13,9 +13,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use claimd::claim::ClaimState;
-use claimd::sandbox::SandboxOptions;
-use claimd::store::{ClaimFilter, ConsumerCounts, Store};
+use claimd::internal::claim::ClaimState;
+use claimd::internal::sandbox::SandboxOptions;
+use claimd::internal::store::{ClaimFilter, ConsumerCounts, Store};
 use common::amqp::{TestQueues, close_connections_named, header};
 use common::smtp::SmtpSink;
 use common::*;
@@ -60,7 +60,7 @@ async fn claims_in(
     store: &Store,
     consumer: &str,
     state: Option<ClaimState>,
-) -> Vec<claimd::claim::Claim> {
+) -> Vec<claimd::internal::claim::Claim> {
     store
         .list(&ClaimFilter {
             consumer: Some(consumer.to_string()),
@@ -82,7 +82,7 @@ async fn counts_of(store: &Store, consumer: &str) -> ConsumerCounts {
         .unwrap_or_default()
 }
 
-async fn wait_connected(running: &claimd::run::Running) {
+async fn wait_connected(running: &claimd::internal::run::Running) {
     let ok = eventually(Duration::from_secs(15), || async {
         running.amqp.connected()
     })
@@ -106,8 +106,8 @@ async fn payments_on_postgres(
 ) -> Option<(
     TestQueues,
     TestStore,
-    claimd::sandbox::Sandbox,
-    claimd::run::Running,
+    claimd::internal::sandbox::Sandbox,
+    claimd::internal::run::Running,
 )> {
     let q = TestQueues::new(prefix).await?;
     let store = TestStore::pg().await?;

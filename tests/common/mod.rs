@@ -2,10 +2,10 @@
 //! started in-process, the sandbox provider, and a scriptable provider for fault tests.
 #![allow(dead_code)]
 
-use claimd::app::App;
 use claimd::config::Config;
-use claimd::run::{self, Running};
-use claimd::sandbox::{Sandbox, SandboxOptions};
+use claimd::internal::app::App;
+use claimd::internal::run::{self, Running};
+use claimd::internal::sandbox::{Sandbox, SandboxOptions};
 use std::path::Path;
 use std::time::Duration;
 
@@ -201,18 +201,18 @@ pub fn orphan_claim(
     tenant: &str,
     id: &str,
     idem_key: &str,
-) -> claimd::claim::NewClaim {
-    claimd::claim::NewClaim {
+) -> claimd::internal::claim::NewClaim {
+    claimd::internal::claim::NewClaim {
         consumer: consumer.into(),
         tenant: tenant.into(),
         message_id: id.into(),
         idem_key: idem_key.into(),
-        fingerprint: claimd::claim::fingerprint(b"{}"),
+        fingerprint: claimd::internal::claim::fingerprint(b"{}"),
         payload: bytes::Bytes::from_static(b"{}"),
         content_type: "application/json".into(),
         worker: "dead-worker".into(),
         lease: Duration::ZERO,
-        claim_token: claimd::claim::new_claim_token(),
+        claim_token: claimd::internal::claim::new_claim_token(),
         mark_not_called: false,
     }
 }
@@ -468,20 +468,25 @@ pub async fn payments_worker(http_extra: &str) -> (TestStore, Sandbox, Running) 
 
 /// A `needs_attention` claim `id` of `consumer` (no tenant) parked for `reason`, as the
 /// sweeper leaves one whose outcome it could not decide.
-pub async fn parked_claim(store: &claimd::store::Store, consumer: &str, id: &str, reason: &str) {
+pub async fn parked_claim(
+    store: &claimd::internal::store::Store,
+    consumer: &str,
+    id: &str,
+    reason: &str,
+) {
     parked_claim_with_key(store, consumer, id, id, reason).await
 }
 
 /// [`parked_claim`] with idempotency key `key` (`payments::order-1001` is what the default
 /// template gives a claim without a tenant).
 pub async fn parked_claim_with_key(
-    store: &claimd::store::Store,
+    store: &claimd::internal::store::Store,
     consumer: &str,
     id: &str,
     key: &str,
     reason: &str,
 ) {
-    use claimd::store::{ClaimOutcome, NewEvent, Settlement};
+    use claimd::internal::store::{ClaimOutcome, NewEvent, Settlement};
     let n = orphan_claim(consumer, "", id, key);
     let ClaimOutcome::Created(c) = store.claim(&n).await.unwrap() else {
         panic!("new claim {id}")
@@ -494,7 +499,7 @@ pub async fn parked_claim_with_key(
         detail: None,
     };
     let parked = Settlement {
-        state: Some(claimd::claim::ClaimState::NeedsAttention),
+        state: Some(claimd::internal::claim::ClaimState::NeedsAttention),
         error: Some(reason.into()),
         ..Default::default()
     };
@@ -502,7 +507,7 @@ pub async fn parked_claim_with_key(
 }
 
 /// A claim's history as `action outcome` lines, for assertion messages.
-pub fn lines(events: &[claimd::store::ClaimEvent]) -> Vec<String> {
+pub fn lines(events: &[claimd::internal::store::ClaimEvent]) -> Vec<String> {
     events
         .iter()
         .map(|e| format!("{} {}", e.action, e.outcome))

@@ -34,7 +34,7 @@ pub(super) async fn check(
         })
         .await
         .unwrap();
-    let by_id: HashMap<(&str, &str), &claimd::claim::Claim> = claims
+    let by_id: HashMap<(&str, &str), &claimd::internal::claim::Claim> = claims
         .iter()
         .map(|c| ((c.tenant.as_str(), c.message_id.as_str()), c))
         .collect();
@@ -43,13 +43,14 @@ pub(super) async fn check(
         .iter()
         .filter(|(t, id)| !by_id.contains_key(&(t.as_str(), id.as_str())))
         .count();
-    let count = |st: claimd::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
+    let count =
+        |st: claimd::internal::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
     // Why claims wait for a person, by consumer and reason (printed: a long run's table alone
     // does not say).
     let mut parked: HashMap<(String, String), usize> = HashMap::new();
     for c in claims
         .iter()
-        .filter(|c| c.state == claimd::claim::ClaimState::NeedsAttention)
+        .filter(|c| c.state == claimd::internal::claim::ClaimState::NeedsAttention)
     {
         let why: String = c
             .last_error
@@ -78,7 +79,7 @@ pub(super) async fn check(
                 // "parked, never sent" check's business.
                 [Some(a), Some(b)] if a.idem_key != b.idem_key => [a, b]
                     .iter()
-                    .filter(|c| c.state != claimd::claim::ClaimState::NeedsAttention)
+                    .filter(|c| c.state != claimd::internal::claim::ClaimState::NeedsAttention)
                     .filter(|c| !applied.contains_key(c.idem_key.as_str()))
                     .count(),
                 [Some(_), Some(_)] => 2, // one key for two payments
@@ -88,14 +89,16 @@ pub(super) async fn check(
         .sum();
     let completed_unapplied = claims
         .iter()
-        .filter(|c| c.consumer == "payments" && c.state == claimd::claim::ClaimState::Completed)
+        .filter(|c| {
+            c.consumer == "payments" && c.state == claimd::internal::claim::ClaimState::Completed
+        })
         .filter(|c| !applied.contains_key(c.idem_key.as_str()))
         .count();
     // Parked, and its key (payments) or recipient (emails) never reached the provider's door.
     let (keys_seen, rcpts_seen) = (provider_gate.seen(), smtp_gate.seen());
-    let never_sent: Vec<&claimd::claim::Claim> = claims
+    let never_sent: Vec<&claimd::internal::claim::Claim> = claims
         .iter()
-        .filter(|c| c.state == claimd::claim::ClaimState::NeedsAttention)
+        .filter(|c| c.state == claimd::internal::claim::ClaimState::NeedsAttention)
         .filter(|c| {
             if c.consumer == "email" {
                 // Email `e{seed}-{m}` goes to `user{m}@example.com` (list() carries no payloads).
@@ -135,7 +138,7 @@ pub(super) async fn check(
             holder_of.insert(c.id, holder);
         }
     }
-    let at_kill = |c: &claimd::claim::Claim| {
+    let at_kill = |c: &claimd::internal::claim::Claim| {
         holder_of
             .get(&c.id)
             .and_then(|h| killed_at.get(h.as_str()))
@@ -146,7 +149,7 @@ pub(super) async fn check(
     };
     let parked_never_sent_at_kill = never_sent.iter().filter(|c| at_kill(c)).count();
     // Every unexplained one, then a few at a kill.
-    let (at, orphaned): (Vec<&&claimd::claim::Claim>, Vec<_>) =
+    let (at, orphaned): (Vec<&&claimd::internal::claim::Claim>, Vec<_>) =
         never_sent.iter().partition(|c| at_kill(c));
     for c in orphaned.into_iter().chain(at.into_iter().take(10)) {
         // The chaos around the moment it was received (database clock, same host).
@@ -169,7 +172,8 @@ pub(super) async fn check(
         );
     }
     let counts = store.counts(None).await.unwrap();
-    let total = |f: fn(&claimd::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
+    let total =
+        |f: fn(&claimd::internal::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
     // Emails: copies the sink received per Message-ID.
     let mut per_id: HashMap<String, usize> = HashMap::new();
     for r in smtp.received() {
@@ -182,9 +186,9 @@ pub(super) async fn check(
         via_broker: s.intake == Intake::Amqp,
         sent: sent.total,
         acknowledged: acked.len(),
-        completed: count(claimd::claim::ClaimState::Completed),
-        failed: count(claimd::claim::ClaimState::Failed),
-        needs_attention: count(claimd::claim::ClaimState::NeedsAttention),
+        completed: count(claimd::internal::claim::ClaimState::Completed),
+        failed: count(claimd::internal::claim::ClaimState::Failed),
+        needs_attention: count(claimd::internal::claim::ClaimState::NeedsAttention),
         needs_attention_emails: parked
             .iter()
             .filter(|((c, _), _)| c == "email")
@@ -209,7 +213,9 @@ pub(super) async fn check(
         emails_received: per_id.len(),
         emails_completed_unreceived: claims
             .iter()
-            .filter(|c| c.consumer == "email" && c.state == claimd::claim::ClaimState::Completed)
+            .filter(|c| {
+                c.consumer == "email" && c.state == claimd::internal::claim::ClaimState::Completed
+            })
             .filter(|c| !per_id.contains_key(&format!("<{}@chaos.claimd>", c.idem_key)))
             .count(),
         max_emails_per_id: per_id.values().copied().max().unwrap_or(0),

@@ -26,8 +26,8 @@ use crate::common::smtp::SmtpSink;
 use crate::common::{amqp::amqp_url, claimd_bin, free_port, proxy, try_raw_post};
 use gate::Gate;
 
-use claimd::sandbox::{Sandbox, SandboxOptions};
-use claimd::store::{ClaimFilter, Store};
+use claimd::internal::sandbox::{Sandbox, SandboxOptions};
+use claimd::internal::store::{ClaimFilter, Store};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -147,7 +147,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         worker_toml(s, &worker_db, &provider, smtp_gate.port, queues.as_deref()),
     )
     .unwrap();
-    let store = claimd::store::open(db_url, 4).await.unwrap();
+    let store = claimd::internal::store::open(db_url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let mut fleet = Fleet {
         config,

@@ -5,8 +5,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use claimd::sandbox::SandboxOptions;
-use claimd::store::ClaimFilter;
+use claimd::internal::sandbox::SandboxOptions;
+use claimd::internal::store::ClaimFilter;
 use common::*;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ mod bad_input;
 mod keys;
 mod saturation;
 
-async fn claim_count(running: &claimd::run::Running) -> usize {
+async fn claim_count(running: &claimd::internal::run::Running) -> usize {
     running
         .app()
         .store

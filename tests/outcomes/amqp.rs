@@ -6,7 +6,7 @@
 use crate::common::amqp::{TestQueues, amqp_url, close_connections_named};
 use crate::common::{TestStore, Worker, client, free_port, sandbox, start};
 use crate::{all_completed, config, consumer_with_outcomes, event_rows, post_many};
-use claimd::sandbox::SandboxOptions;
+use claimd::internal::sandbox::SandboxOptions;
 use lapin::ExchangeKind;
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
@@ -183,7 +183,7 @@ async fn a_relay_killed_again_and_again_loses_no_event() {
     }
     // A last run finishes the claims (the sweeper) and relays what is left.
     let w = Worker::spawn(&path, port, &log).await;
-    let store = claimd::store::open(&ts.url(), 2).await.unwrap();
+    let store = claimd::internal::store::open(&ts.url(), 2).await.unwrap();
     assert!(
         all_completed(&store, "payments", (n_rounds * per_round) as i64).await,
         "every claim completed"

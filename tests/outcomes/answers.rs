@@ -5,13 +5,13 @@
 use crate::common::{
     TestStore, client, config_toml_with, consumer_toml, eventually, sandbox, start,
 };
-use claimd::claim::ClaimState;
-use claimd::sandbox::SandboxOptions;
+use claimd::internal::claim::ClaimState;
+use claimd::internal::sandbox::SandboxOptions;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
-async fn worker(latency_ms: u64) -> (claimd::run::Running, String, TestStore) {
+async fn worker(latency_ms: u64) -> (claimd::internal::run::Running, String, TestStore) {
     let ts = TestStore::sqlite();
     let (sb, provider) = sandbox(SandboxOptions {
         latency: Duration::from_millis(latency_ms),

@@ -49,7 +49,7 @@ pub async fn post_many(base: &str, consumer: &str, prefix: &str, n: usize) {
 }
 
 /// Waits until `n` claims of `consumer` are `completed`.
-pub async fn all_completed(store: &claimd::store::Store, consumer: &str, n: i64) -> bool {
+pub async fn all_completed(store: &claimd::internal::store::Store, consumer: &str, n: i64) -> bool {
     eventually(Duration::from_secs(60), || async {
         store
             .counts(None)

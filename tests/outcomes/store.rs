@@ -4,9 +4,9 @@
 //! two relays never take the same event.
 
 use crate::common::{TestStore, orphan_claim};
-use claimd::claim::{Claim, ClaimState};
-use claimd::settle::{completed, park};
-use claimd::store::{self, ClaimOutcome, NewEvent, SettleItem, Settlement, Store};
+use claimd::internal::claim::{Claim, ClaimState};
+use claimd::internal::settle::{completed, park};
+use claimd::internal::store::{self, ClaimOutcome, NewEvent, SettleItem, Settlement, Store};
 use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -225,7 +225,7 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
     s.settle(
         e.id,
         1,
-        &claimd::settle::failed(400, "no".into()),
+        &claimd::internal::settle::failed(400, "no".into()),
         &event("perform"),
     )
     .await

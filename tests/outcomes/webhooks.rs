@@ -7,7 +7,7 @@
 use crate::common::{TestStore, sandbox, start};
 use crate::{all_completed, config, consumer_with_outcomes, event_rows, post_many};
 use axum::http::{HeaderMap, StatusCode};
-use claimd::sandbox::SandboxOptions;
+use claimd::internal::sandbox::SandboxOptions;
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::io::Write;

@@ -8,7 +8,7 @@ use super::*;
 /// within one batch) and mismatches are recognised and counted, and every settle is fenced on
 /// its own attempt (I2).
 async fn batches(store: TestStore) {
-    use claimd::store::SettleItem;
+    use claimd::internal::store::SettleItem;
     let s = open(&store).await;
     let lease = Duration::from_secs(60);
     assert!(matches!(
@@ -85,7 +85,7 @@ async fn take_over(s: &Store, id: &str) {
 }
 
 /// Expires the leases of `ids` and lets a sweeper take every stuck claim: what it found.
-async fn release_and_take(s: &Store, ids: &[&str]) -> Vec<claimd::store::TakenClaim> {
+async fn release_and_take(s: &Store, ids: &[&str]) -> Vec<claimd::internal::store::TakenClaim> {
     let released = Settlement {
         lease_for: Some(Duration::ZERO),
         ..Default::default()
@@ -260,7 +260,7 @@ async fn own_row_after_a_lost_reply(store: TestStore) {
     assert_eq!(c.duplicate_count, 0);
     // Another delivery of the same message (another token) is a duplicate, as before.
     let mut other = n.clone();
-    other.claim_token = claimd::claim::new_claim_token();
+    other.claim_token = claimd::internal::claim::new_claim_token();
     assert!(matches!(
         s.claim(&other).await.unwrap(),
         ClaimOutcome::Duplicate(_)

@@ -7,7 +7,7 @@ async fn age_everything(store: &TestStore, s: &Store) {
     // Make every row look two days old.
     match store {
         TestStore::Pg(_) => {
-            let pg = claimd::store::postgres::PgStore::connect(&store.url(), 1)
+            let pg = claimd::internal::store::postgres::PgStore::connect(&store.url(), 1)
                 .await
                 .unwrap();
             sqlx::query("UPDATE claims SET updated_utc = updated_utc - interval '2 days'")
@@ -16,7 +16,7 @@ async fn age_everything(store: &TestStore, s: &Store) {
                 .unwrap();
         }
         TestStore::Sqlite(_) => {
-            let lite = claimd::store::sqlite::SqliteStore::connect(&store.url(), 1)
+            let lite = claimd::internal::store::sqlite::SqliteStore::connect(&store.url(), 1)
                 .await
                 .unwrap();
             sqlx::query("UPDATE claims SET updated_utc = updated_utc - 172800000")
@@ -73,7 +73,7 @@ async fn retention(store: TestStore) {
         r.batches
     );
     let left = s
-        .list(&claimd::store::ClaimFilter {
+        .list(&claimd::internal::store::ClaimFilter {
             limit: 1000,
             ..Default::default()
         })
@@ -129,7 +129,7 @@ async fn retention_never_deletes_a_claim_an_operator_is_redriving_postgres() {
         ..Default::default()
     };
     assert!(s.settle(c.id, 1, &failed, &ev()).await.unwrap());
-    let pg = claimd::store::postgres::PgStore::connect(&store.url(), 2)
+    let pg = claimd::internal::store::postgres::PgStore::connect(&store.url(), 2)
         .await
         .unwrap();
     sqlx::query("UPDATE claims SET updated_utc = now() - interval '20 days'")
@@ -179,7 +179,7 @@ async fn a_cut_off_prune_does_not_keep_the_retention_lock_postgres() {
         return;
     };
     let a = open(&store).await;
-    let pg = claimd::store::postgres::PgStore::connect(&store.url(), 2)
+    let pg = claimd::internal::store::postgres::PgStore::connect(&store.url(), 2)
         .await
         .unwrap();
     // Enough old terminal claims that the prune is still working when it is cut off.
