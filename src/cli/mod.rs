@@ -138,7 +138,7 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Run the provider simulator alone. With --config, the file's [sandbox] section sets
+    /// Run the provider simulator alone. With --config, the file's `[sandbox]` section sets
     /// each option that is not given here (`enabled` is not needed).
     Sandbox {
         /// Address to listen on [default: 127.0.0.1:8090].

@@ -6,7 +6,7 @@
 use super::actions::{Target, claim_forms};
 use super::commands::commands_for_claim;
 use super::layout::{search_form, shell};
-use super::render::human_secs;
+use super::text::human_secs;
 use super::text::visible;
 use super::{PageSession, html_page};
 use crate::claim::{Claim, ClaimState};

@@ -6,7 +6,7 @@
 //! parked claim with its reason and the command that resolves it, and how long claims take.
 //!
 //! By role: `data` reads the store ([`gather`]); `render` turns a [`Dashboard`] into HTML with
-//! maud templates that escape every value ([`render`]); `layout` is what every page shares
+//! maud templates that escape every value (`render`); `layout` is what every page shares
 //! (head, header, search box); `claims` serves the search results and a claim's own page;
 //! `chart` draws the SVG histogram; `commands` says what to run about a claim; `actions`
 //! takes the signed-in person's decisions; `page.css` is the stylesheet, compiled in. This
@@ -27,9 +27,8 @@ pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};
 pub use commands::{commands_for, commands_for_claim};
 pub use data::{COMPLETED_SAMPLE, STARTED_SAMPLE, gather};
 pub use layout::search_form;
-pub use render::{
-    escape, human_secs, render, render_attention, render_charts, render_counts, render_tiles,
-};
+pub use render::{escape, render, render_attention, render_charts, render_counts, render_tiles};
+pub use text::human_secs;
 
 use crate::http::problem::problem;
 use crate::http::session::Session;

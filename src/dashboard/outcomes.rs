@@ -1,7 +1,7 @@
 //! The page's "Outcome events" section: the relay's backlog per consumer with an outcome
 //! destination (shown only when there is one).
 
-use super::render::human_secs;
+use super::text::human_secs;
 use crate::report::Report;
 use maud::{Markup, html};
 

@@ -8,7 +8,7 @@ use super::actions::{Target, bulk_form, claim_forms};
 use super::chart::{Series, histogram, histogram_svg};
 use super::commands::{commands_for, commands_for_claim};
 use super::layout::{search_form, shell};
-use super::text::visible;
+use super::text::{human_secs, visible};
 use super::{Dashboard, OpenKind, PageSession, REFRESH_SECONDS};
 use crate::claim::ClaimState;
 use crate::claim_query::{ClaimQuery, claim_path, claim_path_of};
@@ -26,29 +26,6 @@ pub const SHOWN_PER_LIST: usize = 10;
 /// (`&`, `<`, `>` and `"`; attribute values are always double-quoted).
 pub fn escape(s: &str) -> String {
     html! { (s) }.into_string()
-}
-
-/// A duration for people: `0.4s`, `12s`, `4m 12s`, `3h 05m`, `2d 04h`.
-pub fn human_secs(s: f64) -> String {
-    if !s.is_finite() {
-        return "-".into();
-    }
-    let s = s.max(0.0);
-    if s < 1.0 {
-        // p50 of a fast provider is a few ms: "0s" would say nothing.
-        return format!("{}ms", (s * 1000.0).round());
-    }
-    if s < 10.0 {
-        let t = format!("{s:.1}");
-        return format!("{}s", t.strip_suffix(".0").unwrap_or(&t));
-    }
-    let n = s.round() as u64;
-    match n {
-        0..60 => format!("{n}s"),
-        60..3600 => format!("{}m {:02}s", n / 60, n % 60),
-        3600..86400 => format!("{}h {:02}m", n / 3600, n % 3600 / 60),
-        _ => format!("{}d {:02}h", n / 86400, n % 86400 / 3600),
-    }
 }
 
 fn fmt_time(t: DateTime<Utc>) -> String {
@@ -308,7 +285,7 @@ pub fn render_counts(consumers: &[ConsumerCounts], window: Window) -> Markup {
 }
 
 /// The parked claims (each with its reason, age, attempt, commands and, signed in, its
-/// forms) and the stuck ones, the first [`SHOWN_PER_LIST`] of each; the rest are on the
+/// forms) and the stuck ones, the first `SHOWN_PER_LIST` of each; the rest are on the
 /// search page.
 pub fn render_attention(
     r: &Report,

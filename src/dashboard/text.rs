@@ -11,3 +11,26 @@ pub(super) const CSS: &str = include_str!("page.css");
 pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
     crate::table::escape_controls(s)
 }
+
+/// A duration for people: `0.4s`, `12s`, `4m 12s`, `3h 05m`, `2d 04h`.
+pub fn human_secs(s: f64) -> String {
+    if !s.is_finite() {
+        return "-".into();
+    }
+    let s = s.max(0.0);
+    if s < 1.0 {
+        // p50 of a fast provider is a few ms: "0s" would say nothing.
+        return format!("{}ms", (s * 1000.0).round());
+    }
+    if s < 10.0 {
+        let t = format!("{s:.1}");
+        return format!("{}s", t.strip_suffix(".0").unwrap_or(&t));
+    }
+    let n = s.round() as u64;
+    match n {
+        0..60 => format!("{n}s"),
+        60..3600 => format!("{}m {:02}s", n / 60, n % 60),
+        3600..86400 => format!("{}h {:02}m", n / 3600, n % 3600 / 60),
+        _ => format!("{}d {:02}h", n / 86400, n % 86400 / 3600),
+    }
+}

@@ -1,5 +1,5 @@
 //! `POST /v1/provider-events/{consumer}`: the provider's signed events (webhooks), taken by
-//! [`crate::provider_events::receive`]. No bearer token: the signature is the proof, and an
+//! `crate::provider_events::receive`. No bearer token: the signature is the proof, and an
 //! event without a valid one is refused with nothing changed.
 
 use super::problem::problem;

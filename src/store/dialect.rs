@@ -231,7 +231,7 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// whatever happens to the pruning task.
     async fn retention_lock(&self) -> StoreResult<Option<Box<dyn RetentionLock>>>;
 
-    /// Background tasks per kind of batched write ([`batch`](super::batch)).
+    /// Background tasks per kind of batched write (`batch`).
     const BATCH_WORKERS: usize;
 
     /// Whether a batch of one call also goes through [`insert_many`](Dialect::insert_many)

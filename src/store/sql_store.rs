@@ -3,7 +3,7 @@
 //! and SQLite — the SQL text of each named statement, how times are stored (`timestamptz` in
 //! one and integer milliseconds in the other), and the extras only one of them has
 //! (PostgreSQL's advisory lock and multi-row statements, SQLite's percentiles). Concurrent
-//! claims and settles are committed together through the [`batch`](super::batch) module.
+//! claims and settles are committed together through the `batch` module.
 //!
 //! Every rule lives here or in the claim model: fencing (`attempt` and `state = 'started'`) is
 //! in the arguments every settle binds, and which states an operator may move a claim from is

@@ -1,8 +1,8 @@
 //! PostgreSQL driver: many `claimd run` processes share one database. The unique index
 //! arbitrates claims, `FOR UPDATE SKIP LOCKED` splits stale claims between sweepers, and an
 //! advisory lock lets one instance prune at a time. The store's behaviour is the one body of
-//! [`SqlStore`]; this module supplies PostgreSQL's statements ([`sql`]), how values are bound
-//! and read, the multi-row writes the group commit uses ([`many`]) and the retention lock.
+//! [`SqlStore`]; this module supplies PostgreSQL's statements (`sql`), how values are bound
+//! and read, the multi-row writes the group commit uses (`many`) and the retention lock.
 
 #[macro_use]
 mod sql;

@@ -1,9 +1,9 @@
 //! SQLite driver: the embedded, single-node default. One process, WAL mode, writes serialised
 //! by SQLite itself, `synchronous = FULL` so an acknowledged claim survives a power cut.
 //! Times are INTEGER milliseconds from SQLite's clock. The store's behaviour is the one body
-//! of [`SqlStore`]; this module supplies SQLite's statements ([`sql`]), how values are bound
+//! of [`SqlStore`]; this module supplies SQLite's statements (`sql`), how values are bound
 //! and read, a transaction for a write and its history line, the transactions of its group
-//! commit ([`many`]), an in-process retention lock, and nearest-rank percentiles (SQLite has
+//! commit (`many`), an in-process retention lock, and nearest-rank percentiles (SQLite has
 //! no percentile function).
 
 mod many;
