@@ -85,7 +85,7 @@ fn log_format_comes_from_the_configuration_unless_the_command_line_says() {
         "pretty lines: {err}"
     );
 
-    let (code, _, err) = cli(&["--config", &pretty, "--log-format", "json", "report"]);
+    let (code, _, err) = cli(&["--config", &pretty, "--log-format", "json", "migrate"]);
     assert_eq!(code, 0, "{err}");
     let lines = warnings(&err);
     assert!(!lines.is_empty(), "{err}");
@@ -95,7 +95,7 @@ fn log_format_comes_from_the_configuration_unless_the_command_line_says() {
     }
 
     let auto = config_file(dir.path(), warn);
-    let (code, _, err) = cli(&["--config", &auto, "report"]);
+    let (code, _, err) = cli(&["--config", &auto, "migrate"]);
     assert_eq!(code, 0, "{err}");
     let lines = warnings(&err);
     assert!(

@@ -8,8 +8,8 @@ use claimd::internal::sandbox::{Sandbox, SandboxModes, SandboxOptions};
 use common::*;
 use std::time::Duration;
 
-/// An unset `${VAR}` in a provider header stops `claimd run` with exit 2 naming the key; with
-/// the default written out it starts.
+/// An unset `${VAR}` in a provider header stops the commands that call the provider with exit
+/// 2 naming the key; with the default written out they start.
 #[test]
 fn an_unset_provider_secret_refuses_to_start() {
     let store = TestStore::sqlite();
@@ -24,7 +24,8 @@ fn an_unset_provider_secret_refuses_to_start() {
         "Bearer ${CLAIMD_TEST_UNSET_SECRET_7C1}",
     );
     std::fs::write(&cfg, &toml).unwrap();
-    let (code, _out, err) = cli(&["migrate", "--config", cfg.to_str().unwrap()]);
+    // A command that calls the provider (`run`, `sweep`, `reconcile`) needs its secret.
+    let (code, _out, err) = cli(&["sweep", "--dry-run", "--config", cfg.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("consumers[0].effect.headers.Authorization")

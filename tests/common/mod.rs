@@ -353,6 +353,9 @@ pub fn cli_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String
     let out = std::process::Command::new(claimd_bin())
         .args(args)
         .env("CLAIMD_LOG", "warn")
+        // Operator commands are refused when nobody can be named (no $USER under CI): the
+        // tests act as "test" unless they say otherwise.
+        .env("CLAIMD_OPERATOR", "test")
         .envs(env.iter().copied())
         .output()
         .expect("run claimd");
