@@ -1,8 +1,8 @@
 //! Outcome events to RabbitMQ: each event published to the consumer's exchange with its
 //! routing key (`{consumer}.{state}` by default), persistent, `mandatory` (an event no queue
 //! takes is not confirmed), `message_id` = the event's id, on a channel with publisher
-//! confirms. A round's events are published together and confirmed one by one; a broken
-//! connection is opened again on the next round.
+//! confirms. A round's events are published together, then their confirms awaited within one
+//! `timeout`; a broken connection is opened again on the next round.
 
 use super::event::{body_bytes, event_id};
 use super::{SendError, Sink};
@@ -100,10 +100,13 @@ impl AmqpSink {
             };
             pending.push(published);
         }
+        // One deadline for the whole batch: the confirms arrive together, and a broker that
+        // answers none must not hold the round for `timeout` once per event.
+        let deadline = tokio::time::Instant::now() + self.config.timeout.0;
         let mut out = Vec::with_capacity(events.len());
         for p in pending {
             out.push(match p {
-                Ok(confirm) => match tokio::time::timeout(self.config.timeout.0, confirm).await {
+                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
                     Err(_) => Err(SendError::new("no confirm from the broker in time")),
                     Ok(Err(e)) => Err(SendError::new(format!("confirm: {e}"))),
                     Ok(Ok(c)) if !c.is_ack() => Err(SendError::new("the broker refused it (nack)")),

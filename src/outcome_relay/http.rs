@@ -6,7 +6,7 @@
 //! probed, not flooded, and a `429` slows the relay down.
 
 use super::event::{body_bytes, event_id, webhook_headers};
-use super::{SendError, Sink};
+use super::{ROUND_BUDGET, SendError, Sink};
 use crate::config::OutcomesConfig;
 use crate::destination::{Destination, Verdict};
 use crate::effect::parse_retry_after;
@@ -103,11 +103,17 @@ impl HttpSink {
 #[async_trait]
 impl Sink for HttpSink {
     /// One request at a time, in order; after the first failure the rest of the round waits
-    /// for the next (an endpoint that is down is not asked once per event).
+    /// for the next (an endpoint that is down is not asked once per event). A slow endpoint
+    /// ends the round after [`ROUND_BUDGET`]: the rest stay unsent, untouched, for the next
+    /// round, well within the relay's lease.
     async fn send(&self, events: &[OutcomeEvent]) -> Vec<Result<(), SendError>> {
+        let started = Instant::now();
         let mut out = Vec::with_capacity(events.len());
         let mut failed: Option<SendError> = None;
         for e in events {
+            if failed.is_none() && started.elapsed() >= ROUND_BUDGET {
+                break;
+            }
             if let Some(f) = &failed {
                 out.push(Err(SendError {
                     message: format!("not sent this round: {}", f.message),

@@ -2,14 +2,16 @@
 //! outbox of [`crate::store::outbox`]) to each consumer's destination, and marks them sent
 //! only after the destination confirmed.
 //!
-//! One task per consumer with `[consumers.outcomes]`. A round takes up to `batch` unsent
-//! events, leased to this instance for [`LEASE`] so another instance's relay skips them (one
-//! statement; `FOR UPDATE SKIP LOCKED` in PostgreSQL), a claim's event only when its earlier
-//! ones were sent (order per claim); publishes them ([`amqp`]: persistent, publisher confirms;
-//! [`http`]: Standard Webhooks, through the destination's breaker and pace); marks the
-//! confirmed ones sent in one statement and gives the others back with a backoff. A crash
-//! between the publish and the mark leaves the lease to run out: the event is published again
-//! with the same id (at least once, never lost). Two statements a round, none per message.
+//! One task per consumer with `[consumers.outcomes]`. One instance at a time relays a
+//! consumer: each round renews its hold on the consumer's relay for [`LEASE`] (one row write a
+//! round, not one an event), and another instance's round takes nothing until this one lets go
+//! (at shutdown) or stops renewing (a crash). A round takes up to `batch` unsent events in
+//! order, a claim's event only when its earlier ones were sent (order per claim); publishes
+//! them ([`amqp`]: persistent, publisher confirms; [`http`]: Standard Webhooks, through the
+//! destination's breaker and pace); marks the confirmed ones sent in one statement and gives
+//! the others back with a backoff. A crash between the publish and the mark leaves the events
+//! unsent: whoever holds the relay next publishes them again with the same ids (at least once,
+//! never lost). Three statements a round, none per message.
 //!
 //! - `event`: the pure part, the event's id, body and signature headers; `metrics`: its
 //!   series in `/metrics`.
@@ -30,8 +32,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-/// How long a round's events are held by this instance before another may send them.
-pub const LEASE: Duration = Duration::from_secs(30);
+/// How long a consumer's relay stays with this instance after it last renewed its hold before
+/// another instance may take it over (after a crash; a shutdown lets go at once).
+pub const LEASE: Duration = Duration::from_secs(15);
+/// The hold is renewed when less than this is left of it: every 5 s while the relay runs, so
+/// an idle relay writes one row every 5 s, a busy one no more.
+pub const RENEW_BELOW: Duration = Duration::from_secs(10);
+/// How long a round may spend sending before it stops and leaves the rest for the next
+/// round: a round that starts with [`RENEW_BELOW`] of its hold left ends well before another
+/// instance could take over.
+pub const ROUND_BUDGET: Duration = Duration::from_secs(5);
 /// The longest wait before an event that failed is tried again.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -59,7 +69,8 @@ impl SendError {
 #[async_trait]
 pub trait Sink: Send + Sync {
     /// Publishes `events` and answers, per event in order, whether the destination confirmed
-    /// it.
+    /// it. The answer may cover only the first events (the round's time ran out): the others
+    /// stay unsent, without a try counted, for the next round.
     async fn send(&self, events: &[OutcomeEvent]) -> Vec<Result<(), SendError>>;
 }
 
@@ -99,6 +110,7 @@ pub fn start(
             config: o.clone(),
             sink,
             metrics: metrics.clone(),
+            held_until: std::sync::Mutex::new(None),
         };
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move { relay.run(stop).await }));
@@ -120,13 +132,18 @@ pub struct Relay {
     pub sink: Arc<dyn Sink>,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Until when this instance surely holds the consumer's relay (measured from before the
+    /// statement that renewed it, so never later than the store's own lease end).
+    pub held_until: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Relay {
     /// Rounds until `stop`: at once after a full round, after `poll` otherwise.
     pub async fn run(&self, mut stop: watch::Receiver<bool>) {
         loop {
-            if *stop.borrow() {
+            let stopped = *stop.borrow();
+            if stopped {
+                self.release().await;
                 return;
             }
             let full = match self.round().await {
@@ -137,19 +154,54 @@ impl Relay {
                 }
             };
             if !full {
-                tokio::select! {
-                    _ = tokio::time::sleep(self.config.poll.0) => {}
-                    _ = stop.wait_for(|s| *s) => return,
+                let stopped = tokio::select! {
+                    _ = tokio::time::sleep(self.config.poll.0) => false,
+                    _ = stop.wait_for(|s| *s) => true,
+                };
+                if stopped {
+                    self.release().await;
+                    return;
                 }
             }
         }
     }
 
-    /// One round: take, publish, mark. Returns how many events it took.
+    /// Lets another instance take this consumer's relay over at once.
+    async fn release(&self) {
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Err(e) = self
+            .store
+            .release_outcome_relay(&self.consumer, &self.owner)
+            .await
+        {
+            debug!(consumer = %self.consumer, error = %e, "outcome relay not let go; another instance takes it when its lease runs out");
+        }
+    }
+
+    /// Whether this instance holds the consumer's relay, renewing the hold when less than
+    /// [`RENEW_BELOW`] of it is left (a row write every 5 s, not one a round).
+    async fn hold(&self) -> Result<bool, crate::store::StoreError> {
+        let now = tokio::time::Instant::now();
+        let until = *self.held_until.lock().unwrap_or_else(|p| p.into_inner());
+        if until.is_some_and(|u| u.saturating_duration_since(now) >= RENEW_BELOW) {
+            return Ok(true);
+        }
+        let held = self
+            .store
+            .hold_outcome_relay(&self.consumer, &self.owner, LEASE)
+            .await?;
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = held.then(|| now + LEASE);
+        Ok(held)
+    }
+
+    /// One round: hold, take, publish, mark. Returns how many events it took.
     pub async fn round(&self) -> Result<usize, crate::store::StoreError> {
+        if !self.hold().await? {
+            return Ok(0);
+        }
         let events = self
             .store
-            .take_outcomes(&self.consumer, self.config.batch, &self.owner, LEASE)
+            .due_outcomes(&self.consumer, self.config.batch)
             .await?;
         if events.is_empty() {
             return Ok(0);

@@ -186,10 +186,15 @@ pub struct Statements {
     pub now: &'static str,
     /// A statement that only proves the store answers.
     pub ping: &'static str,
-    /// Outcome events to relay: consumer, limit, lease owner, lease ms; returns
-    /// `outcome_cols!()`. A claim's event is taken only when none of its earlier ones is
-    /// unsent; rows another relay holds are skipped.
-    pub take_outcomes: &'static str,
+    /// Holds (or renews) a consumer's outcome relay for an owner: consumer, owner, lease ms;
+    /// returns a row only when the owner holds it now (it was free, expired, or its own).
+    pub hold_outcome_relay: &'static str,
+    /// Lets go of a consumer's outcome relay: consumer, owner.
+    pub release_outcome_relay: &'static str,
+    /// Outcome events due to be sent, in order: consumer, limit; returns `outcome_cols!()`.
+    /// None of a claim whose earlier event is held back after a failed send. Writes nothing:
+    /// the caller holds the consumer's relay.
+    pub due_outcomes: &'static str,
     /// Marks the events named in the JSON array of ids `$1` sent.
     pub mark_outcomes_sent: &'static str,
     /// Gives back the events named in `$1` (JSON ids) to be tried again after `$2` ms, with

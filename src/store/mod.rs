@@ -642,16 +642,28 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// The consumers whose settles write outcome events.
     fn outcome_consumers(&self) -> Vec<String>;
 
-    /// Takes up to `limit` unsent outcome events of `consumer` for `owner` to send, leasing
-    /// them for `lease` (no other relay takes them meanwhile), in order; a claim's event only
-    /// when every earlier event of that claim was sent.
-    async fn take_outcomes(
+    /// Holds `consumer`'s outcome relay for `owner` for `lease` from now (taking it when it
+    /// is free or its holder's lease ran out, renewing it when it is `owner`'s already).
+    /// `false`: another owner holds it. One row write.
+    async fn hold_outcome_relay(
+        &self,
+        consumer: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<bool>;
+
+    /// Up to `limit` unsent outcome events of `consumer` that are due, in order; a claim's
+    /// event only when every earlier event of that claim was sent. Reads only: the caller
+    /// holds the consumer's relay ([`ClaimStore::hold_outcome_relay`]).
+    async fn due_outcomes(
         &self,
         consumer: &str,
         limit: u32,
-        owner: &str,
-        lease: Duration,
     ) -> StoreResult<Vec<outbox::OutcomeEvent>>;
+
+    /// Lets go of `consumer`'s relay if `owner` holds it (at shutdown), so that another
+    /// instance takes it over at once rather than when the lease runs out.
+    async fn release_outcome_relay(&self, consumer: &str, owner: &str) -> StoreResult<()>;
 
     /// Marks these events sent (their destination confirmed them). Returns how many changed.
     async fn mark_outcomes_sent(&self, seqs: &[i64]) -> StoreResult<u64>;

@@ -96,6 +96,16 @@ pub struct OutcomeEvent {
     pub tries: i32,
 }
 
+/// The first event of each claim among `events` (sorted by `seq`): a claim's later event in the
+/// same batch waits for the next round, when the earlier one was sent (order per claim).
+pub fn first_per_claim(events: Vec<OutcomeEvent>) -> Vec<OutcomeEvent> {
+    let mut seen = std::collections::HashSet::with_capacity(events.len());
+    events
+        .into_iter()
+        .filter(|e| seen.insert(e.claim_id))
+        .collect()
+}
+
 /// The relay's backlog for one consumer.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct OutboxBacklog {
@@ -126,6 +136,33 @@ mod tests {
             !emits(Pending, Some(Pending)),
             "a poll that changed nothing"
         );
+    }
+
+    #[test]
+    fn a_batch_keeps_the_first_event_of_each_claim() {
+        let ev = |seq, claim_id| OutcomeEvent {
+            seq,
+            claim_id,
+            consumer: "pay".into(),
+            tenant: String::new(),
+            message_id: format!("m{claim_id}"),
+            key: String::new(),
+            state: "completed".into(),
+            attempt: 1,
+            provider_status: None,
+            provider_id: None,
+            provider_response: None,
+            reason: None,
+            actor: "w".into(),
+            action: "perform".into(),
+            at_utc: DateTime::<Utc>::UNIX_EPOCH,
+            tries: 0,
+        };
+        let kept: Vec<i64> = first_per_claim(vec![ev(1, 7), ev(2, 8), ev(3, 7), ev(4, 9)])
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(kept, [1, 2, 4]);
     }
 
     #[test]

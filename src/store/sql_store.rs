@@ -15,7 +15,7 @@ use super::args::{
 };
 use super::batch::{Batcher, OneByOne};
 use super::dialect::{Arg, Dialect, LoggedWrite, Runner, SqlRow, event_args};
-use super::outbox::{OutboxBacklog, OutcomeConsumers, OutcomeEvent, emits};
+use super::outbox::{OutboxBacklog, OutcomeConsumers, OutcomeEvent, emits, first_per_claim};
 use super::rows::{claim_from_row, taken_from_row};
 use super::{
     ClaimEvent, ClaimFilter, ClaimOutcome, ClaimStore, ConsumerCounts, CountsByConsumer,
@@ -905,23 +905,28 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         self.outcomes().names().to_vec()
     }
 
-    async fn take_outcomes(
+    async fn hold_outcome_relay(
         &self,
         consumer: &str,
-        limit: u32,
         owner: &str,
         lease: Duration,
-    ) -> StoreResult<Vec<OutcomeEvent>> {
+    ) -> StoreResult<bool> {
+        let held = self
+            .fetch(
+                "hold_outcome_relay",
+                D::SQL.hold_outcome_relay,
+                &[Arg::Text(consumer), Arg::Text(owner), Arg::I64(ms(lease))],
+            )
+            .await?;
+        Ok(!held.is_empty())
+    }
+
+    async fn due_outcomes(&self, consumer: &str, limit: u32) -> StoreResult<Vec<OutcomeEvent>> {
         let rows = self
             .fetch(
-                "take_outcomes",
-                D::SQL.take_outcomes,
-                &[
-                    Arg::Text(consumer),
-                    Arg::I64(i64::from(limit)),
-                    Arg::Text(owner),
-                    Arg::I64(ms(lease)),
-                ],
+                "due_outcomes",
+                D::SQL.due_outcomes,
+                &[Arg::Text(consumer), Arg::I64(i64::from(limit))],
             )
             .await?;
         let mut events = rows
@@ -948,7 +953,17 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             })
             .collect::<StoreResult<Vec<_>>>()?;
         events.sort_by_key(|e| e.seq);
-        Ok(events)
+        Ok(first_per_claim(events))
+    }
+
+    async fn release_outcome_relay(&self, consumer: &str, owner: &str) -> StoreResult<()> {
+        self.execute(
+            "release_outcome_relay",
+            D::SQL.release_outcome_relay,
+            &[Arg::Text(consumer), Arg::Text(owner)],
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn mark_outcomes_sent(&self, seqs: &[i64]) -> StoreResult<u64> {

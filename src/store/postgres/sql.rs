@@ -372,20 +372,27 @@ pub(super) const STATEMENTS: Statements = Statements {
     list_ledger_runs: "SELECT consumer, at_utc, summary FROM ledger_runs ORDER BY consumer",
     now: "SELECT now() AS now",
     ping: "SELECT 1",
-    // Chosen once, in a materialised CTE locking its rows and skipping those another relay
-    // holds (as `take_stale`); the predicate stands on the UPDATE too.
-    take_outcomes: concat!(
-        "WITH due AS MATERIALIZED ( \
-       SELECT e.id AS due_id FROM outcome_events e \
-       WHERE e.consumer = $1 AND e.sent_utc IS NULL \
-         AND (e.lease_until IS NULL OR e.lease_until < now()) \
-         AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \
-                         AND p.id < e.id AND p.sent_utc IS NULL) \
-       ORDER BY e.id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-     UPDATE outcome_events SET lease_owner = $3, \
-       lease_until = now() + $4 * interval '1 millisecond' \
-     FROM due WHERE id = due_id AND sent_utc IS NULL RETURNING ",
-        outcome_cols!()
+    // The relay of a consumer is held by one instance at a time (`hold_outcome_relay`), so
+    // the events are read without a lock and without a write. A claim's event waits while an
+    // earlier one is held back after a failed send; a due earlier one is in the same batch
+    // (the store keeps the first per claim).
+    hold_outcome_relay: "\
+    INSERT INTO outbox_relays (consumer, owner, lease_until) \
+    VALUES ($1, $2, now() + $3 * interval '1 millisecond') \
+    ON CONFLICT (consumer) DO UPDATE SET owner = EXCLUDED.owner, \
+      lease_until = EXCLUDED.lease_until \
+    WHERE outbox_relays.owner = EXCLUDED.owner OR outbox_relays.lease_until < now() \
+    RETURNING owner",
+    release_outcome_relay: "DELETE FROM outbox_relays WHERE consumer = $1 AND owner = $2",
+    due_outcomes: concat!(
+        "SELECT ",
+        outcome_cols!(),
+        " FROM outcome_events e \
+     WHERE e.consumer = $1 AND e.sent_utc IS NULL \
+       AND (e.lease_until IS NULL OR e.lease_until < now()) \
+       AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \
+                       AND p.id < e.id AND p.sent_utc IS NULL AND p.tries > 0) \
+     ORDER BY e.id LIMIT $2"
     ),
     mark_outcomes_sent: "\
     UPDATE outcome_events SET sent_utc = now(), lease_owner = NULL, lease_until = NULL \

@@ -154,6 +154,19 @@ fn settle_text(rows: usize) -> &'static str {
     text(&TEXTS, settle_rows, rows)
 }
 
+/// The outcome events of `rows` claims in one statement: four parameters a claim (id, actor,
+/// action, reason), then the consumers' JSON array.
+fn insert_outcomes_rows(rows: usize) -> String {
+    let values = repeat_row("(?1, ?2, ?3, ?4)", 4, rows);
+    let insert = sql::INSERT_OUTCOMES_FROM_V.replace("?{last}", &format!("?{}", rows * 4 + 1));
+    format!("WITH v(p1, p2, p3, p4) AS (VALUES {values}) {insert}")
+}
+
+fn insert_outcomes_text(rows: usize) -> &'static str {
+    static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
+    text(&TEXTS, insert_outcomes_rows, rows)
+}
+
 fn mark_called_text(rows: usize) -> &'static str {
     static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
     text(&TEXTS, mark_called_rows, rows)
@@ -332,9 +345,25 @@ impl SqliteDialect {
                 .map_err(err("insert_events"))?;
         }
         if !outcomes.is_empty() {
-            for i in &changed {
-                let bound = outcomes.bound(emits(ClaimState::Started, i.settlement.state));
-                insert_outcome(&mut tx, i.id, &i.event, bound).await?;
+            let emitting: Vec<&&SettleItem<'_>> = changed
+                .iter()
+                .filter(|i| emits(ClaimState::Started, i.settlement.state))
+                .collect();
+            for chunk in chunks(&emitting) {
+                let mut args: Vec<Arg<'_>> = Vec::with_capacity(chunk.len() * 4 + 1);
+                for i in chunk {
+                    args.extend([
+                        Arg::I64(i.id),
+                        Arg::Text(i.event.actor),
+                        Arg::Text(i.event.action),
+                        Arg::OptText(i.event.detail),
+                    ]);
+                }
+                args.push(Arg::Text(outcomes.bound(true)));
+                SqlPool::<Sqlite>::query(insert_outcomes_text(chunk.len()), &args)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(err("insert_outcomes"))?;
             }
         }
         tx.commit().await.map_err(err("commit"))?;
@@ -396,6 +425,19 @@ mod tests {
         );
         // Two-digit parameters are one parameter, not ?1 followed by a digit.
         assert_eq!(map_params("?1 ?11 ?", |k| format!("<{k}>")), "<1> <11> ?");
+    }
+
+    #[test]
+    fn the_outcome_events_of_a_batch_go_in_one_statement_with_the_consumers_last() {
+        let two = insert_outcomes_rows(2);
+        assert!(
+            two.starts_with(
+                "WITH v(p1, p2, p3, p4) AS (VALUES (?1, ?2, ?3, ?4), (?5, ?6, ?7, ?8)) \
+                 INSERT INTO outcome_events"
+            ),
+            "{two}"
+        );
+        assert!(two.ends_with("json_each(?9))"), "{two}");
     }
 
     #[test]

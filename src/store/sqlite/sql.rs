@@ -342,18 +342,27 @@ pub(super) const STATEMENTS: Statements = Statements {
     list_ledger_runs: "SELECT consumer, at_utc, summary FROM ledger_runs ORDER BY consumer",
     now: concat!("SELECT ", now_ms!(), " AS now"),
     ping: "SELECT 1",
-    // SQLite runs one writer at a time: the statement alone takes its rows.
-    take_outcomes: concat!(
-        "UPDATE outcome_events SET lease_owner = ?3, lease_until = ",
+    // As PostgreSQL's: one relay per consumer holds it, the events are read without a write.
+    hold_outcome_relay: concat!(
+        "INSERT INTO outbox_relays (consumer, owner, lease_until) VALUES (?1, ?2, ",
         now_ms!(),
-        " + ?4 WHERE id IN (SELECT e.id FROM outcome_events e \
-       WHERE e.consumer = ?1 AND e.sent_utc IS NULL \
-         AND (e.lease_until IS NULL OR e.lease_until < ",
+        " + ?3) ON CONFLICT (consumer) DO UPDATE SET owner = excluded.owner, \
+         lease_until = excluded.lease_until \
+         WHERE outbox_relays.owner = excluded.owner OR outbox_relays.lease_until < ",
+        now_ms!(),
+        " RETURNING owner"
+    ),
+    release_outcome_relay: "DELETE FROM outbox_relays WHERE consumer = ?1 AND owner = ?2",
+    due_outcomes: concat!(
+        "SELECT ",
+        outcome_cols!(),
+        " FROM outcome_events e \
+     WHERE e.consumer = ?1 AND e.sent_utc IS NULL \
+       AND (e.lease_until IS NULL OR e.lease_until < ",
         now_ms!(),
         ") AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \
-                         AND p.id < e.id AND p.sent_utc IS NULL) \
-       ORDER BY e.id LIMIT ?2) RETURNING ",
-        outcome_cols!()
+                       AND p.id < e.id AND p.sent_utc IS NULL AND p.tries > 0) \
+     ORDER BY e.id LIMIT ?2"
     ),
     mark_outcomes_sent: concat!(
         "UPDATE outcome_events SET sent_utc = ",
@@ -380,6 +389,20 @@ pub(super) const STATEMENTS: Statements = Statements {
         " - ?1 ORDER BY sent_utc LIMIT ?2)"
     ),
 };
+
+/// [`INSERT_OUTCOME`] for many claims at once: the rows of a `VALUES` list `v(p1, p2, p3, p4)`
+/// (claim id, actor, action, reason) joined to their claims, written after `WITH v(...) AS
+/// (VALUES ...)`; the consumers' JSON array is the statement's last parameter, `?{last}`.
+pub(super) const INSERT_OUTCOMES_FROM_V: &str = concat!(
+    "INSERT INTO outcome_events (claim_id, consumer, tenant, message_id, idem_key, state, \
+     attempt, provider_status, provider_id, provider_response, reason, actor, action, at_utc) \
+     SELECT c.id, c.consumer, c.tenant, c.message_id, c.idem_key, c.state, c.attempt, \
+     c.provider_status, c.provider_id, c.provider_response, COALESCE(v.p4, c.last_error), \
+     v.p2, v.p3, ",
+    now_ms!(),
+    " FROM v JOIN claims c ON c.id = v.p1 \
+     WHERE c.consumer IN (SELECT value FROM json_each(?{last}))"
+);
 
 /// The outcome event of the claim `?1` as it is now (after the change, in the change's
 /// transaction), when its consumer is in the JSON array `?5`; `?2` actor, `?3` action, `?4`
