@@ -82,6 +82,8 @@ async fn main() {
         },
         hang_ups: env_or("CHAOS_HANGUPS", 0.1),
         two_tenants: env_or("CHAOS_TWO_TENANTS", 0.05),
+        // CHAOS_EVENTS=0: without outcome events (and their check against the store).
+        outcome_events: env_or("CHAOS_EVENTS", 1u8) == 1,
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

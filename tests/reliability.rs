@@ -30,6 +30,7 @@ fn base(name: &str, seed: u64) -> Scenario {
         provider_outage: None,
         hang_ups: 0.1,
         two_tenants: 0.05,
+        outcome_events: true,
     }
 }
 

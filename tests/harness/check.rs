@@ -225,6 +225,8 @@ pub(super) async fn check(
         completed_unapplied,
         parked_never_sent: never_sent.len(),
         parked_never_sent_at_kill,
+        events: None,
+        events_all_relayed: false,
         kills,
         seconds: started.elapsed().as_secs_f64(),
     }

@@ -178,6 +178,7 @@ pub(super) fn worker_toml(
     provider: &str,
     smtp_port: u16,
     queues: Option<&Queues>,
+    outcomes: Option<&str>,
 ) -> String {
     let source = |consumer: &str| match queues {
         Some(q) => q.consumer_toml(consumer),
@@ -217,7 +218,7 @@ kind = "http"
 url = "{provider}/v1/payments"
 timeout = "1s"
 status_url = "{provider}/v1/effects/{{key}}"
-[[consumers]]
+{outcomes}[[consumers]]
 name = "email"
 {email_source}concurrency = 16
 lease = "{lease_ms}ms"
@@ -238,6 +239,7 @@ timeout = "1s"
         email_source = source("email"),
         on_unknown = s.on_unknown,
         lease_ms = WORKER_LEASE_MS,
+        outcomes = outcomes.unwrap_or(""),
     )
 }
 

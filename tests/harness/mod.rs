@@ -10,6 +10,7 @@
 
 mod broker;
 mod check;
+pub mod events;
 mod fleet;
 mod gate;
 mod ledger;
@@ -17,6 +18,7 @@ mod outcome;
 
 use broker::*;
 use check::*;
+use events::EventTap;
 use fleet::*;
 use ledger::*;
 pub use outcome::{Outcome, assert_invariants};
@@ -97,11 +99,14 @@ pub struct Scenario {
     /// Share of payment ids sent by two tenants (`acme` and `globex`, same body): each
     /// (tenant, id) must be applied once under its own key.
     pub two_tenants: f64,
+    /// The payments consumer publishes outcome events to RabbitMQ, checked against the store
+    /// at the end (every settled claim has its event, none for an unsettled one).
+    pub outcome_events: bool,
 }
 
 /// `None` (skip, reason printed) when the scenario needs RabbitMQ and none answers outside CI.
 async fn broker_available(s: &Scenario) -> bool {
-    if s.intake != Intake::Amqp {
+    if s.intake != Intake::Amqp && !s.outcome_events {
         return true;
     }
     match Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
@@ -137,6 +142,10 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     // The SMTP server's door: notes each recipient a worker got as far as naming.
     let smtp_gate = Gate::start(smtp.addr).await;
     let queues = (s.intake == Intake::Amqp).then(|| Arc::new(Queues::new()));
+    let tap = match s.outcome_events {
+        true => Some(EventTap::new().await),
+        false => None,
+    };
 
     // Workers reach PostgreSQL through a proxy the chaos loop can cut.
     let proxy = Arc::new(proxy::Proxy::start("127.0.0.1:5432").await);
@@ -144,7 +153,14 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let config = dir.path().join("claimd.toml");
     std::fs::write(
         &config,
-        worker_toml(s, &worker_db, &provider, smtp_gate.port, queues.as_deref()),
+        worker_toml(
+            s,
+            &worker_db,
+            &provider,
+            smtp_gate.port,
+            queues.as_deref(),
+            tap.as_ref().map(EventTap::toml).as_deref(),
+        ),
     )
     .unwrap();
     let store = claimd::internal::store::open(db_url, 4).await.unwrap();
@@ -441,8 +457,18 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         }
         q.delete().await;
     }
+    // The relays catch up (a killed one's lease runs out first), then the stream is read.
+    let events = match &tap {
+        Some(tap) => {
+            let relayed = events::wait_relayed(&store, Duration::from_secs(120)).await;
+            let got = tap.drain().await;
+            tap.delete().await;
+            Some((relayed, got))
+        }
+        None => None,
+    };
     let moments = timeline.lock().unwrap().clone();
-    let outcome = check(
+    let mut outcome = check(
         s,
         &store,
         &sandbox,
@@ -463,6 +489,18 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         started,
     )
     .await;
+    if let Some((relayed, got)) = events {
+        let claims = store
+            .list(&ClaimFilter {
+                consumer: Some("payments".into()),
+                limit: 10_000_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        outcome.events = Some(events::compare("payments", &claims, &got));
+        outcome.events_all_relayed = relayed;
+    }
     drop(fleet);
     Some(outcome)
 }

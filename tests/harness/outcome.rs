@@ -52,17 +52,21 @@ pub struct Outcome {
     /// between the commit and the call, and nobody can know the call was never made (parking
     /// them is right). The others were orphaned while their worker lived.
     pub parked_never_sent_at_kill: usize,
+    /// The outcome-event stream against the store (when the scenario publishes events).
+    pub events: Option<super::events::EventCheck>,
+    /// Every event row was sent before the stream was read.
+    pub events_all_relayed: bool,
     pub kills: usize,
     pub seconds: f64,
 }
 
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
@@ -90,6 +94,10 @@ impl Outcome {
             self.hung_up,
             self.two_tenant_ids,
             self.two_tenant_misapplied,
+            match self.events {
+                Some(e) => format!("{}/{}/{}/{}", e.published, e.missing, e.invented, e.repeats),
+                None => "-".into(),
+            },
             self.kills,
             self.seconds
         )
@@ -156,4 +164,19 @@ pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
         o.emails_received <= o.emails_acked,
         "the sink received an email nobody sent: {o:?}"
     );
+    if let Some(e) = o.events {
+        assert!(o.events_all_relayed, "outcome events left unsent: {o:?}");
+        assert_eq!(
+            e.missing, 0,
+            "a settled claim without its outcome event: {o:?}"
+        );
+        assert_eq!(
+            e.invented, 0,
+            "an outcome event for a claim that did not settle: {o:?}"
+        );
+        assert_eq!(
+            e.changed_repeats, 0,
+            "a repeated event id with another body: {o:?}"
+        );
+    }
 }

@@ -6,6 +6,7 @@
 use crate::common::{TestStore, orphan_claim};
 use claimd::internal::claim::{Claim, ClaimState};
 use claimd::internal::settle::{completed, park};
+use claimd::internal::store::outbox::OutcomeEvent;
 use claimd::internal::store::{self, ClaimOutcome, NewEvent, SettleItem, Settlement, Store};
 use std::time::Duration;
 
@@ -35,10 +36,17 @@ async fn claim(s: &Store, consumer: &str, id: &str) -> Claim {
     }
 }
 
+/// What `owner`'s relay would send now: nothing unless it holds the consumer's relay.
+async fn take(s: &Store, consumer: &str, limit: u32, owner: &str) -> Vec<OutcomeEvent> {
+    if !s.hold_outcome_relay(consumer, owner, LEASE).await.unwrap() {
+        return Vec::new();
+    }
+    s.due_outcomes(consumer, limit).await.unwrap()
+}
+
 async fn unsent(s: &Store, owner: &str) -> Vec<(String, String)> {
-    s.take_outcomes("pay", 100, owner, LEASE)
+    take(s, "pay", 100, owner)
         .await
-        .unwrap()
         .into_iter()
         .map(|e| (e.message_id, e.state))
         .collect()
@@ -149,7 +157,7 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
         .unwrap();
     assert_eq!(resolved.state, ClaimState::Completed);
 
-    let events = s.take_outcomes("pay", 100, "relay-1", LEASE).await.unwrap();
+    let events = take(&s, "pay", 100, "relay-1").await;
     let mut seen: Vec<(&str, &str)> = events
         .iter()
         .map(|e| (e.message_id.as_str(), e.state.as_str()))
@@ -176,17 +184,12 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
     let b_event = events.iter().find(|e| e.message_id == "b").unwrap();
     assert_eq!(b_event.reason.as_deref(), Some("unknown outcome"));
     // None for the consumer without a destination.
-    assert!(
-        s.take_outcomes("other", 100, "relay-1", LEASE)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    // Leased: another relay sees nothing now.
+    assert!(take(&s, "other", 100, "relay-1").await.is_empty());
+    // The consumer's relay is relay-1's: another relay takes nothing now.
     assert!(unsent(&s, "relay-2").await.is_empty());
     let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(s.mark_outcomes_sent(&seqs).await.unwrap(), 4);
-    let next = s.take_outcomes("pay", 100, "relay-2", LEASE).await.unwrap();
+    let next = take(&s, "pay", 100, "relay-1").await;
     let seen: Vec<(&str, &str, &str)> = next
         .iter()
         .map(|e| (e.message_id.as_str(), e.state.as_str(), e.actor.as_str()))
@@ -211,9 +214,9 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
     .await
     .unwrap();
     s.mark_outcomes_sent(&[d_done.seq]).await.unwrap();
-    assert!(unsent(&s, "relay-3").await.is_empty());
+    assert!(unsent(&s, "relay-1").await.is_empty());
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let again = s.take_outcomes("pay", 100, "relay-3", LEASE).await.unwrap();
+    let again = take(&s, "pay", 100, "relay-1").await;
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].seq, again[0].tries), (b_resolved.seq, 1));
     let backlog = s.outbox_backlog().await.unwrap();
@@ -235,6 +238,8 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
         .unwrap()
         .unwrap()
         .unwrap();
+    // Let go (a shutdown): another relay takes the consumer over at once.
+    s.release_outcome_relay("pay", "relay-1").await.unwrap();
     let e_events = unsent(&s, "relay-4").await;
     assert_eq!(e_events, [("e".to_string(), "failed".to_string())]);
 }
@@ -323,7 +328,8 @@ async fn no_event_for_a_settle_that_did_not_commit_postgres() {
     .await;
 }
 
-/// Two relays asking at once never take the same event (PostgreSQL: `SKIP LOCKED`).
+/// Two relays asking at once never take the same event: one holds the consumer's relay, the
+/// other takes nothing until the holder lets go or its lease runs out.
 #[tokio::test]
 async fn two_relays_never_take_the_same_event() {
     let Some(ts) = TestStore::pg().await else {
@@ -346,18 +352,43 @@ async fn two_relays_never_take_the_same_event() {
         .collect();
     s.settle_many(&batch).await.unwrap();
     let mut taken = std::collections::HashSet::new();
-    loop {
-        let (x, y) = tokio::join!(
-            s.take_outcomes("pay", 30, "relay-x", LEASE),
-            s.take_outcomes("pay", 30, "relay-y", LEASE)
-        );
-        let (x, y) = (x.unwrap(), y.unwrap());
+    let mut holders = std::collections::HashSet::new();
+    let mut shut_down: Option<&str> = None;
+    for round in 0.. {
+        let ask = |owner: &'static str| {
+            let s = &s;
+            async move {
+                match shut_down == Some(owner) {
+                    true => Vec::new(),
+                    false => take(s, "pay", 30, owner).await,
+                }
+            }
+        };
+        let (x, y) = tokio::join!(ask("relay-x"), ask("relay-y"));
         if x.is_empty() && y.is_empty() {
             break;
         }
+        assert!(
+            x.is_empty() || y.is_empty(),
+            "both relays took events in one round"
+        );
+        let holder = if x.is_empty() { "relay-y" } else { "relay-x" };
+        holders.insert(holder);
         for e in x.iter().chain(&y) {
             assert!(taken.insert(e.seq), "event {} taken twice", e.seq);
         }
+        let seqs: Vec<i64> = x.iter().chain(&y).map(|e| e.seq).collect();
+        s.mark_outcomes_sent(&seqs).await.unwrap();
+        // Half-way, the holder shuts down (lets go): the other relay carries on at once.
+        if round == 3 {
+            s.release_outcome_relay("pay", holder).await.unwrap();
+            shut_down = Some(holder);
+        }
     }
     assert_eq!(taken.len(), 200);
+    assert_eq!(
+        holders.len(),
+        2,
+        "the other relay took over after the release"
+    );
 }
