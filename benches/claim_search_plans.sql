@@ -42,6 +42,7 @@ PREPARE search_claims AS SELECT :cols FROM claims WHERE id IN (
  UNION ALL SELECT id FROM (SELECT id FROM claims WHERE tenant <> '' AND tenant = $10 AND :where :order) AS by_tenant)
  :order;
 PREPARE list_claims AS SELECT :cols FROM claims WHERE :where :order;
+PREPARE list_stuck_claims AS SELECT :cols FROM claims WHERE state = 'started' AND lease_until < now() AND $3 AND :where :order;
 \timing on
 \echo '--- search: an exact message id'
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE search_claims(NULL, NULL, false, NULL, 25, NULL, NULL, NULL, NULL, 'order-004200007', 'order-004200007' || chr(1114111));
@@ -68,8 +69,18 @@ EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE list_claims('failed', 'emails', fa
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE list_claims('failed', 'emails', false, NULL, 25, NULL, NULL, now() - interval '20 days', 0);
 \echo '--- list: parked claims (any consumer)'
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE list_claims('needs_attention', NULL, false, NULL, 25, NULL, NULL, NULL, NULL);
-\echo '--- list: stuck claims'
+\echo '--- list: stuck claims (50,000), through the general statement'
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE list_claims('started', NULL, true, NULL, 25, NULL, NULL, NULL, NULL);
+\echo '--- list: stuck claims, first page'
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE list_stuck_claims(NULL, NULL, true, NULL, 25, NULL, NULL, NULL, NULL);
+\echo '--- list: stuck claims of payments, a page 20 days deep (cursor)'
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE list_stuck_claims(NULL, 'payments', true, NULL, 25, NULL, NULL, now() - interval '20 days', 0);
+\echo '--- list: stuck claims, after the fifth run (the generic plan)'
+EXECUTE list_stuck_claims(NULL, NULL, true, NULL, 25, NULL, NULL, NULL, NULL) \g /dev/null
+EXECUTE list_stuck_claims(NULL, NULL, true, NULL, 25, NULL, NULL, NULL, NULL) \g /dev/null
+EXECUTE list_stuck_claims(NULL, NULL, true, NULL, 25, NULL, NULL, NULL, NULL) \g /dev/null
+EXECUTE list_stuck_claims(NULL, NULL, true, NULL, 25, NULL, NULL, NULL, NULL) \g /dev/null
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE list_stuck_claims(NULL, NULL, true, NULL, 25, NULL, NULL, NULL, NULL);
 \echo '--- list: a tenant'
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE list_claims(NULL, NULL, false, NULL, 25, NULL, 'tenant-10', NULL, NULL);
 \echo '--- list: everything, a time range (a day, 10 days ago)'

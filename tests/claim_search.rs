@@ -177,6 +177,30 @@ async fn search_and_pages(store: TestStore) {
         ..Default::default()
     };
     assert_eq!(find(&s, q).await.len(), 30, "orphaned orders are stuck");
+    // Stuck claims without a search text (their own statement), page by page as the three
+    // front ends read them: each once, newest first, nothing settled among them.
+    let mut stuck = Vec::new();
+    let mut cursor = None;
+    for _ in 0..10 {
+        let q = ClaimQuery {
+            stuck: Some(true),
+            consumer: Some("payments".into()),
+            limit: Some(7),
+            cursor,
+            ..Default::default()
+        };
+        let page = q.page(s.as_ref(), 25).await.unwrap();
+        assert!(page.claims.iter().all(|c| c.is_stuck(page.now)));
+        stuck.extend(ids(&page.claims));
+        cursor = page.next.map(|c| c.encode());
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let mut expected: Vec<String> = (0..30).map(|i| format!("order-10{i:02}")).collect();
+    expected.push("inv-1".into());
+    expected.reverse();
+    assert_eq!(stuck, expected, "every stuck claim once, newest first");
     let q = ClaimQuery {
         until: Some("1h".into()),
         ..Default::default()

@@ -339,6 +339,96 @@ async fn operator_actions_are_checked_and_recorded_postgres() {
     operator_actions(store).await;
 }
 
+/// A claim an operator resolved hours later must not move p50/p95 (they measure the provider
+/// and claimd); a redrive makes the claim claimd's again.
+async fn operator_resolves_and_percentiles(store: TestStore) {
+    let s = open(&store).await;
+    let done = Settlement {
+        state: Some(ClaimState::Completed),
+        provider_status: Some(200),
+        ..Default::default()
+    };
+    let park = Settlement {
+        state: Some(ClaimState::NeedsAttention),
+        error: Some("outcome unknown".into()),
+        ..Default::default()
+    };
+    let mut ids = Vec::new();
+    for id in ["p1", "p2", "p3", "p4"] {
+        let ClaimOutcome::Created(c) = s
+            .claim(&new_claim(id, Duration::from_secs(60)))
+            .await
+            .unwrap()
+        else {
+            panic!("new claim {id}")
+        };
+        ids.push(c.id);
+    }
+    assert!(s.settle(ids[0], 1, &done, &ev()).await.unwrap());
+    assert!(s.settle(ids[1], 1, &done, &ev()).await.unwrap());
+    assert!(s.settle(ids[2], 1, &park, &ev()).await.unwrap());
+    assert!(s.settle(ids[3], 1, &park, &ev()).await.unwrap());
+    // The person decides 1.5 s later: p3 completed by hand, p4 failed by hand then redriven.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let resolved = s
+        .resolve(
+            "payments",
+            "",
+            "p3",
+            ClaimState::Completed,
+            "op",
+            "paid",
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(resolved, Some(Ok(_))));
+    let counts = |s: Store| async move {
+        let all = s.counts(None).await.unwrap();
+        all.into_iter().find(|c| c.consumer == "payments").unwrap()
+    };
+    let c = counts(s.clone()).await;
+    assert_eq!(
+        c.completed, 3,
+        "the resolved claim is still counted as completed"
+    );
+    let p95 = c.p95_complete_s.expect("p95 of two timed claims");
+    assert!(
+        p95 < 1.0,
+        "p95 {p95} s must leave out the claim resolved by hand after 1.5 s"
+    );
+    assert!(
+        s.resolve("payments", "", "p4", ClaimState::Failed, "op", "no", None)
+            .await
+            .unwrap()
+            .is_some_and(|r| r.is_ok())
+    );
+    let Some(Ok(again)) = s.redrive("payments", "", "p4", "op", None).await.unwrap() else {
+        panic!("redrive of a failed claim")
+    };
+    assert!(s.settle(ids[3], again.attempt, &done, &ev()).await.unwrap());
+    let c = counts(s.clone()).await;
+    assert_eq!(c.completed, 4);
+    let p95 = c.p95_complete_s.expect("p95 of three timed claims");
+    assert!(
+        p95 >= 1.0,
+        "p95 {p95} s: a redriven claim that completed is claimd's outcome and counts"
+    );
+}
+
+#[tokio::test]
+async fn operator_resolves_stay_out_of_the_percentiles_sqlite() {
+    operator_resolves_and_percentiles(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn operator_resolves_stay_out_of_the_percentiles_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    operator_resolves_and_percentiles(store).await;
+}
+
 #[tokio::test]
 async fn sql_in_ids_is_stored_verbatim() {
     let store = TestStore::sqlite();

@@ -110,6 +110,9 @@ pub struct Statements {
     /// Claims by filter, newest first: state, consumer, stuck, since, limit, until, tenant,
     /// cursor time, cursor id (the keyset: only claims before that position).
     pub list_claims: &'static str,
+    /// [`Statements::list_claims`] for stuck claims (`started`, lease expired), over the
+    /// started claims' own index; the same nine parameters, the third always true.
+    pub list_stuck_claims: &'static str,
     /// [`Statements::list_claims`] narrowed to a search text: its nine parameters, then the
     /// text and the text followed by U+10FFFF (the top of the prefix range).
     pub search_claims: &'static str,
@@ -136,7 +139,8 @@ pub struct Statements {
     /// Open work per consumer and state: `consumer, state, n, stuck, oldest_ms`.
     pub count_open: &'static str,
     /// Throughput per consumer since a time: `consumer, claims, duplicates, mismatches,
-    /// completed, failed, resent, p50, p95` (seconds; NULL where the dialect computes them
+    /// completed, failed, resent, timed, p50, p95` (`timed`: completed claims no operator
+    /// resolved, which the percentiles cover; seconds, NULL where the dialect computes them
     /// apart): since.
     pub count_window: &'static str,
     /// A dead letter: consumer, reason, message id.
@@ -273,8 +277,9 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         None
     }
 
-    /// Median and 95th-percentile receive-to-complete seconds of `consumer` since `since`,
-    /// for dialects whose window statement leaves them NULL.
+    /// Median and 95th-percentile receive-to-complete seconds of `consumer` since `since`
+    /// over its `completed` claims that no operator resolved, for dialects whose window
+    /// statement leaves them NULL.
     async fn completion_percentiles(
         &self,
         _consumer: &str,

@@ -350,11 +350,6 @@ impl CountsByConsumer {
             })
     }
 
-    /// Every consumer's counts so far.
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut ConsumerCounts> {
-        self.0.values_mut()
-    }
-
     /// Takes the open-work fields from `open` (the rows of `open_counts`).
     pub(crate) fn add_open(&mut self, open: Vec<ConsumerCounts>) {
         for o in open {

@@ -581,6 +581,10 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                 self.fetch("search_claims", D::SQL.search_claims, &args)
                     .await?
             }
+            _ if f.stuck => {
+                self.fetch("list_stuck_claims", D::SQL.list_stuck_claims, &args)
+                    .await?
+            }
             _ => self.fetch("list_claims", D::SQL.list_claims, &args).await?,
         };
         rows.iter().map(claim_from_row).collect()
@@ -773,8 +777,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         let rows = self
             .fetch("count_window", D::SQL.count_window, &[Arg::Time(since)])
             .await?;
+        // Completed claims the percentiles cover (operator resolves left out), per consumer.
+        let mut timed = Vec::new();
         for r in &rows {
-            let c = by.get(r.text("consumer")?);
+            let consumer = r.text("consumer")?;
+            timed.push((consumer.clone(), r.i64("timed")?));
+            let c = by.get(consumer);
             let claims = r.i64("claims")?;
             c.duplicates = r.i64("duplicates")?;
             c.payload_mismatches = r.i64("mismatches")?;
@@ -785,11 +793,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             c.p50_complete_s = r.opt_f64("p50")?;
             c.p95_complete_s = r.opt_f64("p95")?;
         }
-        for c in by.iter_mut() {
-            if c.completed > 0 && c.p50_complete_s.is_none() {
+        for (consumer, timed) in timed {
+            let c = by.get(consumer.clone());
+            if timed > 0 && c.p50_complete_s.is_none() {
                 (c.p50_complete_s, c.p95_complete_s) = self
                     .dialect
-                    .completion_percentiles(&c.consumer, since, c.completed)
+                    .completion_percentiles(&consumer, since, timed)
                     .await?;
             }
         }

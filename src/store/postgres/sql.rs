@@ -148,6 +148,16 @@ pub(super) const STATEMENTS: Statements = Statements {
         pg_list_where!(),
         pg_list_order!()
     ),
+    // Stuck claims alone: the literal predicate lets the planner walk the partial index
+    // `claims_started_received` backwards (0012), in every plan, generic or not; `$3` is
+    // true and only keeps the parameters of `list_claims`.
+    list_stuck_claims: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims WHERE state = 'started' AND lease_until < now() AND $3 AND ",
+        pg_list_where!(),
+        pg_list_order!()
+    ),
     // One arm per way a text can match, each a range (or equality) on its own index
     // (0009_claim_search.sql) with every filter and its own order and limit: the newest page
     // of matches is within the union of each arm's newest page. A single OR let the planner
@@ -243,7 +253,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        UPDATE claims SET state = $4, \
          processed_utc = CASE WHEN $4 IN ('completed', 'failed') THEN COALESCE(processed_utc, now()) \
                               ELSE processed_utc END, \
-         lease_owner = NULL, lease_until = NULL, updated_utc = now() \
+         lease_owner = NULL, lease_until = NULL, operator_resolved = true, updated_utc = now() \
        WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($5, $6) \
          AND ($7::int IS NULL OR attempt = $7) \
        RETURNING ",
@@ -262,7 +272,8 @@ pub(super) const STATEMENTS: Statements = Statements {
         "WITH r AS ( \
        UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
          lease_until = now() - interval '1 millisecond', handoff = 'operator_redrive', \
-         handoff_attempt = attempt + 1, processed_utc = NULL, updated_utc = now() \
+         handoff_attempt = attempt + 1, processed_utc = NULL, operator_resolved = false, \
+         updated_utc = now() \
        WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($4, $5) \
          AND ($6::int IS NULL OR attempt = $6) \
        RETURNING ",
@@ -286,7 +297,8 @@ pub(super) const STATEMENTS: Statements = Statements {
                                            ELSE received_utc END)) * 1000)::bigint AS oldest_ms \
     FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
     GROUP BY consumer, state",
-    // Throughput figures over the report window.
+    // Throughput figures over the report window. The percentiles leave out claims an operator
+    // resolved (`timed` counts the rest): they measure the provider and claimd, not a person.
     count_window: "\
     SELECT consumer, COUNT(*) AS claims, \
       COALESCE(SUM(duplicate_count), 0)::bigint AS duplicates, \
@@ -294,10 +306,11 @@ pub(super) const STATEMENTS: Statements = Statements {
       COUNT(*) FILTER (WHERE state = 'completed') AS completed, \
       COUNT(*) FILTER (WHERE state = 'failed') AS failed, \
       COUNT(*) FILTER (WHERE resent_count > 0) AS resent, \
+      COUNT(*) FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS timed, \
       percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - received_utc)) \
-        FILTER (WHERE state = 'completed') AS p50, \
+        FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS p50, \
       percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - received_utc)) \
-        FILTER (WHERE state = 'completed') AS p95 \
+        FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS p95 \
     FROM claims WHERE received_utc >= $1 GROUP BY consumer",
     insert_dead_letter: "INSERT INTO dead_letters (consumer, reason, message_id) VALUES ($1, $2, $3)",
     count_dead_letters: "\

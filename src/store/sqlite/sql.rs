@@ -10,10 +10,11 @@ macro_rules! now_ms {
     };
 }
 
-/// The k-th smallest receive-to-complete time (SQLite has no percentile function).
+/// The k-th smallest receive-to-complete time (SQLite has no percentile function), leaving
+/// out claims an operator resolved (as `count_window`'s `timed` does).
 pub(super) const COMPLETE_TIME_AT: &str = "\
     SELECT processed_utc - received_utc AS ms FROM claims \
-    WHERE consumer = ?1 AND state = 'completed' AND received_utc >= ?2 \
+    WHERE consumer = ?1 AND state = 'completed' AND operator_resolved = 0 AND received_utc >= ?2 \
     ORDER BY 1 LIMIT 1 OFFSET ?3";
 
 /// The filters `list_claims` and `search_claims` share (see `Statements::list_claims`).
@@ -127,6 +128,16 @@ pub(super) const STATEMENTS: Statements = Statements {
         sqlite_list_where!(),
         sqlite_list_order!()
     ),
+    // Stuck claims alone, over the partial index `claims_started_received` (0011).
+    list_stuck_claims: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims WHERE state = 'started' AND lease_until < ",
+        now_ms!(),
+        " AND ?3 AND ",
+        sqlite_list_where!(),
+        sqlite_list_order!()
+    ),
     // One arm per way a text can match, each on its own index (0008_claim_search.sql), as
     // the PostgreSQL statement does (see there).
     search_claims: concat!(
@@ -209,7 +220,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        processed_utc = CASE WHEN ?4 IN ('completed', 'failed') THEN COALESCE(processed_utc, ",
         now_ms!(),
         ") ELSE processed_utc END, \
-       lease_owner = NULL, lease_until = NULL, updated_utc = ",
+       lease_owner = NULL, lease_until = NULL, operator_resolved = 1, updated_utc = ",
         now_ms!(),
         " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?5, ?6) \
        AND (?7 IS NULL OR attempt = ?7) RETURNING ",
@@ -220,7 +231,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        lease_until = ",
         now_ms!(),
         " - 1, handoff = 'operator_redrive', handoff_attempt = attempt + 1, processed_utc = NULL, \
-       updated_utc = ",
+       operator_resolved = 0, updated_utc = ",
         now_ms!(),
         " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?4, ?5) \
        AND (?6 IS NULL OR attempt = ?6) RETURNING ",
@@ -247,6 +258,7 @@ pub(super) const STATEMENTS: Statements = Statements {
       SUM(CASE WHEN state = 'completed' THEN 1 ELSE 0 END) AS completed, \
       SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed, \
       SUM(CASE WHEN resent_count > 0 THEN 1 ELSE 0 END) AS resent, \
+      SUM(CASE WHEN state = 'completed' AND operator_resolved = 0 THEN 1 ELSE 0 END) AS timed, \
       NULL AS p50, NULL AS p95 \
     FROM claims WHERE received_utc >= ?1 GROUP BY consumer",
     insert_dead_letter: concat!(
