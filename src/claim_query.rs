@@ -1,10 +1,11 @@
 //! Finding claims: the filters `claims list`, `GET /v1/claims` and the page's search share, as
 //! text (query parameters, form fields, command-line options), checked and turned into a
-//! [`ClaimFilter`] in one place. Pure: the database's "now" comes in as an argument.
+//! [`ClaimFilter`] in one place. Pure but for [`ClaimQuery::page`], the one read the three
+//! share: the database's "now" comes in as an argument.
 
 use crate::claim::{Claim, ClaimState};
 use crate::duration::Dur;
-use crate::store::{ClaimCursor, ClaimFilter};
+use crate::store::{ClaimCursor, ClaimFilter, ClaimStore, StoreError};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use serde::Deserialize;
 
@@ -67,6 +68,30 @@ pub enum QueryError {
     /// A search text too long to be an id.
     #[error("search text of {0} characters: at most {MAX_SEARCH_CHARS}")]
     Search(usize),
+}
+
+/// One page of claims and where the next starts.
+#[derive(Debug)]
+pub struct ClaimPage {
+    /// The database's time the page was read at (what "stuck" and relative times mean).
+    pub now: DateTime<Utc>,
+    /// The claims, newest first.
+    pub claims: Vec<Claim>,
+    /// Where the next page starts, when this one is full.
+    pub next: Option<ClaimCursor>,
+    /// The page size asked for.
+    pub limit: u32,
+}
+
+/// Why a page could not be read: the query (the caller's mistake) or the store.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    /// The query cannot be used.
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// `Some(trimmed)` unless blank.
@@ -152,6 +177,26 @@ impl ClaimQuery {
                 .transpose()
                 .map_err(QueryError::Cursor)?,
             limit,
+        })
+    }
+
+    /// Reads the page this query asks for (`default_limit` claims without a limit): the store's
+    /// now, the filter, the listing and its next cursor, as `claims list`, `GET /v1/claims` and
+    /// the page's search all need.
+    pub async fn page(
+        &self,
+        store: &dyn ClaimStore,
+        default_limit: u32,
+    ) -> Result<ClaimPage, PageError> {
+        let now = store.now().await?;
+        let filter = self.filter(now, default_limit)?;
+        let claims = store.list(&filter).await?;
+        let next = ClaimCursor::next(&claims, filter.limit);
+        Ok(ClaimPage {
+            now,
+            claims,
+            next,
+            limit: filter.limit,
         })
     }
 

@@ -503,30 +503,44 @@ pub fn render_table(r: &Report) -> String {
     }
     if !r.attention.is_empty() {
         out.push_str("\nneeds a look:\n");
-        let mut attention = Table::new(&[
-            "consumer",
-            "tenant",
-            "message_id",
-            "state",
-            "attempt",
-            "age_s",
-            "reason",
-        ]);
-        for a in &r.attention {
-            attention.row(vec![
-                a.consumer.clone(),
-                a.tenant.clone(),
-                a.message_id.clone(),
-                a.state.clone(),
-                a.attempt.to_string(),
-                a.age_s.to_string(),
-                a.reason.clone(),
-            ]);
-        }
-        out.push_str(&attention.text());
+        out.push_str(&attention_table(&r.attention, false).text());
     }
     out.push_str(&crate::ledger::render::report_section(&r.ledger));
     out
+}
+
+/// The claims that need a look, one row each; `with_key` adds the idempotency key (CSV, for
+/// scripts that look the payment up at the provider).
+fn attention_table(items: &[AttentionItem], with_key: bool) -> Table {
+    let mut columns = vec![
+        "consumer",
+        "tenant",
+        "message_id",
+        "state",
+        "attempt",
+        "age_s",
+        "reason",
+    ];
+    if with_key {
+        columns.push("idempotency_key");
+    }
+    let mut t = Table::new(&columns);
+    for a in items {
+        let mut row = vec![
+            a.consumer.clone(),
+            a.tenant.clone(),
+            a.message_id.clone(),
+            a.state.clone(),
+            a.attempt.to_string(),
+            a.age_s.to_string(),
+            a.reason.clone(),
+        ];
+        if with_key {
+            row.push(a.key.clone());
+        }
+        t.row(row);
+    }
+    t
 }
 
 /// One consumer's counts as cells, an absent figure written by `figure`.
@@ -580,30 +594,8 @@ pub fn render_csv(r: &Report) -> String {
     // The claims that need a look, as a second table after a blank line (as the text
     // report lists them after the counts).
     if !r.attention.is_empty() {
-        let mut a = Table::new(&[
-            "consumer",
-            "tenant",
-            "message_id",
-            "state",
-            "attempt",
-            "age_s",
-            "reason",
-            "idempotency_key",
-        ]);
-        for i in &r.attention {
-            a.row(vec![
-                i.consumer.clone(),
-                i.tenant.clone(),
-                i.message_id.clone(),
-                i.state.clone(),
-                i.attempt.to_string(),
-                i.age_s.to_string(),
-                i.reason.clone(),
-                i.key.clone(),
-            ]);
-        }
         out.push('\n');
-        out.push_str(&a.csv());
+        out.push_str(&attention_table(&r.attention, true).csv());
     }
     out
 }

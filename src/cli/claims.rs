@@ -3,9 +3,8 @@
 
 use super::actor::operator_name;
 use super::*;
-use crate::claim_query::ClaimQuery;
+use crate::claim_query::{ClaimQuery, PageError};
 use crate::operator_action::Action;
-use crate::store::ClaimCursor;
 
 pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
@@ -37,19 +36,13 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                 cursor,
                 limit: Some(limit),
             };
-            let now = match store.now().await {
-                Ok(n) => n,
-                Err(e) => return Output::fail(1, e),
+            let page = match query.page(store.as_ref(), limit).await {
+                Ok(p) => p,
+                Err(PageError::Query(e)) => return Output::fail(2, e),
+                Err(PageError::Store(e)) => return Output::fail(1, e),
             };
-            let filter = match query.filter(now, limit) {
-                Ok(f) => f,
-                Err(e) => return Output::fail(2, e),
-            };
-            let list = match store.list(&filter).await {
-                Ok(l) => l,
-                Err(e) => return Output::fail(1, e),
-            };
-            let next = ClaimCursor::next(&list, limit).map(|c| c.encode());
+            let (now, list) = (page.now, page.claims);
+            let next = page.next.map(|c| c.encode());
             if format == Format::Json {
                 return Output::ok(to_json(
                     &serde_json::json!({ "claims": list, "next_cursor": next }),

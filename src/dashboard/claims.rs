@@ -10,7 +10,7 @@ use super::text::human_secs;
 use super::text::visible;
 use super::{PageSession, html_page};
 use crate::claim::{Claim, ClaimState};
-use crate::claim_query::{ClaimQuery, claim_path};
+use crate::claim_query::{ClaimQuery, PageError, claim_path};
 use crate::http::claims::{PayloadView, TenantQuery, claim_with_history};
 use crate::http::problem::{problem, store_down};
 use crate::http::session::Session;
@@ -62,25 +62,25 @@ pub async fn search(
     session: Option<Extension<Session>>,
     Query(q): Query<ClaimQuery>,
 ) -> Response {
-    let store = state.claimer.store();
-    let now = match store.now().await {
-        Ok(n) => n,
-        Err(e) => return store_down(e),
+    let page = match q.page(state.claimer.store().as_ref(), PAGE_SIZE).await {
+        Ok(p) => p,
+        Err(PageError::Query(e)) => {
+            return problem(StatusCode::BAD_REQUEST, "bad search", &e.to_string());
+        }
+        Err(PageError::Store(e)) => return store_down(e),
     };
-    let filter = match q.filter(now, PAGE_SIZE) {
-        Ok(f) => f,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad search", &e.to_string()),
-    };
-    let found = match store.list(&filter).await {
-        Ok(c) => c,
-        Err(e) => return store_down(e),
-    };
-    let next = ClaimCursor::next(&found, filter.limit);
     let consumers = state.config.consumer_names();
     let session = page_session(&state, session);
     html_page(
         StatusCode::OK,
-        render_search(&q, &consumers, &found, next, now, session.as_ref()),
+        render_search(
+            &q,
+            &consumers,
+            &page.claims,
+            page.next,
+            page.now,
+            session.as_ref(),
+        ),
     )
 }
 

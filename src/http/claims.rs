@@ -6,8 +6,8 @@ use super::ops::ClaimView;
 use super::problem::{problem, store_down};
 use super::state::AppState;
 use crate::claim::Claim;
-use crate::claim_query::ClaimQuery;
-use crate::store::{ClaimCursor, ClaimEvent, ClaimStore, StoreResult};
+use crate::claim_query::{ClaimQuery, PageError};
+use crate::store::{ClaimEvent, ClaimStore, StoreResult};
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -22,27 +22,22 @@ pub const PAYLOAD_SHOWN_BYTES: usize = 16 * 1024;
 
 /// `GET /v1/claims`: claims matching the query, newest first, and where the next page starts.
 pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimQuery>) -> Response {
-    let store = state.claimer.store();
-    let now = match store.now().await {
-        Ok(n) => n,
-        Err(e) => return store_down(e),
+    let page = match q.page(state.claimer.store().as_ref(), DEFAULT_LIMIT).await {
+        Ok(p) => p,
+        Err(PageError::Query(e)) => {
+            return problem(StatusCode::BAD_REQUEST, "bad query", &e.to_string());
+        }
+        Err(PageError::Store(e)) => return store_down(e),
     };
-    let filter = match q.filter(now, DEFAULT_LIMIT) {
-        Ok(f) => f,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad query", &e.to_string()),
-    };
-    let claims = match store.list(&filter).await {
-        Ok(c) => c,
-        Err(e) => return store_down(e),
-    };
-    let views: Vec<ClaimView> = claims
+    let views: Vec<ClaimView> = page
+        .claims
         .iter()
         .map(|c| ClaimView {
             claim: c,
-            stuck: c.is_stuck(now),
+            stuck: c.is_stuck(page.now),
         })
         .collect();
-    let next = ClaimCursor::next(&claims, filter.limit).map(|c| c.encode());
+    let next = page.next.map(|c| c.encode());
     Json(serde_json::json!({ "claims": views, "next_cursor": next })).into_response()
 }
 
