@@ -212,10 +212,21 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     // A day's worth of ordinary work first (the page is also README's picture): payments
     // posted through intake and performed by the provider, then two the sweeper had to park.
     let http = client();
-    for (i, (amount, customer)) in [(4200, "cus_8472"), (1299, "cus_1175"), (15000, "cus_0931")]
-        .into_iter()
-        .enumerate()
-    {
+    let orders = [
+        (4200, "cus_8472"),
+        (1299, "cus_1175"),
+        (15000, "cus_0931"),
+        (2599, "cus_4410"),
+        (899, "cus_7302"),
+        (12000, "cus_1175"),
+        (3450, "cus_5521"),
+        (760, "cus_0093"),
+        (21900, "cus_8472"),
+        (1500, "cus_3318"),
+        (4999, "cus_2764"),
+        (650, "cus_6012"),
+    ];
+    for (i, (amount, customer)) in orders.into_iter().enumerate() {
         let r = http
             .post(format!("{base}/v1/messages/payments"))
             .header("Idempotency-Key", format!("order-09{:02}", 71 + i))
@@ -231,39 +242,42 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     // answer.
     let r = http
         .post(format!("{base}/v1/messages/payments"))
-        .header("Idempotency-Key", "order-0974")
+        .header("Idempotency-Key", "order-0994")
         .body(r#"{"amount": 990, "currency": "EUR", "customer": "cus_2210", "sandbox": "decline"}"#)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    parked_claim_with_key(
-        &s,
-        "payments",
-        "order-1001",
-        "payments::order-1001",
-        "outcome unknown (timeout after 10s, request sent); on_unknown = \"park\"",
-    )
-    .await;
-    parked_claim_with_key(
-        &s,
-        "payments",
-        "order-1002",
-        "payments::order-1002",
-        "previous attempt ended without an answer (crash or timeout); on_unknown = \"park\"",
-    )
-    .await;
-    parked_claim_with_key(
-        &s,
-        "payments",
-        "order-1003",
-        "payments::order-1003",
-        "provider answered 402: declined by the bank at capture; on_unknown = \"park\"",
-    )
-    .await;
+    for (id, amount, customer, reason) in [
+        (
+            "order-1001",
+            3100,
+            "cus_5521",
+            "outcome unknown (timeout after 10s, request sent); on_unknown = \"park\"",
+        ),
+        (
+            "order-1002",
+            18450,
+            "cus_0931",
+            "previous attempt ended without an answer (crash or timeout); on_unknown = \"park\"",
+        ),
+        (
+            "order-1003",
+            2750,
+            "cus_7302",
+            "provider answered 402: declined by the bank at capture; on_unknown = \"park\"",
+        ),
+    ] {
+        let body =
+            format!(r#"{{"amount": {amount}, "currency": "EUR", "customer": "{customer}"}}"#);
+        let mut n = orphan_claim("payments", "", id, &format!("payments::{id}"));
+        n.fingerprint = claimd::internal::claim::fingerprint(body.as_bytes());
+        n.payload = bytes::Bytes::from(body);
+        park_claim(&s, &n, reason, "sweeper").await;
+    }
     assert!(
         eventually(Duration::from_secs(20), || async {
-            s.get("payments", "", "order-0973")
+            s.get("payments", "", "order-0982")
                 .await
                 .unwrap()
                 .is_some_and(|c| c.state == ClaimState::Completed)
@@ -273,7 +287,7 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     );
     assert!(
         eventually(Duration::from_secs(20), || async {
-            s.get("payments", "", "order-0974")
+            s.get("payments", "", "order-0994")
                 .await
                 .unwrap()
                 .is_some_and(|c| c.state == ClaimState::Failed)

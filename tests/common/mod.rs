@@ -489,13 +489,22 @@ pub async fn parked_claim_with_key(
     key: &str,
     reason: &str,
 ) {
+    park_claim(store, &orphan_claim(consumer, "", id, key), reason, "test").await
+}
+
+/// Claims `n` and parks it as `needs_attention` for `reason`, the park recorded as `actor`'s.
+pub async fn park_claim(
+    store: &claimd::internal::store::Store,
+    n: &claimd::internal::claim::NewClaim,
+    reason: &str,
+    actor: &str,
+) {
     use claimd::internal::store::{ClaimOutcome, NewEvent, Settlement};
-    let n = orphan_claim(consumer, "", id, key);
-    let ClaimOutcome::Created(c) = store.claim(&n).await.unwrap() else {
-        panic!("new claim {id}")
+    let ClaimOutcome::Created(c) = store.claim(n).await.unwrap() else {
+        panic!("new claim {}", n.message_id)
     };
     let ev = NewEvent {
-        actor: "test",
+        actor,
         action: "park",
         outcome: "unknown",
         provider_status: None,
