@@ -435,6 +435,18 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     let n = |i: usize| v[i].as_f64().unwrap();
     assert!(n(0) <= n(1), "no sideways scroll at 900 px: {v}");
     assert!(n(2) < n(3), "\"Needs a look\" is above the fold: {v}");
+    // The counts per consumer fit too (their column names wrap), attention first.
+    let v = b
+        .call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": "const s = [...document.querySelectorAll('h2')].find(e => e.textContent.startsWith('Claims by consumer')).parentElement.querySelector('.scroll'); return [s.scrollWidth, s.clientWidth];", "args": []}),
+        )
+        .await;
+    assert!(
+        v[0].as_f64().unwrap() <= v[1].as_f64().unwrap(),
+        "the counts fit at 900 px: {v}"
+    );
     b.call(
         reqwest::Method::POST,
         "/window/rect",
