@@ -79,8 +79,6 @@ pub struct ClaimPage {
     pub claims: Vec<Claim>,
     /// Where the next page starts, when this one is full.
     pub next: Option<ClaimCursor>,
-    /// The page size asked for.
-    pub limit: u32,
 }
 
 /// Why a page could not be read: the query (the caller's mistake) or the store.
@@ -192,12 +190,7 @@ impl ClaimQuery {
         let filter = self.filter(now, default_limit)?;
         let claims = store.list(&filter).await?;
         let next = ClaimCursor::next(&claims, filter.limit);
-        Ok(ClaimPage {
-            now,
-            claims,
-            next,
-            limit: filter.limit,
-        })
+        Ok(ClaimPage { now, claims, next })
     }
 
     /// The same query at another page (`cursor`), as URL query parameters, for a "next"
@@ -357,8 +350,16 @@ mod tests {
         };
         assert_eq!(
             q.at(Some(&c)),
-            "q=a%26b%20c&state=failed&cursor=1777636800000.7"
+            "q=a%26b%20c&state=failed&cursor=1777636800000000.7"
         );
+        // A cursor keeps the microseconds PostgreSQL stores (in milliseconds the next page
+        // left out claims received in the same millisecond as the last one shown).
+        let fine = ClaimCursor {
+            received_utc: now() + chrono::Duration::microseconds(123_456),
+            id: 7,
+        };
+        let back: ClaimCursor = fine.encode().parse().unwrap();
+        assert_eq!((back.received_utc, back.id), (fine.received_utc, 7));
         assert_eq!(
             claim_path_of("p", "t/1", "x y"),
             "/claims/p/x%20y?tenant=t%2F1"

@@ -177,9 +177,11 @@ impl ClaimCursor {
         }
     }
 
-    /// The cursor as text: `<ms>.<id>`.
+    /// The cursor as text: `<µs>.<id>`, microseconds since the epoch. PostgreSQL keeps receive
+    /// times to the microsecond: a cursor in milliseconds fell before the last claim it was
+    /// read after, and the next page left out the claims received in that millisecond.
     pub fn encode(&self) -> String {
-        format!("{}.{}", self.received_utc.timestamp_millis(), self.id)
+        format!("{}.{}", self.received_utc.timestamp_micros(), self.id)
     }
 
     /// The cursor `next` of a page of `limit` claims: after its last claim when the page is
@@ -194,11 +196,11 @@ impl ClaimCursor {
 impl std::str::FromStr for ClaimCursor {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("cursor {s:?} is not one a listing gave (<ms>.<id>)");
-        let (ms, id) = s.split_once('.').ok_or_else(bad)?;
-        let ms: i64 = ms.parse().map_err(|_| bad())?;
+        let bad = || format!("cursor {s:?} is not one a listing gave (<µs>.<id>)");
+        let (us, id) = s.split_once('.').ok_or_else(bad)?;
+        let us: i64 = us.parse().map_err(|_| bad())?;
         let id: i64 = id.parse().map_err(|_| bad())?;
-        let received_utc = DateTime::<Utc>::from_timestamp_millis(ms).ok_or_else(bad)?;
+        let received_utc = DateTime::<Utc>::from_timestamp_micros(us).ok_or_else(bad)?;
         Ok(ClaimCursor { received_utc, id })
     }
 }
