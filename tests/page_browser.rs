@@ -104,6 +104,16 @@ impl Browser {
         v["value"].clone()
     }
 
+    /// Runs `js` (a function body) in the page and returns what it returns.
+    async fn script(&self, js: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({ "script": js, "args": [] }),
+        )
+        .await
+    }
+
     async fn go(&self, url: &str) {
         self.call(reqwest::Method::POST, "/url", json!({ "url": url }))
             .await;
@@ -426,22 +436,14 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     b.go(&format!("{base}/")).await;
     b.wait_for("Needs a look").await;
     let v = b
-        .call(
-            reqwest::Method::POST,
-            "/execute/sync",
-            json!({"script": "const h = [...document.querySelectorAll('h2')].find(e => e.textContent.startsWith('Needs a look')); return [document.documentElement.scrollWidth, document.documentElement.clientWidth, h.getBoundingClientRect().top, window.innerHeight];", "args": []}),
-        )
+        .script("const h = [...document.querySelectorAll('h2')].find(e => e.textContent.startsWith('Needs a look')); return [document.documentElement.scrollWidth, document.documentElement.clientWidth, h.getBoundingClientRect().top, window.innerHeight];")
         .await;
     let n = |i: usize| v[i].as_f64().unwrap();
     assert!(n(0) <= n(1), "no sideways scroll at 900 px: {v}");
     assert!(n(2) < n(3), "\"Needs a look\" is above the fold: {v}");
     // The counts per consumer fit too (their column names wrap), attention first.
     let v = b
-        .call(
-            reqwest::Method::POST,
-            "/execute/sync",
-            json!({"script": "const s = [...document.querySelectorAll('h2')].find(e => e.textContent.startsWith('Claims by consumer')).parentElement.querySelector('.scroll'); return [s.scrollWidth, s.clientWidth];", "args": []}),
-        )
+        .script("const s = [...document.querySelectorAll('h2')].find(e => e.textContent.startsWith('Claims by consumer')).parentElement.querySelector('.scroll'); return [s.scrollWidth, s.clientWidth];")
         .await;
     assert!(
         v[0].as_f64().unwrap() <= v[1].as_f64().unwrap(),

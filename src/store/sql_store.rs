@@ -777,11 +777,8 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         let rows = self
             .fetch("count_window", D::SQL.count_window, &[Arg::Time(since)])
             .await?;
-        // Completed claims the percentiles cover (operator resolves left out), per consumer.
-        let mut timed = Vec::new();
         for r in &rows {
             let consumer = r.text("consumer")?;
-            timed.push((consumer.clone(), r.i64("timed")?));
             let c = by.get(consumer);
             let claims = r.i64("claims")?;
             c.duplicates = r.i64("duplicates")?;
@@ -792,13 +789,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             c.resent = r.i64("resent")?;
             c.p50_complete_s = r.opt_f64("p50")?;
             c.p95_complete_s = r.opt_f64("p95")?;
-        }
-        for (consumer, timed) in timed {
-            let c = by.get(consumer.clone());
+            // `timed`: the completed claims the percentiles cover (operator resolves left out).
+            let timed = r.i64("timed")?;
             if timed > 0 && c.p50_complete_s.is_none() {
                 (c.p50_complete_s, c.p95_complete_s) = self
                     .dialect
-                    .completion_percentiles(&consumer, since, timed)
+                    .completion_percentiles(&c.consumer, since, timed)
                     .await?;
             }
         }
