@@ -456,6 +456,11 @@ pub struct Claim {
     pub provider_id: Option<String>,
     /// When the claim became `pending` (the provider accepted it without finishing).
     pub pending_utc: Option<DateTime<Utc>>,
+    /// Bumped by every change of the claim's state, attempt, lease hand-off or provider id:
+    /// a write decided on what a reader saw (a provider event, a poll, an operator's form)
+    /// is fenced on it, so a claim that left a state and came back to it at the same attempt
+    /// is not mistaken for the one that was read.
+    pub version: i64,
 }
 
 impl NewClaim {

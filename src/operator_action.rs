@@ -2,9 +2,10 @@
 //! command line (`claimd claims resolve|redrive --consumer ... --reason-prefix ...`): which
 //! claims a bulk action selects, and acting on one claim through the store's guarded
 //! transitions. Both front ends show the selection before acting and act on the claims they
-//! showed, moving each only from the state and attempt it was shown at (parked, attempt N), so
-//! a claim that changed in between (another operator resolved it as failed, or redrove it and
-//! its new attempt was parked again) is reported, not changed.
+//! showed, moving each only from the state, attempt and version it was shown at (parked,
+//! attempt N, version V), so a claim that changed in between (another operator resolved it as
+//! failed, or redrove it and its new attempt was parked again, or a provider event moved it
+//! away and back) is reported, not changed.
 
 use crate::claim::{Claim, ClaimState};
 use crate::store::{ClaimStore, Seen, StoreError, StoreResult};
@@ -94,42 +95,53 @@ pub struct Target {
     /// The attempt the claim was at when it was shown (`None`: a form from before this field,
     /// acting at any attempt).
     pub attempt: Option<i32>,
+    /// The claim's version when it was shown ([`Claim::version`]; `None`: a form from before
+    /// this field, acting at any version).
+    pub version: Option<i64>,
 }
 
 impl Target {
-    /// The claim's address, and the attempt it is at.
+    /// The claim's address, and the attempt and version it is at.
     pub fn of(claim: &Claim) -> Target {
         Target {
             consumer: claim.consumer.clone(),
             tenant: claim.tenant.clone(),
             message_id: claim.message_id.clone(),
             attempt: Some(claim.attempt),
+            version: Some(claim.version),
         }
     }
 
-    /// The form value: `consumer`, tab, `tenant`, tab, `message_id`, tab, attempt (none of
-    /// the first three can hold a tab).
+    /// The form value: `consumer`, tab, `tenant`, tab, `message_id`, tab, attempt, tab,
+    /// version (none of the first three can hold a tab).
     pub fn encode(&self) -> String {
         let attempt = self.attempt.map(|a| a.to_string()).unwrap_or_default();
+        let version = self.version.map(|v| v.to_string()).unwrap_or_default();
         format!(
-            "{}\t{}\t{}\t{attempt}",
+            "{}\t{}\t{}\t{attempt}\t{version}",
             self.consumer, self.tenant, self.message_id
         )
     }
 
-    /// Reads [`Target::encode`]'s value (also the three-field value of earlier pages).
+    /// Reads [`Target::encode`]'s value (also the three- and four-field values of earlier
+    /// pages).
     pub fn decode(s: &str) -> Option<Target> {
-        let mut p = s.splitn(4, '\t');
+        let mut p = s.splitn(5, '\t');
         let (consumer, tenant, message_id) = (p.next()?, p.next()?, p.next()?);
         let attempt = match p.next() {
             None | Some("") => None,
             Some(a) => Some(a.parse().ok()?),
+        };
+        let version = match p.next() {
+            None | Some("") => None,
+            Some(v) => Some(v.parse().ok()?),
         };
         Some(Target {
             consumer: consumer.to_string(),
             tenant: tenant.to_string(),
             message_id: message_id.to_string(),
             attempt,
+            version,
         })
     }
 
@@ -179,6 +191,14 @@ pub enum Outcome {
     /// Not changed: the claim is in a state the action does not apply to (it moved since it
     /// was shown).
     Skipped(ClaimState),
+    /// Not changed: the claim is in the state it was shown in, but it changed since (another
+    /// attempt, or moved away and back): what was shown no longer holds.
+    Changed {
+        /// The version shown.
+        seen: i64,
+        /// Its version now.
+        now: i64,
+    },
     /// Not changed: no such claim any more (pruned).
     Gone,
     /// Not changed: the store failed.
@@ -196,16 +216,23 @@ impl Outcome {
         match self {
             Outcome::Done(c) => format!("now {} (attempt {})", c.state, c.attempt),
             Outcome::Skipped(s) => format!("not changed: it is {s} now"),
+            Outcome::Changed { seen, now } => changed_since(*seen, *now),
             Outcome::Gone => "not changed: no such claim any more".to_string(),
             Outcome::Failed(e) => format!("not changed: the store failed ({e})"),
         }
     }
 }
 
+/// The refusal of an action on a claim that changed since it was read.
+pub fn changed_since(seen: i64, now: i64) -> String {
+    format!("not changed: the claim changed since you read it (version {seen}, now {now}); reload")
+}
+
 /// Acts on one claim of a [`Selection`] through the store's guarded transition, recorded in
 /// its history as `actor` with `note`. The claim moves only if it is still parked at the
-/// attempt it was shown at: one that another operator resolved or redrove since (even if a
-/// later attempt parked it again) is skipped.
+/// attempt and version it was shown at: one that another operator resolved or redrove since
+/// (even if a later attempt parked it again), or that a provider event moved away and back,
+/// is skipped.
 pub async fn act(
     store: &dyn ClaimStore,
     action: Action,
@@ -218,6 +245,7 @@ pub async fn act(
     let seen = Some(Seen {
         state: ClaimState::NeedsAttention,
         attempt: t.attempt,
+        version: t.version,
     });
     let result = match action.resolved_state() {
         Some(to) => {
@@ -233,7 +261,24 @@ pub async fn act(
     };
     match result {
         Ok(Some(Ok(c))) => Outcome::Done(Box::new(c)),
-        Ok(Some(Err(s))) => Outcome::Skipped(s),
+        Ok(Some(Err(s))) => refused(store, t, s).await,
+        Ok(None) => Outcome::Gone,
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// Why a guarded transition refused `t`: the state it is in, or, when it is still in the state
+/// it was shown in, the version it moved on to.
+async fn refused(store: &dyn ClaimStore, t: &Target, state: ClaimState) -> Outcome {
+    let (Some(seen), ClaimState::NeedsAttention) = (t.version, state) else {
+        return Outcome::Skipped(state);
+    };
+    match store.get(&t.consumer, &t.tenant, &t.message_id).await {
+        Ok(Some(c)) if c.version != seen && c.state == state => Outcome::Changed {
+            seen,
+            now: c.version,
+        },
+        Ok(Some(c)) => Outcome::Skipped(c.state),
         Ok(None) => Outcome::Gone,
         Err(e) => Outcome::Failed(e),
     }
@@ -250,8 +295,12 @@ mod tests {
             tenant: "".into(),
             message_id: "-odd id:1".into(),
             attempt: Some(3),
+            version: Some(7),
         };
         assert_eq!(Target::decode(&t.encode()), Some(t.clone()));
+        // A form from before the version was carried: any version.
+        t.version = None;
+        assert_eq!(Target::decode("payments\t\t-odd id:1\t3"), Some(t.clone()));
         assert_eq!(Target::decode("no-tabs"), None);
         assert_eq!(Target::decode("payments\t\tm\tthree"), None);
         // A form from before the attempt was carried: any attempt.

@@ -6,9 +6,14 @@
 //! ([`policy::on_pending`]: less often as they age, parked past `pending_for`). Nothing is
 //! ever sent again: the effect exists at the provider. A poll is a request to the provider
 //! like any other: it passes the destination's breaker and pace.
+//!
+//! A consumer whose `[effect.outcome]` section was removed while claims were pending can no
+//! longer read the provider's answers by value, so nothing can settle those claims: they
+//! wait out `pending_for` (its default) and are then parked for a person.
 
 use crate::claim::{Claim, ClaimState};
 use crate::claimer::{Claimer, Consumer};
+use crate::config::ValueOutcomes;
 use crate::effect::Lookup;
 use crate::effect::by_value::{self, Verdict};
 use crate::lookup::LOOKUP_WAIT;
@@ -21,14 +26,16 @@ use std::time::Duration;
 use tracing::{Instrument, info, warn};
 
 /// Polls up to `batch` of `consumer`'s pending claims whose next poll is due, at most its
-/// `concurrency` at a time. A consumer whose effect does not read outcomes by value has no
-/// pending claims; one whose destination is open (its provider failing) is left alone.
+/// `concurrency` at a time. A consumer whose destination is open (its provider failing) is
+/// left alone. One whose effect no longer reads outcomes by value (its claims became pending
+/// under an earlier configuration) is not asked anything: its claims are parked past
+/// `pending_for`.
 pub(crate) async fn poll_consumer(
     claimer: &Arc<Claimer>,
     consumer: &Arc<Consumer>,
     batch: u32,
 ) -> Result<Vec<SweepItem>, StoreError> {
-    if consumer.effect.outcomes().is_none() || consumer.destination.open_until().is_some() {
+    if consumer.destination.open_until().is_some() {
         return Ok(Vec::new());
     }
     let cfg = &consumer.config;
@@ -78,9 +85,8 @@ pub(crate) async fn poll_consumer(
 async fn poll_one(claimer: &Claimer, consumer: &Consumer, t: TakenClaim) -> SweepItem {
     let claim = &t.claim;
     let Some(map) = consumer.effect.outcomes() else {
-        return item(claim, "nothing to poll with".into());
+        return unread(claimer, claim, t.age).await;
     };
-    let settler = claimer.settler();
     let step = policy::on_pending(
         t.age,
         map.pending_poll.0,
@@ -122,15 +128,66 @@ async fn poll_one(claimer: &Claimer, consumer: &Consumer, t: TakenClaim) -> Swee
             ),
         },
     };
+    record(claimer, claim, s, name, result).await
+}
+
+/// A pending claim of a consumer that no longer reads outcomes by value: nothing can read
+/// the provider's answers, so it is parked once `pending_for` (its default) has passed, and
+/// until then left pending, next looked at when that time is up.
+async fn unread(claimer: &Claimer, claim: &Claim, age: Duration) -> SweepItem {
+    let pending_for = ValueOutcomes::default().pending_for.0;
+    let (s, name, result) = match age.checked_sub(pending_for) {
+        Some(_) => {
+            let reason = format!(
+                "still pending after {} (pending_for = {}); the consumer no longer reads outcomes by value, so nothing can settle it: check the provider, then resolve",
+                crate::duration::Dur(Duration::from_secs(age.as_secs())),
+                crate::duration::Dur(pending_for)
+            );
+            (
+                settle::park(reason, None),
+                "expired",
+                "parked: still pending, outcomes no longer read".to_string(),
+            )
+        }
+        None => (
+            still_pending(pending_for - age, None),
+            "unread",
+            "outcomes no longer read: parked once pending_for has passed".to_string(),
+        ),
+    };
+    record(claimer, claim, s, name, result).await
+}
+
+/// Writes what a poll decided, fenced on the state, attempt and version the claim was taken
+/// at; an answer that lost the fence goes to the claim's history.
+async fn record(
+    claimer: &Claimer,
+    claim: &Claim,
+    s: Settlement,
+    name: &str,
+    result: String,
+) -> SweepItem {
+    let settler = claimer.settler();
+    let shown = s.clone();
     match settler
         .settle_from(claim, ClaimState::Pending, s, "poll", name)
         .await
     {
         Ok(true) => item(claim, result),
-        Ok(false) => item(
-            claim,
-            "settled meanwhile (an event or another poller)".into(),
-        ),
+        Ok(false) => {
+            let lost = crate::store::NewEvent {
+                actor: claimer.instance(),
+                action: "poll",
+                outcome: name,
+                provider_status: shown.provider_status,
+                detail: shown.error.as_deref(),
+            };
+            settler.fenced_out(claim, &shown, "poll", &lost).await;
+            item(
+                claim,
+                "settled meanwhile (an event, an operator or another poller)".into(),
+            )
+        }
         Err(e) => {
             warn!(error = %e, "could not record the poll; the claim is polled again after its lease");
             item(claim, format!("not recorded ({e})"))

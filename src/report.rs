@@ -204,6 +204,8 @@ pub struct AttentionItem {
     pub state: String,
     /// Attempt number.
     pub attempt: i32,
+    /// The claim's version (an action on it is fenced on the one shown).
+    pub version: i64,
     /// Why (the recorded reason or last error).
     pub reason: String,
     /// Seconds since it was received.
@@ -365,6 +367,7 @@ pub async fn build(
             message_id: c.message_id,
             state: c.state.as_str().to_string(),
             attempt: c.attempt,
+            version: c.version,
             key: c.idem_key,
         }));
     }

@@ -274,6 +274,7 @@ impl Settler {
             Ok(true) => AttemptEnd::LeftStarted(error.to_string()),
             Ok(false) => {
                 info!("claim was taken over by another worker; left it alone");
+                self.fenced_out(claim, &s, "handoff", &event).await;
                 AttemptEnd::Lost
             }
             Err(e) => {
@@ -308,7 +309,10 @@ impl Settler {
                     return AttemptEnd::Settled(state);
                 }
                 Ok(false) => {
-                    info!("claim was taken over by another worker before settle; changed nothing");
+                    info!(
+                        "claim moved (taken over, or settled by an event, a poll or an operator) before settle; changed nothing"
+                    );
+                    self.fenced_out(claim, &s, action, &event).await;
                     return AttemptEnd::Lost;
                 }
                 Err(e) if retry_until.is_some_and(|until| Instant::now() + delay < until) => {
@@ -342,10 +346,39 @@ impl Settler {
         }
     }
 
+    /// Writes the answer of a settle that lost its fence (the claim moved before it landed)
+    /// to the claim's history, unfenced, so that a person reading it sees what the provider
+    /// said to this attempt: `answer after the claim moved: ...; not applied (claim was
+    /// pending@v7, attempt 1)`. A failure is logged: the claim row decides, not this line.
+    pub async fn fenced_out(
+        &self,
+        claim: &Claim,
+        s: &Settlement,
+        action: &str,
+        lost: &NewEvent<'_>,
+    ) {
+        let detail = fenced_out_detail(s, lost);
+        let event = NewEvent {
+            actor: &self.instance,
+            action,
+            outcome: "fenced_out",
+            provider_status: s.provider_status,
+            detail: Some(&detail),
+        };
+        if let Err(e) = self
+            .store
+            .record_fenced_out(claim.id, claim.attempt, &event)
+            .await
+        {
+            warn!(error = %e, "could not record the answer that arrived after the claim moved");
+        }
+    }
+
     /// Settles a claim this instance does not hold as a worker: a `pending` claim it polled,
-    /// or a claim a provider event decided. Fenced on the state and attempt read (`from`,
-    /// `claim.attempt`): `Ok(false)` when the claim moved meanwhile (nothing written). One
-    /// try: the poll comes back, the provider re-sends an event not answered 2xx.
+    /// or a claim a provider event decided. Fenced on the state, attempt and version read
+    /// (`from`, `claim.attempt`, `claim.version`): `Ok(false)` when the claim moved meanwhile,
+    /// even when it came back to the same state (nothing written). One try: the poll comes
+    /// back, the provider re-sends an event not answered 2xx.
     pub async fn settle_from(
         &self,
         claim: &Claim,
@@ -358,13 +391,30 @@ impl Settler {
         let event = self.event_of(&s, action, outcome);
         let changed = self
             .store
-            .settle_from(claim.id, claim.attempt, from, &s, &event)
+            .settle_from(claim.id, claim.attempt, claim.version, from, &s, &event)
             .await?;
         if changed && let Some(state) = s.state.filter(|st| *st != from) {
             self.metrics.settled(&claim.consumer, state.as_str());
         }
         Ok(changed)
     }
+}
+
+/// What a settle that lost its fence would have written, for its history line: the state it
+/// would have set (or the hand-off), the provider's status and its reason or answer.
+fn fenced_out_detail(s: &Settlement, lost: &NewEvent<'_>) -> String {
+    let mut what = match s.state {
+        Some(state) => state.as_str().to_string(),
+        None => format!("hand-off ({})", lost.outcome),
+    };
+    if let Some(status) = s.provider_status {
+        what.push_str(&format!(" {status}"));
+    }
+    if let Some(text) = s.error.as_deref().or(s.provider_response.as_deref()) {
+        what.push_str(": ");
+        what.push_str(&crate::store::truncate(text, 1024));
+    }
+    format!("answer after the claim moved: {what}; not applied")
 }
 
 /// Escapes what a store refuses in a settlement's texts ([`storable`]).

@@ -221,7 +221,7 @@ async fn bulk_acts_on_exactly_what_it_lists(store: TestStore) {
             ("t1", Outcome::Done(c)) => assert_eq!(c.state, ClaimState::Started),
             ("t2", Outcome::Skipped(ClaimState::Completed)) => {}
             ("t3", Outcome::Skipped(ClaimState::Failed)) => {}
-            ("t4", Outcome::Skipped(ClaimState::NeedsAttention)) => {}
+            ("t4", Outcome::Changed { .. }) => {}
             other => panic!("{other:?}"),
         }
     }

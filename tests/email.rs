@@ -62,6 +62,7 @@ fn claim(key: &str, payload: &str) -> Claim {
         claim_token: None,
         provider_id: None,
         pending_utc: None,
+        version: 1,
     }
 }
 

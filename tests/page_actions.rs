@@ -245,3 +245,95 @@ async fn a_signed_in_person_resolves_and_redrives_from_the_page() {
     }
     running.shutdown(std::time::Duration::from_secs(2)).await;
 }
+
+/// A form read before the claim moved away and back (parked → pending → parked by the
+/// provider's events, same attempt) is refused with the version it showed and the one now,
+/// and the claim stays as the events left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_read_before_the_claim_moved_is_refused() {
+    use claimd::internal::store::Settlement;
+    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin-token\"").await;
+    let base = format!("http://{}", running.http_addr);
+    let s = running.app().store.clone();
+    parked_claim(&s, "payments", "aba-1", "outcome unknown (timeout)").await;
+    let c = no_redirects();
+    let r = c
+        .post(format!("{base}/signin"))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(form(&[("name", "ann"), ("token", "s3cret-admin-token")]))
+        .send()
+        .await
+        .unwrap();
+    let set = r.headers()["set-cookie"].to_str().unwrap();
+    let cookie = set.split(';').next().unwrap().to_string();
+    let page = c
+        .get(format!("{base}/"))
+        .header("Cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    // The claim as the page showed it, in the form's hidden field.
+    let start = "value=\"payments\t\taba-1\t";
+    let at = page.find(start).unwrap_or_else(|| panic!("{page}"));
+    let shown = &page[at + "value=\"".len()..];
+    let shown = shown[..shown.find('"').unwrap()].to_string();
+
+    // The provider's events: it is processing after all, then it needs the customer again.
+    let events = claimd::internal::settle::Settler::new(
+        s.clone(),
+        "event".into(),
+        std::sync::Arc::new(claimd::internal::metrics::Metrics::new()),
+    );
+    for (from, to) in [
+        (ClaimState::NeedsAttention, ClaimState::Pending),
+        (ClaimState::Pending, ClaimState::NeedsAttention),
+    ] {
+        let read = s.get("payments", "", "aba-1").await.unwrap().unwrap();
+        let moved = Settlement {
+            state: Some(to),
+            error: Some("requires_action".into()),
+            ..Default::default()
+        };
+        assert!(
+            events
+                .settle_from(&read, from, moved, "event", to.as_str())
+                .await
+                .unwrap()
+        );
+    }
+
+    let r = c
+        .post(format!("{base}/actions/apply"))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .header("Cookie", &cookie)
+        .body(form(&[
+            ("csrf", &csrf),
+            ("action", "complete"),
+            ("note", "paid per the provider"),
+            ("claim", &shown),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let said = r.text().await.unwrap();
+    assert!(
+        said.contains("the claim changed since you read it (version ") && said.contains("reload"),
+        "{said}"
+    );
+    let now = s.get("payments", "", "aba-1").await.unwrap().unwrap();
+    assert_eq!(now.state, ClaimState::NeedsAttention);
+    assert!(
+        s.events(now.id)
+            .await
+            .unwrap()
+            .iter()
+            .all(|e| e.actor != "page:ann"),
+        "a refused action leaves no line"
+    );
+    running.shutdown(std::time::Duration::from_secs(2)).await;
+}

@@ -1,12 +1,17 @@
 //! The store contract on both drivers: fencing (I2), takeover exclusivity, operator
 //! resolutions, and retention that never touches open claims (I7). By role: `batches` (group
-//! commit, a lost reply), `retention`.
+//! commit, a lost reply), `fences` (versions: what a reader saw, answers that lost),
+//! `retention`, `unread_pending` (pending claims of a consumer that no longer reads outcomes).
 
 #[path = "store/batches.rs"]
 mod batches;
 mod common;
+#[path = "store/fences.rs"]
+mod fences;
 #[path = "store/retention.rs"]
 mod retention;
+#[path = "store/unread_pending.rs"]
+mod unread_pending;
 
 use claimd::internal::claim::{ClaimState, NewClaim, fingerprint};
 use claimd::internal::store::{ClaimOutcome, ClaimStore, NewEvent, Seen, Settlement, Store};
@@ -264,6 +269,7 @@ async fn operator_actions(store: TestStore) {
     let stale = Some(Seen {
         state: ClaimState::Failed,
         attempt: None,
+        version: None,
     });
     assert!(matches!(
         s.redrive("payments", "", "o1", "op", stale).await.unwrap(),
@@ -286,6 +292,7 @@ async fn operator_actions(store: TestStore) {
     let first_parking = Some(Seen {
         state: ClaimState::NeedsAttention,
         attempt: Some(1),
+        version: None,
     });
     assert!(matches!(
         s.redrive("payments", "", "o1", "op", first_parking)
@@ -304,6 +311,7 @@ async fn operator_actions(store: TestStore) {
             Some(Seen {
                 state: ClaimState::NeedsAttention,
                 attempt: Some(3),
+                version: None,
             }),
         )
         .await

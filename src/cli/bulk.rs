@@ -124,7 +124,7 @@ fn table(claims: &[Claim], results: Option<&[Outcome]>) -> Table {
             let word = match r {
                 Outcome::Done(_) => "done",
                 Outcome::Failed(_) => "failed",
-                Outcome::Skipped(_) | Outcome::Gone => "skipped",
+                Outcome::Skipped(_) | Outcome::Changed { .. } | Outcome::Gone => "skipped",
             };
             row.push(format!("{word}: {}", r.describe()));
         }

@@ -194,6 +194,7 @@ mod tests {
             message_id: id.into(),
             state: state.into(),
             attempt: 3,
+            version: 5,
             reason: reason.into(),
             age_s: 4000,
             key: format!("{consumer}:{tenant}:{id}"),

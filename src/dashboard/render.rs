@@ -413,6 +413,7 @@ fn attention_card(
                     tenant: a.tenant.clone(),
                     message_id: a.message_id.clone(),
                     attempt: Some(a.attempt),
+                    version: Some(a.version),
                 }, &s.csrf))
             }
         }
@@ -664,6 +665,7 @@ mod tests {
                 message_id: "m-1\u{9b}".into(),
                 state: "needs_attention".into(),
                 attempt: 1,
+                version: 1,
                 reason: hostile.into(),
                 age_s: 5,
                 key: "payments:acme:m-1".into(),

@@ -5,12 +5,15 @@
 //! Only `needs_attention` and `failed` claims can be acted on: a `started` claim belongs to the
 //! worker holding its lease and to the sweeper (answered `409`). The store checks the state in
 //! the same statement that changes it, so an action racing the sweeper or retention cannot act
-//! on a claim that moved meanwhile.
+//! on a claim that moved meanwhile. A request that names the claim's `version` (as
+//! `GET /v1/claims/...` showed it) acts only on that version: a claim that changed since,
+//! even back to the same state, is answered `409` "the claim changed since you read it".
 
 use super::ops::ClaimView;
 use super::problem::{problem, store_down};
 use super::state::AppState;
 use crate::claim::{Claim, ClaimState};
+use crate::store::Seen;
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
@@ -31,6 +34,9 @@ pub struct ResolveRequest {
     pub tenant: String,
     /// Who acts, for the history (recorded as `api:<actor>`). Required.
     pub actor: String,
+    /// The claim's version as the caller read it; absent: whatever it is now.
+    #[serde(default)]
+    pub version: Option<i64>,
 }
 
 /// Body of `POST .../redrive`.
@@ -42,6 +48,9 @@ pub struct RedriveRequest {
     pub tenant: String,
     /// Who acts, for the history (recorded as `api:<actor>`). Required.
     pub actor: String,
+    /// The claim's version as the caller read it; absent: whatever it is now.
+    #[serde(default)]
+    pub version: Option<i64>,
 }
 
 /// `actor` as recorded: `api:` and the name, when it is 1-64 printable ASCII characters.
@@ -61,6 +70,56 @@ fn bad_actor() -> Response {
 
 fn bad_body(e: JsonRejection) -> Response {
     problem(StatusCode::BAD_REQUEST, "bad request body", &e.body_text())
+}
+
+/// What the caller saw of the claim, when it named a version: the claim read now must be at
+/// that version (else the `409` to answer), and the action is fenced on it.
+async fn seen(
+    state: &AppState,
+    consumer: &str,
+    tenant: &str,
+    message_id: &str,
+    version: Option<i64>,
+) -> Result<Option<Seen>, Response> {
+    let Some(version) = version else {
+        return Ok(None);
+    };
+    match state
+        .claimer
+        .store()
+        .get(consumer, tenant, message_id)
+        .await
+    {
+        Ok(Some(c)) if c.version == version => Ok(Some(Seen::of(&c))),
+        Ok(Some(c)) => Err(changed(version, c.version)),
+        // No such claim: the transition answers it.
+        Ok(None) => Ok(None),
+        Err(e) => Err(store_down(e)),
+    }
+}
+
+fn changed(seen: i64, now: i64) -> Response {
+    problem(
+        StatusCode::CONFLICT,
+        "changed since read",
+        &format!("the claim changed since you read it (version {seen}, now {now}); reload"),
+    )
+}
+
+/// A transition fenced on `seen` that was refused: `409` naming the version the claim moved
+/// to when it changed since it was read.
+async fn refused_since(state: &AppState, key: [&str; 3], seen: Option<Seen>) -> Option<Response> {
+    let seen = seen?.version?;
+    let [consumer, tenant, message_id] = key;
+    match state
+        .claimer
+        .store()
+        .get(consumer, tenant, message_id)
+        .await
+    {
+        Ok(Some(c)) if c.version != seen => Some(changed(seen, c.version)),
+        _ => None,
+    }
 }
 
 /// The answer to a store transition: the claim, `409` for a state that allows no action,
@@ -132,6 +191,10 @@ pub async fn resolve(
     let Some(actor) = actor_of(&req.actor) else {
         return bad_actor();
     };
+    let seen = match seen(&state, &consumer, &req.tenant, &message_id, req.version).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let outcome = state
         .claimer
         .store()
@@ -142,9 +205,14 @@ pub async fn resolve(
             to,
             &actor,
             &req.note,
-            None,
+            seen,
         )
         .await;
+    if let Ok(Some(Err(_))) = outcome
+        && let Some(r) = refused_since(&state, [&consumer, &req.tenant, &message_id], seen).await
+    {
+        return r;
+    }
     answer(outcome, &consumer, &message_id, "resolved")
 }
 
@@ -162,10 +230,19 @@ pub async fn redrive(
     let Some(actor) = actor_of(&req.actor) else {
         return bad_actor();
     };
+    let seen = match seen(&state, &consumer, &req.tenant, &message_id, req.version).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let outcome = state
         .claimer
         .store()
-        .redrive(&consumer, &req.tenant, &message_id, &actor, None)
+        .redrive(&consumer, &req.tenant, &message_id, &actor, seen)
         .await;
+    if let Ok(Some(Err(_))) = outcome
+        && let Some(r) = refused_since(&state, [&consumer, &req.tenant, &message_id], seen).await
+    {
+        return r;
+    }
     answer(outcome, &consumer, &message_id, "redriven")
 }

@@ -54,18 +54,21 @@ pub(crate) fn repeat_args(new: &NewClaim) -> [Arg<'_>; 5] {
     ]
 }
 
-/// The arguments of the fenced `settle` statement (I2: the attempt held).
 /// How many parameters `settle` binds ([`settle_args`]).
-pub(crate) const SETTLE_PARAMS: usize = 11;
+pub(crate) const SETTLE_PARAMS: usize = 12;
 
+/// The arguments of the fenced `settle` statement (I2: the attempt held; the worker's own
+/// attempt needs no version).
 pub(crate) fn settle_args(id: i64, attempt: i32, s: &Settlement) -> [Arg<'_>; SETTLE_PARAMS] {
-    settle_from_args(id, attempt, ClaimState::Started, s)
+    settle_from_args(id, attempt, None, ClaimState::Started, s)
 }
 
-/// [`settle_args`] fenced on another state than `started` (a poll or a provider event).
+/// [`settle_args`] fenced on another state than `started` (a poll or a provider event), and
+/// on the version read when one is given.
 pub(crate) fn settle_from_args(
     id: i64,
     attempt: i32,
+    version: Option<i64>,
     from: ClaimState,
     s: &Settlement,
 ) -> [Arg<'_>; SETTLE_PARAMS] {
@@ -81,6 +84,7 @@ pub(crate) fn settle_from_args(
         Arg::OptI64(s.lease_for.map(ms)),
         Arg::OptText(s.provider_id.as_deref()),
         Arg::Text(from.as_str()),
+        Arg::OptI64(version),
     ]
 }
 

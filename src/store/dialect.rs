@@ -11,7 +11,8 @@ macro_rules! claim_cols {
         "id, consumer, tenant, message_id, idem_key, fingerprint, content_type, state, attempt, \
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
-         resent_count, handoff, handoff_attempt, claim_token, waits, provider_id, pending_utc"
+         resent_count, handoff, handoff_attempt, claim_token, waits, provider_id, pending_utc, \
+         version"
     };
 }
 
@@ -95,12 +96,16 @@ pub struct Statements {
     pub get_claim: &'static str,
     /// The state of one claim: consumer, tenant, message id.
     pub state_of: &'static str,
-    /// Fenced settle, returning `id, attempt` of the row it changed: id, attempt, state,
-    /// provider status, provider response, error, reconciled, hand-off not applied, release
-    /// lease. Run through [`Dialect::update_logged`].
+    /// Fenced settle, bumping the version, returning `id, attempt` of the row it changed: id,
+    /// attempt, state, provider status, provider response, error, reconciled, hand-off not
+    /// applied, release lease, provider id, from-state, version read (NULL: any). Run through
+    /// [`Dialect::update_logged`].
     pub settle: &'static str,
     /// A history line: claim id, attempt, actor, action, outcome, provider status, detail.
     pub insert_event: &'static str,
+    /// The history line of a fenced write that lost, its detail followed by the claim's state,
+    /// version and attempt as they are now: the parameters of `insert_event`.
+    pub insert_fenced_out_event: &'static str,
     /// Clear the "not called yet" marker before a first call, fenced: id, attempt.
     pub mark_called: &'static str,
     /// Count a re-send, fenced: id, attempt.
@@ -121,20 +126,23 @@ pub struct Statements {
     pub list_parked_by_reason: &'static str,
     /// A claim's history, oldest first: claim id.
     pub list_events: &'static str,
-    /// Take stale claims (attempt + 1, new lease), returning them with payload, `age_ms`,
+    /// Take stale claims (attempt + 1, version + 1, new lease), returning them with payload, `age_ms`,
     /// `handoff`, `handoff_attempt`: consumer, limit, owner, lease ms, expired before.
     pub take_stale: &'static str,
     /// Stale claims a take would return, changing nothing: consumer, limit.
     pub peek_stale: &'static str,
-    /// Take pending claims whose poll is due (lease to the poller, attempt unchanged),
+    /// Take pending claims whose poll is due (lease to the poller, attempt and version
+    /// unchanged: the poll's settle is fenced on the version taken),
     /// returning them with payload and `age_ms` (time pending): consumer, limit, owner,
     /// lease ms.
     pub take_pending: &'static str,
-    /// Operator resolve, returning the claim: consumer, tenant, message id, to-state, and two
-    /// from-states the move is allowed from. Run through [`Dialect::update_logged`].
+    /// Operator resolve, bumping the version, returning the claim: consumer, tenant, message
+    /// id, to-state, two from-states the move is allowed from, the attempt and the version
+    /// seen (each NULL: any). Run through [`Dialect::update_logged`].
     pub resolve: &'static str,
-    /// Operator redrive, returning the claim: consumer, tenant, message id, and two
-    /// from-states. Run through [`Dialect::update_logged`].
+    /// Operator redrive, bumping the version, returning the claim: consumer, tenant, message
+    /// id, two from-states, the attempt and the version seen. Run through
+    /// [`Dialect::update_logged`].
     pub redrive: &'static str,
     /// Open work per consumer and state: `consumer, state, n, stuck, oldest_ms`.
     pub count_open: &'static str,

@@ -11,7 +11,9 @@
 //!   dialects.
 //!
 //! Every state change is a conditional update fenced on `attempt` and `state = 'started'`
-//! (invariant I2); every time is the database's clock, never the worker's.
+//! (invariant I2), and bumps the claim's `version`; a write decided on what someone read (a
+//! provider event, a poll, an operator's form) is fenced on that version too. Every time is
+//! the database's clock, never the worker's.
 
 #[macro_use]
 pub mod dialect;
@@ -38,14 +40,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// What an operator saw of a claim when choosing an action on it ([`ClaimStore::resolve`],
-/// [`ClaimStore::redrive`]): the move happens only from that state, and at that attempt when
-/// one is given.
+/// [`ClaimStore::redrive`]): the move happens only from that state, and at that attempt and
+/// version when they are given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
     /// The state shown.
     pub state: ClaimState,
     /// The attempt shown; `None`: any.
     pub attempt: Option<i32>,
+    /// The version shown ([`Claim::version`]); `None`: any.
+    pub version: Option<i64>,
+}
+
+impl Seen {
+    /// Exactly the claim as it was read: its state, attempt and version.
+    pub fn of(claim: &Claim) -> Seen {
+        Seen {
+            state: claim.state,
+            attempt: Some(claim.attempt),
+            version: Some(claim.version),
+        }
+    }
 }
 
 /// The answer to a claim attempt.
@@ -450,16 +465,18 @@ pub trait ClaimStore: Send + Sync + 'static {
         Ok(out)
     }
 
-    /// Settles a claim that is in state `from` at `attempt`, as [`settle`] does from
-    /// `started`: a poll of a `pending` claim, a provider event on a claim in any state. The
-    /// fence is the state and attempt the caller read; `false`: it changed meanwhile, nothing
-    /// was written.
+    /// Settles a claim that is in state `from` at `attempt` and `version`, as [`settle`] does
+    /// from `started`: a poll of a `pending` claim, a provider event on a claim in any state.
+    /// The fence is the state, attempt and version the caller read (the version tells a claim
+    /// that left the state and came back from the one read); `false`: it changed meanwhile,
+    /// nothing was written.
     ///
     /// [`settle`]: ClaimStore::settle
     async fn settle_from(
         &self,
         id: i64,
         attempt: i32,
+        version: i64,
         from: ClaimState,
         settlement: &Settlement,
         event: &NewEvent<'_>,
@@ -506,6 +523,17 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Records a history line without changing the claim.
     async fn record_event(&self, id: i64, attempt: i32, event: &NewEvent<'_>) -> StoreResult<()>;
+
+    /// Records the answer of a fenced write that lost (the claim moved before it landed) as a
+    /// history line of `attempt`, unfenced and changing nothing else: its detail is followed by
+    /// what the claim had become (`(claim was pending@v7, attempt 2)`), read in the same
+    /// statement. Nothing is written when the claim is gone.
+    async fn record_fenced_out(
+        &self,
+        id: i64,
+        attempt: i32,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<()>;
 
     /// Before the first call of attempt 1, clears the claim's "not called yet" marker
     /// ([`NewClaim::mark_not_called`]), fenced like `settle`. `false`: the claim was taken

@@ -37,6 +37,7 @@ pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
         claim_token: row.opt_text("claim_token")?,
         provider_id: row.opt_text("provider_id")?,
         pending_utc: row.opt_time("pending_utc")?,
+        version: row.i64("version")?,
     })
 }
 

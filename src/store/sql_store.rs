@@ -5,8 +5,8 @@
 //! (PostgreSQL's advisory lock and multi-row statements, SQLite's percentiles). Concurrent
 //! claims and settles are committed together through the `batch` module.
 //!
-//! Every rule lives here or in the claim model: fencing (`attempt` and `state = 'started'`) is
-//! in the arguments every settle binds, and which states an operator may move a claim from is
+//! Every rule lives here or in the claim model: fencing (`attempt` and `state = 'started'`, and
+//! the `version` a reader saw) is in the arguments every settle binds, and which states an operator may move a claim from is
 //! asked of [`ClaimState::can_move_to`] and bound into the statement's `WHERE`.
 
 use super::args::{
@@ -231,6 +231,7 @@ impl<D: Dialect> SqlStore<D> {
             Arg::Text(from_a),
             Arg::Text(from_b),
             Arg::OptI32(expected.and_then(|e| e.attempt)),
+            Arg::OptI64(expected.and_then(|e| e.version)),
         ]);
         // An operator's resolve or redrive is always an outcome event.
         let write = LoggedWrite {
@@ -501,11 +502,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         &self,
         id: i64,
         attempt: i32,
+        version: i64,
         from: ClaimState,
         s: &Settlement,
         event: &NewEvent<'_>,
     ) -> StoreResult<bool> {
-        let args = settle_from_args(id, attempt, from, s);
+        let args = settle_from_args(id, attempt, Some(version), from, s);
         let changed = self
             .dialect
             .update_logged(LoggedWrite {
@@ -523,6 +525,16 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         self.execute(
             "insert_event",
             D::SQL.insert_event,
+            &event_args(id, attempt, e),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn record_fenced_out(&self, id: i64, attempt: i32, e: &NewEvent<'_>) -> StoreResult<()> {
+        self.execute(
+            "insert_fenced_out_event",
+            D::SQL.insert_fenced_out_event,
             &event_args(id, attempt, e),
         )
         .await

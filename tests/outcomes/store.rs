@@ -125,7 +125,7 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
             .unwrap()
     );
     assert!(
-        s.settle_from(d.id, 1, ClaimState::Pending, &pending, &event("poll"))
+        s.settle_from(d.id, 1, 2, ClaimState::Pending, &pending, &event("poll"))
             .await
             .unwrap()
     );
@@ -133,6 +133,7 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
         s.settle_from(
             d.id,
             1,
+            3,
             ClaimState::Pending,
             &completed(200, "{}".into(), false),
             &event("poll")

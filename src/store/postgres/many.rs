@@ -26,7 +26,8 @@ pub(super) const INSERT_CLAIMS: &str = concat!(
 );
 
 /// Many fenced settles and their history lines in one statement: each row is updated only
-/// `WHERE id = u.id AND attempt = u.attempt AND state = 'started'` (I2), as in [`SETTLE`];
+/// `WHERE id = u.id AND attempt = u.attempt AND state = 'started'` (I2), as in [`SETTLE`],
+/// and its version bumped;
 /// a claim that completes drops its last error there too. Each row's outcome event is written
 /// by the same statement when its `outcomes` list (JSON, per row: `[]` unless the settle
 /// ends or pauses the claim) names its consumer.
@@ -55,6 +56,7 @@ pub(super) const SETTLE_MANY: &str = concat!(
         provider_id = COALESCE(u.pid, c.provider_id), \
         pending_utc = CASE WHEN u.st = 'pending' THEN COALESCE(c.pending_utc, now()) \
                            ELSE c.pending_utc END, \
+        version = c.version + 1, \
         updated_utc = now() \
       FROM u WHERE c.id = u.id AND c.attempt = u.attempt AND c.state = 'started' \
       RETURNING c.id, u.attempt, u.actor, u.action, u.outcome, u.estatus, u.detail, u.outcomes, \
@@ -75,7 +77,10 @@ pub(super) const SETTLE_MANY: &str = concat!(
 );
 
 /// Inserts many claims in one statement: per item its new claim, or `None` when the key was
-/// already claimed (before, or earlier in this batch).
+/// already claimed (before, or earlier in this batch). An inserted row belongs to the caller
+/// whose claim token it carries: of two callers with one key in the batch, only the one whose
+/// row went in is answered with it (the other is left to the one-row path, a repeat), as in
+/// SQLite's group commit.
 pub(super) async fn insert_batch(
     pool: &PgPool,
     new: &[&NewClaim],
@@ -114,8 +119,12 @@ pub(super) async fn insert_batch(
     Ok(new
         .iter()
         .map(|n| {
-            created
-                .remove(&(n.consumer.clone(), n.tenant.clone(), n.message_id.clone()))
+            let key = (n.consumer.clone(), n.tenant.clone(), n.message_id.clone());
+            let mine = created
+                .get(&key)
+                .is_some_and(|c| n.claim_token.is_empty() || n.inserted(c));
+            mine.then(|| created.remove(&key))
+                .flatten()
                 .map(|c| created_outcome(n, c))
         })
         .collect())

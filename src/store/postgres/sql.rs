@@ -92,7 +92,8 @@ pub(super) const STATEMENTS: Statements = Statements {
     state_of: "SELECT state FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3",
     // Fenced settle and its history line in one statement (I2), returning the row it changed:
     // from `started` for the worker holding the attempt, from `pending` (or another state) for
-    // a poll or a provider event that read the claim at that attempt.
+    // a poll or a provider event that read the claim at that attempt and version (`$12`; NULL
+    // for the worker, whose attempt is its own). Every settle bumps the version.
     // A claim that completes drops its last error: a transient error that did not decide the
     // outcome would read as the reason for it (the history keeps every error).
     settle: concat!(
@@ -114,21 +115,31 @@ pub(super) const STATEMENTS: Statements = Statements {
         provider_id = COALESCE($10, provider_id), \
         pending_utc = CASE WHEN $3::text = 'pending' THEN COALESCE(pending_utc, now()) \
                            ELSE pending_utc END, \
+        version = version + 1, \
         updated_utc = now() \
       WHERE id = $1 AND attempt = $2 AND state = $11 \
+        AND ($12::bigint IS NULL OR version = $12) \
       RETURNING ",
         outbox_returning!(),
         "), \
     e AS ( \
       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                 detail) \
-      SELECT id, attempt, $12, $13, $14, $15, $16 FROM s), ",
-        outbox_insert!("COALESCE($16, last_error)", "$12", "$13", "s", "$17"),
+      SELECT id, attempt, $13, $14, $15, $16, $17 FROM s), ",
+        outbox_insert!("COALESCE($17, last_error)", "$13", "$14", "s", "$18"),
         " SELECT id, attempt FROM s"
     ),
     insert_event: "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    // A fenced write that lost, kept in the history with what the claim had become, read in
+    // the same statement (no state change, no fence).
+    insert_fenced_out_event: "\
+    INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
+    SELECT id, $2, $3, $4, $5, $6, \
+      COALESCE($7, '') || ' (claim was ' || state || '@v' || version || ', attempt ' || attempt \
+        || ')' \
+    FROM claims WHERE id = $1",
     // The worker is about to make the first call of attempt 1: the claim's "not called yet"
     // marker goes (fenced: changes nothing unless the worker still holds the claim).
     mark_called: "UPDATE claims SET \
@@ -214,7 +225,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
      UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
        lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
-       updated_utc = now() \
+       version = version + 1, updated_utc = now() \
      FROM stale WHERE id = stale_id \
        AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",
@@ -246,16 +257,37 @@ pub(super) const STATEMENTS: Statements = Statements {
      ORDER BY lease_until LIMIT $2"
     ),
     // Operator resolve and its history line in one statement, allowed only from the two states
-    // bound as `$5`, `$6` (the claim model's rule) and, when `$7` is given, only at that
-    // attempt (the one the operator saw); the event's parameters follow.
+    // bound as `$5`, `$6` (the claim model's rule) and, when `$7` and `$8` are given, only at
+    // that attempt and version (the ones the operator saw); the event's parameters follow.
     resolve: concat!(
         "WITH r AS ( \
        UPDATE claims SET state = $4, \
          processed_utc = CASE WHEN $4 IN ('completed', 'failed') THEN COALESCE(processed_utc, now()) \
                               ELSE processed_utc END, \
-         lease_owner = NULL, lease_until = NULL, operator_resolved = true, updated_utc = now() \
+         lease_owner = NULL, lease_until = NULL, operator_resolved = true, \
+         version = version + 1, updated_utc = now() \
        WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($5, $6) \
-         AND ($7::int IS NULL OR attempt = $7) \
+         AND ($7::int IS NULL OR attempt = $7) AND ($8::bigint IS NULL OR version = $8) \
+       RETURNING ",
+        claim_cols!(),
+        "), e AS ( \
+       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
+                                 detail) \
+       SELECT id, attempt, $9, $10, $11, $12, $13 FROM r), ",
+        outbox_insert!("COALESCE($13, last_error)", "$9", "$10", "r", "$14"),
+        " SELECT * FROM r"
+    ),
+    // Operator redrive (back to `started`, attempt + 1, lease expired, hand-off recorded) and its
+    // history line in one statement, allowed only from the states bound as `$4`, `$5` (and at
+    // attempt `$6` and version `$7` when given).
+    redrive: concat!(
+        "WITH r AS ( \
+       UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
+         lease_until = now() - interval '1 millisecond', handoff = 'operator_redrive', \
+         handoff_attempt = attempt + 1, processed_utc = NULL, operator_resolved = false, \
+         version = version + 1, updated_utc = now() \
+       WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($4, $5) \
+         AND ($6::int IS NULL OR attempt = $6) AND ($7::bigint IS NULL OR version = $7) \
        RETURNING ",
         claim_cols!(),
         "), e AS ( \
@@ -263,26 +295,6 @@ pub(super) const STATEMENTS: Statements = Statements {
                                  detail) \
        SELECT id, attempt, $8, $9, $10, $11, $12 FROM r), ",
         outbox_insert!("COALESCE($12, last_error)", "$8", "$9", "r", "$13"),
-        " SELECT * FROM r"
-    ),
-    // Operator redrive (back to `started`, attempt + 1, lease expired, hand-off recorded) and its
-    // history line in one statement, allowed only from the states bound as `$4`, `$5` (and at
-    // attempt `$6` when given).
-    redrive: concat!(
-        "WITH r AS ( \
-       UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
-         lease_until = now() - interval '1 millisecond', handoff = 'operator_redrive', \
-         handoff_attempt = attempt + 1, processed_utc = NULL, operator_resolved = false, \
-         updated_utc = now() \
-       WHERE consumer = $1 AND tenant = $2 AND message_id = $3 AND state IN ($4, $5) \
-         AND ($6::int IS NULL OR attempt = $6) \
-       RETURNING ",
-        claim_cols!(),
-        "), e AS ( \
-       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
-                                 detail) \
-       SELECT id, attempt, $7, $8, $9, $10, $11 FROM r), ",
-        outbox_insert!("COALESCE($11, last_error)", "$7", "$8", "r", "$12"),
         " SELECT * FROM r"
     ),
     // Open work, over all time: small sets served by the partial index `claims_open_work`

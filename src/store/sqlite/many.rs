@@ -113,7 +113,7 @@ fn update_rows(sql: &str, params: usize, rows: usize) -> String {
     )
 }
 
-/// The one-row `settle` (eleven parameters, `RETURNING id, attempt`) for `rows` rows.
+/// The one-row `settle` (twelve parameters, `RETURNING id, attempt`) for `rows` rows.
 fn settle_rows(rows: usize) -> String {
     update_rows(sql::STATEMENTS.settle, SETTLE_PARAMS, rows)
 }
@@ -443,10 +443,13 @@ mod tests {
     #[test]
     fn the_multi_row_settle_is_the_one_row_settle_reading_its_parameters_from_v() {
         let two = settle_rows(2);
-        assert!(two.starts_with("WITH v(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11) AS (VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11), (?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)) UPDATE claims SET "), "{two}");
+        assert!(two.starts_with("WITH v(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12) AS (VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12), (?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)) UPDATE claims SET "), "{two}");
         // The from-state is a parameter (`started` for the batched settles of a worker).
         assert!(
-            two.contains(" FROM v WHERE id = v.p1 AND attempt = v.p2 AND state = v.p11"),
+            two.contains(
+                " FROM v WHERE id = v.p1 AND attempt = v.p2 AND state = v.p11 \
+                 AND (v.p12 IS NULL OR version = v.p12)"
+            ),
             "{two}"
         );
         let update = &two[two.find("UPDATE").unwrap()..];

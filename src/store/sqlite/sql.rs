@@ -77,7 +77,8 @@ pub(super) const STATEMENTS: Statements = Statements {
     // A claim that completes drops its last error: a transient error that did not decide the
     // outcome would read as the reason for it (the history keeps every error).
     // Fenced settle (I2), returning the row it changed; its history line follows in the same
-    // transaction.
+    // transaction. A poll or a provider event also fences on the version it read (`?12`; NULL
+    // for the worker, whose attempt is its own). Every settle bumps the version.
     settle: concat!(
         "UPDATE claims SET \
        state = COALESCE(?3, state), \
@@ -99,15 +100,25 @@ pub(super) const STATEMENTS: Statements = Statements {
        pending_utc = CASE WHEN ?3 = 'pending' THEN COALESCE(pending_utc, ",
         now_ms!(),
         ") ELSE pending_utc END, \
-       updated_utc = ",
+       version = version + 1, updated_utc = ",
         now_ms!(),
-        " WHERE id = ?1 AND attempt = ?2 AND state = ?11 RETURNING id, attempt"
+        " WHERE id = ?1 AND attempt = ?2 AND state = ?11 AND (?12 IS NULL OR version = ?12) \
+       RETURNING id, attempt"
     ),
     insert_event: concat!(
         "INSERT INTO claim_events (claim_id, attempt, at_utc, actor, action, outcome, \
      provider_status, detail) VALUES (?1, ?2, ",
         now_ms!(),
         ", ?3, ?4, ?5, ?6, ?7)"
+    ),
+    // A fenced write that lost, kept in the history with what the claim had become, read in
+    // the same statement (no state change, no fence).
+    insert_fenced_out_event: concat!(
+        "INSERT INTO claim_events (claim_id, attempt, at_utc, actor, action, outcome, \
+     provider_status, detail) SELECT id, ?2, ",
+        now_ms!(),
+        ", ?3, ?4, ?5, ?6, COALESCE(?7, '') || ' (claim was ' || state || '@v' || version \
+     || ', attempt ' || attempt || ')' FROM claims WHERE id = ?1"
     ),
     // The worker is about to make the first call of attempt 1: the claim's "not called yet"
     // marker goes (fenced: changes nothing unless the worker still holds the claim).
@@ -181,7 +192,8 @@ pub(super) const STATEMENTS: Statements = Statements {
        WHERE consumer = ?1 AND state = 'started' AND lease_until < MIN(?5, ",
         now_ms!(),
         ") ORDER BY lease_until LIMIT ?2) \
-       UPDATE claims SET attempt = attempt + 1, lease_owner = ?3, lease_until = ",
+       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, \
+       lease_until = ",
         now_ms!(),
         " + ?4, started_utc = ",
         now_ms!(),
@@ -220,10 +232,11 @@ pub(super) const STATEMENTS: Statements = Statements {
        processed_utc = CASE WHEN ?4 IN ('completed', 'failed') THEN COALESCE(processed_utc, ",
         now_ms!(),
         ") ELSE processed_utc END, \
-       lease_owner = NULL, lease_until = NULL, operator_resolved = 1, updated_utc = ",
+       lease_owner = NULL, lease_until = NULL, operator_resolved = 1, version = version + 1, \
+       updated_utc = ",
         now_ms!(),
         " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?5, ?6) \
-       AND (?7 IS NULL OR attempt = ?7) RETURNING ",
+       AND (?7 IS NULL OR attempt = ?7) AND (?8 IS NULL OR version = ?8) RETURNING ",
         claim_cols!()
     ),
     redrive: concat!(
@@ -231,10 +244,10 @@ pub(super) const STATEMENTS: Statements = Statements {
        lease_until = ",
         now_ms!(),
         " - 1, handoff = 'operator_redrive', handoff_attempt = attempt + 1, processed_utc = NULL, \
-       operator_resolved = 0, updated_utc = ",
+       operator_resolved = 0, version = version + 1, updated_utc = ",
         now_ms!(),
         " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?4, ?5) \
-       AND (?6 IS NULL OR attempt = ?6) RETURNING ",
+       AND (?6 IS NULL OR attempt = ?6) AND (?7 IS NULL OR version = ?7) RETURNING ",
         claim_cols!()
     ),
     count_open: concat!(
