@@ -329,3 +329,65 @@ async fn the_sweeper_keeps_firing_while_the_worker_is_busy() {
     );
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// An API action that names the version it read acts only on that version: after the
+/// provider's events moved the claim away and back (same state, same attempt) it is answered
+/// `409` "the claim changed since you read it", and with the version read again it goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_action_on_a_version_read_before_the_claim_moved_is_refused() {
+    let (_store, _sandbox, running) = payments_worker("admin_token = \"secret-admin-token\"").await;
+    let base = format!("http://{}", running.http_addr);
+    let s = running.app().store.clone();
+    parked_claim(&s, "payments", "api-aba", "outcome unknown (timeout)").await;
+    let read = s.get("payments", "", "api-aba").await.unwrap().unwrap();
+    let shown: serde_json::Value = serde_json::to_value(&read).unwrap();
+    let seen = shown["version"].as_i64().expect("claims show their version");
+
+    let events = claimd::internal::settle::Settler::new(
+        s.clone(),
+        "event".into(),
+        std::sync::Arc::new(claimd::internal::metrics::Metrics::new()),
+    );
+    for (from, to) in [
+        (ClaimState::NeedsAttention, ClaimState::Pending),
+        (ClaimState::Pending, ClaimState::NeedsAttention),
+    ] {
+        let now = s.get("payments", "", "api-aba").await.unwrap().unwrap();
+        let moved = Settlement {
+            state: Some(to),
+            error: Some("requires_action".into()),
+            ..Default::default()
+        };
+        assert!(
+            events
+                .settle_from(&now, from, moved, "event", to.as_str())
+                .await
+                .unwrap()
+        );
+    }
+    let resolve = |version: i64| {
+        client()
+            .post(format!("{base}/v1/claims/payments/api-aba/resolve"))
+            .bearer_auth("secret-admin-token")
+            .json(&serde_json::json!({
+                "to": "completed", "note": "paid", "actor": "ops", "version": version
+            }))
+            .send()
+    };
+    let r = resolve(seen).await.unwrap();
+    assert_eq!(r.status().as_u16(), 409);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains(&format!("the claim changed since you read it (version {seen}, now "))
+            && body.contains("reload"),
+        "{body}"
+    );
+    let now = s.get("payments", "", "api-aba").await.unwrap().unwrap();
+    assert_eq!(now.state, ClaimState::NeedsAttention);
+    let again = serde_json::to_value(&now).unwrap()["version"].as_i64().unwrap();
+    let r = resolve(again).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let done = s.get("payments", "", "api-aba").await.unwrap().unwrap();
+    assert_eq!(done.state, ClaimState::Completed);
+    running.shutdown(Duration::from_secs(2)).await;
+}
