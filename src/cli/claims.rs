@@ -133,6 +133,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                 ("idempotency key", claim.idem_key.clone()),
                 ("state", claim.state.to_string()),
                 ("attempt", claim.attempt.to_string()),
+                ("version", claim.version.to_string()),
                 (
                     "lease",
                     format!(

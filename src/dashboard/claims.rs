@@ -226,6 +226,7 @@ pub fn render_claim(
             c.provider_id.clone().unwrap_or_else(|| "-".into()),
         ),
         ("attempt", c.attempt.to_string()),
+        ("version", c.version.to_string()),
         ("lease", lease),
         (
             "received",
