@@ -341,7 +341,9 @@ async fn an_api_action_on_a_version_read_before_the_claim_moved_is_refused() {
     parked_claim(&s, "payments", "api-aba", "outcome unknown (timeout)").await;
     let read = s.get("payments", "", "api-aba").await.unwrap().unwrap();
     let shown: serde_json::Value = serde_json::to_value(&read).unwrap();
-    let seen = shown["version"].as_i64().expect("claims show their version");
+    let seen = shown["version"]
+        .as_i64()
+        .expect("claims show their version");
 
     let events = claimd::internal::settle::Settler::new(
         s.clone(),
@@ -378,13 +380,16 @@ async fn an_api_action_on_a_version_read_before_the_claim_moved_is_refused() {
     assert_eq!(r.status().as_u16(), 409);
     let body = r.text().await.unwrap();
     assert!(
-        body.contains(&format!("the claim changed since you read it (version {seen}, now "))
-            && body.contains("reload"),
+        body.contains(&format!(
+            "the claim changed since you read it (version {seen}, now "
+        )) && body.contains("reload"),
         "{body}"
     );
     let now = s.get("payments", "", "api-aba").await.unwrap().unwrap();
     assert_eq!(now.state, ClaimState::NeedsAttention);
-    let again = serde_json::to_value(&now).unwrap()["version"].as_i64().unwrap();
+    let again = serde_json::to_value(&now).unwrap()["version"]
+        .as_i64()
+        .unwrap();
     let r = resolve(again).await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let done = s.get("payments", "", "api-aba").await.unwrap().unwrap();
