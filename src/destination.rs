@@ -1,14 +1,18 @@
 //! A destination's health and pace: every provider call and status lookup of a consumer passes
-//! through its [`Destination`], which holds one circuit breaker and one rate limit for it.
+//! through its [`Destination`], which holds two circuit breakers (one for calls, one for status
+//! lookups) and one rate limit for it.
 //!
-//! - **Breaker.** Calls that fail without a decision (connection refused, timeouts, `5xx`,
+//! - **Breakers.** Calls and lookups are usually served by different endpoints (a create
+//!   endpoint, a search), and a slow or failing status endpoint must not stop new calls to a
+//!   healthy create endpoint, nor the reverse: each [`Kind`] has its own breaker. Calls that fail without a decision (connection refused, timeouts, `5xx`,
 //!   the configured not-applied statuses other than `429`) are counted; after
 //!   [`FAILURES_TO_OPEN`] in a row the destination is *open*: nothing is sent, and claims wait
 //!   (handed back to the sweeper with a lease that ends at the next probe), spending no
 //!   attempt. At the probe time one call or lookup goes through (*probing*); its answer closes
 //!   the breaker, or opens it again for twice as long (up to [`MAX_OPEN`]). After a close the
 //!   pace starts low and doubles every second (slow start), so a backlog never stampedes.
-//! - **Rate.** `effect.rate_limit` is a ceiling, in requests per second per instance; each
+//!   The slow start after an outage follows the calls' breaker only.
+//! - **Rate.** Shared by calls and lookups (one provider account). `effect.rate_limit` is a ceiling, in requests per second per instance; each
 //!   request reserves the next free moment (requests spaced evenly, no burst). A `429`, or a
 //!   `Retry-After` on any answer, pauses the whole destination until then and halves the pace
 //!   (at most once a second); every second without one adds 5 % back (additive increase), up to
@@ -171,6 +175,15 @@ pub struct Held {
     pub by: HeldBy,
 }
 
+/// What a request is, for the breaker it passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A call, which may apply the effect.
+    Call,
+    /// A status lookup, which only reads it.
+    Lookup,
+}
+
 /// Leave to send one request, at `at`. Hand it back with [`Destination::record`].
 #[derive(Debug)]
 #[must_use = "record the answer with Destination::record"]
@@ -178,6 +191,7 @@ pub struct Pass {
     /// When the request may go (now, or a reserved moment soon).
     pub at: Instant,
     probe: bool,
+    kind: Kind,
 }
 
 /// A snapshot for `/metrics`, `report` and the page.
@@ -200,8 +214,9 @@ enum Breaker {
     Probing { since: Instant },
 }
 
+/// One breaker and what it counts.
 #[derive(Debug)]
-struct Inner {
+struct Health {
     breaker: Breaker,
     failures: u32,
     /// The last answers, `true` for a failure (at most [`RECENT`]).
@@ -209,6 +224,26 @@ struct Inner {
     /// When the breaker last opened from closed, and the pace it had then.
     opened: Option<(Instant, Option<f64>, Option<f64>)>,
     open_for: Duration,
+}
+
+impl Health {
+    fn new() -> Self {
+        Health {
+            breaker: Breaker::Closed,
+            failures: 0,
+            recent_verdicts: VecDeque::with_capacity(RECENT),
+            opened: None,
+            open_for: MIN_OPEN,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The calls' breaker.
+    calls: Health,
+    /// The status lookups' breaker.
+    lookups: Health,
     /// The adaptive pace (requests per second); `None`: none (only the ceiling applies).
     pace: Option<f64>,
     /// Below it the pace doubles each second (slow start), above it grows by 5 %.
@@ -237,11 +272,8 @@ impl Destination {
         Destination {
             ceiling: ceiling.filter(|r| *r > 0.0),
             inner: Mutex::new(Inner {
-                breaker: Breaker::Closed,
-                failures: 0,
-                recent_verdicts: VecDeque::with_capacity(RECENT),
-                opened: None,
-                open_for: MIN_OPEN,
+                calls: Health::new(),
+                lookups: Health::new(),
                 pace: None,
                 threshold: None,
                 next_free: now,
@@ -265,9 +297,14 @@ impl Destination {
         }
     }
 
-    /// Asks to send one request no later than `latest`: a [`Pass`] (sleep until its `at`,
-    /// then send), or why not and until when. Never waits itself.
+    /// Asks to send one call no later than `latest`: a [`Pass`] (sleep until its `at`, then
+    /// send), or why not and until when. Never waits itself.
     pub fn reserve(&self, latest: Instant) -> Result<Pass, Held> {
+        self.reserve_as(Kind::Call, latest)
+    }
+
+    /// [`Destination::reserve`] for a request of `kind`, which passes that kind's breaker.
+    pub fn reserve_as(&self, kind: Kind, latest: Instant) -> Result<Pass, Held> {
         let now = Instant::now();
         let mut inner = self.lock();
         grow(&mut inner, self.ceiling, now);
@@ -277,7 +314,11 @@ impl Destination {
             None => start,
         };
         let mut probe = false;
-        match inner.breaker {
+        let health = match kind {
+            Kind::Call => &mut inner.calls,
+            Kind::Lookup => &mut inner.lookups,
+        };
+        match health.breaker {
             Breaker::Closed => {}
             Breaker::Open { until } if now < until => {
                 return Err(Held {
@@ -294,7 +335,7 @@ impl Destination {
             // Time for a probe (or the last one was lost): this request is it, if it can go
             // in time.
             Breaker::Open { .. } | Breaker::Probing { .. } if at <= latest => {
-                inner.breaker = Breaker::Probing { since: now };
+                health.breaker = Breaker::Probing { since: now };
                 probe = true;
             }
             Breaker::Open { .. } | Breaker::Probing { .. } => {}
@@ -318,14 +359,19 @@ impl Destination {
                 inner.recent.pop_front();
             }
         }
-        Ok(Pass { at, probe })
+        Ok(Pass { at, probe, kind })
     }
 
     /// [`Destination::reserve`], waiting in place while the wait ends by `latest` (a pace
     /// slot, a pause, a probe's answer); `Err` when it would end later.
     pub async fn admit(&self, latest: Instant) -> Result<Pass, Held> {
+        self.admit_as(Kind::Call, latest).await
+    }
+
+    /// [`Destination::admit`] for a request of `kind`.
+    pub async fn admit_as(&self, kind: Kind, latest: Instant) -> Result<Pass, Held> {
         loop {
-            match self.reserve(latest) {
+            match self.reserve_as(kind, latest) {
                 Ok(pass) => {
                     // Only a reserved moment in the future is slept to: a timer set for "now"
                     // still waits for the timer driver's next tick (up to a millisecond, and a
@@ -355,11 +401,16 @@ impl Destination {
                 }
             }
         };
+        let inner = &mut *inner;
+        let health = match pass.kind {
+            Kind::Call => &mut inner.calls,
+            Kind::Lookup => &mut inner.lookups,
+        };
         if !matches!(verdict, Verdict::Neutral) {
-            if inner.recent_verdicts.len() == RECENT {
-                inner.recent_verdicts.pop_front();
+            if health.recent_verdicts.len() == RECENT {
+                health.recent_verdicts.pop_front();
             }
-            inner
+            health
                 .recent_verdicts
                 .push_back(matches!(verdict, Verdict::Failed { .. }));
         }
@@ -367,15 +418,20 @@ impl Destination {
             Verdict::Neutral => {
                 if pass.probe {
                     // Nothing was learnt: let the next request probe.
-                    inner.breaker = Breaker::Open { until: now };
+                    health.breaker = Breaker::Open { until: now };
                 }
             }
             Verdict::Answered => {
-                inner.failures = 0;
-                if pass.probe || !matches!(inner.breaker, Breaker::Closed) {
-                    inner.breaker = Breaker::Closed;
-                    inner.open_for = MIN_OPEN;
-                    match inner.opened.take() {
+                health.failures = 0;
+                if pass.probe || !matches!(health.breaker, Breaker::Closed) {
+                    health.breaker = Breaker::Closed;
+                    health.open_for = MIN_OPEN;
+                    let opened = health.opened.take();
+                    if pass.kind == Kind::Lookup {
+                        // Lookups recovering say nothing of the pace calls may take.
+                        return;
+                    }
+                    match opened {
                         // A blip: go on at the pace it had.
                         Some((at, pace, threshold)) if now < at + BLIP => {
                             inner.pace = pace;
@@ -393,13 +449,13 @@ impl Destination {
                 }
             }
             Verdict::RateLimited { retry_after } => {
-                inner.failures = 0;
+                health.failures = 0;
                 if pass.probe {
-                    inner.breaker = Breaker::Closed;
-                    inner.open_for = MIN_OPEN;
+                    health.breaker = Breaker::Closed;
+                    health.open_for = MIN_OPEN;
                 }
                 pause(
-                    &mut inner,
+                    &mut *inner,
                     Some(retry_after.unwrap_or(Duration::from_secs(1))),
                 );
                 if inner
@@ -420,39 +476,39 @@ impl Destination {
                 }
             }
             Verdict::Failed { retry_after } => {
-                pause(&mut inner, retry_after);
-                inner.failures = inner.failures.saturating_add(1);
+                health.failures = health.failures.saturating_add(1);
                 if pass.probe {
-                    inner.open_for = (inner.open_for * 2).min(MAX_OPEN);
-                    let until = now + inner.open_for.max(retry_after.unwrap_or_default());
-                    inner.breaker = Breaker::Open { until };
-                } else if matches!(inner.breaker, Breaker::Closed)
-                    && inner.failures >= FAILURES_TO_OPEN
-                    && inner.recent_verdicts.iter().filter(|f| **f).count() >= FAILED_OF_RECENT
+                    health.open_for = (health.open_for * 2).min(MAX_OPEN);
+                    let until = now + health.open_for.max(retry_after.unwrap_or_default());
+                    health.breaker = Breaker::Open { until };
+                } else if matches!(health.breaker, Breaker::Closed)
+                    && health.failures >= FAILURES_TO_OPEN
+                    && health.recent_verdicts.iter().filter(|f| **f).count() >= FAILED_OF_RECENT
                 {
-                    let until = now + inner.open_for.max(retry_after.unwrap_or_default());
-                    inner.breaker = Breaker::Open { until };
-                    inner.opened = Some((now, inner.pace, inner.threshold));
+                    let until = now + health.open_for.max(retry_after.unwrap_or_default());
+                    health.breaker = Breaker::Open { until };
+                    health.opened = Some((now, inner.pace, inner.threshold));
                 }
+                pause(&mut *inner, retry_after);
             }
         }
     }
 
-    /// When the breaker is open and not yet due a probe: until when. The sweeper takes no
-    /// claim for a destination before then.
+    /// When the calls' breaker is open and not yet due a probe: until when. The sweeper takes
+    /// no claim for a destination before then.
     pub fn open_until(&self) -> Option<Instant> {
-        match self.lock().breaker {
+        match self.lock().calls.breaker {
             Breaker::Open { until } if Instant::now() < until => Some(until),
             _ => None,
         }
     }
 
-    /// A snapshot for metrics, report and the page.
+    /// A snapshot for metrics, report and the page: the calls' breaker, and the pace.
     pub fn status(&self) -> DestinationStatus {
         let now = Instant::now();
         let mut inner = self.lock();
         grow(&mut inner, self.ceiling, now);
-        let (state, open_until) = match inner.breaker {
+        let (state, open_until) = match inner.calls.breaker {
             Breaker::Closed => (BreakerState::Closed, None),
             Breaker::Open { until } => (BreakerState::Open, Some(until)),
             Breaker::Probing { .. } => (BreakerState::Probing, None),
@@ -466,7 +522,16 @@ impl Destination {
             state,
             rate: self.rate(&inner),
             resumes_in: resumes.map(|t| t - now),
-            failures: inner.failures,
+            failures: inner.calls.failures,
+        }
+    }
+
+    /// The status lookups' breaker.
+    pub fn lookup_state(&self) -> BreakerState {
+        match self.lock().lookups.breaker {
+            Breaker::Closed => BreakerState::Closed,
+            Breaker::Open { .. } => BreakerState::Open,
+            Breaker::Probing { .. } => BreakerState::Probing,
         }
     }
 }
@@ -474,7 +539,7 @@ impl Destination {
 /// The pace grows with each second without a `429` or an outage: doubling below the threshold
 /// (slow start), 5 % above it; lifted altogether past the ceiling (or a very high pace).
 fn grow(inner: &mut Inner, ceiling: Option<f64>, now: Instant) {
-    if !matches!(inner.breaker, Breaker::Closed) {
+    if !matches!(inner.calls.breaker, Breaker::Closed) {
         return;
     }
     let Some(mut pace) = inner.pace else {
@@ -544,6 +609,30 @@ mod tests {
         d.record(probe, Verdict::Answered);
         assert_eq!(d.status().state, BreakerState::Closed);
         assert_eq!(d.status().rate, Some(SLOW_START));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_status_endpoint_never_holds_calls_back() {
+        let d = Destination::new(None);
+        for _ in 0..FAILED_OF_RECENT {
+            let p = d.reserve_as(Kind::Lookup, far()).unwrap();
+            d.record(p, down());
+        }
+        assert_eq!(d.lookup_state(), BreakerState::Open);
+        let held = d.reserve_as(Kind::Lookup, far()).unwrap_err();
+        assert_eq!(held.by, HeldBy::Open);
+        // Calls go, at full pace, and the sweeper is not kept away.
+        assert_eq!(d.status().state, BreakerState::Closed);
+        assert_eq!(d.open_until(), None);
+        let call = d.reserve(far()).unwrap();
+        assert_eq!(call.at, Instant::now());
+        d.record(call, Verdict::Answered);
+        // A lookup answered after its outage leaves the calls' pace alone.
+        tokio::time::advance(MIN_OPEN).await;
+        let probe = d.reserve_as(Kind::Lookup, far()).unwrap();
+        d.record(probe, Verdict::Answered);
+        assert_eq!(d.lookup_state(), BreakerState::Closed);
+        assert_eq!(d.status().rate, None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,7 +8,7 @@ use super::http_template::{
     parse_payload,
 };
 use super::{
-    Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status_with,
+    Effect, Lookup, MAX_READ_BYTES, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status_with,
     parse_retry_after,
 };
 use crate::claim::Claim;
@@ -182,6 +182,23 @@ impl RequestShape {
         if let Some(l) = &config.ledger {
             l.check()?;
         }
+        if let Some(proof) = &config.non_receipt_status {
+            let retried = config
+                .not_applied_status
+                .as_deref()
+                .unwrap_or(&crate::effect::NOT_APPLIED_WITH_KEYS);
+            // Proof of non-receipt must also be an answer retried with the same key: a status
+            // outside `not_applied_status` is an unknown outcome or a rejection, never "not
+            // received".
+            if let Some(s) = proof.iter().find(|s| !retried.contains(s)) {
+                return Err((
+                    "non_receipt_status",
+                    format!(
+                        "{s} is not in effect.not_applied_status ({retried:?}): only an answer retried with the same key can prove the provider never received the call"
+                    ),
+                ));
+            }
+        }
         Ok(shape)
     }
 
@@ -293,8 +310,10 @@ pub struct HttpEffect {
     headers: HeaderMap,
     status: StatusCheck,
     not_found_after: Duration,
-    /// `effect.not_applied_status`: the statuses that prove nothing was applied.
+    /// `effect.not_applied_status`: the statuses retried later with the same key.
     not_applied: Box<[u16]>,
+    /// `effect.non_receipt_status`: of those, the ones that prove the call never arrived.
+    non_receipt: Box<[u16]>,
     /// `[effect.outcome]`: the outcome by the value in the answer.
     outcomes: Option<Box<ValueOutcomes>>,
 }
@@ -339,6 +358,11 @@ impl HttpEffect {
                 .not_applied_status
                 .clone()
                 .unwrap_or_else(|| crate::effect::NOT_APPLIED_WITH_KEYS.to_vec())
+                .into(),
+            non_receipt: config
+                .non_receipt_status
+                .clone()
+                .unwrap_or_else(|| crate::effect::NON_RECEIPT_STATUS.to_vec())
                 .into(),
             client,
             shape,
@@ -391,8 +415,32 @@ impl HttpEffect {
             },
             Ok(r) => {
                 let status = r.status().as_u16();
-                let body = r.bytes().await.unwrap_or_default();
-                read_answer(&self.status, status, &body)
+                let reads_body = !self.status.found_pointer.is_empty()
+                    || !self.status.id_pointer.is_empty()
+                    || self.outcomes.is_some();
+                let body = match read_bounded(r).await {
+                    Ok(Read::Whole(body)) => body,
+                    // Read only to decide by its content: too long to read is no answer.
+                    Ok(Read::TooLong(_)) if reads_body && (200..300).contains(&status) => {
+                        return Lookup::Unknown {
+                            error: format!(
+                                "status endpoint answered {status} with an answer longer than {} KiB, not read: no decision",
+                                MAX_READ_BYTES / 1024
+                            ),
+                        };
+                    }
+                    Ok(Read::TooLong(start)) => start,
+                    Err(_) => Bytes::new(),
+                };
+                let mut answer = read_answer(&self.status, status, &body);
+                // The whole answer goes on only when it is read by value (then it is cut for
+                // storage when settled); otherwise what is kept is what is stored.
+                if let Lookup::Found { response, .. } = &mut answer
+                    && self.outcomes.is_none()
+                {
+                    *response = truncate(response, MAX_RESPONSE_BYTES);
+                }
+                answer
             }
         }
     }
@@ -436,8 +484,33 @@ impl HttpEffect {
     }
 }
 
-/// What the provider's answer comes to: its status classified, up to 4 KiB of its body kept.
-async fn outcome_of(response: reqwest::Response, not_applied: &[u16]) -> Outcome {
+/// An answer's body, read up to [`MAX_READ_BYTES`].
+enum Read {
+    /// All of it.
+    Whole(Bytes),
+    /// It is longer: its first [`MAX_READ_BYTES`].
+    TooLong(Bytes),
+}
+
+/// Reads an answer's body, at most [`MAX_READ_BYTES`] of it (a provider's object with its
+/// expansions is easily more than what is stored, and must be read whole to be read by value;
+/// a body without end must not take the worker's memory).
+async fn read_bounded(mut response: reqwest::Response) -> reqwest::Result<Read> {
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > MAX_READ_BYTES {
+            let room = MAX_READ_BYTES - body.len();
+            body.extend_from_slice(&chunk[..room]);
+            return Ok(Read::TooLong(body.freeze()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Read::Whole(body.freeze()))
+}
+
+/// What the provider's answer comes to: its status classified, its body kept whole (up to
+/// [`MAX_READ_BYTES`]) when `by_value` reads a `2xx` by its content, else up to 4 KiB.
+async fn outcome_of(response: reqwest::Response, not_applied: &[u16], by_value: bool) -> Outcome {
     let status = response.status().as_u16();
     let retry_after = parse_retry_after(
         response
@@ -445,12 +518,28 @@ async fn outcome_of(response: reqwest::Response, not_applied: &[u16]) -> Outcome
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok()),
     );
-    let body = match response.bytes().await {
-        Ok(b) => truncate(&String::from_utf8_lossy(&b), MAX_RESPONSE_BYTES),
+    let class = classify_status_with(status, not_applied);
+    let status_i = i32::from(status);
+    let whole = by_value && class == StatusClass::Applied;
+    let body = match read_bounded(response).await {
+        Ok(Read::Whole(b)) if whole => String::from_utf8_lossy(&b).into_owned(),
+        Ok(Read::TooLong(_)) if whole => {
+            // The effect happened or not by what the answer says, and it cannot be read
+            // whole: no decision (the sweeper asks the status endpoint or a person).
+            return Outcome::Unknown {
+                status: Some(status_i),
+                error: format!(
+                    "provider answered {status} with an answer longer than {} KiB, not read: the outcome is unknown",
+                    MAX_READ_BYTES / 1024
+                ),
+            };
+        }
+        Ok(Read::Whole(b) | Read::TooLong(b)) => {
+            truncate(&String::from_utf8_lossy(&b), MAX_RESPONSE_BYTES)
+        }
         Err(e) => format!("(answer unreadable: {})", describe(&e)),
     };
-    let status_i = i32::from(status);
-    match classify_status_with(status, not_applied) {
+    match class {
         StatusClass::Applied => Outcome::Applied {
             status: status_i,
             response: body,
@@ -550,7 +639,12 @@ impl Effect for HttpEffect {
                 };
             }
         };
-        Box::pin(outcome_of(response, &self.not_applied)).await
+        Box::pin(outcome_of(
+            response,
+            &self.not_applied,
+            self.outcomes.is_some(),
+        ))
+        .await
     }
 
     async fn lookup(&self, claim: &Claim) -> Option<Lookup> {
@@ -563,6 +657,12 @@ impl Effect for HttpEffect {
 
     fn can_reconcile(&self) -> bool {
         self.shape.status_url.is_some()
+    }
+
+    fn proves_non_receipt(&self, status: Option<i32>) -> bool {
+        // No answer here means no connection, or an HTTP/2 stream the provider refused
+        // (`perform` makes any other transport error unknown).
+        status.is_none_or(|s| u16::try_from(s).is_ok_and(|s| self.non_receipt.contains(&s)))
     }
 
     fn not_found_after(&self) -> Duration {
