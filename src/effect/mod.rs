@@ -3,6 +3,7 @@
 
 pub mod by_value;
 pub mod http;
+mod http_answer;
 pub mod http_status;
 pub mod http_template;
 pub mod smtp;
