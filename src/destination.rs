@@ -1,14 +1,18 @@
 //! A destination's health and pace: every provider call and status lookup of a consumer passes
-//! through its [`Destination`], which holds one circuit breaker and one rate limit for it.
+//! through its [`Destination`], which holds two circuit breakers (one for calls, one for status
+//! lookups) and one rate limit for it.
 //!
-//! - **Breaker.** Calls that fail without a decision (connection refused, timeouts, `5xx`,
+//! - **Breakers.** Calls and lookups are usually served by different endpoints (a create
+//!   endpoint, a search), and a slow or failing status endpoint must not stop new calls to a
+//!   healthy create endpoint, nor the reverse: each [`Kind`] has its own breaker. Calls that fail without a decision (connection refused, timeouts, `5xx`,
 //!   the configured not-applied statuses other than `429`) are counted; after
 //!   [`FAILURES_TO_OPEN`] in a row the destination is *open*: nothing is sent, and claims wait
 //!   (handed back to the sweeper with a lease that ends at the next probe), spending no
 //!   attempt. At the probe time one call or lookup goes through (*probing*); its answer closes
 //!   the breaker, or opens it again for twice as long (up to [`MAX_OPEN`]). After a close the
 //!   pace starts low and doubles every second (slow start), so a backlog never stampedes.
-//! - **Rate.** `effect.rate_limit` is a ceiling, in requests per second per instance; each
+//!   The slow start after an outage follows the calls' breaker only.
+//! - **Rate.** Shared by calls and lookups (one provider account). `effect.rate_limit` is a ceiling, in requests per second per instance; each
 //!   request reserves the next free moment (requests spaced evenly, no burst). A `429`, or a
 //!   `Retry-After` on any answer, pauses the whole destination until then and halves the pace
 //!   (at most once a second); every second without one adds 5 % back (additive increase), up to
@@ -171,6 +175,15 @@ pub struct Held {
     pub by: HeldBy,
 }
 
+/// What a request is, for the breaker it passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A call, which may apply the effect.
+    Call,
+    /// A status lookup, which only reads it.
+    Lookup,
+}
+
 /// Leave to send one request, at `at`. Hand it back with [`Destination::record`].
 #[derive(Debug)]
 #[must_use = "record the answer with Destination::record"]
@@ -178,6 +191,7 @@ pub struct Pass {
     /// When the request may go (now, or a reserved moment soon).
     pub at: Instant,
     probe: bool,
+    kind: Kind,
 }
 
 /// A snapshot for `/metrics`, `report` and the page.
@@ -200,8 +214,9 @@ enum Breaker {
     Probing { since: Instant },
 }
 
+/// One breaker and what it counts.
 #[derive(Debug)]
-struct Inner {
+struct Health {
     breaker: Breaker,
     failures: u32,
     /// The last answers, `true` for a failure (at most [`RECENT`]).
@@ -209,6 +224,26 @@ struct Inner {
     /// When the breaker last opened from closed, and the pace it had then.
     opened: Option<(Instant, Option<f64>, Option<f64>)>,
     open_for: Duration,
+}
+
+impl Health {
+    fn new() -> Self {
+        Health {
+            breaker: Breaker::Closed,
+            failures: 0,
+            recent_verdicts: VecDeque::with_capacity(RECENT),
+            opened: None,
+            open_for: MIN_OPEN,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The calls' breaker.
+    calls: Health,
+    /// The status lookups' breaker.
+    lookups: Health,
     /// The adaptive pace (requests per second); `None`: none (only the ceiling applies).
     pace: Option<f64>,
     /// Below it the pace doubles each second (slow start), above it grows by 5 %.
@@ -237,11 +272,8 @@ impl Destination {
         Destination {
             ceiling: ceiling.filter(|r| *r > 0.0),
             inner: Mutex::new(Inner {
-                breaker: Breaker::Closed,
-                failures: 0,
-                recent_verdicts: VecDeque::with_capacity(RECENT),
-                opened: None,
-                open_for: MIN_OPEN,
+                calls: Health::new(),
+                lookups: Health::new(),
                 pace: None,
                 threshold: None,
                 next_free: now,
@@ -265,9 +297,14 @@ impl Destination {
         }
     }
 
-    /// Asks to send one request no later than `latest`: a [`Pass`] (sleep until its `at`,
-    /// then send), or why not and until when. Never waits itself.
+    /// Asks to send one call no later than `latest`: a [`Pass`] (sleep until its `at`, then
+    /// send), or why not and until when. Never waits itself.
     pub fn reserve(&self, latest: Instant) -> Result<Pass, Held> {
+        self.reserve_as(Kind::Call, latest)
+    }
+
+    /// [`Destination::reserve`] for a request of `kind`, which passes that kind's breaker.
+    pub fn reserve_as(&self, kind: Kind, latest: Instant) -> Result<Pass, Held> {
         let now = Instant::now();
         let mut inner = self.lock();
         grow(&mut inner, self.ceiling, now);
@@ -277,7 +314,11 @@ impl Destination {
             None => start,
         };
         let mut probe = false;
-        match inner.breaker {
+        let health = match kind {
+            Kind::Call => &mut inner.calls,
+            Kind::Lookup => &mut inner.lookups,
+        };
+        match health.breaker {
             Breaker::Closed => {}
             Breaker::Open { until } if now < until => {
                 return Err(Held {
@@ -294,7 +335,7 @@ impl Destination {
             // Time for a probe (or the last one was lost): this request is it, if it can go
             // in time.
             Breaker::Open { .. } | Breaker::Probing { .. } if at <= latest => {
-                inner.breaker = Breaker::Probing { since: now };
+                health.breaker = Breaker::Probing { since: now };
                 probe = true;
             }
             Breaker::Open { .. } | Breaker::Probing { .. } => {}
@@ -318,14 +359,19 @@ impl Destination {
                 inner.recent.pop_front();
             }
         }
-        Ok(Pass { at, probe })
+        Ok(Pass { at, probe, kind })
     }
 
     /// [`Destination::reserve`], waiting in place while the wait ends by `latest` (a pace
     /// slot, a pause, a probe's answer); `Err` when it would end later.
     pub async fn admit(&self, latest: Instant) -> Result<Pass, Held> {
+        self.admit_as(Kind::Call, latest).await
+    }
+
+    /// [`Destination::admit`] for a request of `kind`.
+    pub async fn admit_as(&self, kind: Kind, latest: Instant) -> Result<Pass, Held> {
         loop {
-            match self.reserve(latest) {
+            match self.reserve_as(kind, latest) {
                 Ok(pass) => {
                     // Only a reserved moment in the future is slept to: a timer set for "now"
                     // still waits for the timer driver's next tick (up to a millisecond, and a
@@ -355,11 +401,16 @@ impl Destination {
                 }
             }
         };
+        let inner = &mut *inner;
+        let health = match pass.kind {
+            Kind::Call => &mut inner.calls,
+            Kind::Lookup => &mut inner.lookups,
+        };
         if !matches!(verdict, Verdict::Neutral) {
-            if inner.recent_verdicts.len() == RECENT {
-                inner.recent_verdicts.pop_front();
+            if health.recent_verdicts.len() == RECENT {
+                health.recent_verdicts.pop_front();
             }
-            inner
+            health
                 .recent_verdicts
                 .push_back(matches!(verdict, Verdict::Failed { .. }));
         }
@@ -367,15 +418,20 @@ impl Destination {
             Verdict::Neutral => {
                 if pass.probe {
                     // Nothing was learnt: let the next request probe.
-                    inner.breaker = Breaker::Open { until: now };
+                    health.breaker = Breaker::Open { until: now };
                 }
             }
             Verdict::Answered => {
-                inner.failures = 0;
-                if pass.probe || !matches!(inner.breaker, Breaker::Closed) {
-                    inner.breaker = Breaker::Closed;
-                    inner.open_for = MIN_OPEN;
-                    match inner.opened.take() {
+                health.failures = 0;
+                if pass.probe || !matches!(health.breaker, Breaker::Closed) {
+                    health.breaker = Breaker::Closed;
+                    health.open_for = MIN_OPEN;
+                    let opened = health.opened.take();
+                    if pass.kind == Kind::Lookup {
+                        // Lookups recovering say nothing of the pace calls may take.
+                        return;
+                    }
+                    match opened {
                         // A blip: go on at the pace it had.
                         Some((at, pace, threshold)) if now < at + BLIP => {
                             inner.pace = pace;
@@ -393,20 +449,20 @@ impl Destination {
                 }
             }
             Verdict::RateLimited { retry_after } => {
-                inner.failures = 0;
+                health.failures = 0;
                 if pass.probe {
-                    inner.breaker = Breaker::Closed;
-                    inner.open_for = MIN_OPEN;
+                    health.breaker = Breaker::Closed;
+                    health.open_for = MIN_OPEN;
                 }
                 pause(
-                    &mut inner,
+                    &mut *inner,
                     Some(retry_after.unwrap_or(Duration::from_secs(1))),
                 );
                 if inner
                     .last_decrease
                     .is_none_or(|t| now >= t + Duration::from_secs(1))
                 {
-                    let current = self.rate(&inner).unwrap_or_else(|| {
+                    let current = self.rate(inner).unwrap_or_else(|| {
                         // No pace yet: what was sent over the last second.
                         let cutoff = now.checked_sub(Duration::from_secs(1)).unwrap_or(now);
                         inner.recent.iter().filter(|t| **t >= cutoff).count() as f64
@@ -420,39 +476,39 @@ impl Destination {
                 }
             }
             Verdict::Failed { retry_after } => {
-                pause(&mut inner, retry_after);
-                inner.failures = inner.failures.saturating_add(1);
+                health.failures = health.failures.saturating_add(1);
                 if pass.probe {
-                    inner.open_for = (inner.open_for * 2).min(MAX_OPEN);
-                    let until = now + inner.open_for.max(retry_after.unwrap_or_default());
-                    inner.breaker = Breaker::Open { until };
-                } else if matches!(inner.breaker, Breaker::Closed)
-                    && inner.failures >= FAILURES_TO_OPEN
-                    && inner.recent_verdicts.iter().filter(|f| **f).count() >= FAILED_OF_RECENT
+                    health.open_for = (health.open_for * 2).min(MAX_OPEN);
+                    let until = now + health.open_for.max(retry_after.unwrap_or_default());
+                    health.breaker = Breaker::Open { until };
+                } else if matches!(health.breaker, Breaker::Closed)
+                    && health.failures >= FAILURES_TO_OPEN
+                    && health.recent_verdicts.iter().filter(|f| **f).count() >= FAILED_OF_RECENT
                 {
-                    let until = now + inner.open_for.max(retry_after.unwrap_or_default());
-                    inner.breaker = Breaker::Open { until };
-                    inner.opened = Some((now, inner.pace, inner.threshold));
+                    let until = now + health.open_for.max(retry_after.unwrap_or_default());
+                    health.breaker = Breaker::Open { until };
+                    health.opened = Some((now, inner.pace, inner.threshold));
                 }
+                pause(&mut *inner, retry_after);
             }
         }
     }
 
-    /// When the breaker is open and not yet due a probe: until when. The sweeper takes no
-    /// claim for a destination before then.
+    /// When the calls' breaker is open and not yet due a probe: until when. The sweeper takes
+    /// no claim for a destination before then.
     pub fn open_until(&self) -> Option<Instant> {
-        match self.lock().breaker {
+        match self.lock().calls.breaker {
             Breaker::Open { until } if Instant::now() < until => Some(until),
             _ => None,
         }
     }
 
-    /// A snapshot for metrics, report and the page.
+    /// A snapshot for metrics, report and the page: the calls' breaker, and the pace.
     pub fn status(&self) -> DestinationStatus {
         let now = Instant::now();
         let mut inner = self.lock();
         grow(&mut inner, self.ceiling, now);
-        let (state, open_until) = match inner.breaker {
+        let (state, open_until) = match inner.calls.breaker {
             Breaker::Closed => (BreakerState::Closed, None),
             Breaker::Open { until } => (BreakerState::Open, Some(until)),
             Breaker::Probing { .. } => (BreakerState::Probing, None),
@@ -466,7 +522,16 @@ impl Destination {
             state,
             rate: self.rate(&inner),
             resumes_in: resumes.map(|t| t - now),
-            failures: inner.failures,
+            failures: inner.calls.failures,
+        }
+    }
+
+    /// The status lookups' breaker.
+    pub fn lookup_state(&self) -> BreakerState {
+        match self.lock().lookups.breaker {
+            Breaker::Closed => BreakerState::Closed,
+            Breaker::Open { .. } => BreakerState::Open,
+            Breaker::Probing { .. } => BreakerState::Probing,
         }
     }
 }
@@ -474,7 +539,7 @@ impl Destination {
 /// The pace grows with each second without a `429` or an outage: doubling below the threshold
 /// (slow start), 5 % above it; lifted altogether past the ceiling (or a very high pace).
 fn grow(inner: &mut Inner, ceiling: Option<f64>, now: Instant) {
-    if !matches!(inner.breaker, Breaker::Closed) {
+    if !matches!(inner.calls.breaker, Breaker::Closed) {
         return;
     }
     let Some(mut pace) = inner.pace else {
@@ -497,193 +562,5 @@ fn grow(inner: &mut Inner, ceiling: Option<f64>, now: Instant) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn far() -> Instant {
-        Instant::now() + Duration::from_secs(3600)
-    }
-
-    fn down() -> Verdict {
-        Verdict::Failed { retry_after: None }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failing_destination_opens_and_probes_one_request_at_a_time() {
-        let d = Destination::new(None);
-        for _ in 0..FAILED_OF_RECENT {
-            let p = d.reserve(far()).unwrap();
-            d.record(p, down());
-        }
-        assert_eq!(d.status().state, BreakerState::Open);
-        let held = d.reserve(far()).unwrap_err();
-        assert_eq!(held.by, HeldBy::Open);
-        assert_eq!(held.until - Instant::now(), MIN_OPEN);
-        tokio::time::advance(MIN_OPEN).await;
-        let probe = d.reserve(far()).unwrap();
-        assert_eq!(d.reserve(far()).unwrap_err().by, HeldBy::Probing);
-        d.record(probe, down());
-        // Each failed probe doubles the wait, up to MAX_OPEN: at most one request a second.
-        let mut sent = 1;
-        let start = Instant::now();
-        while Instant::now() < start + Duration::from_secs(600) {
-            match d.reserve(far()) {
-                Ok(p) => {
-                    sent += 1;
-                    d.record(p, down());
-                }
-                Err(h) => tokio::time::sleep_until(h.until).await,
-            }
-        }
-        assert!(
-            sent <= 600 / MAX_OPEN.as_secs() + 5,
-            "{sent} requests in 600 s"
-        );
-        tokio::time::advance(MAX_OPEN).await;
-        let probe = d.reserve(far()).unwrap();
-        d.record(probe, Verdict::Answered);
-        assert_eq!(d.status().state, BreakerState::Closed);
-        assert_eq!(d.status().rate, Some(SLOW_START));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn after_an_outage_the_pace_starts_low_and_rises_to_the_ceiling() {
-        let d = Destination::new(Some(500.0));
-        for _ in 0..FAILED_OF_RECENT {
-            let p = d.reserve(far()).unwrap();
-            d.record(p, down());
-        }
-        // Down for 7 s: probes at 1 s and 3 s fail, the one at 7 s is answered.
-        for wait in [1, 2] {
-            tokio::time::advance(Duration::from_secs(wait)).await;
-            let probe = d.reserve(far()).unwrap();
-            d.record(probe, down());
-        }
-        tokio::time::advance(Duration::from_secs(4)).await;
-        let probe = d.reserve(far()).unwrap();
-        d.record(probe, Verdict::Answered);
-        assert_eq!(d.status().rate, Some(10.0));
-        tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(d.status().rate, Some(80.0));
-        tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(d.status().rate, Some(500.0), "capped by the ceiling");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_flaky_provider_stays_in_use_and_a_blip_resumes_at_full_pace() {
-        let d = Destination::new(None);
-        // Three calls in ten fail, five of them in a row once: not a provider that is down.
-        let pattern = [
-            true, true, true, true, true, false, false, false, false, false,
-        ];
-        for failed in pattern.iter().chain(pattern.iter()) {
-            let p = d.reserve(far()).unwrap();
-            d.record(p, if *failed { down() } else { Verdict::Answered });
-        }
-        assert_eq!(d.status().state, BreakerState::Closed);
-        // Down for a second, then back: the pace it had (none), no slow start.
-        let mut failed = 0;
-        while let Ok(p) = d.reserve(far()) {
-            d.record(p, down());
-            failed += 1;
-        }
-        assert!(failed <= RECENT, "{failed} failures to open");
-        assert_eq!(d.status().state, BreakerState::Open);
-        tokio::time::advance(MIN_OPEN).await;
-        let probe = d.reserve(far()).unwrap();
-        d.record(probe, Verdict::Answered);
-        assert_eq!(d.status().state, BreakerState::Closed);
-        assert_eq!(d.status().rate, None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_ceiling_spaces_requests_evenly() {
-        let d = Destination::new(Some(50.0));
-        let start = Instant::now();
-        let mut last = start;
-        for _ in 0..100 {
-            let p = d.admit(far()).await.unwrap();
-            last = p.at;
-            d.record(p, Verdict::Answered);
-        }
-        // 100 requests at 50/s: the last one two seconds (less one gap) after the first.
-        assert_eq!(last - start, Duration::from_millis(1980));
-        // A slot later than the caller can wait is refused, not reserved.
-        let soon = Instant::now() + Duration::from_millis(1);
-        let _ = d.reserve(far()).unwrap();
-        assert_eq!(d.reserve(soon).unwrap_err().by, HeldBy::Pace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_429_pauses_the_whole_destination_and_halves_the_pace() {
-        let d = Destination::new(None);
-        for _ in 0..200 {
-            let p = d.reserve(far()).unwrap();
-            d.record(p, Verdict::Answered);
-        }
-        let p = d.reserve(far()).unwrap();
-        d.record(
-            p,
-            Verdict::RateLimited {
-                retry_after: Some(Duration::from_secs(2)),
-            },
-        );
-        let s = d.status();
-        assert_eq!(
-            s.rate,
-            Some(100.5),
-            "half of 201 requests in the last second"
-        );
-        assert_eq!(s.resumes_in, Some(Duration::from_secs(2)));
-        // Everyone waits for the pause, then goes at the halved pace.
-        let p = d.admit(far()).await.unwrap();
-        assert!(p.at >= Instant::now() && Instant::now() - p.at < Duration::from_millis(1));
-        d.record(p, Verdict::Answered);
-        // The two seconds of pause grew the pace by 5 % each (additive increase).
-        let before = d.status().rate.unwrap();
-        assert!((before - 100.5 * 1.05 * 1.05).abs() < 0.01, "{before}");
-        // A burst of 429s from requests already in flight halves only once a second.
-        for _ in 0..10 {
-            let p = d.reserve(far()).unwrap();
-            d.record(p, Verdict::RateLimited { retry_after: None });
-        }
-        assert_eq!(d.status().rate, Some(before / 2.0));
-    }
-
-    #[test]
-    fn verdicts_follow_what_the_answer_proves() {
-        let refused = Outcome::NotApplied {
-            status: None,
-            retry_after: None,
-            error: "could not connect: Connection refused".into(),
-        };
-        assert_eq!(Verdict::of_outcome(&refused), down());
-        let unbuilt = Outcome::NotApplied {
-            status: None,
-            retry_after: None,
-            error: format!("{}: no field amount", crate::effect::NOT_BUILT),
-        };
-        assert_eq!(Verdict::of_outcome(&unbuilt), Verdict::Neutral);
-        let limited = Outcome::NotApplied {
-            status: Some(429),
-            retry_after: Some(Duration::from_secs(3)),
-            error: String::new(),
-        };
-        assert_eq!(
-            Verdict::of_outcome(&limited),
-            Verdict::RateLimited {
-                retry_after: Some(Duration::from_secs(3))
-            }
-        );
-        let timeout = Outcome::Unknown {
-            status: None,
-            error: "timed out".into(),
-        };
-        assert_eq!(Verdict::of_outcome(&timeout), down());
-        let rejected = Outcome::Rejected {
-            status: 400,
-            response: String::new(),
-        };
-        assert_eq!(Verdict::of_outcome(&rejected), Verdict::Answered);
-    }
-}
+#[path = "destination/tests.rs"]
+mod tests;

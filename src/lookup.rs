@@ -5,7 +5,7 @@
 use crate::claim::Claim;
 use crate::claimer::Claimer;
 use crate::consumer::Consumer;
-use crate::destination::Verdict;
+use crate::destination::{Kind, Verdict};
 use crate::effect::Lookup;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -47,7 +47,8 @@ impl Claimer {
     /// Asks the status endpoint, counting the answer and writing it to the claim's history
     /// (`lookup` lines: found with the provider's id, not found, unknown with why).
     ///
-    /// A lookup is a request to the provider too: it passes the destination's breaker and
+    /// A lookup is a request to the provider too: it passes the destination's lookups'
+    /// breaker (its own: a failing status endpoint never holds calls back) and the shared
     /// pace ([`crate::destination`]), waiting for them at most [`LOOKUP_WAIT`]; held back
     /// longer, it is answered "unknown" without a request.
     pub async fn lookup(&self, consumer: &Consumer, claim: &Claim) -> Option<Lookup> {
@@ -56,7 +57,7 @@ impl Claimer {
         }
         let answer = match consumer
             .destination
-            .admit(Instant::now() + LOOKUP_WAIT)
+            .admit_as(Kind::Lookup, Instant::now() + LOOKUP_WAIT)
             .await
         {
             Ok(pass) => {

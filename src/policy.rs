@@ -7,6 +7,10 @@ use crate::config::OnUnknown;
 use crate::effect::Outcome;
 use std::time::Duration;
 
+#[path = "policy/sends.rs"]
+mod sends;
+pub use sends::{Sends, not_found_past_deadline, read_sends, unproven_past_deadline};
+
 /// The next step after one call to the provider, within an attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
@@ -66,7 +70,8 @@ pub enum Takeover {
     /// `send_deadline` (safe to submit again).
     Fail(String),
     /// Read the claim's history first: whether it was ever sent decides
-    /// ([`never_sent`], then [`on_takeover`] again with [`TakeoverFacts::proven_unsent`]).
+    /// ([`read_sends`], then [`on_takeover`] again with [`TakeoverFacts::proven_unsent`], or
+    /// [`unproven_past_deadline`]).
     CheckSent,
 }
 
@@ -91,7 +96,7 @@ pub struct TakeoverFacts {
     pub can_reconcile: bool,
     /// The consumer's `send_deadline`: how long a claim that was never sent may wait.
     pub send_deadline: Duration,
-    /// What the history says ([`never_sent`]), once read: `Some(true)` when no call may have
+    /// What the history says ([`read_sends`] is [`Sends::NeverSent`]), once read: `Some(true)` when no call may have
     /// reached the provider. `None`: not read yet.
     pub proven_unsent: Option<bool>,
 }
@@ -165,31 +170,9 @@ pub fn on_takeover(f: TakeoverFacts) -> Takeover {
 /// The reason a never-sent claim ends `failed` with.
 pub fn never_sent_reason(send_deadline: Duration) -> String {
     format!(
-        "never sent: the provider could not take the call for send_deadline ({}); every answer proved nothing was applied, so submitting it again is safe",
+        "never sent: the provider could not take the call for send_deadline ({}); every answer proved it never received it (no connection, a refused stream, a non-receipt status), so submitting it again is safe",
         crate::duration::Dur(send_deadline)
     )
-}
-
-/// Whether a claim's history proves that no call may have reached the provider: every
-/// attempt before `attempt` ended in a `not_applied` hand-off, and no line shows a call that
-/// may have applied (a `perform` other than `not_applied`, a re-send, a lookup that found
-/// it). An attempt cut by a crash leaves no hand-off line, so it proves nothing.
-pub fn never_sent<'a>(
-    events: impl IntoIterator<Item = (i32, &'a str, &'a str)>,
-    attempt: i32,
-) -> bool {
-    let mut clean = std::collections::BTreeSet::new();
-    for (at, action, outcome) in events {
-        match (action, outcome) {
-            ("perform", "not_applied") => {}
-            ("perform", _) | ("resend", _) | ("lookup", "found") => return false,
-            ("handoff", "not_applied") => {
-                clean.insert(at);
-            }
-            _ => {}
-        }
-    }
-    (1..attempt).all(|a| clean.contains(&a))
 }
 
 /// How long a claim that waits (its destination down or rate limited, a lookup without an
@@ -507,25 +490,6 @@ mod tests {
             ..unsent
         };
         assert!(matches!(on_takeover(maybe), Takeover::Park(_)));
-    }
-
-    #[test]
-    fn only_clean_not_applied_hand_offs_prove_a_claim_never_sent() {
-        let clean = [
-            (1, "perform", "not_applied"),
-            (1, "handoff", "not_applied"),
-            (2, "lookup", "unknown"),
-            (2, "handoff", "not_applied"),
-        ];
-        assert!(never_sent(clean, 3));
-        // Attempt 2 was cut (a crash mid-call leaves no line): nothing proven.
-        assert!(!never_sent(clean[..2].iter().copied(), 3));
-        let unknown = [(1, "perform", "unknown"), (1, "handoff", "not_applied")];
-        assert!(!never_sent(unknown, 2));
-        let busy = [(1, "perform", "in_progress"), (1, "handoff", "not_applied")];
-        assert!(!never_sent(busy, 2));
-        let resent = [(1, "resend", "takeover"), (1, "handoff", "not_applied")];
-        assert!(!never_sent(resent, 2));
     }
 
     #[test]

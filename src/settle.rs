@@ -417,8 +417,15 @@ fn fenced_out_detail(s: &Settlement, lost: &NewEvent<'_>) -> String {
     format!("answer after the claim moved: {what}; not applied")
 }
 
-/// Escapes what a store refuses in a settlement's texts ([`storable`]).
+/// Escapes what a store refuses in a settlement's texts ([`storable`]), and cuts the
+/// provider's answer to what is kept (it was read whole, up to
+/// [`crate::effect::MAX_READ_BYTES`], to be read by value).
 fn make_storable(s: &mut Settlement) {
+    if let Some(answer) = &mut s.provider_response
+        && answer.len() > crate::effect::MAX_RESPONSE_BYTES
+    {
+        *answer = crate::store::truncate(answer, crate::effect::MAX_RESPONSE_BYTES);
+    }
     for text in [&mut s.provider_response, &mut s.error]
         .into_iter()
         .flatten()

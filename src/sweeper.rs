@@ -321,12 +321,18 @@ async fn handle(
     if decision == Takeover::CheckSent {
         // Whether it was ever sent decides: a claim that never reached the provider is sent
         // (or, past send_deadline, failed as never sent), one that may have is not guessed.
-        let unsent = match claimer.store().events(claim.id).await {
-            Ok(events) => policy::never_sent(
-                events
-                    .iter()
-                    .map(|e| (e.attempt, e.action.as_str(), e.outcome.as_str())),
+        let sends = match claimer.store().events(claim.id).await {
+            Ok(events) => policy::read_sends(
+                events.iter().map(|e| {
+                    (
+                        e.attempt,
+                        e.action.as_str(),
+                        e.outcome.as_str(),
+                        e.provider_status,
+                    )
+                }),
                 claim.attempt,
+                |status| consumer.effect.proves_non_receipt(status),
             ),
             Err(e) => {
                 warn!(error = %e, "could not read the claim's history; it will be decided next pass");
@@ -337,7 +343,20 @@ async fn handle(
                 );
             }
         };
-        decision = decide_knowing(consumer, &t, Some(unsent));
+        let cfg = &consumer.config;
+        decision = match sends {
+            policy::Sends::NeverSent => decide_knowing(consumer, &t, Some(true)),
+            policy::Sends::Unproven(answers) if t.age > cfg.send_deadline.0 => {
+                policy::unproven_past_deadline(
+                    &answers,
+                    &claim.idem_key,
+                    cfg.send_deadline.0,
+                    cfg.on_unknown,
+                    consumer.effect.can_reconcile(),
+                )
+            }
+            _ => decide_knowing(consumer, &t, Some(false)),
+        };
     }
     let hold = Hold {
         since: lease_start,
@@ -396,6 +415,28 @@ async fn handle(
                 );
                 wait_undecided(claimer, claim, &why, drive::spread(left)).await;
                 why
+            }
+            // Past send_deadline nothing is sent any more: the provider's own "no record" is
+            // the proof that ends it.
+            Some(Lookup::NotFound { .. }) if hold.age_now() > consumer.config.send_deadline.0 => {
+                match policy::not_found_past_deadline(
+                    hold.age_now(),
+                    consumer.config.redrive_within.0,
+                    &claim.idem_key,
+                ) {
+                    Takeover::Fail(reason) => {
+                        settle_taken(
+                            claimer,
+                            claim,
+                            settle::never_sent(reason),
+                            "sweep",
+                            "never_sent",
+                        )
+                        .await
+                    }
+                    Takeover::Park(reason) => park(claimer, claim, &reason).await,
+                    _ => unreachable!("not_found_past_deadline fails or parks"),
+                }
             }
             Some(Lookup::NotFound { .. }) => {
                 match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0) {

@@ -631,6 +631,13 @@ pub struct HttpEffectConfig {
     /// has `max_sends = 1` (see docs/decisions.md). `2xx` and `409` keep their meaning.
     #[serde(default)]
     pub not_applied_status: Option<Vec<u16>>,
+    /// Of those, the statuses that also prove the provider never received the call, so that
+    /// a claim answered only with them (or refused before the request left) ends `failed`
+    /// "never sent" at its `send_deadline`. Default `[429]`; add `503` only when every `503`
+    /// comes from the provider itself, never from a proxy in front of it
+    /// (docs/providers.md, "Proof that a call was never received").
+    #[serde(default)]
+    pub non_receipt_status: Option<Vec<u16>>,
     /// How the object's status in a `2xx` answer (and a "found" lookup) decides the outcome
     /// (`[consumers.effect.outcome]`). Unset: any `2xx` completes.
     #[serde(default)]

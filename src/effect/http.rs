@@ -2,15 +2,13 @@
 //! JSON or form body from a template; the idempotency key in a header and/or the body), and a
 //! status lookup read by [`http_status`](super::http_status). Secrets (configured headers, URL query strings) never reach logs or errors.
 
+use super::http_answer::{Read, describe, never_processed, outcome_of, read_bounded};
 use super::http_status::read_answer;
 use super::http_template::{
     BodyTemplate, Field, RenderError, Template, Vars, encode_path_segment, form_encode,
     parse_payload,
 };
-use super::{
-    Effect, Lookup, MAX_RESPONSE_BYTES, Outcome, StatusClass, classify_status_with,
-    parse_retry_after,
-};
+use super::{Effect, Lookup, MAX_READ_BYTES, MAX_RESPONSE_BYTES, Outcome};
 use crate::claim::Claim;
 use crate::config::{
     BodyMode, HttpEffectConfig, HttpVersion, ProbeMode, StatusCheck, ValueOutcomes,
@@ -182,6 +180,23 @@ impl RequestShape {
         if let Some(l) = &config.ledger {
             l.check()?;
         }
+        if let Some(proof) = &config.non_receipt_status {
+            let retried = config
+                .not_applied_status
+                .as_deref()
+                .unwrap_or(&crate::effect::NOT_APPLIED_WITH_KEYS);
+            // Proof of non-receipt must also be an answer retried with the same key: a status
+            // outside `not_applied_status` is an unknown outcome or a rejection, never "not
+            // received".
+            if let Some(s) = proof.iter().find(|s| !retried.contains(s)) {
+                return Err((
+                    "non_receipt_status",
+                    format!(
+                        "{s} is not in effect.not_applied_status ({retried:?}): only an answer retried with the same key can prove the provider never received the call"
+                    ),
+                ));
+            }
+        }
         Ok(shape)
     }
 
@@ -293,8 +308,10 @@ pub struct HttpEffect {
     headers: HeaderMap,
     status: StatusCheck,
     not_found_after: Duration,
-    /// `effect.not_applied_status`: the statuses that prove nothing was applied.
+    /// `effect.not_applied_status`: the statuses retried later with the same key.
     not_applied: Box<[u16]>,
+    /// `effect.non_receipt_status`: of those, the ones that prove the call never arrived.
+    non_receipt: Box<[u16]>,
     /// `[effect.outcome]`: the outcome by the value in the answer.
     outcomes: Option<Box<ValueOutcomes>>,
 }
@@ -339,6 +356,11 @@ impl HttpEffect {
                 .not_applied_status
                 .clone()
                 .unwrap_or_else(|| crate::effect::NOT_APPLIED_WITH_KEYS.to_vec())
+                .into(),
+            non_receipt: config
+                .non_receipt_status
+                .clone()
+                .unwrap_or_else(|| crate::effect::NON_RECEIPT_STATUS.to_vec())
                 .into(),
             client,
             shape,
@@ -391,8 +413,32 @@ impl HttpEffect {
             },
             Ok(r) => {
                 let status = r.status().as_u16();
-                let body = r.bytes().await.unwrap_or_default();
-                read_answer(&self.status, status, &body)
+                let reads_body = !self.status.found_pointer.is_empty()
+                    || !self.status.id_pointer.is_empty()
+                    || self.outcomes.is_some();
+                let body = match read_bounded(r).await {
+                    Ok(Read::Whole(body)) => body,
+                    // Read only to decide by its content: too long to read is no answer.
+                    Ok(Read::TooLong(_)) if reads_body && (200..300).contains(&status) => {
+                        return Lookup::Unknown {
+                            error: format!(
+                                "status endpoint answered {status} with an answer longer than {} KiB, not read: no decision",
+                                MAX_READ_BYTES / 1024
+                            ),
+                        };
+                    }
+                    Ok(Read::TooLong(start)) => start,
+                    Err(_) => Bytes::new(),
+                };
+                let mut answer = read_answer(&self.status, status, &body);
+                // The whole answer goes on only when it is read by value (then it is cut for
+                // storage when settled); otherwise what is kept is what is stored.
+                if let Lookup::Found { response, .. } = &mut answer
+                    && self.outcomes.is_none()
+                {
+                    *response = truncate(response, MAX_RESPONSE_BYTES);
+                }
+                answer
             }
         }
     }
@@ -436,84 +482,6 @@ impl HttpEffect {
     }
 }
 
-/// What the provider's answer comes to: its status classified, up to 4 KiB of its body kept.
-async fn outcome_of(response: reqwest::Response, not_applied: &[u16]) -> Outcome {
-    let status = response.status().as_u16();
-    let retry_after = parse_retry_after(
-        response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok()),
-    );
-    let body = match response.bytes().await {
-        Ok(b) => truncate(&String::from_utf8_lossy(&b), MAX_RESPONSE_BYTES),
-        Err(e) => format!("(answer unreadable: {})", describe(&e)),
-    };
-    let status_i = i32::from(status);
-    match classify_status_with(status, not_applied) {
-        StatusClass::Applied => Outcome::Applied {
-            status: status_i,
-            response: body,
-        },
-        StatusClass::Rejected => Outcome::Rejected {
-            status: status_i,
-            response: body,
-        },
-        StatusClass::InProgress => Outcome::InProgress { status: status_i },
-        StatusClass::NotApplied => Outcome::NotApplied {
-            status: Some(status_i),
-            retry_after,
-            error: format!("provider answered {status}: {}", truncate(&body, 200)),
-        },
-        StatusClass::Unknown => Outcome::Unknown {
-            status: Some(status_i),
-            error: format!("provider answered {status}: {}", truncate(&body, 200)),
-        },
-    }
-}
-
-/// Whether an HTTP/2 provider said that it did not process the request: it refused the
-/// stream (`REFUSED_STREAM`, RFC 9113 section 8.7), or it is closing the connection gracefully
-/// (`GOAWAY` with `NO_ERROR`) and the request's stream came after the last one it will
-/// process. The same two answers reqwest's own retry layer treats as safe to send again.
-fn never_processed(e: &reqwest::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(h2) = s.downcast_ref::<h2::Error>() {
-            let reason = h2.reason();
-            return h2.is_remote()
-                && ((h2.is_reset() && reason == Some(h2::Reason::REFUSED_STREAM))
-                    || (h2.is_go_away() && reason == Some(h2::Reason::NO_ERROR)));
-        }
-        source = s.source();
-    }
-    false
-}
-
-/// A transport error, described without the URL (which may carry credentials).
-fn describe(e: &reqwest::Error) -> String {
-    let kind = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "could not connect"
-    } else if e.is_body() || e.is_decode() {
-        "failed reading the answer"
-    } else {
-        "connection failed"
-    };
-    let mut detail = String::new();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        detail = s.to_string();
-        source = s.source();
-    }
-    if detail.is_empty() {
-        kind.to_string()
-    } else {
-        format!("{kind}: {detail}")
-    }
-}
-
 #[async_trait]
 impl Effect for HttpEffect {
     fn outcomes(&self) -> Option<&ValueOutcomes> {
@@ -550,7 +518,12 @@ impl Effect for HttpEffect {
                 };
             }
         };
-        Box::pin(outcome_of(response, &self.not_applied)).await
+        Box::pin(outcome_of(
+            response,
+            &self.not_applied,
+            self.outcomes.is_some(),
+        ))
+        .await
     }
 
     async fn lookup(&self, claim: &Claim) -> Option<Lookup> {
@@ -563,6 +536,12 @@ impl Effect for HttpEffect {
 
     fn can_reconcile(&self) -> bool {
         self.shape.status_url.is_some()
+    }
+
+    fn proves_non_receipt(&self, status: Option<i32>) -> bool {
+        // No answer here means no connection, or an HTTP/2 stream the provider refused
+        // (`perform` makes any other transport error unknown).
+        status.is_none_or(|s| u16::try_from(s).is_ok_and(|s| self.non_receipt.contains(&s)))
     }
 
     fn not_found_after(&self) -> Duration {

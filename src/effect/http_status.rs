@@ -40,9 +40,11 @@ pub fn read_answer(check: &StatusCheck, status: u16, body: &[u8]) -> Lookup {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             });
+        // Whole (as read, up to MAX_READ_BYTES): it may be read by value once more; it is
+        // cut to MAX_RESPONSE_BYTES when stored.
         return Lookup::Found {
             status: i32::from(status),
-            response: text(),
+            response: String::from_utf8_lossy(body).into_owned(),
             provider_id,
         };
     }

@@ -3,6 +3,7 @@
 
 pub mod by_value;
 pub mod http;
+mod http_answer;
 pub mod http_status;
 pub mod http_template;
 pub mod smtp;
@@ -13,6 +14,11 @@ use std::time::Duration;
 
 /// Longest provider answer kept on a claim.
 pub const MAX_RESPONSE_BYTES: usize = 4096;
+
+/// Longest provider answer read: a call's or a lookup's answer is read whole up to this, to
+/// be read by value and for the provider's id, and only then cut to [`MAX_RESPONSE_BYTES`] to
+/// be stored. A `2xx` read by its content that is longer is an unknown outcome.
+pub const MAX_READ_BYTES: usize = 1024 * 1024;
 
 /// How a [`Outcome::NotApplied`] error starts when the request could not even be built (a
 /// claim missing a field its template names): nothing reached the provider, so it says
@@ -27,6 +33,12 @@ pub const NOT_APPLIED_WITH_KEYS: [u16; 4] = [408, 425, 429, 503];
 /// a `503` from a proxy or load balancer can follow an upstream that received the request, so
 /// it is an unknown outcome there (the status endpoint decides; nothing is sent twice).
 pub const NOT_APPLIED_WITHOUT_KEYS: [u16; 3] = [408, 425, 429];
+
+/// The not-applied statuses that also prove the provider never received the call, unless
+/// `effect.non_receipt_status` says otherwise: a `429` is the provider refusing the call before
+/// it looks at it. A `503`, `408` or `425` may come from a proxy or load balancer after the
+/// provider applied the call, so it only says "retry later with the same key".
+pub const NON_RECEIPT_STATUS: [u16; 1] = [429];
 
 /// What one call to the provider came to.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,8 +62,9 @@ pub enum Outcome {
         /// Provider status.
         status: i32,
     },
-    /// An answer that shows nothing was applied (`408`, `425`, `429`, `503`, connection
-    /// refused): retry with the same key.
+    /// An answer that asks to retry later with the same key (`408`, `425`, `429`, `503`,
+    /// connection refused): nothing is applied twice by doing so. Whether the answer also
+    /// proves the provider never received the call is [`Effect::proves_non_receipt`].
     NotApplied {
         /// Provider status, if it answered.
         status: Option<i32>,
@@ -195,6 +208,16 @@ pub trait Effect: Send + Sync + 'static {
 
     /// Whether [`Effect::lookup`] can answer.
     fn can_reconcile(&self) -> bool;
+
+    /// Whether an [`Outcome::NotApplied`] with `status` (`None`: no answer, the request never
+    /// left or was refused before it was processed) proves the provider never received the
+    /// call. Only such proof lets a claim end `failed` "never sent" (safe to submit again under
+    /// a new key); an answer that only says "retry later" does not. Default: every
+    /// not-applied outcome proves it.
+    fn proves_non_receipt(&self, status: Option<i32>) -> bool {
+        let _ = status;
+        true
+    }
 
     /// `[effect.outcome]`, when the effect's answers are read by value ([`by_value`]).
     fn outcomes(&self) -> Option<&crate::config::ValueOutcomes> {
