@@ -379,7 +379,7 @@ async fn find_claim(
 /// What came of applying an event.
 enum Applied {
     /// Applied or recorded on the claim: the result name and the claim as the event left it.
-    Done(&'static str, Claim),
+    Done(&'static str, Box<Claim>),
     /// A claim was found but the event does not name it: nothing changed.
     NotNamed(Naming),
     /// No claim was found.
@@ -452,7 +452,7 @@ async fn apply(
                 settler
                     .note(&claim, "event", mv.result(), None, Some(&detail))
                     .await;
-                return Ok(Applied::Done(mv.result(), claim));
+                return Ok(Applied::Done(mv.result(), Box::new(claim)));
             }
         };
         if moved {
@@ -460,7 +460,7 @@ async fn apply(
                 .store()
                 .get(&claim.consumer, &claim.tenant, &claim.message_id)
                 .await?;
-            return Ok(Applied::Done(mv.result(), after.unwrap_or(claim)));
+            return Ok(Applied::Done(mv.result(), Box::new(after.unwrap_or(claim))));
         }
         // It moved meanwhile (its own answer may have brought its provider id): read it
         // again and ask again whether the event names it.
