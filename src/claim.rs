@@ -65,7 +65,9 @@ impl ClaimState {
     /// way) or to a terminal state (operator resolve, the provider's final word); `failed`
     /// moves back to `started` (redrive), to `completed` (resolve) or to `needs_attention`
     /// (the provider says it succeeded after all: a person checks, nothing flips silently);
-    /// `completed` is final.
+    /// `completed` is final but for one move: to `needs_attention`, when the provider reports
+    /// the claim's own object failed after it completed (a person checks; it never becomes
+    /// `failed` or `started` by itself, and is never sent again).
     pub fn can_move_to(self, to: ClaimState) -> bool {
         use ClaimState::*;
         matches!(
@@ -74,6 +76,7 @@ impl ClaimState {
                 | (Pending, Pending | Completed | Failed | NeedsAttention)
                 | (NeedsAttention, Started | Pending | Completed | Failed)
                 | (Failed, Started | Completed | NeedsAttention)
+                | (Completed, NeedsAttention)
         )
     }
 }
@@ -493,7 +496,11 @@ mod tests {
     #[test]
     fn completed_is_final_and_only_terminal_states_are_terminal() {
         for to in ClaimState::ALL {
-            assert!(!ClaimState::Completed.can_move_to(to));
+            // Only parked for a person when the provider contradicts it.
+            assert_eq!(
+                ClaimState::Completed.can_move_to(to),
+                to == ClaimState::NeedsAttention
+            );
         }
         assert!(ClaimState::Completed.is_terminal());
         assert!(ClaimState::Failed.is_terminal());

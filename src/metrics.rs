@@ -303,7 +303,7 @@ impl Metrics {
         );
         registry.register(
             "provider_events",
-            "Provider events (webhooks) received, by what came of them: settled, same, stale, conflict, unmapped, duplicate, ignored, unknown_object, or refused (unsigned, bad_signature, expired, malformed)",
+            "Provider events (webhooks) received, by what came of them: settled, same, stale, conflict, unmapped, duplicate, ignored, unknown_object, foreign_object, other_object, or refused (unsigned, bad_signature, expired, malformed)",
             m.provider_events.clone(),
         );
         registry.register(

@@ -436,6 +436,89 @@ async fn payments_end_as_their_payment_intents_by_polling_without_webhooks() {
     running.shutdown(Duration::from_secs(5)).await;
 }
 
+/// Signed webhooks about PaymentIntents that only look like a claim's: another tenant's,
+/// another consumer's (one Stripe account delivers every event to every endpoint) and one made
+/// outside claimd, each carrying the same order number and message id. They succeed, the
+/// claim's own SEPA debit fails: the claim ends `failed` with its own PaymentIntent, and the
+/// three events are recorded without a claim, listed for reconciliation.
+async fn look_alike_payment_intents_decide_nothing(store: TestStore) {
+    let Some(bin) = require_localstripe() else {
+        return;
+    };
+    let ls = LocalStripe::start(&bin).await;
+    let proxy = fault_proxy(ls.url.clone(), 0, Arc::new(Mutex::new(Faults::default()))).await;
+    let running = outcome_worker(&ls, &proxy, &store, "1h", true).await;
+    let base = format!("http://{}", running.http_addr);
+    let s = running.app().store.clone();
+    let debit = ls.payment_method(SEPA_FAILS).await;
+    post_orders(&base, 0..1, &debit, 202).await;
+    let card = ls.payment_method(CARD_OK).await;
+    let mut others = Vec::new();
+    for key in [
+        Some("stripe-payments:acme:order-0"),
+        Some("refunds::order-0"),
+        None,
+    ] {
+        let mut metadata = vec![("claimd_message_id", "order-0"), ("order", "0")];
+        if let Some(key) = key {
+            metadata.push(("claimd_key", key));
+        }
+        let pi = ls.create_payment_intent(&card, &metadata).await;
+        assert_eq!(pi["status"], "succeeded", "{pi}");
+        others.push(pi["id"].as_str().unwrap().to_string());
+    }
+    let recorded = eventually(Duration::from_secs(30), || async {
+        let unmatched = s.unmatched_provider_events(None, 20).await.unwrap();
+        others.iter().all(|id| {
+            unmatched
+                .iter()
+                .any(|e| e.object_id.as_deref() == Some(id.as_str()))
+        })
+    })
+    .await;
+    let failed = eventually(Duration::from_secs(30), || async {
+        order(&s, 0).await.state == ClaimState::Failed
+    })
+    .await;
+    let claim = order(&s, 0).await;
+    let history = s.events(claim.id).await.unwrap();
+    assert!(
+        failed && recorded,
+        "claim {} ({:?}), look-alikes recorded: {recorded}; {history:?}",
+        claim.state,
+        claim.last_error
+    );
+    let own = ls
+        .payment_intents()
+        .await
+        .into_iter()
+        .find(|p| p["metadata"]["claimd_key"] == json!(claim.idem_key))
+        .expect("its own PaymentIntent");
+    assert_eq!(own["status"], "requires_payment_method");
+    assert_eq!(claim.provider_id.as_deref(), own["id"].as_str());
+    assert!(
+        !history.iter().any(|e| e
+            .detail
+            .as_deref()
+            .is_some_and(|d| others.iter().any(|o| d.contains(o.as_str())))),
+        "no look-alike in the claim's history: {history:?}"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_look_alike_payment_intents_with_the_same_order_number_decide_nothing() {
+    look_alike_payment_intents_decide_nothing(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_look_alike_payment_intents_with_the_same_order_number_decide_nothing() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    look_alike_payment_intents_decide_nothing(store).await;
+}
+
 /// A webhook relay that re-delivers like Stripe does: it takes each event from localstripe
 /// (which sends once) and posts it to `target` until it is answered 2xx, every 200 ms for a
 /// minute. Returns its URL and the count of deliveries that were not answered 2xx.

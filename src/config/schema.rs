@@ -306,13 +306,34 @@ pub struct ProviderEventsConfig {
     #[serde(default)]
     pub types: Vec<String>,
     /// A JSON pointer, within the object, to the message id it carries (in the provider's
-    /// metadata, like `/metadata/claimd_message_id`): finds a claim whose provider id is not
-    /// known yet (its answer was lost). Empty: only the provider id finds claims.
+    /// metadata, like `/metadata/claimd_message_id`): with the tenant and the consumer, names
+    /// a claim whose provider id is not known yet (its answer was lost, or its call is in
+    /// flight). Empty: not read.
     #[serde(default)]
     pub message_id_pointer: String,
-    /// The same for the tenant (empty: no tenant).
+    /// The same for the tenant. Empty: not read (then only a key with `{tenant}` read at
+    /// `key_pointer` names a tenant, never a default `""`); set, an object without the field is
+    /// a tenant-less message's.
     #[serde(default)]
     pub tenant_pointer: String,
+    /// The same for the consumer's name. Empty: not read (then only a key with `{consumer}`
+    /// read at `key_pointer` binds an object to this consumer).
+    #[serde(default)]
+    pub consumer_pointer: String,
+    /// A JSON pointer, within the object, to the claim's rendered idempotency key (like
+    /// `/metadata/claimd_key`): names the message id, and the tenant and consumer when the
+    /// key template has them. Empty: not read. Without any of these pointers only the
+    /// provider's object id names a claim.
+    #[serde(default)]
+    pub key_pointer: String,
+}
+
+impl ProviderEventsConfig {
+    /// Whether an object can name a claim by its key (some pointer to it is set), not only by
+    /// the provider's object id.
+    pub fn reads_keys(&self) -> bool {
+        !(self.message_id_pointer.is_empty() && self.key_pointer.is_empty())
+    }
 }
 
 fn default_event_tolerance() -> Dur {

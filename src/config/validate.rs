@@ -152,8 +152,26 @@ impl Config {
                     ("provider_events.type_pointer", &pe.type_pointer),
                     ("provider_events.message_id_pointer", &pe.message_id_pointer),
                     ("provider_events.tenant_pointer", &pe.tenant_pointer),
+                    ("provider_events.consumer_pointer", &pe.consumer_pointer),
+                    ("provider_events.key_pointer", &pe.key_pointer),
                 ] {
                     check_pointer(p).map_err(|e| (at(k), e))?;
+                }
+                check_event_naming(pe, &template).map_err(|(k, why)| (at(k), why))?;
+                if let Some(other) = self.consumers[..i].iter().find(|o| {
+                    o.provider_events
+                        .as_ref()
+                        .is_some_and(|op| op.secrets.iter().any(|s| pe.secrets.contains(s)))
+                }) {
+                    // A secret proves which endpoint an event came to; shared, an event signed
+                    // for one consumer would be taken as the other's evidence too.
+                    return Err((
+                        at("provider_events.secrets"),
+                        format!(
+                            "a secret is also consumer {:?}'s: each consumer's provider events need their own signing secret (one webhook endpoint each)",
+                            other.name
+                        ),
+                    ));
                 }
                 if pe.tolerance.0 < std::time::Duration::from_secs(1) {
                     return Err((
@@ -372,4 +390,37 @@ pub fn parse_cron(schedule: &str) -> Result<croner::Cron, String> {
         .build()
         .parse(schedule)
         .map_err(|e| format!("{schedule:?}: {e}"))
+}
+
+/// Whether the pointers of `[consumers.provider_events]` can name a claim whose provider id is
+/// not known yet by its full key (invariant I9): message id, tenant (when the key template has
+/// `{tenant}`) and consumer. Setting none of them is allowed (only the provider's object id
+/// names a claim then); setting some that can never name a claim is refused.
+fn check_event_naming(
+    pe: &ProviderEventsConfig,
+    template: &KeyTemplate,
+) -> Result<(), (&'static str, String)> {
+    if !pe.reads_keys() {
+        if !pe.tenant_pointer.is_empty() || !pe.consumer_pointer.is_empty() {
+            return Err((
+                "provider_events.message_id_pointer",
+                "required with tenant_pointer or consumer_pointer (or set key_pointer): they name a claim only with its message id".into(),
+            ));
+        }
+        return Ok(());
+    }
+    let by_key = !pe.key_pointer.is_empty();
+    if template.mentions_tenant() && pe.tenant_pointer.is_empty() && !by_key {
+        return Err((
+            "provider_events.tenant_pointer",
+            "required: the key has {tenant}, so an object must carry its tenant (or set key_pointer to the key it carries); a missing tenant is never taken as \"\"".into(),
+        ));
+    }
+    if pe.consumer_pointer.is_empty() && !(by_key && template.mentions_consumer()) {
+        return Err((
+            "provider_events.consumer_pointer",
+            "required: nothing else binds an object to this consumer (set key_pointer with {consumer} in the key, or consumer_pointer); one provider account delivers every consumer's events to every endpoint".into(),
+        ));
+    }
+    Ok(())
 }

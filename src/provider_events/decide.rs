@@ -1,8 +1,9 @@
-//! What a verified provider event does to the claim it names: pure, so every pair of (claim
-//! state, what the event's object says) is tested here. An event settles a claim that is
-//! not final yet with the same fenced transitions as everything else; on a final claim it
-//! changes nothing unless it contradicts a failure (then a person looks: nothing flips
-//! silently); a stale event (an earlier status arriving late) is only recorded.
+//! What a verified provider event does to the claim it names (whether it names it is
+//! [`evidence`](super::evidence)'s question): pure, so every pair of (claim state, what the
+//! event's object says) is tested here. An event settles a claim that is not final yet with
+//! the same fenced transitions as everything else; on a final claim it changes nothing unless
+//! it contradicts the final state (then a person looks: nothing flips silently); a stale event
+//! (an earlier status arriving late) is only recorded.
 
 use crate::claim::ClaimState;
 use crate::effect::by_value::Verdict;
@@ -14,7 +15,7 @@ pub enum EventMove {
     Settle(ClaimState),
     /// The provider contradicts the claim's final state: park it for a person, with both
     /// sides in the reason.
-    Flag,
+    Flag(Contradiction),
     /// Nothing to change (a repeat of what the claim already says, a late earlier status, a
     /// value the effect does not map, a contradiction of a completed claim); the event goes
     /// into the claim's history.
@@ -30,9 +31,18 @@ pub enum Recorded {
     Stale,
     /// The object's value is not mapped: unknown, never completed.
     Unmapped,
-    /// The provider contradicts a `completed` claim, which stays final (counted, in the
-    /// history, and listed by `claimd reconcile`).
+    /// The provider reports a `completed` claim's object needs the customer: an earlier
+    /// status arriving late (counted as a conflict, in the history).
     Contradicts,
+}
+
+/// Which final state the provider contradicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contradiction {
+    /// The claim `failed`; the provider now reports its object succeeded.
+    DoneAfterFailed,
+    /// The claim `completed`; the provider now reports its object failed.
+    FailedAfterDone,
 }
 
 impl EventMove {
@@ -40,7 +50,7 @@ impl EventMove {
     pub fn result(self) -> &'static str {
         match self {
             EventMove::Settle(_) => "settled",
-            EventMove::Flag => "conflict",
+            EventMove::Flag(_) => "conflict",
             EventMove::Record(Recorded::Same) => "same",
             EventMove::Record(Recorded::Stale) => "stale",
             EventMove::Record(Recorded::Unmapped) => "unmapped",
@@ -69,7 +79,10 @@ pub fn on_event(current: ClaimState, verdict: Option<Verdict>) -> EventMove {
         (S::Completed | S::Failed, S::Pending) => EventMove::Record(Recorded::Stale),
         // A failed claim the provider now reports done: money moved although claimd said it
         // did not (the customer retried with another card, say). A person decides.
-        (S::Failed, S::Completed) => EventMove::Flag,
+        (S::Failed, S::Completed) => EventMove::Flag(Contradiction::DoneAfterFailed),
+        // A completed claim whose own object the provider now reports failed: one of the two
+        // reports is wrong about money. A person decides, with both in the reason.
+        (S::Completed, S::Failed) => EventMove::Flag(Contradiction::FailedAfterDone),
         // A failed claim that now needs the customer: still not paid; recorded.
         (S::Failed, S::NeedsAttention) => EventMove::Record(Recorded::Stale),
         (S::Completed, _) => EventMove::Record(Recorded::Contradicts),
@@ -126,10 +139,14 @@ mod tests {
     fn success_after_failure_is_flagged_never_flipped() {
         assert_eq!(
             on_event(S::Failed, Some(Verdict::Completed)),
-            EventMove::Flag
+            EventMove::Flag(Contradiction::DoneAfterFailed)
         );
         assert_eq!(
             on_event(S::Completed, Some(Verdict::Failed)),
+            EventMove::Flag(Contradiction::FailedAfterDone)
+        );
+        assert_eq!(
+            on_event(S::Completed, Some(Verdict::NeedsAttention)),
             EventMove::Record(Recorded::Contradicts)
         );
     }
@@ -147,7 +164,7 @@ mod tests {
             for v in verdicts {
                 match on_event(from, v) {
                     EventMove::Settle(to) => assert!(from.can_move_to(to), "{from} -> {to}"),
-                    EventMove::Flag => {
+                    EventMove::Flag(_) => {
                         assert!(from.can_move_to(S::NeedsAttention), "{from} flagged")
                     }
                     EventMove::Record(_) => {}

@@ -1,20 +1,22 @@
 //! Receiving one provider event (`POST /v1/provider-events/{consumer}`): verified
-//! ([`signature`](super::signature)), matched to its claim (by the provider's object id, or by
-//! the message id the object carries in its metadata), and applied as [`on_event`] says with
-//! the same fenced settle as every other transition. The answer tells the provider whether to
+//! ([`signature`](super::signature)), matched to the claim it may be about (by the provider's
+//! object id, else by the key or message id the object carries in its metadata), applied only
+//! if it names that claim ([`names`], invariant I9), and then as [`on_event`] says with the
+//! same fenced settle as every other transition. The answer tells the provider whether to
 //! deliver it again: `2xx` once the event is taken (also for an object claimd has no claim
-//! for, which is recorded and listed, and for a repeat), `400`/`401` for an event that is not
-//! the provider's (nothing changed), `503` when the store could not record it (the provider's
-//! retry brings it back).
+//! for, or one that only looks like a claim's, which is recorded and listed, and for a
+//! repeat), `400`/`401` for an event that is not the provider's (nothing changed), `503` when
+//! the store could not record it (the provider's retry brings it back).
 
-use super::decide::{EventMove, on_event};
+use super::decide::{Contradiction, EventMove, on_event};
+use super::evidence::{Carried, ClaimSide, Naming, names};
 use super::signature::{Scheme, SignatureError, Verifier};
 use crate::claim::{Claim, ClaimState};
 use crate::claimer::{Claimer, Consumer};
 use crate::config::{ProviderEventsConfig, ValueOutcomes};
 use crate::effect::by_value::{self, Reading};
 use crate::settle::{by_reading, park};
-use crate::store::{ProviderEventRecord, StoreError, truncate};
+use crate::store::{ClaimFilter, ProviderEventRecord, StoreError, truncate};
 use axum::http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
@@ -48,7 +50,8 @@ pub struct Answer {
     #[serde(skip)]
     pub status: u16,
     /// What came of the event: `settled`, `same`, `stale`, `conflict`, `unmapped`,
-    /// `duplicate`, `ignored`, `unknown_object`; or, refused, why.
+    /// `duplicate`, `ignored`, `unknown_object`, `foreign_object`, `other_object`; or,
+    /// refused, why.
     pub result: String,
     /// The claim it was applied to, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -171,30 +174,10 @@ pub async fn receive(
         Err(e) => return unavailable(name, &e),
     }
     let reading = by_value::read(map, object);
-    let found = match find_claim(claimer, consumer, cfg, object, &reading).await {
+    let carried = CarriedText::read(cfg, object);
+    let found = match find_claim(claimer, consumer, &carried, &reading).await {
         Ok(found) => found,
         Err(e) => return unavailable(name, &e),
-    };
-    let Some(claim) = found else {
-        let record = ProviderEventRecord {
-            consumer: name,
-            event_id: &event_id,
-            event_type: &event_type,
-            object_id: reading.provider_id.as_deref(),
-            claim_id: None,
-            result: "unknown_object",
-        };
-        if let Err(e) = store.record_provider_event(&record).await {
-            return unavailable(name, &e);
-        }
-        metrics.provider_event(name, "unknown_object");
-        info!(
-            consumer = name,
-            event_id,
-            event_type,
-            "provider event for an object claimd has no claim for; recorded for reconciliation"
-        );
-        return Answer::taken("unknown_object", None);
     };
     let about = Event {
         id: &event_id,
@@ -202,9 +185,48 @@ pub async fn receive(
         scheme: events.scheme(),
         object,
     };
-    let (result, claim) = match apply(claimer, map, claim, &reading, &about).await {
+    let applied = match found {
+        None => Ok(Applied::NoClaim),
+        Some(claim) => {
+            let check = |c: &Claim| names(&side(consumer, c), &carried.borrow(&reading));
+            apply(claimer, map, claim, &reading, &about, check).await
+        }
+    };
+    let applied = match applied {
         Ok(done) => done,
         Err(e) => return unavailable(name, &e),
+    };
+    let (result, claim) = match applied {
+        Applied::Done(result, claim) => (result, claim),
+        not_named => {
+            // No claim, or evidence about another object, tenant or consumer: recorded
+            // without a claim, so `claimd reconcile` lists it with the objects claimd has no
+            // claim for.
+            let result = match not_named {
+                Applied::NotNamed(naming) => naming.result(),
+                _ => "unknown_object",
+            };
+            let record = ProviderEventRecord {
+                consumer: name,
+                event_id: &event_id,
+                event_type: &event_type,
+                object_id: reading.provider_id.as_deref(),
+                claim_id: None,
+                result,
+            };
+            if let Err(e) = store.record_provider_event(&record).await {
+                return unavailable(name, &e);
+            }
+            metrics.provider_event(name, result);
+            info!(
+                consumer = name,
+                event_id,
+                event_type,
+                result,
+                "provider event that names no claim; recorded for reconciliation"
+            );
+            return Answer::taken(result, None);
+        }
     };
     let record = ProviderEventRecord {
         consumer: name,
@@ -257,13 +279,71 @@ impl Event<'_> {
     }
 }
 
-/// The claim an object stands for: by the provider's id kept on the claim, else by the
-/// message id (and tenant) the object carries.
+/// What the object carries through the configured pointers, as text.
+struct CarriedText {
+    key: Option<String>,
+    message_id: Option<String>,
+    tenant: Option<String>,
+    tenant_read: bool,
+    consumer: Option<String>,
+}
+
+impl CarriedText {
+    fn read(cfg: &ProviderEventsConfig, object: &Value) -> CarriedText {
+        let text = |pointer: &str| -> Option<String> {
+            if pointer.is_empty() {
+                return None;
+            }
+            match object.pointer(pointer)? {
+                Value::String(s) => Some(s.clone()),
+                _ => None,
+            }
+        };
+        CarriedText {
+            key: text(&cfg.key_pointer),
+            message_id: text(&cfg.message_id_pointer),
+            tenant: text(&cfg.tenant_pointer),
+            tenant_read: !cfg.tenant_pointer.is_empty(),
+            consumer: text(&cfg.consumer_pointer),
+        }
+    }
+
+    fn borrow<'a>(&'a self, reading: &'a Reading) -> Carried<'a> {
+        Carried {
+            object_id: reading.provider_id.as_deref(),
+            key: self.key.as_deref(),
+            message_id: self.message_id.as_deref(),
+            tenant: self.tenant.as_deref(),
+            tenant_read: self.tenant_read,
+            consumer: self.consumer.as_deref(),
+        }
+    }
+}
+
+/// The claim's side of [`names`].
+fn side<'a>(consumer: &Consumer, claim: &'a Claim) -> ClaimSide<'a> {
+    ClaimSide {
+        provider_id: claim.provider_id.as_deref(),
+        consumer: &claim.consumer,
+        tenant: &claim.tenant,
+        message_id: &claim.message_id,
+        key: &claim.idem_key,
+        key_has_tenant: consumer.template.mentions_tenant(),
+        key_has_consumer: consumer.template.mentions_consumer(),
+    }
+}
+
+/// At most this many claims are read when looking for the one whose key the object carries
+/// (the search matches key prefixes; the exact key is picked among them).
+const KEY_CANDIDATES: u32 = 20;
+
+/// The claim an object may be about: the one holding its provider id, else the one whose key,
+/// else whose message id (and tenant), it carries. Whether it is this claim's evidence is
+/// [`names`]'s decision, not this lookup's.
 async fn find_claim(
     claimer: &Claimer,
     consumer: &Consumer,
-    cfg: &ProviderEventsConfig,
-    object: &Value,
+    carried: &CarriedText,
     reading: &Reading,
 ) -> Result<Option<Claim>, StoreError> {
     let store = claimer.store();
@@ -272,34 +352,75 @@ async fn find_claim(
     {
         return Ok(Some(claim));
     }
-    let text = |pointer: &str| -> Option<String> {
-        if pointer.is_empty() {
-            return None;
+    if let Some(key) = &carried.key {
+        let filter = ClaimFilter {
+            consumer: Some(consumer.name().to_string()),
+            search: Some(key.clone()),
+            limit: KEY_CANDIDATES,
+            ..ClaimFilter::default()
+        };
+        if let Some(claim) = store
+            .list(&filter)
+            .await?
+            .into_iter()
+            .find(|c| &c.idem_key == key)
+        {
+            return Ok(Some(claim));
         }
-        match object.pointer(pointer)? {
-            Value::String(s) => Some(s.clone()),
-            _ => None,
-        }
-    };
-    let Some(message_id) = text(&cfg.message_id_pointer) else {
+    }
+    let Some(message_id) = &carried.message_id else {
         return Ok(None);
     };
-    let tenant = text(&cfg.tenant_pointer).unwrap_or_default();
-    store.get(consumer.name(), &tenant, &message_id).await
+    // Only where to look: an unread tenant is not taken to be "" by `names`.
+    let tenant = carried.tenant.as_deref().unwrap_or_default();
+    store.get(consumer.name(), tenant, message_id).await
 }
 
-/// Applies the event to its claim, re-reading it when it moved meanwhile. Returns the result
-/// name and the claim as the event left it.
+/// What came of applying an event.
+enum Applied {
+    /// Applied or recorded on the claim: the result name and the claim as the event left it.
+    Done(&'static str, Box<Claim>),
+    /// A claim was found but the event does not name it: nothing changed.
+    NotNamed(Naming),
+    /// No claim was found.
+    NoClaim,
+}
+
+/// Applies the event to its claim if `check` says it names it, re-reading the claim (and
+/// asking again) when it moved meanwhile.
 async fn apply(
     claimer: &Claimer,
     map: &ValueOutcomes,
     mut claim: Claim,
     reading: &Reading,
     event: &Event<'_>,
-) -> Result<(&'static str, Claim), StoreError> {
+    check: impl Fn(&Claim) -> Naming,
+) -> Result<Applied, StoreError> {
     let settler = claimer.settler();
     let detail = event.describe(map, reading);
     for _ in 0..RETRIES {
+        let naming = check(&claim);
+        if !naming.applies() {
+            if naming == Naming::OtherObject {
+                // A second object carrying this claim's key: the claim keeps its own id and
+                // state; its history says so, for whoever checks it.
+                let note = format!(
+                    "not applied: {}; this claim's object is {}; {detail}",
+                    naming.why(),
+                    claim.provider_id.as_deref().unwrap_or("unknown")
+                );
+                settler
+                    .note(&claim, "event", naming.result(), None, Some(&note))
+                    .await;
+                warn!(
+                    consumer = claim.consumer,
+                    message_id = claim.message_id,
+                    event_id = event.id,
+                    "a provider event about another object carries this claim's key; not applied"
+                );
+            }
+            return Ok(Applied::NotNamed(naming));
+        }
         let from = claim.state;
         let mv = on_event(from, reading.verdict);
         let action_outcome = if event.kind.is_empty() {
@@ -321,10 +442,8 @@ async fn apply(
                     .settle_from(&claim, from, s, "event", action_outcome)
                     .await?
             }
-            EventMove::Flag => {
-                let reason = format!(
-                    "the provider now reports this claim done after claimd failed it ({detail}): money may have moved although the claim says it did not; check the provider before resolving"
-                );
+            EventMove::Flag(contradiction) => {
+                let reason = flag_reason(contradiction, &claim, &detail);
                 settler
                     .settle_from(&claim, from, park(reason, None), "event", "conflict")
                     .await?
@@ -333,7 +452,7 @@ async fn apply(
                 settler
                     .note(&claim, "event", mv.result(), None, Some(&detail))
                     .await;
-                return Ok((mv.result(), claim));
+                return Ok(Applied::Done(mv.result(), Box::new(claim)));
             }
         };
         if moved {
@@ -341,22 +460,43 @@ async fn apply(
                 .store()
                 .get(&claim.consumer, &claim.tenant, &claim.message_id)
                 .await?;
-            return Ok((mv.result(), after.unwrap_or(claim)));
+            return Ok(Applied::Done(mv.result(), Box::new(after.unwrap_or(claim))));
         }
-        // It moved meanwhile: read it again and decide again.
+        // It moved meanwhile (its own answer may have brought its provider id): read it
+        // again and ask again whether the event names it.
         match claimer
             .store()
             .get(&claim.consumer, &claim.tenant, &claim.message_id)
             .await?
         {
             Some(now) => claim = now,
-            None => return Ok(("unknown_object", claim)),
+            None => return Ok(Applied::NoClaim),
         }
     }
     Err(StoreError::Contended(format!(
         "claim {}/{} kept moving while a provider event was applied",
         claim.consumer, claim.message_id
     )))
+}
+
+/// The reason a claim is parked with when the provider contradicts its final state: both
+/// pieces of evidence, for the person who decides.
+fn flag_reason(contradiction: Contradiction, claim: &Claim, detail: &str) -> String {
+    match contradiction {
+        Contradiction::DoneAfterFailed => format!(
+            "the provider now reports this claim done after claimd failed it ({detail}): money may have moved although the claim says it did not; check the provider before resolving"
+        ),
+        Contradiction::FailedAfterDone => format!(
+            "the provider now reports this claim's own object failed after it completed ({detail}); it completed on: {}: one of the two is wrong about money; check the provider before resolving",
+            truncate(
+                claim
+                    .provider_response
+                    .as_deref()
+                    .unwrap_or("no answer kept"),
+                500
+            )
+        ),
+    }
 }
 
 fn refusal(e: &SignatureError) -> &'static str {

@@ -162,6 +162,38 @@ impl LocalStripe {
         );
     }
 
+    /// A PaymentIntent made straight at localstripe, not through claimd (another system, a
+    /// person in the dashboard), confirmed at once with `payment_method` and carrying
+    /// `metadata`.
+    pub async fn create_payment_intent(
+        &self,
+        payment_method: &str,
+        metadata: &[(&str, &str)],
+    ) -> Value {
+        let mut form: Vec<(String, String)> = vec![
+            ("amount".into(), "1000".into()),
+            ("currency".into(), "eur".into()),
+            ("payment_method".into(), payment_method.into()),
+            ("confirm".into(), "true".into()),
+        ];
+        for (k, v) in metadata {
+            form.push((format!("metadata[{k}]"), v.to_string()));
+        }
+        let pi: Value = client()
+            .post(format!("{}/v1/payment_intents", self.url))
+            .bearer_auth(SECRET)
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .body(serde_urlencoded::to_string(&form).unwrap())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(pi["id"].is_string(), "a PaymentIntent: {pi}");
+        pi
+    }
+
     /// One PaymentIntent by id, straight from localstripe.
     pub async fn payment_intent(&self, id: &str) -> Value {
         client()
