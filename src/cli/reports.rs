@@ -184,7 +184,7 @@ pub(super) async fn reconcile_cmd(
                 audit
                     .undecided_claims
                     .first()
-                    .map(|u| format!(", e.g. {}", u.reason))
+                    .map(|u| format!(", e.g. {}", escape_controls(&u.reason)))
                     .unwrap_or_default()
             ),
             code: 1,
