@@ -69,6 +69,16 @@ fn key(message_id: &str) -> String {
 
 /// A claim that completed, for a message asking `amount` cents in EUR.
 async fn completed_claim(store: &Store, message_id: &str, amount: i64) {
+    completed_claim_with(store, message_id, amount, None).await
+}
+
+/// [`completed_claim`], its provider id recorded as `provider_id`.
+async fn completed_claim_with(
+    store: &Store,
+    message_id: &str,
+    amount: i64,
+    provider_id: Option<&str>,
+) {
     let payload = json!({"amount": amount, "currency": "eur", "order": message_id,
                          "payment_method": "pm_card_visa"})
     .to_string();
@@ -91,6 +101,7 @@ async fn completed_claim(store: &Store, message_id: &str, amount: i64) {
     let done = Settlement {
         state: Some(ClaimState::Completed),
         provider_status: Some(200),
+        provider_id: provider_id.map(str::to_string),
         ..Default::default()
     };
     let ev = NewEvent {
@@ -105,9 +116,20 @@ async fn completed_claim(store: &Store, message_id: &str, amount: i64) {
 
 /// A confirmed PaymentIntent with `claimd_key` = `key` in its metadata; returns its id.
 async fn payment_intent(ls: &LocalStripe, pm: &str, key: &str, amount: i64) -> String {
+    payment_intent_in(ls, pm, key, amount, "eur").await
+}
+
+/// [`payment_intent`] in `currency`.
+async fn payment_intent_in(
+    ls: &LocalStripe,
+    pm: &str,
+    key: &str,
+    amount: i64,
+    currency: &str,
+) -> String {
     let form = [
         ("amount", amount.to_string()),
-        ("currency", "eur".into()),
+        ("currency", currency.into()),
         ("payment_method", pm.into()),
         ("confirm", "true".into()),
         ("metadata[claimd_key]", key.into()),
@@ -348,4 +370,147 @@ fn a_consumer_without_a_ledger_description_or_a_bad_one_is_refused_with_the_key(
     );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--from must be before --to"), "{err}");
+}
+
+/// Refunds a PaymentIntent in full through localstripe's own API.
+async fn refund(ls: &LocalStripe, id: &str) {
+    let r = client()
+        .post(format!("{}/v1/refunds", ls.url))
+        .bearer_auth(SECRET)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(serde_urlencoded::to_string([("payment_intent", id)]).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "refund {id}: {}", r.status());
+}
+
+/// The findings say what is true: a currency mismatch names the object's currency; of a
+/// double, the object the claim recorded is kept whatever the creation times; a double whose
+/// extra object was refunded in full is settled; the CSV carries the totals.
+async fn findings_tell_the_truth(store_kind: TestStore) {
+    let Some(bin) = require_localstripe() else {
+        return;
+    };
+    let ls = LocalStripe::start(&bin).await;
+    let url = store_kind.url();
+    let env = env(&url, &ls.url);
+    let (code, _, err) = claimd(&["migrate"], &env);
+    assert_eq!(code, 0, "migrate: {err}");
+    let store = claimd::internal::store::open(&url, 4).await.unwrap();
+    let pm = ls.payment_method(CARD_OK).await;
+
+    completed_claim(&store, "paid", 1000).await;
+    payment_intent(&ls, &pm, &key("paid"), 1000).await;
+    // The message asked 146 EUR; the PaymentIntent took 146 USD.
+    completed_claim(&store, "currency", 146).await;
+    payment_intent_in(&ls, &pm, &key("currency"), 146, "usd").await;
+    // A double whose claim recorded the younger PaymentIntent (or, created in the same
+    // second, the one that sorts last by id): that one is the claim's, the other is refunded.
+    let first = payment_intent(&ls, &pm, &key("double"), 300).await;
+    let second = payment_intent(&ls, &pm, &key("double"), 300).await;
+    let created = |pi: Value| (pi["created"].as_i64().unwrap(), pi["id"].to_string());
+    let (recorded, extra) =
+        if created(ls.payment_intent(&first).await) > created(ls.payment_intent(&second).await) {
+            (first, second)
+        } else {
+            (second, first)
+        };
+    completed_claim_with(&store, "double", 300, Some(&recorded)).await;
+    // A double already refunded: settled.
+    let kept = payment_intent(&ls, &pm, &key("refunded"), 400).await;
+    let refunded = payment_intent(&ls, &pm, &key("refunded"), 400).await;
+    completed_claim_with(&store, "refunded", 400, Some(&kept)).await;
+    refund(&ls, &refunded).await;
+
+    let (code, out, err) = claimd(
+        &["reconcile", "--ledger", "--since", "1h", "--format", "json"],
+        &env,
+    );
+    assert_eq!(code, 3, "the ledgers disagree: {err}\n{out}");
+    let run: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let expected: BTreeSet<(String, String)> = [
+        ("currency_mismatch".to_string(), key("currency")),
+        ("double".to_string(), key("double")),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(
+        findings(&run),
+        expected,
+        "the refunded double is settled: {out}"
+    );
+    let consumer = &run["consumers"][0];
+    assert_eq!(consumer["counts"]["refunded"], 1, "{}", consumer["counts"]);
+    assert_eq!(consumer["counts"]["agreeing"], 2, "paid and refunded agree");
+    let finding = |kind: &str| {
+        consumer["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["kind"] == kind)
+            .unwrap()
+            .clone()
+    };
+    let double = finding("double");
+    assert_eq!(double["keep"], json!(recorded), "{double}");
+    assert_eq!(double["refund"], json!([extra]), "{double}");
+    let currency = finding("currency_mismatch");
+    assert_eq!(currency["currency"], "eur", "{currency}");
+    assert_eq!(currency["provider_currency"], "usd", "{currency}");
+
+    let (code, table, _) = claimd(&["reconcile", "--ledger", "--since", "1h"], &env);
+    assert_eq!(code, 3);
+    let row = table
+        .lines()
+        .find(|l| l.contains("currency_mismatch") && l.contains(&key("currency")))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        row.contains("146 eur") && row.contains("146 usd"),
+        "each side in its own currency: {row}"
+    );
+    assert!(
+        table.contains(&format!("refund {extra} "))
+            && !table.contains(&format!("refund {recorded}")),
+        "{table}"
+    );
+
+    // The CSV: the findings, then the totals per consumer, tenant and currency.
+    let (code, csv, _) = claimd(
+        &["reconcile", "--ledger", "--since", "1h", "--format", "csv"],
+        &env,
+    );
+    assert_eq!(code, 3);
+    let (findings_csv, totals_csv) = csv
+        .split_once("\n\n")
+        .unwrap_or_else(|| panic!("two tables: {csv}"));
+    assert!(findings_csv.starts_with("consumer,kind,key,"), "{csv}");
+    let mut totals = totals_csv.lines();
+    assert_eq!(
+        totals.next(),
+        Some(
+            "consumer,tenant,currency,claims,store_amount,objects,provider_amount,difference,made_up_of"
+        ),
+        "{csv}"
+    );
+    let usd = totals
+        .find(|l| l.contains(",usd,"))
+        .unwrap_or_else(|| panic!("a usd bucket: {csv}"));
+    assert!(
+        usd.starts_with(&format!("{CONSUMER},,usd,0,0,1,146,146,")),
+        "{usd}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ledger_findings_tell_the_truth_on_postgres() {
+    let Some(db) = TestStore::pg().await else {
+        return;
+    };
+    findings_tell_the_truth(db).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ledger_findings_tell_the_truth_on_sqlite() {
+    findings_tell_the_truth(TestStore::sqlite()).await;
 }

@@ -56,14 +56,18 @@ pub(super) async fn reconcile_cmd(
         Ok(a) => a,
         Err(e) => return Output::fail(1, e),
     };
-    let mut mismatches = Table::new(&[
+    // One table for the CSV: the mismatches, then each undecided claim as kind "undecided"
+    // with its reason (the text output lists those in a table of their own).
+    let columns = [
         "kind",
         "consumer",
         "tenant",
         "message_id",
         "state",
+        "provider",
         "suggestion",
-    ]);
+    ];
+    let mut mismatches = Table::new(&columns);
     for m in &audit.mismatches {
         let kind = serde_json::to_value(m.kind)
             .ok()
@@ -75,12 +79,37 @@ pub(super) async fn reconcile_cmd(
             m.tenant.clone(),
             m.message_id.clone(),
             m.state.clone(),
+            m.provider.clone(),
             m.suggestion.clone(),
+        ]);
+    }
+    let mut undecided = Table::new(&["consumer", "tenant", "message_id", "state", "reason"]);
+    for u in &audit.undecided_claims {
+        undecided.row(vec![
+            u.consumer.clone(),
+            u.tenant.clone(),
+            u.message_id.clone(),
+            u.state.clone(),
+            u.reason.clone(),
         ]);
     }
     let stdout = match format {
         Format::Json => to_json(&audit),
-        Format::Csv => mismatches.csv(),
+        Format::Csv => {
+            let mut all = mismatches.clone();
+            for u in &audit.undecided_claims {
+                all.row(vec![
+                    "undecided".into(),
+                    u.consumer.clone(),
+                    u.tenant.clone(),
+                    u.message_id.clone(),
+                    u.state.clone(),
+                    u.reason.clone(),
+                    String::new(),
+                ]);
+            }
+            all.csv()
+        }
         Format::Table => {
             let mut s = format!(
                 "checked {} claims, {} undecided, {} mismatch{}{}\n",
@@ -103,6 +132,19 @@ pub(super) async fn reconcile_cmd(
             }
             if !mismatches.is_empty() {
                 s.push_str(&mismatches.text());
+            }
+            if !undecided.is_empty() {
+                let listed = audit.undecided_claims.len() as u64;
+                let _ = writeln!(
+                    s,
+                    "\nundecided (the provider's answer decided nothing{}):",
+                    if listed < audit.undecided {
+                        format!("; {listed} of {} listed", audit.undecided)
+                    } else {
+                        String::new()
+                    }
+                );
+                s.push_str(&undecided.text());
             }
             if !audit.unmatched_events.is_empty() {
                 let _ = writeln!(
@@ -137,8 +179,13 @@ pub(super) async fn reconcile_cmd(
         return Output {
             stdout,
             stderr: format!(
-                "claimd: reconcile could not check any claim: {} undecided (the status endpoint gave no usable answer; is the provider reachable?)\n",
-                audit.undecided
+                "claimd: reconcile could not check any claim: {} undecided (the status endpoint gave no usable answer{}; each claim's reason is listed)\n",
+                audit.undecided,
+                audit
+                    .undecided_claims
+                    .first()
+                    .map(|u| format!(", e.g. {}", escape_controls(&u.reason)))
+                    .unwrap_or_default()
             ),
             code: 1,
         };

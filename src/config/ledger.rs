@@ -41,6 +41,12 @@ pub struct LedgerConfig {
     /// whose lists decide which objects moved money; without an outcome table every object
     /// counts as completed.
     pub status_pointer: String,
+    /// How much of the object was refunded (like `/latest_charge/amount_refunded` with
+    /// Stripe's `expand[]=data.latest_charge`): an integer in minor units, or a boolean
+    /// (`true`: all of it). An object the report would have you refund (a double's extra one,
+    /// an orphan) that is refunded in full is settled: counted, not a finding, not in the
+    /// totals. Empty: refunds are not read.
+    pub refunded_pointer: String,
     /// The amount in a claim's payload (like `/amount`).
     pub payload_amount_pointer: String,
     /// The currency in a claim's payload (like `/currency`).
@@ -66,6 +72,7 @@ impl Default for LedgerConfig {
             currency_pointer: "/currency".into(),
             created_pointer: "/created".into(),
             status_pointer: String::new(),
+            refunded_pointer: String::new(),
             payload_amount_pointer: "/amount".into(),
             payload_currency_pointer: "/currency".into(),
             margin: Dur(Duration::from_secs(3600)),
@@ -96,6 +103,7 @@ impl LedgerConfig {
             ("ledger.currency_pointer", &self.currency_pointer),
             ("ledger.created_pointer", &self.created_pointer),
             ("ledger.status_pointer", &self.status_pointer),
+            ("ledger.refunded_pointer", &self.refunded_pointer),
             (
                 "ledger.payload_amount_pointer",
                 &self.payload_amount_pointer,

@@ -52,6 +52,21 @@ fn amount(value: &Value, p: &str) -> Option<i64> {
     }
 }
 
+/// How much was refunded: an integer amount (or a string holding one), or a boolean that
+/// says all of `amount` (`true`) or nothing (`false`).
+fn refunded(value: &Value, p: &str, amount: Option<i64>) -> Option<i64> {
+    if p.is_empty() {
+        return None;
+    }
+    match pointer(value, p)? {
+        Value::Bool(true) => Some(amount.unwrap_or(0)),
+        Value::Bool(false) => Some(0),
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
 /// A time: seconds since 1970 (a number or a numeric string), or RFC 3339.
 fn created(value: &Value, p: &str) -> Option<i64> {
     match pointer(value, p)? {
@@ -171,10 +186,12 @@ impl<'a> ObjectReader<'a> {
                 None => ObjectVerdict::Unknown,
             },
         };
+        let amount = amount(object, &l.amount_pointer);
         Ok(LedgerObject {
             key,
             id: text(object, &l.id_pointer).unwrap_or_default(),
-            amount: amount(object, &l.amount_pointer),
+            refunded: refunded(object, &l.refunded_pointer, amount),
+            amount,
             currency: text(object, &l.currency_pointer).map(|c| c.to_lowercase()),
             status: text(object, &self.status_pointer),
             verdict,
@@ -200,6 +217,7 @@ impl<'a> ObjectReader<'a> {
             received: c.received_utc,
             amount: amount_v,
             currency: currency_v,
+            provider_id: c.provider_id,
         }
     }
 }
@@ -293,8 +311,37 @@ mod tests {
             Err(Skipped::WithoutKey)
         );
         assert_eq!(r.read(&o, 16, 20), Err(Skipped::OutsideWindow));
+        assert_eq!(
+            read.refunded, None,
+            "refunds are not read without refunded_pointer"
+        );
         let rfc =
             json!({"id": "x", "created": "1970-01-01T00:00:12Z", "metadata": {"claimd_key": "k"}});
         assert_eq!(r.read(&rfc, 10, 20).unwrap().created, 12);
+    }
+
+    #[test]
+    fn a_refund_is_read_as_an_amount_or_as_all_of_it() {
+        let l = LedgerConfig {
+            refunded_pointer: "/latest_charge/amount_refunded".into(),
+            ..stripe()
+        };
+        let r = ObjectReader::new(&l, None);
+        let pi = |charge: Value| {
+            json!({"id": "pi_1", "amount": 500, "created": 15, "latest_charge": charge,
+                   "metadata": {"claimd_key": "k"}})
+        };
+        let read = |o: Value| r.read(&o, 10, 20).unwrap().refunded;
+        assert_eq!(read(pi(json!({"amount_refunded": 500}))), Some(500));
+        assert_eq!(read(pi(json!({"amount_refunded": 0}))), Some(0));
+        assert_eq!(read(pi(Value::Null)), None);
+        let l = LedgerConfig {
+            refunded_pointer: "/refunded".into(),
+            ..stripe()
+        };
+        let r = ObjectReader::new(&l, None);
+        let o = json!({"id": "ch_1", "amount": 500, "created": 15, "refunded": true,
+                       "metadata": {"claimd_key": "k"}});
+        assert_eq!(r.read(&o, 10, 20).unwrap().refunded, Some(500));
     }
 }

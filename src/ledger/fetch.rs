@@ -60,7 +60,7 @@ impl Spill {
         let spill = Spill { pool, path };
         sqlx::query(
             "CREATE TABLE objects (key TEXT NOT NULL, created INTEGER NOT NULL, id TEXT NOT NULL, \
-             amount INTEGER, currency TEXT, status TEXT, verdict TEXT NOT NULL)",
+             amount INTEGER, currency TEXT, status TEXT, verdict TEXT NOT NULL, refunded INTEGER)",
         )
         .execute(&spill.pool)
         .await
@@ -73,7 +73,7 @@ impl Spill {
         let fail = |e: sqlx::Error| LedgerError::Spill(e.to_string());
         let mut tx = self.pool.begin().await.map_err(fail)?;
         for o in objects {
-            sqlx::query("INSERT INTO objects VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
+            sqlx::query("INSERT INTO objects VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
                 .bind(&o.key)
                 .bind(o.created)
                 .bind(&o.id)
@@ -81,6 +81,7 @@ impl Spill {
                 .bind(&o.currency)
                 .bind(&o.status)
                 .bind(o.verdict.code())
+                .bind(o.refunded)
                 .execute(&mut *tx)
                 .await
                 .map_err(fail)?;
@@ -109,7 +110,7 @@ impl Spill {
             None => ("", i64::MIN, ""),
         };
         let rows = sqlx::query(
-            "SELECT key, created, id, amount, currency, status, verdict FROM objects \
+            "SELECT key, created, id, amount, currency, status, verdict, refunded FROM objects \
              WHERE (key, created, id) > (?1, ?2, ?3) ORDER BY key, created, id LIMIT ?4",
         )
         .bind(key)
@@ -130,6 +131,7 @@ impl Spill {
                     currency: r.try_get("currency")?,
                     status: r.try_get("status")?,
                     verdict: ObjectVerdict::from_code(&verdict),
+                    refunded: r.try_get("refunded")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()

@@ -74,6 +74,15 @@ pub struct LedgerObject {
     pub verdict: ObjectVerdict,
     /// Creation time, seconds since 1970.
     pub created: i64,
+    /// How much of it was refunded (minor units), when `refunded_pointer` reads it.
+    pub refunded: Option<i64>,
+}
+
+impl LedgerObject {
+    /// Refunded in full: it keeps none of the money it moved.
+    pub fn fully_refunded(&self) -> bool {
+        matches!((self.refunded, self.amount), (Some(r), Some(a)) if r >= a && r > 0)
+    }
 }
 
 /// One claim, as far as reconciliation needs it.
@@ -93,13 +102,16 @@ pub struct ClaimSide {
     pub amount: Option<i64>,
     /// Currency from the payload, lower case, when readable.
     pub currency: Option<String>,
+    /// The provider's id the claim recorded (from the call's answer or a lookup), if any.
+    pub provider_id: Option<String>,
 }
 
 /// How the two ledgers disagree about a key, worst first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
-    /// Two or more objects moved money for one claim: refund all but the first.
+    /// Two or more objects moved money for one claim: refund all but the one the claim
+    /// recorded (without one, the oldest).
     Double,
     /// Completed here, nothing at the provider: money may not have moved.
     Missing,
@@ -156,12 +168,18 @@ pub struct Finding {
     pub provider_statuses: Vec<String>,
     /// Objects to refund (a double's extra ones; an orphan's, when no one owns it).
     pub refund: Vec<String>,
+    /// A double's object to keep: the one the claim recorded as its provider id, else the
+    /// oldest.
+    pub keep: Option<String>,
     /// What the claim's message asked for (completed claims; minor units).
     pub store_amount: Option<i64>,
     /// What the provider's money-moving objects add up to.
     pub provider_amount: Option<i64>,
-    /// Currency (the claim's, else the objects').
+    /// Currency (the claim's, else the objects'): `store_amount`'s.
     pub currency: String,
+    /// The provider's objects' currency (the money-moving ones', else the first's), when
+    /// readable: `provider_amount`'s.
+    pub provider_currency: Option<String>,
     /// What this key adds to the totals' difference (provider minus store), per currency.
     pub difference: BTreeMap<String, i64>,
     /// What to do.
@@ -206,6 +224,9 @@ pub struct Counts {
     pub without_key: u64,
     /// Pages of the provider's list read.
     pub pages: u64,
+    /// Objects the report would list for a refund (a double's extra one, an orphan) that are
+    /// refunded in full (`refunded_pointer`): settled, not findings, not in the totals.
+    pub refunded: u64,
 }
 
 /// The result for one consumer.
@@ -296,6 +317,32 @@ impl<'a> Matcher<'a> {
         }
         self.out.counts.objects += objects.len() as u64;
         let tenant = claim.as_ref().map(|c| c.tenant.clone()).unwrap_or_default();
+        let mut moved: Vec<&LedgerObject> = objects
+            .iter()
+            .filter(|o| o.verdict == ObjectVerdict::Completed)
+            .collect();
+        // The object that carries the claim's money goes first: the one the claim recorded as
+        // its provider id, whatever the creation times; without one, the oldest.
+        if let Some(i) = claim
+            .as_ref()
+            .and_then(|c| c.provider_id.as_deref())
+            .and_then(|id| moved.iter().position(|o| o.id == id))
+        {
+            let kept = moved.remove(i);
+            moved.insert(0, kept);
+        }
+        // Objects to refund that are refunded in full moved no money that stayed: settled.
+        let first_to_refund = usize::from(claim.is_some());
+        let mut settled: Vec<&str> = Vec::new();
+        let mut i = first_to_refund;
+        while i < moved.len() {
+            if moved[i].fully_refunded() {
+                settled.push(&moved.remove(i).id);
+            } else {
+                i += 1;
+            }
+        }
+        self.out.counts.refunded += settled.len() as u64;
         // The totals, from this key alone.
         let mut difference: BTreeMap<String, i64> = BTreeMap::new();
         if let Some(c) = claim.as_ref().filter(|c| c.state == ClaimState::Completed) {
@@ -306,10 +353,6 @@ impl<'a> Matcher<'a> {
             b.store_amount += amount;
             *difference.entry(currency).or_default() -= amount;
         }
-        let moved: Vec<&LedgerObject> = objects
-            .iter()
-            .filter(|o| o.verdict == ObjectVerdict::Completed)
-            .collect();
         for o in &moved {
             let currency = currency_of(&o.currency);
             let amount = o.amount.unwrap_or(0);
@@ -319,7 +362,7 @@ impl<'a> Matcher<'a> {
             *difference.entry(currency).or_default() += amount;
         }
         difference.retain(|_, d| *d != 0);
-        let kind = self.judge(claim.as_ref(), &objects, &moved);
+        let kind = self.judge(claim.as_ref(), &objects, &moved, &settled);
         let Some(kind) = kind else {
             self.out.counts.agreeing += 1;
             return;
@@ -372,6 +415,12 @@ impl<'a> Matcher<'a> {
                 .and_then(|c| c.currency.clone())
                 .or_else(|| objects.first().and_then(|o| o.currency.clone()))
                 .unwrap_or_else(|| "?".into()),
+            provider_currency: moved
+                .first()
+                .copied()
+                .or(objects.first())
+                .and_then(|o| o.currency.clone()),
+            keep: (kind == Kind::Double).then(|| moved[0].id.clone()),
             action: self.action(kind, claim.as_ref(), &moved, &refund),
             refund,
             difference,
@@ -386,12 +435,14 @@ impl<'a> Matcher<'a> {
         claim: Option<&ClaimSide>,
         objects: &[LedgerObject],
         moved: &[&LedgerObject],
+        settled: &[&str],
     ) -> Option<Kind> {
         let Some(c) = claim else {
-            // Objects that all failed moved no money: nothing to refund, nothing to report.
+            // Objects that all failed, or were refunded in full, keep no money: nothing to
+            // refund, nothing to report.
             return objects
                 .iter()
-                .any(|o| o.verdict != ObjectVerdict::Failed)
+                .any(|o| o.verdict != ObjectVerdict::Failed && !settled.contains(&o.id.as_str()))
                 .then_some(Kind::Orphan);
         };
         if moved.len() >= 2 {
@@ -431,9 +482,13 @@ impl<'a> Matcher<'a> {
         let show = show.unwrap_or_default();
         match kind {
             Kind::Double => format!(
-                "refund {} at the provider (keep {}); then find why one key was charged twice (a changed key template, a second sender, a provider ignoring keys)",
+                "refund {} at the provider (keep {}, {}); then find why one key was charged twice (a changed key template, a second sender, a provider ignoring keys)",
                 refund.join(", "),
-                moved.first().map(|o| o.id.as_str()).unwrap_or("the first")
+                moved.first().map(|o| o.id.as_str()).unwrap_or("the first"),
+                match (claim.and_then(|c| c.provider_id.as_deref()), moved.first()) {
+                    (Some(id), Some(o)) if o.id == id => "the one the claim recorded",
+                    _ => "the oldest",
+                }
             ),
             Kind::Missing => format!(
                 "money may not have moved: search the provider for this key; if it never happened, charge again by hand or correct the claim ({show})"
@@ -514,156 +569,4 @@ pub fn merge_sorted(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(s: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(s, 0).unwrap()
-    }
-
-    fn claim(key: &str, amount: i64, state: ClaimState) -> ClaimSide {
-        ClaimSide {
-            key: key.into(),
-            tenant: "t".into(),
-            message_id: format!("m-{key}"),
-            state,
-            received: at(1_000),
-            amount: Some(amount),
-            currency: Some("eur".into()),
-        }
-    }
-
-    fn object(key: &str, id: &str, amount: i64, verdict: ObjectVerdict) -> LedgerObject {
-        LedgerObject {
-            key: key.into(),
-            id: id.into(),
-            amount: Some(amount),
-            currency: Some("eur".into()),
-            status: Some("succeeded".into()),
-            verdict,
-            created: 1_001,
-        }
-    }
-
-    fn run(claims: Vec<ClaimSide>, objects: Vec<LedgerObject>) -> ConsumerLedger {
-        let commands = OperatorCommands::new(None);
-        let mut m = Matcher::new("pay", at(0), at(2_000), &commands);
-        merge_sorted(&mut m, claims, objects);
-        m.finish()
-    }
-
-    const OK: ObjectVerdict = ObjectVerdict::Completed;
-    const DONE: ClaimState = ClaimState::Completed;
-
-    #[test]
-    fn each_kind_is_found_and_the_totals_difference_is_the_sum_of_the_findings() {
-        let claims = vec![
-            claim("a", 100, DONE),
-            claim("b", 200, DONE),
-            claim("c", 300, DONE),
-            claim("d", 400, DONE),
-            claim("f", 500, ClaimState::Failed),
-        ];
-        let objects = vec![
-            object("a", "pi_a", 100, OK),
-            object("b", "pi_b1", 200, OK),
-            object("b", "pi_b2", 200, OK),
-            // c: missing
-            object("d", "pi_d", 450, OK),
-            object("e", "pi_e", 70, OK),
-            object("f", "pi_f", 500, ObjectVerdict::Failed),
-        ];
-        let r = run(claims, objects);
-        let kinds: Vec<(Kind, &str)> = r
-            .findings
-            .iter()
-            .map(|f| (f.kind, f.key.as_str()))
-            .collect();
-        assert_eq!(
-            kinds,
-            vec![
-                (Kind::Double, "b"),
-                (Kind::Missing, "c"),
-                (Kind::Orphan, "e"),
-                (Kind::AmountMismatch, "d")
-            ]
-        );
-        assert_eq!(r.findings[0].refund, vec!["pi_b2".to_string()]);
-        assert!(r.findings[0].action.contains("refund pi_b2"));
-        assert_eq!(r.counts.agreeing, 2, "a and f (failed on both sides)");
-        let total: i64 = r.totals.iter().map(|b| b.difference).sum();
-        let by_findings: i64 = r.findings.iter().flat_map(|f| f.difference.values()).sum();
-        assert_eq!(total, 200 - 300 + 50 + 70);
-        assert_eq!(total, by_findings);
-        assert!(r.disagrees());
-    }
-
-    #[test]
-    fn agreeing_ledgers_have_no_findings_and_no_difference() {
-        let claims = (0..50).map(|i| claim(&format!("k{i:03}"), i, DONE));
-        let objects = (0..50).map(|i| object(&format!("k{i:03}"), &format!("pi_{i}"), i, OK));
-        let r = run(claims.collect(), objects.collect());
-        assert!(r.findings.is_empty());
-        assert!(!r.disagrees());
-        assert_eq!(r.counts.agreeing, 50);
-        assert_eq!(r.totals.len(), 1);
-        assert_eq!(r.totals[0].store_amount, (0..50).sum::<i64>());
-    }
-
-    #[test]
-    fn status_and_currency_disagreements_say_what_to_run() {
-        let mut usd = object("c", "pi_c", 100, OK);
-        usd.currency = Some("usd".into());
-        let r = run(
-            vec![
-                claim("a", 100, ClaimState::Failed),
-                claim("b", 100, DONE),
-                claim("c", 100, DONE),
-            ],
-            vec![
-                object("a", "pi_a", 100, OK),
-                object("b", "pi_b", 100, ObjectVerdict::Failed),
-                usd,
-            ],
-        );
-        let kinds: Vec<Kind> = r.findings.iter().map(|f| f.kind).collect();
-        assert_eq!(
-            kinds,
-            vec![
-                Kind::CurrencyMismatch,
-                Kind::StatusMismatch,
-                Kind::StatusMismatch
-            ]
-        );
-        let a = r.findings.iter().find(|f| f.key == "a").unwrap();
-        assert!(a.action.contains("claims resolve"), "{}", a.action);
-        assert!(a.action.contains("--as completed"), "{}", a.action);
-        let c = &r.findings[0];
-        assert_eq!(c.difference.get("usd"), Some(&100));
-        assert_eq!(c.difference.get("eur"), Some(&-100));
-    }
-
-    #[test]
-    fn keys_outside_the_window_belong_to_the_neighbours() {
-        let mut early = claim("a", 100, DONE);
-        early.received = at(-10);
-        let mut late = object("z", "pi_z", 5, OK);
-        late.created = 2_500;
-        let r = run(vec![early], vec![object("a", "pi_a", 1, OK), late]);
-        assert!(r.findings.is_empty());
-        assert_eq!(r.counts.outside_window, 2);
-    }
-
-    #[test]
-    fn a_verdict_survives_its_code() {
-        for v in [
-            ObjectVerdict::Completed,
-            ObjectVerdict::Pending,
-            ObjectVerdict::NeedsAttention,
-            ObjectVerdict::Failed,
-            ObjectVerdict::Unknown,
-        ] {
-            assert_eq!(ObjectVerdict::from_code(v.code()), v);
-        }
-    }
-}
+mod tests;

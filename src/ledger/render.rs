@@ -45,37 +45,48 @@ fn finding_row(consumer: &str, f: &Finding) -> Vec<String> {
         f.state.clone().unwrap_or_default(),
         objects.join(" "),
         amount(f.store_amount, &f.currency),
-        amount(f.provider_amount, &f.currency),
+        amount(
+            f.provider_amount,
+            f.provider_currency.as_deref().unwrap_or(&f.currency),
+        ),
         f.action.clone(),
     ]
 }
 
+const TOTALS_COLUMNS: [&str; 9] = [
+    "consumer",
+    "tenant",
+    "currency",
+    "claims",
+    "store_amount",
+    "objects",
+    "provider_amount",
+    "difference",
+    "made_up_of",
+];
+
+fn totals_row(consumer: &str, b: &Bucket) -> Vec<String> {
+    let mut items = b.items.join(" ");
+    if b.more_items > 0 {
+        let _ = write!(items, " (+{} more)", b.more_items);
+    }
+    vec![
+        consumer.to_string(),
+        b.tenant.clone(),
+        b.currency.clone(),
+        b.claims.to_string(),
+        b.store_amount.to_string(),
+        b.objects.to_string(),
+        b.provider_amount.to_string(),
+        b.difference.to_string(),
+        items,
+    ]
+}
+
 fn totals_table(totals: &[Bucket]) -> Table {
-    let mut t = Table::new(&[
-        "tenant",
-        "currency",
-        "claims",
-        "store_amount",
-        "objects",
-        "provider_amount",
-        "difference",
-        "made_up_of",
-    ]);
+    let mut t = Table::new(&TOTALS_COLUMNS[1..]);
     for b in totals {
-        let mut items = b.items.join(" ");
-        if b.more_items > 0 {
-            let _ = write!(items, " (+{} more)", b.more_items);
-        }
-        t.row(vec![
-            b.tenant.clone(),
-            b.currency.clone(),
-            b.claims.to_string(),
-            b.store_amount.to_string(),
-            b.objects.to_string(),
-            b.provider_amount.to_string(),
-            b.difference.to_string(),
-            items,
-        ]);
+        t.row(totals_row("", b)[1..].to_vec());
     }
     t
 }
@@ -85,13 +96,18 @@ fn consumer_text(s: &mut String, l: &ConsumerLedger) {
     let found: u64 = l.by_kind.values().sum();
     let _ = writeln!(
         s,
-        "consumer {}: {} claims, {} provider objects ({} pages; {} without a claimd key), {} keys agree, {} disagree{}",
+        "consumer {}: {} claims, {} provider objects ({} pages; {} without a claimd key), {} keys agree{}, {} disagree{}",
         l.consumer,
         c.claims,
         c.objects,
         c.pages,
         c.without_key,
         c.agreeing,
+        if c.refunded > 0 {
+            format!(" ({} extra objects refunded in full: settled)", c.refunded)
+        } else {
+            String::new()
+        },
         found,
         if l.by_kind.is_empty() {
             String::new()
@@ -143,15 +159,23 @@ pub fn text(run: &LedgerRun) -> String {
     s
 }
 
-/// The CSV output: one row per finding.
+/// The CSV output: one row per finding, then, after a blank line, the totals per consumer,
+/// tenant and currency (as the text lists them after the findings).
 pub fn csv(run: &LedgerRun) -> String {
     let mut t = Table::new(&FINDING_COLUMNS);
+    let mut totals = Table::new(&TOTALS_COLUMNS);
     for l in &run.consumers {
         for f in &l.findings {
             t.row(finding_row(&l.consumer, f));
         }
+        for b in &l.totals {
+            totals.row(totals_row(&l.consumer, b));
+        }
     }
-    t.csv()
+    let mut out = t.csv();
+    out.push('\n');
+    out.push_str(&totals.csv());
+    out
 }
 
 /// The `report` table's section on the last ledger runs (empty when there was none).

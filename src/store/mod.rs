@@ -283,6 +283,8 @@ pub struct LedgerClaim {
     pub received_utc: DateTime<Utc>,
     /// The message.
     pub payload: Vec<u8>,
+    /// The provider's id of the effect, when the claim recorded one.
+    pub provider_id: Option<String>,
 }
 
 /// A consumer's last ledger reconciliation, as stored.

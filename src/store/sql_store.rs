@@ -407,6 +407,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?,
                     received_utc: r.time("received_utc")?,
                     payload: r.bytes_or_empty("payload"),
+                    provider_id: r.opt_text("provider_id")?,
                 })
             })
             .collect()

@@ -387,7 +387,7 @@ pub(super) const STATEMENTS: Statements = Statements {
       SELECT id FROM provider_events \
       WHERE received_utc < now() - $1 * interval '1 millisecond' ORDER BY received_utc LIMIT $2)",
     list_ledger_claims: "\
-    SELECT id, tenant, message_id, idem_key, state, received_utc, payload FROM claims \
+    SELECT id, tenant, message_id, idem_key, state, received_utc, payload, provider_id FROM claims \
     WHERE consumer = $1 AND received_utc >= $2 AND received_utc < $3 \
       AND (idem_key COLLATE \"C\", id) > ($4 COLLATE \"C\", $5) \
     ORDER BY consumer, idem_key COLLATE \"C\", id LIMIT $6",

@@ -354,7 +354,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         " - ?1 ORDER BY received_utc LIMIT ?2)"
     ),
     list_ledger_claims: "\
-    SELECT id, tenant, message_id, idem_key, state, received_utc, payload FROM claims \
+    SELECT id, tenant, message_id, idem_key, state, received_utc, payload, provider_id FROM claims \
     WHERE consumer = ?1 AND received_utc >= ?2 AND received_utc < ?3 \
       AND (idem_key, id) > (?4, ?5) \
     ORDER BY consumer, idem_key, id LIMIT ?6",
