@@ -5,7 +5,7 @@ mod common;
 mod harness;
 
 use claimd::internal::sandbox::SandboxOptions;
-use harness::{Intake, Outcome, Scenario, assert_invariants};
+use harness::{HostileOptions, Intake, Outcome, Scenario, assert_invariants};
 use std::time::Duration;
 
 fn base(name: &str, seed: u64) -> Scenario {
@@ -31,6 +31,7 @@ fn base(name: &str, seed: u64) -> Scenario {
         hang_ups: 0.1,
         two_tenants: 0.05,
         outcome_events: true,
+        hostile: None,
     }
 }
 
@@ -96,6 +97,17 @@ async fn reliability_scenarios_hold_every_invariant() {
             Scenario {
                 db_outage: Some(Duration::from_secs(4)),
                 ..base("kills + database outage", seed + 3)
+            },
+            true,
+        ),
+        (
+            Scenario {
+                hostile: Some(HostileOptions::default()),
+                provider_outage: Some(Duration::from_secs(3)),
+                ..base(
+                    "hostile provider (503 after apply, 409 in flight, look-alike events)",
+                    seed + 5,
+                )
             },
             true,
         ),
