@@ -117,7 +117,7 @@ impl HostileProxy {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),
-            rng: Mutex::new(fastrand::Rng::with_seed(seed ^ 0x0551_1e)),
+            rng: Mutex::new(fastrand::Rng::with_seed(seed ^ 0x0005_511e)),
             in_flight: Mutex::default(),
             pending: Mutex::default(),
             announce: Mutex::new(Some(tx)),

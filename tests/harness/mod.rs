@@ -3,7 +3,10 @@
 //! (new, duplicate, concurrent duplicate, changed payload, bad input, emails) at least once —
 //! over HTTP intake or through RabbitMQ — and a chaos loop that SIGKILLs and restarts workers
 //! and can stop PostgreSQL and RabbitMQ. At the end it checks the store, the provider, the SMTP
-//! sink and the dead-letter queues against the ledger and prints the table.
+//! sink and the dead-letter queues against the ledger and prints the table. In the hostile mode
+//! a proxy in front of the sandbox lies the way proxies and providers do (`hostile.rs`) and
+//! signed events about look-alike objects are sent (`lookalike.rs`); the checks then include
+//! "settled by another object's evidence" and "never sent, key held".
 //!
 //! Used by `tests/reliability.rs` (short, in CI) and `examples/chaos.rs` (long runs).
 #![allow(dead_code)]
