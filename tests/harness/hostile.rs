@@ -47,8 +47,8 @@ pub struct HostileOptions {
 impl Default for HostileOptions {
     fn default() -> Self {
         HostileOptions {
-            applied_503: 0.15,
-            unforwarded_503: 0.15,
+            applied_503: 0.2,
+            unforwarded_503: 0.25,
             pending: 0.3,
             lookalikes: true,
             send_deadline: Duration::from_secs(2),
