@@ -17,8 +17,10 @@
 //! way in. `CHAOS_PROVIDER_OUTAGE_S` (default 30: ten leases, 0 to skip) takes the provider down (its port
 //! refuses connections, calls in progress are cut) two thirds of the way in, and
 //! `CHAOS_PROVIDER_RATE_LIMIT` (default 400, 0 for none) is the most POSTs a second the provider
-//! takes (`429` beyond it). Nothing else
-//! should be using the broker or the database server meanwhile.
+//! takes (`429` beyond it). `CHAOS_HOSTILE=1` puts the hostile provider in front of the
+//! sandbox (503 after applying, 409 while a key is in flight, look-alike events; shares in
+//! docs/reliability.md). Nothing else should be using the broker or the database server
+//! meanwhile.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -84,6 +86,20 @@ async fn main() {
         two_tenants: env_or("CHAOS_TWO_TENANTS", 0.05),
         // CHAOS_EVENTS=0: without outcome events (and their check against the store).
         outcome_events: env_or("CHAOS_EVENTS", 1u8) == 1,
+        // CHAOS_HOSTILE=1: the hostile provider in front of the sandbox (docs/reliability.md).
+        hostile: (env_or("CHAOS_HOSTILE", 0u8) == 1).then(|| {
+            let d = harness::HostileOptions::default();
+            harness::HostileOptions {
+                applied_503: env_or("CHAOS_HOSTILE_APPLIED_503", d.applied_503),
+                unforwarded_503: env_or("CHAOS_HOSTILE_503", d.unforwarded_503),
+                pending: env_or("CHAOS_HOSTILE_PENDING", d.pending),
+                lookalikes: env_or("CHAOS_HOSTILE_LOOKALIKES", 1u8) == 1,
+                send_deadline: Duration::from_millis(env_or(
+                    "CHAOS_HOSTILE_SEND_DEADLINE_MS",
+                    d.send_deadline.as_millis() as u64,
+                )),
+            }
+        }),
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

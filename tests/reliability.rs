@@ -5,7 +5,7 @@ mod common;
 mod harness;
 
 use claimd::internal::sandbox::SandboxOptions;
-use harness::{Intake, Outcome, Scenario, assert_invariants};
+use harness::{HostileOptions, Intake, Outcome, Scenario, assert_invariants};
 use std::time::Duration;
 
 fn base(name: &str, seed: u64) -> Scenario {
@@ -31,6 +31,7 @@ fn base(name: &str, seed: u64) -> Scenario {
         hang_ups: 0.1,
         two_tenants: 0.05,
         outcome_events: true,
+        hostile: None,
     }
 }
 
@@ -99,6 +100,16 @@ async fn reliability_scenarios_hold_every_invariant() {
             },
             true,
         ),
+        (
+            Scenario {
+                hostile: Some(HostileOptions::default()),
+                ..base(
+                    "hostile provider (503 after apply, 409 in flight, look-alike events)",
+                    seed + 5,
+                )
+            },
+            true,
+        ),
     ];
     // CHAOS_SCENARIO=text runs only the scenarios whose name contains it (replaying one).
     let only = std::env::var("CHAOS_SCENARIO").unwrap_or_default();
@@ -123,6 +134,14 @@ async fn reliability_scenarios_hold_every_invariant() {
     }
     eprintln!("{}", rows.join("\n"));
     for (o, honours) in &outcomes {
+        // The hostile scenario proves something only if the proxy lied and look-alikes went out.
+        if let Some(h) = o.hostile {
+            assert!(
+                h.applied_503 > 0 && h.unforwarded_503 > 0 && h.pending > 0,
+                "the hostile provider never lied: {o:?}"
+            );
+            assert!(h.lookalikes > 0, "no look-alike event was sent: {o:?}");
+        }
         assert_invariants(o, *honours);
     }
 }

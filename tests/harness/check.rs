@@ -26,6 +26,7 @@ pub(super) async fn check(
     sent: Sent,
     kills: usize,
     started: Instant,
+    hostile: Option<(&hostile::HostileCounts, &lookalike::EventCounts)>,
 ) -> Outcome {
     let claims = store
         .list(&ClaimFilter {
@@ -80,6 +81,9 @@ pub(super) async fn check(
                 [Some(a), Some(b)] if a.idem_key != b.idem_key => [a, b]
                     .iter()
                     .filter(|c| c.state != claimd::internal::claim::ClaimState::NeedsAttention)
+                    // Failed as never sent: whether that is true is the "never sent, key
+                    // held" check's business.
+                    .filter(|c| !never_sent_failure(c))
                     .filter(|c| !applied.contains_key(c.idem_key.as_str()))
                     .count(),
                 [Some(_), Some(_)] => 2, // one key for two payments
@@ -171,6 +175,7 @@ pub(super) async fn check(
             near.join(", ")
         );
     }
+    let evidence = evidence_checks(store, &claims, &effects, hostile).await;
     let counts = store.counts(None).await.unwrap();
     let total =
         |f: fn(&claimd::internal::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
@@ -227,7 +232,125 @@ pub(super) async fn check(
         parked_never_sent_at_kill,
         events: None,
         events_all_relayed: false,
+        settled_by_other: evidence.settled_by_other,
+        never_sent_held: evidence.never_sent_held,
+        hostile: evidence.hostile,
         kills,
         seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// A claim ended `failed` as never sent (`send_deadline` passed with every answer taken for
+/// proof that nothing was applied).
+fn never_sent_failure(c: &claimd::internal::claim::Claim) -> bool {
+    c.state == claimd::internal::claim::ClaimState::Failed
+        && c.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("never sent"))
+}
+
+/// The checks of "only the provider's own evidence about a claim decides it".
+struct Evidence {
+    settled_by_other: usize,
+    never_sent_held: usize,
+    hostile: Option<HostileCheck>,
+}
+
+/// **Settled by another object's evidence**: a payment whose provider id is not the object
+/// the provider created for its key, or whose history shows a settle by an event about a
+/// look-alike object. **Never sent, key held**: a payment `failed` as never sent whose key
+/// the provider applied.
+async fn evidence_checks(
+    store: &Store,
+    claims: &[claimd::internal::claim::Claim],
+    effects: &[claimd::internal::sandbox::EffectRecord],
+    hostile: Option<(&hostile::HostileCounts, &lookalike::EventCounts)>,
+) -> Evidence {
+    let own: HashMap<&str, &str> = effects
+        .iter()
+        .filter_map(|e| Some((e.key.as_str(), e.response.get("id")?.as_str()?)))
+        .collect();
+    let payments = || claims.iter().filter(|c| c.consumer == "payments");
+    let never_sent_held: Vec<_> = payments()
+        .filter(|c| never_sent_failure(c) && own.contains_key(c.idem_key.as_str()))
+        .collect();
+    for c in never_sent_held.iter().take(10) {
+        eprintln!(
+            "never sent, key held: payments {:?}/{} attempt {}: {}",
+            c.tenant,
+            c.message_id,
+            c.attempt,
+            c.last_error.as_deref().unwrap_or("")
+        );
+    }
+    let mut other: HashMap<i64, String> = HashMap::new();
+    for c in payments() {
+        if let Some(p) = &c.provider_id
+            && own.get(c.idem_key.as_str()) != Some(&p.as_str())
+        {
+            other.insert(
+                c.id,
+                format!(
+                    "provider id {p}, its own object {}",
+                    own.get(c.idem_key.as_str()).unwrap_or(&"(none)")
+                ),
+            );
+        }
+    }
+    let mut hostile_check = None;
+    if let Some((proxy, sent)) = hostile {
+        let targets = sent.targets.lock().unwrap().clone();
+        for (tenant, id) in &targets {
+            let Ok(Some(c)) = store.get("payments", tenant, id).await else {
+                continue;
+            };
+            let history = store.events(c.id).await.unwrap_or_default();
+            // A settle by an event is its history line with the event's type as outcome
+            // (a line that changes nothing has the result: same, stale, conflict, ...).
+            if let Some(e) = history.iter().find(|e| {
+                e.action == "event"
+                    && e.outcome.starts_with("payment_intent.")
+                    && e.detail.as_deref().is_some_and(|d| {
+                        d.contains(&format!("object {}", lookalike::LOOKALIKE_PREFIX))
+                    })
+            }) {
+                other.entry(c.id).or_insert_with(|| {
+                    format!(
+                        "settled by {}: {}",
+                        e.outcome,
+                        e.detail.as_deref().unwrap_or("")
+                    )
+                });
+            }
+        }
+        // The answer to a look-alike said it settled the claim.
+        let answered = sent.settled.lock().unwrap().clone();
+        for (tenant, id, what) in &answered {
+            if let Ok(Some(c)) = store.get("payments", tenant, id).await {
+                other.entry(c.id).or_insert_with(|| what.clone());
+            }
+        }
+        let results = sent.lookalike_results.lock().unwrap().clone();
+        let mut results: Vec<_> = results.into_iter().collect();
+        results.sort();
+        eprintln!("look-alike events answered: {results:?}");
+        hostile_check = Some(HostileCheck {
+            applied_503: proxy.applied_503.load(Ordering::Relaxed),
+            unforwarded_503: proxy.unforwarded_503.load(Ordering::Relaxed),
+            in_flight_409: proxy.in_flight_409.load(Ordering::Relaxed),
+            pending: proxy.pending.load(Ordering::Relaxed),
+            genuine_events: sent.genuine.load(Ordering::Relaxed),
+            lookalikes: sent.lookalikes.load(Ordering::Relaxed),
+            lookalike_targets: targets.len(),
+            undelivered: sent.undelivered.load(Ordering::Relaxed),
+        });
+    }
+    for (id, why) in other.iter().take(10) {
+        eprintln!("settled by another object's evidence: claim {id}: {why}");
+    }
+    Evidence {
+        settled_by_other: other.len(),
+        never_sent_held: never_sent_held.len(),
+        hostile: hostile_check,
     }
 }

@@ -213,12 +213,12 @@ max_attempts = 20
 redrive_within = "1h"
 on_unknown = "{on_unknown}"
 key = "{{consumer}}:{{tenant}}:{{message_id}}"
-[consumers.effect]
+{send_deadline}[consumers.effect]
 kind = "http"
 url = "{provider}/v1/payments"
 timeout = "1s"
 status_url = "{provider}/v1/effects/{{key}}"
-{outcomes}[[consumers]]
+{by_value}{outcomes}{provider_events}[[consumers]]
 name = "email"
 {email_source}concurrency = 16
 lease = "{lease_ms}ms"
@@ -240,8 +240,41 @@ timeout = "1s"
         on_unknown = s.on_unknown,
         lease_ms = WORKER_LEASE_MS,
         outcomes = outcomes.unwrap_or(""),
+        send_deadline = s
+            .hostile
+            .as_ref()
+            .map(|h| format!("send_deadline = \"{}ms\"\n", h.send_deadline.as_millis()))
+            .unwrap_or_default(),
+        by_value = if s.hostile.is_some() {
+            HOSTILE_BY_VALUE
+        } else {
+            ""
+        },
+        provider_events = if s.hostile.is_some() {
+            format!(
+                "[consumers.provider_events]\nscheme = \"stripe\"\nsecrets = [\"{}\"]\nmessage_id_pointer = \"/metadata/message_id\"\ntenant_pointer = \"/metadata/tenant\"\n",
+                super::lookalike::SECRET
+            )
+        } else {
+            String::new()
+        },
     )
 }
+
+/// The payments effect read by value in the hostile mode: the object's `status` decides
+/// (`processing` is pending), its `id` is kept on the claim; a lookup's object is the
+/// sandbox record's stored `response`; a pending claim is polled after 3 s.
+const HOSTILE_BY_VALUE: &str = r#"[consumers.effect.status]
+found_pointer = "/response"
+id_pointer = "/response/id"
+[consumers.effect.outcome]
+pointer = "/status"
+completed = ["succeeded"]
+pending = ["processing"]
+failed = ["failed"]
+id_pointer = "/id"
+pending_poll = "3s"
+"#;
 
 /// The `lease` of both consumers of the workers under test.
 pub(super) const WORKER_LEASE_MS: i64 = 3000;

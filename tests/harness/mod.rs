@@ -3,7 +3,10 @@
 //! (new, duplicate, concurrent duplicate, changed payload, bad input, emails) at least once —
 //! over HTTP intake or through RabbitMQ — and a chaos loop that SIGKILLs and restarts workers
 //! and can stop PostgreSQL and RabbitMQ. At the end it checks the store, the provider, the SMTP
-//! sink and the dead-letter queues against the ledger and prints the table.
+//! sink and the dead-letter queues against the ledger and prints the table. In the hostile mode
+//! a proxy in front of the sandbox lies the way proxies and providers do (`hostile.rs`) and
+//! signed events about look-alike objects are sent (`lookalike.rs`); the checks then include
+//! "settled by another object's evidence" and "never sent, key held".
 //!
 //! Used by `tests/reliability.rs` (short, in CI) and `examples/chaos.rs` (long runs).
 #![allow(dead_code)]
@@ -13,15 +16,18 @@ mod check;
 pub mod events;
 mod fleet;
 mod gate;
+pub mod hostile;
 mod ledger;
+pub mod lookalike;
 mod outcome;
 
 use broker::*;
 use check::*;
 use events::EventTap;
 use fleet::*;
+pub use hostile::HostileOptions;
 use ledger::*;
-pub use outcome::{Outcome, assert_invariants};
+pub use outcome::{HostileCheck, Outcome, assert_invariants};
 
 use crate::common::hangup::{self, HangUp, Post, Seen};
 use crate::common::smtp::SmtpSink;
@@ -102,6 +108,11 @@ pub struct Scenario {
     /// The payments consumer publishes outcome events to RabbitMQ, checked against the store
     /// at the end (every settled claim has its event, none for an unsettled one).
     pub outcome_events: bool,
+    /// The hostile provider (`None`: the sandbox answers the workers itself): a proxy that
+    /// answers `503` after the sandbox applied, `409` while a key is in flight, `503`
+    /// without forwarding, `processing` for some payments, and signed look-alike events
+    /// about other tenants', consumers' and objects' payments (`hostile.rs`, `lookalike.rs`).
+    pub hostile: Option<HostileOptions>,
 }
 
 /// `None` (skip, reason printed) when the scenario needs RabbitMQ and none answers outside CI.
@@ -133,7 +144,21 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gate = Gate::start(listener.local_addr().unwrap()).await;
+    // The provider's door forwards to the sandbox, or to the hostile proxy in front of it.
+    let (hostile, pending_rx) = match &s.hostile {
+        Some(h) => {
+            let (p, rx) =
+                hostile::HostileProxy::start(h.clone(), listener.local_addr().unwrap(), s.seed)
+                    .await;
+            (Some(p), Some(rx))
+        }
+        None => (None, None),
+    };
+    let gate = Gate::start(match &hostile {
+        Some(h) => h.addr,
+        None => listener.local_addr().unwrap(),
+    })
+    .await;
     let provider = format!("http://127.0.0.1:{}", gate.port);
     let sandbox = Sandbox::new(s.provider.clone());
     let served = sandbox.clone();
@@ -179,6 +204,15 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     for i in 0..s.workers {
         fleet.restart(i).await;
     }
+    let events_out = pending_rx.map(|rx| {
+        lookalike::EventDriver::start(
+            rx,
+            fleet.ports(),
+            store.clone(),
+            s.seed,
+            s.hostile.as_ref().is_some_and(|h| h.lookalikes),
+        )
+    });
 
     // The ledger of sends.
     let mut r = rng(s.seed);
@@ -437,7 +471,18 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         }
         let _ = conn.close(200, "ok".into()).await;
     }
-    let settled = wait_settled(&store, Duration::from_secs(120)).await;
+    let mut settled = wait_settled(&store, Duration::from_secs(120)).await;
+    // The provider's events of every payment answered `processing` so far; later ones are
+    // settled by their polls.
+    let provider_events = match (&hostile, events_out) {
+        (Some(h), Some(driver)) => {
+            h.close();
+            let counts = driver.finish().await;
+            settled = wait_settled(&store, Duration::from_secs(120)).await;
+            Some((h.counts.clone(), counts))
+        }
+        _ => None,
+    };
     if let Some(q) = &queues {
         // Dead letters the harness expected: all there (any copy), nothing else.
         let expected = expected_dead.lock().unwrap().clone();
@@ -487,6 +532,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         },
         kills_done.load(Ordering::SeqCst),
         started,
+        provider_events.as_ref().map(|(h, e)| (&**h, &**e)),
     )
     .await;
     if let Some((relayed, got)) = events {
@@ -543,13 +589,14 @@ async fn wait_claimed(store: &Store, n: usize, within: Duration) {
     }
 }
 
+/// Waits until no claim is `started` or `pending`.
 async fn wait_settled(store: &Store, within: Duration) -> bool {
     let end = Instant::now() + within;
     while Instant::now() < end {
         if store
             .open_counts()
             .await
-            .map(|c| c.iter().all(|c| c.started == 0))
+            .map(|c| c.iter().all(|c| c.started == 0 && c.pending == 0))
             .unwrap_or(false)
         {
             return true;

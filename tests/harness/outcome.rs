@@ -52,6 +52,13 @@ pub struct Outcome {
     /// between the commit and the call, and nobody can know the call was never made (parking
     /// them is right). The others were orphaned while their worker lived.
     pub parked_never_sent_at_kill: usize,
+    /// Payments whose provider id is not the object the provider created for their key, or
+    /// that an event about a look-alike object settled (must be 0).
+    pub settled_by_other: usize,
+    /// Payments `failed` as "never sent" whose key the provider applied (must be 0).
+    pub never_sent_held: usize,
+    /// What the hostile provider did (when the scenario has it on).
+    pub hostile: Option<HostileCheck>,
     /// The outcome-event stream against the store (when the scenario publishes events).
     pub events: Option<super::events::EventCheck>,
     /// Every event row was sent before the stream was read.
@@ -60,13 +67,33 @@ pub struct Outcome {
     pub seconds: f64,
 }
 
+/// What the hostile provider did in a run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostileCheck {
+    /// `503`s answered after the sandbox got the request (applied or replayed).
+    pub applied_503: usize,
+    /// `503`s answered without forwarding.
+    pub unforwarded_503: usize,
+    /// `409`s answered while the key was in flight through the proxy.
+    pub in_flight_409: usize,
+    /// Payments answered `processing`.
+    pub pending: usize,
+    /// Their genuine `succeeded` events delivered.
+    pub genuine_events: usize,
+    /// Look-alike events delivered, to how many pending claims.
+    pub lookalikes: usize,
+    pub lookalike_targets: usize,
+    /// Events no worker answered `2xx` within two minutes.
+    pub undelivered: usize,
+}
+
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
@@ -98,6 +125,21 @@ impl Outcome {
                 Some(e) => format!("{}/{}/{}/{}", e.published, e.missing, e.invented, e.repeats),
                 None => "-".into(),
             },
+            match self.hostile {
+                Some(h) => format!(
+                    "{}/{}/{}/{}/{}/{} ({})",
+                    h.applied_503,
+                    h.unforwarded_503,
+                    h.in_flight_409,
+                    h.pending,
+                    h.genuine_events,
+                    h.lookalikes,
+                    h.lookalike_targets
+                ),
+                None => "-".into(),
+            },
+            self.settled_by_other,
+            self.never_sent_held,
             self.kills,
             self.seconds
         )
@@ -126,6 +168,17 @@ pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
     );
     if honours_keys {
         assert!(o.max_applied_per_key <= 1, "a key was applied twice: {o:?}");
+    }
+    assert_eq!(
+        o.settled_by_other, 0,
+        "a payment settled by evidence about another object (its provider id is not its own, or a look-alike's event settled it): {o:?}"
+    );
+    assert_eq!(
+        o.never_sent_held, 0,
+        "a payment failed as \"never sent\" although the provider applied its key: {o:?}"
+    );
+    if let Some(h) = o.hostile {
+        assert_eq!(h.undelivered, 0, "provider events no worker took: {o:?}");
     }
     assert_eq!(
         o.completed + o.failed + o.needs_attention,
