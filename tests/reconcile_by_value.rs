@@ -329,9 +329,7 @@ async fn a_status_lookup_built_from_payload_fields_gets_the_payload_on_postgres(
 }
 
 /// A provider that cannot be reached: nothing decided, exit 1, and each claim listed with why.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_undecided_claim_is_listed_with_its_reason() {
-    let store = TestStore::sqlite();
+async fn undecided_claims_are_listed(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(
         dir.path(),
@@ -350,4 +348,18 @@ async fn every_undecided_claim_is_listed_with_its_reason() {
             .unwrap_or_else(|| panic!("{id} listed:\n{out}"));
         assert!(line.contains("status endpoint"), "{id}'s reason: {line}");
     }
+    assert!(err.contains("status endpoint"), "the first reason: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_undecided_claim_is_listed_with_its_reason_on_sqlite() {
+    undecided_claims_are_listed(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_undecided_claim_is_listed_with_its_reason_on_postgres() {
+    let Some(db) = TestStore::pg().await else {
+        return;
+    };
+    undecided_claims_are_listed(db).await;
 }
