@@ -252,7 +252,7 @@ timeout = "1s"
         },
         provider_events = if s.hostile.is_some() {
             format!(
-                "[consumers.provider_events]\nscheme = \"stripe\"\nsecrets = [\"{}\"]\nmessage_id_pointer = \"/metadata/message_id\"\ntenant_pointer = \"/metadata/tenant\"\n",
+                "[consumers.provider_events]\nscheme = \"stripe\"\nsecrets = [\"{}\"]\nmessage_id_pointer = \"/metadata/message_id\"\ntenant_pointer = \"/metadata/tenant\"\nkey_pointer = \"/metadata/claimd_key\"\n",
                 super::lookalike::SECRET
             )
         } else {
