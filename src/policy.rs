@@ -9,7 +9,9 @@ use std::time::Duration;
 
 #[path = "policy/sends.rs"]
 mod sends;
-pub use sends::{Sends, not_found_past_deadline, read_sends, unproven_past_deadline};
+pub use sends::{
+    Sends, never_sent_quiet, not_found_past_deadline, read_sends, unproven_past_deadline,
+};
 
 /// The next step after one call to the provider, within an attempt.
 #[derive(Debug, Clone, PartialEq)]

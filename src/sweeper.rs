@@ -404,14 +404,21 @@ async fn handle(
             }
             Some(Lookup::NotFound { .. })
                 if let Err(left) =
-                    not_found_trusted(claimer, claim, consumer.effect.not_found_after()).await =>
+                    not_found_trusted(claimer, claim, trust_not_found_after(consumer, &hold))
+                        .await =>
             {
-                // The provider's search may not have caught up with the last call yet: wait
-                // (not an attempt) until not_found_after has passed since the claim went
-                // quiet, then ask again.
+                // The provider's search may not have caught up with the last call yet, or a
+                // call the client gave up on may still be queued there: wait (not an attempt)
+                // until the claim has been quiet long enough, then ask again.
                 let why = format!(
-                    "not found, but too soon after the last call to trust (not_found_after = {}); will ask again",
-                    crate::duration::Dur(consumer.effect.not_found_after())
+                    "not found, but too soon after the last call to trust (trusted {} after it: not_found_after = {}{}); will ask again",
+                    crate::duration::Dur(trust_not_found_after(consumer, &hold)),
+                    crate::duration::Dur(consumer.effect.not_found_after()),
+                    if hold.age_now() > consumer.config.send_deadline.0 {
+                        ", and three times the effect's timeout before a claim ends never sent"
+                    } else {
+                        ""
+                    }
                 );
                 wait_undecided(claimer, claim, &why, drive::spread(left)).await;
                 why
@@ -471,6 +478,18 @@ async fn handle(
         },
     };
     item(claim, &decision, result)
+}
+
+/// How long after the claim went quiet a "not found" is trusted: `not_found_after`; for a claim
+/// past `send_deadline`, which the "not found" would end `failed` "never sent", at least three
+/// times the effect's timeout ([`policy::never_sent_quiet`]).
+fn trust_not_found_after(consumer: &Consumer, hold: &Hold) -> Duration {
+    let after = consumer.effect.not_found_after();
+    if hold.age_now() > consumer.config.send_deadline.0 {
+        policy::never_sent_quiet(after, consumer.config.effect.timeout())
+    } else {
+        after
+    }
 }
 
 /// Whether a "not found" may be trusted: `not_found_after` has passed since the claim went

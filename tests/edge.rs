@@ -7,9 +7,9 @@
 //! consumers, read-only commands without provider secrets, pasted commands), `tenant_tokens`
 //! (what the intake token may read).
 
-mod common;
 #[path = "edge/bad_input.rs"]
 mod bad_input;
+mod common;
 #[path = "edge/operators.rs"]
 mod operators;
 #[path = "edge/provider_event_bodies.rs"]

@@ -40,6 +40,9 @@ struct Provider {
     body: Arc<String>,
     delay: Duration,
     lookup: Status,
+    /// How long after a POST arrives its charge is made (a provider that queues requests):
+    /// the answer does not wait for it.
+    apply_after: Duration,
 }
 
 impl Provider {
@@ -51,6 +54,7 @@ impl Provider {
             body: Arc::new(body.to_string()),
             delay,
             lookup,
+            apply_after: Duration::ZERO,
         }
     }
 
@@ -79,7 +83,15 @@ async fn charge(State(p): State<Provider>, headers: HeaderMap, _body: Bytes) -> 
         .unwrap_or_default()
         .to_string();
     p.posts.lock().unwrap().push(Instant::now());
-    p.charged.lock().unwrap().entry(key).or_insert(1);
+    if p.apply_after.is_zero() {
+        p.charged.lock().unwrap().entry(key).or_insert(1);
+    } else {
+        let (charged, after) = (p.charged.clone(), p.apply_after);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            charged.lock().unwrap().entry(key).or_insert(1);
+        });
+    }
     tokio::time::sleep(p.delay).await;
     (
         StatusCode::from_u16(p.status).unwrap(),
@@ -219,6 +231,31 @@ both_stores! {
     a_409_ending_each_attempt_without_a_status_endpoint_is_parked_with_the_evidence:
         |s| charged_then_answered(s, 409, Duration::from_millis(800), false),
     refused_connections_past_send_deadline_still_end_failed_never_sent: refused,
+    a_charge_the_provider_makes_after_the_first_lookup_is_found_not_failed_as_never_sent:
+        charged_late,
+}
+
+/// The provider queues its work: every POST is answered `503` at once and charged 6 s later.
+/// Past `send_deadline` (3 s) the first lookups find nothing; a "not found" ends a claim
+/// "never sent" only once it has been quiet for three times the effect's timeout (4.5 s), by
+/// which time the charge is there: completed, never failed as never sent.
+async fn charged_late(store: TestStore) {
+    let mut provider = Provider::new(503, "{\"error\":\"busy\"}", Duration::ZERO, Status::Ledger);
+    provider.apply_after = Duration::from_secs(6);
+    let url = provider.serve().await;
+    let toml = config(&store, &url, "1500ms", true, "on_unknown = \"reconcile\"");
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+    assert_eq!(post_payment(&base, "ev-late").await, 202);
+    let c = settled(&running, "ev-late", Duration::from_secs(40)).await;
+    let why = c.last_error.clone().unwrap_or_default();
+    assert!(
+        !(c.state == ClaimState::Failed && why.contains("never sent")),
+        "charged, yet failed as never sent: {why}"
+    );
+    assert_eq!(c.state, ClaimState::Completed, "{why}");
+    assert_eq!(provider.charged("ev-late"), 1, "charged once");
+    running.shutdown(Duration::from_secs(2)).await;
 }
 
 /// Nothing listens at the provider's address: every call is refused before it leaves, which

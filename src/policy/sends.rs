@@ -102,6 +102,15 @@ pub fn unproven_past_deadline(
     ))
 }
 
+/// How long a claim past `send_deadline` must have been quiet (no call that may have applied)
+/// before its status endpoint's "not found" ends it `failed` "never sent": `not_found_after`,
+/// and never less than three times the effect's `timeout`. A call the client gave up on may
+/// still sit in the provider's queue and be applied after the first lookup; the conclusion
+/// "submitting it again is safe" must not be drawn from a lookup that raced it.
+pub fn never_sent_quiet(not_found_after: Duration, timeout: Duration) -> Duration {
+    not_found_after.max(timeout.saturating_mul(3))
+}
+
 /// After a trusted "not found" (asked `not_found_after` past the last call) for a claim past
 /// `send_deadline`, which is sent no more: the provider's own record proves nothing was
 /// applied, so it ends `failed` "never sent" within `redrive_within`; past it the provider may
@@ -118,6 +127,14 @@ pub fn not_found_past_deadline(age: Duration, redrive_within: Duration, key: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_not_found_proves_never_sent_only_after_three_timeouts_of_quiet() {
+        let s = Duration::from_secs;
+        assert_eq!(never_sent_quiet(Duration::ZERO, s(10)), s(30));
+        assert_eq!(never_sent_quiet(s(120), s(10)), s(120));
+        assert_eq!(never_sent_quiet(s(5), Duration::from_millis(1500)), s(5));
+    }
 
     #[test]
     fn only_clean_not_applied_hand_offs_prove_a_claim_never_sent() {

@@ -516,6 +516,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let mut outcome = check(
         s,
         &store,
+        db_url,
         &sandbox,
         &smtp,
         [&gate, &smtp_gate],
