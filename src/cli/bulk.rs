@@ -17,7 +17,6 @@ pub(super) async fn bulk(
     args: &BulkArgs,
     action: Action,
     note: &str,
-    config: &std::path::Path,
 ) -> Output {
     let Some(consumer) = args.consumer.as_deref() else {
         return Output::fail(
@@ -28,7 +27,7 @@ pub(super) async fn bulk(
     let reason = args.reason_prefix.as_deref().unwrap_or("");
     let selection = match select_parked(app.store.as_ref(), consumer, reason).await {
         Ok(s) => s,
-        Err(e) => return Output::fail(1, e),
+        Err(e) => return Output::store(app, &e),
     };
     let which = if reason.is_empty() {
         format!("parked claims of {consumer} (any reason)")
@@ -65,7 +64,7 @@ pub(super) async fn bulk(
             }
         );
     }
-    let commands = OperatorCommands::new(Some(config));
+    let commands = OperatorCommands::for_config(&app.config);
     if !args.yes {
         s.push_str(&table(&selection.claims, None).text());
         let _ = writeln!(
