@@ -435,10 +435,8 @@ mod tests {
 
     #[test]
     fn commands_carry_the_variables_the_store_url_came_from() {
-        let c = OperatorCommands::new(Some(Path::new("/etc/claimd.toml"))).with_store_env(&[
-            "CLAIMD__STORE__URL".to_string(),
-            "not a name".to_string(),
-        ]);
+        let c = OperatorCommands::new(Some(Path::new("/etc/claimd.toml")))
+            .with_store_env(&["CLAIMD__STORE__URL".to_string(), "not a name".to_string()]);
         let claim = ClaimRef {
             consumer: "payments",
             tenant: "",
@@ -451,7 +449,9 @@ mod tests {
             c.show(claim),
             c.bulk(Action::Redrive, "payments", "", "why", true),
         ] {
-            let rest = line.strip_prefix(prefix).unwrap_or_else(|| panic!("{line}"));
+            let rest = line
+                .strip_prefix(prefix)
+                .unwrap_or_else(|| panic!("{line}"));
             // What follows the assignment is the same command, parsing as before.
             let cli = parse(rest);
             assert_eq!(cli.config_path(), Path::new("/etc/claimd.toml"), "{line}");

@@ -12,12 +12,7 @@ use crate::operator_action::{Action, BULK_LIMIT, Outcome, Target, act, select_pa
 use crate::operator_command::OperatorCommands;
 
 /// Runs a bulk form (`args.consumer` is set: clap requires it when no claim is named).
-pub(super) async fn bulk(
-    app: &App,
-    args: &BulkArgs,
-    action: Action,
-    note: &str,
-) -> Output {
+pub(super) async fn bulk(app: &App, args: &BulkArgs, action: Action, note: &str) -> Output {
     let Some(consumer) = args.consumer.as_deref() else {
         return Output::fail(
             2,

@@ -209,8 +209,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 return Output::fail(2, "--note must say why");
             }
             let (Some(consumer), Some(message_id)) = (consumer, message_id) else {
-                return super::bulk::bulk(app, &bulk, Action::resolve_as(to), note.trim())
-                    .await;
+                return super::bulk::bulk(app, &bulk, Action::resolve_as(to), note.trim()).await;
             };
             let actor = match operator_name() {
                 Ok(a) => a,

@@ -22,7 +22,13 @@ pub fn describe(e: &StoreError, url: &str) -> String {
         }
         StoreError::Query { query, source } => {
             let (words, hint) = driver(source);
-            with_hint(format!("the store {store} refused {query}: {words}"), hint)
+            // PostgreSQL connects at the first statement: a refused connection is no query's.
+            let line = if opening(source) {
+                format!("the store {store} cannot be opened: {words}")
+            } else {
+                format!("the store {store} refused {query}: {words}")
+            };
+            with_hint(line, hint)
         }
         StoreError::Migrate(m) => migrate(m, &store),
         other => other.to_string(),
@@ -56,6 +62,13 @@ fn migrate(m: &MigrateError, store: &str) -> String {
     }
 }
 
+/// Whether the database refused the connection itself (no such database, bad password, no
+/// free connection), rather than a statement.
+fn opening(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.code().is_some_and(|c| matches!(&*c, "3D000" | "28P01" | "28000" | "53300")))
+}
+
 /// The driver's error in the database's words, and what to do about the known cases.
 fn driver(e: &sqlx::Error) -> (String, Option<&'static str>) {
     match e {
@@ -67,7 +80,9 @@ fn driver(e: &sqlx::Error) -> (String, Option<&'static str>) {
                 ),
                 "28P01" | "28000" => Some("check the user and password in [store] url"),
                 "42501" => Some("grant the store's user rights on claimd's tables"),
-                "53300" => Some("the server has no free connection: lower [store] max_connections, or retry"),
+                "53300" => Some(
+                    "the server has no free connection: lower [store] max_connections, or retry",
+                ),
                 // SQLite: cannot open, read-only, disk full.
                 "14" => Some("check that the file's directory exists and claimd may write there"),
                 "8" => Some("the file or its directory is read-only: claimd needs to write there"),

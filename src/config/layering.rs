@@ -271,7 +271,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("provider_events.secrets"), "{e}");
-        let e = Config::from_toml(STRIPE, path, env(&[])).unwrap_err().to_string();
+        let e = Config::from_toml(STRIPE, path, env(&[]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("STRIPE_SECRET_KEY"), "{e}");
     }
 

@@ -123,7 +123,12 @@ pub async fn page(
                 csrf: s.csrf(&state.config.http.admin_token),
                 name: s.name,
             });
-            return error_page(StatusCode::BAD_REQUEST, "bad since", &e.to_string(), session);
+            return error_page(
+                StatusCode::BAD_REQUEST,
+                "bad since",
+                &e.to_string(),
+                session,
+            );
         }
     };
     match gather(&state, window).await {

@@ -109,7 +109,9 @@ pub fn open(
     state_file: &str,
 ) -> Result<Sandbox, JournalError> {
     if state_file.is_empty() {
-        tracing::info!("sandbox: effects in memory only, forgotten on restart (set [sandbox] state_file to keep them)");
+        tracing::info!(
+            "sandbox: effects in memory only, forgotten on restart (set [sandbox] state_file to keep them)"
+        );
         return Ok(Sandbox::with_modes(options, modes));
     }
     Sandbox::with_state_file(options, modes, Path::new(state_file))

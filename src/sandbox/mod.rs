@@ -209,7 +209,11 @@ impl Sandbox {
         Self::build(options, modes, None)
     }
 
-    fn build(options: SandboxOptions, modes: SandboxModes, journal: Option<journal::Journal>) -> Self {
+    fn build(
+        options: SandboxOptions,
+        modes: SandboxModes,
+        journal: Option<journal::Journal>,
+    ) -> Self {
         let clamp = |p: f64| if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
         let options = SandboxOptions {
             fail_rate: clamp(options.fail_rate),

@@ -743,17 +743,14 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         expected: Option<Seen>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
         // For the history line only: the move itself is decided by the update's WHERE.
-        let was = self
-            .state_of(consumer, tenant, message_id)
-            .await?
-            .map(|s| {
-                // The operator's note, when given, is kept in the same history line.
-                if note.is_empty() {
-                    format!("was {s}")
-                } else {
-                    format!("was {s}: {note}")
-                }
-            });
+        let was = self.state_of(consumer, tenant, message_id).await?.map(|s| {
+            // The operator's note, when given, is kept in the same history line.
+            if note.is_empty() {
+                format!("was {s}")
+            } else {
+                format!("was {s}: {note}")
+            }
+        });
         let event = NewEvent {
             actor,
             action: "redrive",

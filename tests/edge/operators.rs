@@ -76,9 +76,27 @@ async fn a_mistyped_consumer_is_exit_2_naming_it_in_every_command() {
         &["reconcile", "--ledger", "--consumer", "paymnts"],
         &["claims", "list", "--consumer", "paymnts"],
         &["claims", "show", "paymnts", "order-1001"],
-        &["claims", "resolve", "paymnts", "order-1001", "--as", "failed", "--note", "x"],
+        &[
+            "claims",
+            "resolve",
+            "paymnts",
+            "order-1001",
+            "--as",
+            "failed",
+            "--note",
+            "x",
+        ],
         &["claims", "redrive", "paymnts", "order-1001"],
-        &["claims", "resolve", "--consumer", "paymnts", "--as", "failed", "--note", "x"],
+        &[
+            "claims",
+            "resolve",
+            "--consumer",
+            "paymnts",
+            "--as",
+            "failed",
+            "--note",
+            "x",
+        ],
         &["claims", "redrive", "--consumer", "paymnts", "--yes"],
         &["claims", "redrive", "old", "o-1"],
     ];
@@ -102,7 +120,12 @@ async fn a_mistyped_consumer_is_exit_2_naming_it_in_every_command() {
         assert!(out.is_empty(), "{args:?} printed a result: {out}");
     }
     // Nothing was changed by any of them.
-    let c = app.store.get("payments", "", "order-1001").await.unwrap().unwrap();
+    let c = app
+        .store
+        .get("payments", "", "order-1001")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c.state.as_str(), "needs_attention");
 
     // The removed consumer's claims can still be read and decided, with a note saying so.
@@ -122,7 +145,11 @@ async fn read_only_commands_run_on_the_stripe_example_without_its_secrets_and_it
     let cwd = dir.path();
     let stripe = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/stripe.toml");
     let default = concat!(env!("CARGO_MANIFEST_DIR"), "/config/default.toml");
-    let secrets = ["STRIPE_SECRET_KEY", "STRIPE_WEBHOOK_SECRET", "CLAIMD_STORE_URL"];
+    let secrets = [
+        "STRIPE_SECRET_KEY",
+        "STRIPE_WEBHOOK_SECRET",
+        "CLAIMD_STORE_URL",
+    ];
     // The default configuration's claimd.db in the same folder, with a payment in it.
     let (code, _, err) = claimd_in(cwd, &["--config", default, "migrate"], &[], &secrets);
     assert_eq!(code, 0, "{err}");
@@ -159,7 +186,8 @@ async fn read_only_commands_run_on_the_stripe_example_without_its_secrets_and_it
         assert!(out.contains("stripe-payments"), "{args:?}: {out}");
         // The default configuration's consumers live in claimd.db, not here.
         assert!(
-            !out.lines().any(|l| l.starts_with("payments ") || l.starts_with("refunds ")),
+            !out.lines()
+                .any(|l| l.starts_with("payments ") || l.starts_with("refunds ")),
             "{args:?} shows another configuration's claims: {out}"
         );
     }
@@ -179,16 +207,32 @@ async fn redrive_keeps_its_note_in_the_history() {
     parked_claim(&app.store, "payments", "p1", "outcome unknown").await;
     parked_claim(&app.store, "payments", "p2", "outcome unknown").await;
     let (code, out, err) = cli(&[
-        "--config", &cfg, "claims", "redrive", "payments", "p1", "--note",
+        "--config",
+        &cfg,
+        "claims",
+        "redrive",
+        "payments",
+        "p1",
+        "--note",
         "provider confirmed: never received",
     ]);
     assert_eq!(code, 0, "{out}{err}");
     let (code, out, err) = cli(&[
-        "--config", &cfg, "claims", "redrive", "--consumer", "payments", "--note",
-        "outage of 12 May", "--yes",
+        "--config",
+        &cfg,
+        "claims",
+        "redrive",
+        "--consumer",
+        "payments",
+        "--note",
+        "outage of 12 May",
+        "--yes",
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    for (id, note) in [("p1", "provider confirmed: never received"), ("p2", "outage of 12 May")] {
+    for (id, note) in [
+        ("p1", "provider confirmed: never received"),
+        ("p2", "outage of 12 May"),
+    ] {
         let (code, out, err) = cli(&["--config", &cfg, "claims", "show", "payments", id]);
         assert_eq!(code, 0, "{err}");
         let line = out
@@ -226,9 +270,15 @@ async fn the_pages_commands_carry_the_variable_the_store_url_came_from() {
         .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
     let cfg = write(dir.path(), "c.toml", &toml);
     let real_url = format!("sqlite://{}", real.display());
-    let app = App::open(load(&toml.replace(&format!("sqlite://{}", dir.path().join("other.db").display()), &real_url)), true)
-        .await
-        .unwrap();
+    let app = App::open(
+        load(&toml.replace(
+            &format!("sqlite://{}", dir.path().join("other.db").display()),
+            &real_url,
+        )),
+        true,
+    )
+    .await
+    .unwrap();
     parked_claim(&app.store, "payments", "order-1001", "attempts exhausted").await;
     drop(app);
 
@@ -253,15 +303,24 @@ async fn the_pages_commands_carry_the_variable_the_store_url_came_from() {
     let cmd = pasted(&html, "CLAIMD__STORE__URL=")
         .unwrap_or_else(|| panic!("no command carries CLAIMD__STORE__URL: {html}"));
     eprintln!("pasted: {cmd}");
-    assert!(cmd.contains("claimd claims show payments order-1001"), "{cmd}");
+    assert!(
+        cmd.contains("claimd claims show payments order-1001"),
+        "{cmd}"
+    );
     assert!(!cmd.contains(&real_url), "the value is never shown: {cmd}");
 
     // Pasted in a shell that has the variable: the worker's store, the claim found.
     let bin_dir = claimd_bin().parent().unwrap().to_path_buf();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let sh = |with: bool| {
         let mut c = Command::new("sh");
-        c.args(["-c", &cmd]).env("PATH", &path).env_remove("CLAIMD__STORE__URL");
+        c.args(["-c", &cmd])
+            .env("PATH", &path)
+            .env_remove("CLAIMD__STORE__URL");
         if with {
             c.env("CLAIMD__STORE__URL", &real_url);
         }
@@ -269,7 +328,11 @@ async fn the_pages_commands_carry_the_variable_the_store_url_came_from() {
     };
     let out = sh(true);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("attempts exhausted"), "{stdout}");
     // In a shell without it, the command refuses to run instead of opening other.db.
     let out = sh(false);
@@ -279,7 +342,10 @@ async fn the_pages_commands_carry_the_variable_the_store_url_came_from() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!dir.path().join("other.db").exists(), "another store was opened");
+    assert!(
+        !dir.path().join("other.db").exists(),
+        "another store was opened"
+    );
 
     // A bad window is an HTML page with the error, as the page's other refusals.
     let r = client()
@@ -353,8 +419,14 @@ async fn a_store_error_says_what_failed_and_what_to_do_not_a_source_line() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write(dir.path(), "c.toml", &config_toml(&missing, ""));
     let (code, _, err) = cli(&["--config", &cfg, "claims", "list"]);
-    eprintln!("claims list on a missing database: exit {code}: {}", err.trim());
+    eprintln!(
+        "claims list on a missing database: exit {code}: {}",
+        err.trim()
+    );
     assert_eq!(code, 1, "{err}");
     assert!(!err.contains("at line"), "{err}");
-    assert!(err.contains("does not exist") && err.contains("createdb"), "{err}");
+    assert!(
+        err.contains("does not exist") && err.contains("createdb"),
+        "{err}"
+    );
 }
