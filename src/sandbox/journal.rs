@@ -133,7 +133,8 @@ pub fn state_file_under_run(configured: Option<&str>, store_url: &str) -> String
         return String::new();
     };
     let file = options.get_filename().to_string_lossy().into_owned();
-    if file.is_empty() || file.contains(":memory:") {
+    // sqlx names an in-memory database `file:sqlx-in-memory-<n>`: no file to sit beside.
+    if file.is_empty() || file.contains(":memory:") || file.starts_with("file:sqlx-in-memory") {
         return String::new();
     }
     format!("{file}.sandbox.jsonl")
