@@ -255,7 +255,7 @@ pub async fn act(
         }
         None => {
             store
-                .redrive(&t.consumer, &t.tenant, &t.message_id, actor, seen)
+                .redrive_noted(&t.consumer, &t.tenant, &t.message_id, actor, note, seen)
                 .await
         }
     };

@@ -4,8 +4,10 @@
 //! Values come from clients (message ids, tenants) and may hold anything: each word is quoted
 //! for a POSIX shell (single quotes), an id that starts with `-` is put after `--` (the options
 //! then come first), and a value that starts with `-` is joined to its option with `=`. When the
-//! worker read its configuration from a file, `--config <path>` names it, so the command acts on
-//! the same store.
+//! worker read its configuration from a file, `--config <path>` names it; when its store URL
+//! came from the environment (`CLAIMD__STORE__URL`, a `${VAR}` in `[store] url`), the command
+//! starts with `NAME="${NAME:?...}"` for each such variable. So the command acts on the same
+//! store, or (in a shell without the variable) refuses to run rather than open another.
 
 use crate::claim::ClaimState;
 use crate::operator_action::Action;
@@ -56,6 +58,9 @@ pub enum Note<'a> {
 pub struct OperatorCommands {
     /// The configuration file the worker runs with, when it read one.
     config: Option<String>,
+    /// The environment variables the worker's store URL came from (`CLAIMD__STORE__URL`, or
+    /// a `${VAR}` in the file's `[store] url`): each command is prefixed with them.
+    store_env: Vec<String>,
 }
 
 impl OperatorCommands {
@@ -64,7 +69,37 @@ impl OperatorCommands {
     pub fn new(config: Option<&Path>) -> Self {
         OperatorCommands {
             config: config.map(|p| p.to_string_lossy().into_owned()),
+            store_env: Vec::new(),
         }
+    }
+
+    /// Commands for a worker running `config`: its file, and the environment variables its
+    /// store URL was read from ([`Config::store_url_from`](crate::config::Config)).
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        OperatorCommands::new(config.file.as_deref()).with_store_env(&config.store_url_from)
+    }
+
+    /// These variables carried by every command: `NAME="${NAME:?...}"` before `claimd`. The
+    /// shell passes the value the operator's shell has (never shown: a URL may hold a
+    /// password) and refuses to run the command when it has none, where the file's own URL
+    /// would name another store.
+    pub fn with_store_env(mut self, names: &[String]) -> Self {
+        // Only names a shell can expand; claimd's own are `CLAIMD__...` and `${VAR}` names.
+        self.store_env = names
+            .iter()
+            .filter(|n| {
+                !n.is_empty()
+                    && !n.starts_with(|c: char| c.is_ascii_digit())
+                    && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            })
+            .cloned()
+            .collect();
+        self
+    }
+
+    /// The environment variables every command is prefixed with.
+    pub fn store_env(&self) -> &[String] {
+        &self.store_env
     }
 
     /// Whether the commands name a configuration file.
@@ -106,7 +141,12 @@ impl OperatorCommands {
             options.push(option("--reason-prefix", reason_prefix));
         }
         let sub = match action {
-            Action::Redrive => "redrive",
+            Action::Redrive => {
+                if !note.is_empty() {
+                    options.push(option("--note", note));
+                }
+                "redrive"
+            }
             Action::Complete | Action::Fail => {
                 let to = if action == Action::Complete {
                     ClaimState::Completed
@@ -136,16 +176,23 @@ impl OperatorCommands {
         self.with_options("claimd claims list".into(), options)
     }
 
-    /// `cmd` with `options` and `--config`.
-    fn with_options(&self, mut cmd: String, mut options: Vec<String>) -> String {
+    /// `cmd` with `options` and `--config`, after the store's environment variables.
+    fn with_options(&self, cmd: String, mut options: Vec<String>) -> String {
         if let Some(path) = &self.config {
             options.push(option("--config", path));
         }
-        for o in options {
-            cmd.push(' ');
-            cmd.push_str(&o);
+        let mut line = String::new();
+        for name in &self.store_env {
+            line.push_str(&format!(
+                "{name}=\"${{{name}:?set it as the worker has it}}\" "
+            ));
         }
-        cmd
+        line.push_str(&cmd);
+        for o in options {
+            line.push(' ');
+            line.push_str(&o);
+        }
+        line
     }
 
     /// `claimd claims SUB CONSUMER MESSAGE_ID [OPTIONS]`, or, when an id starts with `-`,
@@ -384,6 +431,35 @@ mod tests {
             "claimd claims resolve payments order-1 --as completed --note 'paid (reconcile)' \
              --tenant acme --config /etc/claimd.toml"
         );
+    }
+
+    #[test]
+    fn commands_carry_the_variables_the_store_url_came_from() {
+        let c = OperatorCommands::new(Some(Path::new("/etc/claimd.toml")))
+            .with_store_env(&["CLAIMD__STORE__URL".to_string(), "not a name".to_string()]);
+        let claim = ClaimRef {
+            consumer: "payments",
+            tenant: "",
+            message_id: "-x",
+        };
+        let prefix = "CLAIMD__STORE__URL=\"${CLAIMD__STORE__URL:?set it as the worker has it}\" ";
+        for line in [
+            c.redrive(claim),
+            c.sweep(),
+            c.show(claim),
+            c.bulk(Action::Redrive, "payments", "", "why", true),
+        ] {
+            let rest = line
+                .strip_prefix(prefix)
+                .unwrap_or_else(|| panic!("{line}"));
+            // What follows the assignment is the same command, parsing as before.
+            let cli = parse(rest);
+            assert_eq!(cli.config_path(), Path::new("/etc/claimd.toml"), "{line}");
+        }
+        assert!(matches!(
+            parse(c.bulk(Action::Redrive, "payments", "", "why", true).strip_prefix(prefix).unwrap()).command,
+            Command::Claims { command: ClaimsCommand::Redrive { note, .. } } if note == "why"
+        ));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::claimer::Claimer;
 use crate::intake::amqp::AmqpIntake;
 use crate::report::SweeperActivity;
 use crate::retention;
-use crate::sandbox::{Sandbox, SandboxOptions};
+use crate::sandbox::SandboxOptions;
 use crate::sweeper::Sweeper;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -77,6 +77,9 @@ pub enum RunError {
     /// The scheduler refused a job.
     #[error("scheduler: {0}")]
     Scheduler(String),
+    /// The sandbox's state file cannot be used.
+    #[error("{0}")]
+    Sandbox(String),
 }
 
 /// A running worker.
@@ -148,13 +151,19 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     let sandbox_addr = if config.sandbox.enabled {
         let listener = bind(&config.sandbox.listen).await?;
         let addr = listener.local_addr().ok();
-        let sandbox = Sandbox::new(SandboxOptions {
+        let options = SandboxOptions {
             latency: Duration::from_millis(config.sandbox.latency_ms),
             fail_rate: config.sandbox.fail_rate,
             ambiguous_rate: config.sandbox.ambiguous_rate,
             ignore_keys: config.sandbox.ignore_keys,
             rate_limit: Some(config.sandbox.rate_limit).filter(|r| *r > 0),
-        });
+        };
+        let state_file = crate::sandbox::state_file_under_run(
+            config.sandbox.state_file.as_deref(),
+            &config.store.url,
+        );
+        let sandbox = crate::sandbox::open(options, Default::default(), &state_file)
+            .map_err(|e| RunError::Sandbox(e.to_string()))?;
         let mut rx = stopped.clone();
         background.push(tokio::spawn(async move {
             // The sandbox outlives intake so in-flight effects can finish during shutdown.

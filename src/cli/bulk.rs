@@ -12,13 +12,7 @@ use crate::operator_action::{Action, BULK_LIMIT, Outcome, Target, act, select_pa
 use crate::operator_command::OperatorCommands;
 
 /// Runs a bulk form (`args.consumer` is set: clap requires it when no claim is named).
-pub(super) async fn bulk(
-    app: &App,
-    args: &BulkArgs,
-    action: Action,
-    note: &str,
-    config: &std::path::Path,
-) -> Output {
+pub(super) async fn bulk(app: &App, args: &BulkArgs, action: Action, note: &str) -> Output {
     let Some(consumer) = args.consumer.as_deref() else {
         return Output::fail(
             2,
@@ -28,7 +22,7 @@ pub(super) async fn bulk(
     let reason = args.reason_prefix.as_deref().unwrap_or("");
     let selection = match select_parked(app.store.as_ref(), consumer, reason).await {
         Ok(s) => s,
-        Err(e) => return Output::fail(1, e),
+        Err(e) => return Output::store(app, &e),
     };
     let which = if reason.is_empty() {
         format!("parked claims of {consumer} (any reason)")
@@ -65,7 +59,7 @@ pub(super) async fn bulk(
             }
         );
     }
-    let commands = OperatorCommands::new(Some(config));
+    let commands = OperatorCommands::for_config(&app.config);
     if !args.yes {
         s.push_str(&table(&selection.claims, None).text());
         let _ = writeln!(

@@ -10,7 +10,7 @@ pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
 }
 
-pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path::Path) -> Output {
+pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
     let store = &app.store;
     match command {
         ClaimsCommand::List {
@@ -39,7 +39,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
             let page = match query.page(store.as_ref(), limit).await {
                 Ok(p) => p,
                 Err(PageError::Query(e)) => return Output::fail(2, e),
-                Err(PageError::Store(e)) => return Output::fail(1, e),
+                Err(PageError::Store(e)) => return Output::store(app, &e),
             };
             let (now, list) = (page.now, page.claims);
             let next = page.next.map(|c| c.encode());
@@ -113,11 +113,11 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                         format!("no claim {consumer}/{message_id} (tenant {tenant:?})"),
                     );
                 }
-                Err(e) => return Output::fail(1, e),
+                Err(e) => return Output::store(app, &e),
             };
             let history = match store.events(claim.id).await {
                 Ok(h) => h,
-                Err(e) => return Output::fail(1, e),
+                Err(e) => return Output::store(app, &e),
             };
             let now = store.now().await;
             if format == Format::Json {
@@ -209,8 +209,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                 return Output::fail(2, "--note must say why");
             }
             let (Some(consumer), Some(message_id)) = (consumer, message_id) else {
-                return super::bulk::bulk(app, &bulk, Action::resolve_as(to), note.trim(), config)
-                    .await;
+                return super::bulk::bulk(app, &bulk, Action::resolve_as(to), note.trim()).await;
             };
             let actor = match operator_name() {
                 Ok(a) => a,
@@ -239,24 +238,26 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                     1,
                     format!("no claim {consumer}/{message_id} (tenant {tenant:?})"),
                 ),
-                Err(e) => Output::fail(1, e),
+                Err(e) => Output::store(app, &e),
             }
         }
         ClaimsCommand::Redrive {
             consumer,
             message_id,
+            note,
             tenant,
             bulk,
         } => {
+            let note = note.trim();
             let (Some(consumer), Some(message_id)) = (consumer, message_id) else {
-                return super::bulk::bulk(app, &bulk, Action::Redrive, "", config).await;
+                return super::bulk::bulk(app, &bulk, Action::Redrive, note).await;
             };
             let actor = match operator_name() {
                 Ok(a) => a,
                 Err(why) => return Output::fail(2, why),
             };
             match store
-                .redrive(&consumer, &tenant, &message_id, &actor, None)
+                .redrive_noted(&consumer, &tenant, &message_id, &actor, note, None)
                 .await
             {
                 // The sweep that takes it over starts the next attempt.
@@ -282,7 +283,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand, config: &std::path
                     1,
                     format!("no claim {consumer}/{message_id} (tenant {tenant:?})"),
                 ),
-                Err(e) => Output::fail(1, e),
+                Err(e) => Output::store(app, &e),
             }
         }
     }

@@ -7,7 +7,9 @@
 mod actor;
 mod bulk;
 mod claims;
+mod consumer_check;
 mod reports;
+mod store_failure;
 mod worker;
 
 use claims::claims;
@@ -22,7 +24,7 @@ use crate::reconcile;
 use crate::report::{self, Window};
 use crate::retention;
 use crate::run;
-use crate::sandbox::{Sandbox, SandboxOptions};
+use crate::sandbox::SandboxOptions;
 use crate::sweeper::Sweeper;
 use crate::table::{Table, escape_controls, escape_controls_keep_lines};
 use clap::builder::TypedValueParser;
@@ -163,6 +165,9 @@ pub enum Command {
         /// (Square's `idempotency_key`; config/examples/square.toml runs against it).
         #[arg(long, value_name = "FIELD")]
         key_field: Option<String>,
+        /// Keep the applied effects in this file across restarts [default: memory only].
+        #[arg(long, value_name = "PATH")]
+        state_file: Option<String>,
     },
 }
 
@@ -248,6 +253,9 @@ pub enum ClaimsCommand {
         consumer: Option<String>,
         /// Message id (one claim).
         message_id: Option<String>,
+        /// Why (kept in the claim's history; optional).
+        #[arg(long, default_value = "")]
+        note: String,
         /// Tenant (one claim).
         #[arg(long, default_value = "", conflicts_with = "bulk_consumer")]
         tenant: String,
@@ -340,6 +348,10 @@ impl Output {
             stdout,
             ..Default::default()
         }
+    }
+    /// A store failure (exit 1), in the operator's words ([`store_failure::describe`]).
+    fn store(app: &App, e: &crate::store::StoreError) -> Self {
+        Output::fail(1, store_failure::describe(e, &app.config.store.url))
     }
     /// A one-line failure. The message may echo input (an id, a provider's answer): its
     /// controls are escaped, line breaks included, so it stays one line.
@@ -438,6 +450,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
         }
     }
     let migrate = matches!(cli.command, Command::Run | Command::Migrate);
+    let mut note_only_in_store = String::new();
     // Held until this process ends: one `claimd run` per SQLite file.
     let _one_process = match &cli.command {
         Command::Run => match worker::sqlite_run_lock(&loaded.config.store.url) {
@@ -446,10 +459,24 @@ async fn execute_unescaped(cli: Cli) -> Output {
         },
         _ => None,
     };
+    let store_url = loaded.config.store.url.clone();
     let app = match App::open(loaded.config, migrate).await {
         Ok(a) => a,
+        Err(crate::app::AppError::Store(e)) => {
+            return never_migrated(
+                Output::fail(1, store_failure::describe(&e, &store_url)),
+                &config_path,
+            );
+        }
         Err(e) => return Output::fail(1, e),
     };
+    if let Some((name, usage)) = consumer_check::named_consumer(&cli.command) {
+        match consumer_check::check_consumer(&app.config, app.store.as_ref(), name, usage).await {
+            Ok(consumer_check::Checked::Configured) => {}
+            Ok(consumer_check::Checked::OnlyInStore(note)) => note_only_in_store = note,
+            Err((code, why)) => return never_migrated(Output::fail(code, why), &config_path),
+        }
+    }
     let out = match cli.command {
         Command::Run => run_worker(app).await,
         Command::Migrate => Output::ok(format!(
@@ -477,7 +504,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
             format,
             ..
         } => reconcile_cmd(&app, consumer, since, format).await,
-        Command::Claims { command } => claims(&app, command, &config_path).await,
+        Command::Claims { command } => claims(&app, command).await,
         Command::Prune { dry_run } => {
             match retention::prune(&app.store, &app.config.retention, dry_run).await {
                 Ok(r) if r.skipped_locked => {
@@ -496,7 +523,9 @@ async fn execute_unescaped(cli: Cli) -> Output {
         }
         Command::Sandbox { .. } => unreachable!("handled above"),
     };
-    never_migrated(out, &config_path)
+    let mut out = never_migrated(out, &config_path);
+    out.stderr.insert_str(0, &note_only_in_store);
+    out
 }
 
 pub(super) async fn since_utc(
@@ -504,6 +533,6 @@ pub(super) async fn since_utc(
     since: Option<Dur>,
 ) -> Result<Option<chrono::DateTime<chrono::Utc>>, Output> {
     let Some(d) = since else { return Ok(None) };
-    let now = app.store.now().await.map_err(|e| Output::fail(1, e))?;
+    let now = app.store.now().await.map_err(|e| Output::store(app, &e))?;
     Ok(d.before(now))
 }

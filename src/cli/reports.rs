@@ -20,7 +20,7 @@ pub(super) async fn report_cmd(
     .await
     {
         Ok(r) => r,
-        Err(e) => return Output::fail(1, e),
+        Err(e) => return Output::store(app, &e),
     };
     let stdout = match format {
         Format::Table => report::render_table(&r),
@@ -47,7 +47,7 @@ pub(super) async fn reconcile_cmd(
     };
     let audit = match reconcile::audit(
         &app.claimer,
-        &OperatorCommands::new(app.config.file.as_deref()),
+        &OperatorCommands::for_config(&app.config),
         consumer.as_deref(),
         since,
     )
@@ -207,14 +207,6 @@ pub(super) async fn ledger_cmd(
     between: Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>,
     format: Format,
 ) -> Output {
-    if let Some(c) = consumer.as_deref()
-        && !app.consumer_names().iter().any(|n| n == c)
-    {
-        return Output::fail(
-            2,
-            format!("--consumer {c:?}: no such consumer in the configuration"),
-        );
-    }
     let (from, to) = match between {
         Some((from, to)) if from >= to => {
             return Output::fail(2, "--from must be before --to");
@@ -223,7 +215,7 @@ pub(super) async fn ledger_cmd(
         None => {
             let now = match app.store.now().await {
                 Ok(n) => n,
-                Err(e) => return Output::fail(1, e),
+                Err(e) => return Output::store(app, &e),
             };
             let since = since.unwrap_or(Dur(std::time::Duration::from_secs(24 * 3600)));
             (
@@ -235,7 +227,7 @@ pub(super) async fn ledger_cmd(
     let run = match crate::ledger::run(
         &app.store,
         app.claimer.consumers(),
-        &OperatorCommands::new(app.config.file.as_deref()),
+        &OperatorCommands::for_config(&app.config),
         consumer.as_deref(),
         from,
         to,

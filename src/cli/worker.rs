@@ -13,6 +13,7 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         ignore_keys,
         rate_limit,
         key_field,
+        state_file,
     } = &cli.command
     else {
         unreachable!("called for `claimd sandbox` only")
@@ -51,7 +52,11 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         key_field: key_field.clone(),
         ..Default::default()
     };
-    let sandbox = Sandbox::with_modes(options, modes);
+    let state_file = state_file.clone().or(file.state_file).unwrap_or_default();
+    let sandbox = match crate::sandbox::open(options, modes, &state_file) {
+        Ok(s) => s,
+        Err(e) => return Output::fail(1, e),
+    };
     match sandbox.serve(listener, shutdown_signal()).await {
         Ok(()) => Output::default(),
         Err(e) => Output::fail(1, e),

@@ -134,6 +134,61 @@ pub(super) fn must_be_set(at: &str) -> bool {
             || rest.starts_with("headers."))
 }
 
+/// Whether the value at dotted key `at` is a signing secret (a provider event's
+/// `consumers[0].provider_events.secrets[0]`, an outcome webhook's `consumers[0].outcomes.secret`):
+/// needed only by the commands that receive or send those.
+pub(super) fn is_signing_secret(at: &str) -> bool {
+    let Some((_, rest)) = at.split_once("].") else {
+        return false;
+    };
+    at.starts_with("consumers[")
+        && (rest.starts_with("provider_events.secrets[") || rest == "outcomes.secret")
+}
+
+/// What stands in for an unset signing secret in a command that uses none: valid for every
+/// scheme (`whsec_` + base64) and different for each key, so the checks that refuse a shared
+/// or malformed secret pass without a value that would ever be used.
+fn placeholder_secret(at: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(format!("claimd-unset:{at}"))
+    )
+}
+
+/// The environment variables `[store] url` comes from, after the overrides: the
+/// `CLAIMD__...` one that set it, and each `${VAR}` of its text that is set (one not set
+/// leaves the URL to its default, which a variable in another shell would change).
+pub(super) fn store_url_vars(
+    value: &toml::Value,
+    from_env: &[(String, String)],
+    env: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut names: Vec<String> = from_env
+        .iter()
+        .filter(|(key, _)| key == "store.url" || key == "store")
+        .map(|(_, var)| var.clone())
+        .collect();
+    let url = value
+        .get("store")
+        .and_then(|s| s.get("url"))
+        .and_then(toml::Value::as_str)
+        .unwrap_or("");
+    let mut rest = url;
+    while let Some(start) = rest.find("${") {
+        let Some(end) = rest[start..].find('}') else {
+            break;
+        };
+        let inner = &rest[start + 2..start + end];
+        let name = inner.split_once(":-").map_or(inner, |(n, _)| n);
+        if env.get(name).is_some_and(|v| !v.is_empty()) && !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+        rest = &rest[start + end + 1..];
+    }
+    names
+}
+
 /// A pseudo variable (no real one can hold a NUL) in the environment given to
 /// [`expand_string`]: the command calls no provider, so an unset provider secret is no error.
 pub(super) const NO_PROVIDER_CALLS: &str = "\0claimd:no-provider-calls";
@@ -164,6 +219,9 @@ pub(super) fn expand_string(
             (None, None) if must_be_set(at) && env.contains_key(NO_PROVIDER_CALLS) => {
                 out.push_str("unset");
             }
+            (None, None) if is_signing_secret(at) && env.contains_key(NO_PROVIDER_CALLS) => {
+                out.push_str(&placeholder_secret(at));
+            }
             (None, None) if must_be_set(at) => {
                 return Err((
                     at.to_string(),
@@ -183,4 +241,69 @@ pub(super) fn expand_string(
     }
     out.push_str(rest);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::path::Path;
+
+    const STRIPE: &str = include_str!("../../config/examples/stripe.toml");
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_command_calling_no_provider_reads_the_stripe_example_without_its_secrets() {
+        let path = Path::new("stripe.toml");
+        let read_only = env(&[(NO_PROVIDER_CALLS, "")]);
+        let loaded = Config::from_toml(STRIPE, path, read_only).expect("loads without secrets");
+        let pe = loaded.config.consumers[0].provider_events.as_ref().unwrap();
+        // A stand-in that is no one's secret, never an empty one.
+        assert!(pe.secrets[0].starts_with("whsec_"), "{:?}", pe.secrets);
+        // Without the marker, the missing webhook secret still stops the start.
+        let e = Config::from_toml(STRIPE, path, env(&[("STRIPE_SECRET_KEY", "sk")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("provider_events.secrets"), "{e}");
+        let e = Config::from_toml(STRIPE, path, env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("STRIPE_SECRET_KEY"), "{e}");
+    }
+
+    #[test]
+    fn signing_secrets_are_told_apart_from_other_values() {
+        assert!(is_signing_secret("consumers[0].provider_events.secrets[1]"));
+        assert!(is_signing_secret("consumers[2].outcomes.secret"));
+        assert!(!is_signing_secret("http.admin_token"));
+        assert!(!is_signing_secret("consumers[0].effect.url"));
+        assert_ne!(
+            placeholder_secret("consumers[0].provider_events.secrets[0]"),
+            placeholder_secret("consumers[1].provider_events.secrets[0]")
+        );
+    }
+
+    #[test]
+    fn the_store_url_names_the_variables_it_came_from() {
+        let path = Path::new("c.toml");
+        let text = "[store]\nurl = \"${DB_URL:-sqlite://a.db}\"\n";
+        let from = |pairs: &[(&str, &str)]| {
+            Config::from_toml(text, path, env(pairs))
+                .unwrap()
+                .config
+                .store_url_from
+        };
+        assert!(from(&[]).is_empty(), "the default: nothing to carry");
+        assert_eq!(from(&[("DB_URL", "sqlite://b.db")]), ["DB_URL"]);
+        assert_eq!(
+            from(&[("CLAIMD__STORE__URL", "sqlite://c.db")]),
+            ["CLAIMD__STORE__URL"]
+        );
+    }
 }

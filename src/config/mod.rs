@@ -173,8 +173,9 @@ impl Config {
     }
 
     /// [`Config::load`] for a command that calls no provider (`report`, `claims ...`,
-    /// `prune`, `migrate`): a provider secret that is not set is no error there, since the
-    /// value is never sent.
+    /// `prune`, `migrate`): a provider secret that is not set (in a provider's URL or header,
+    /// a provider event's signing secret, an outcome webhook's secret) is no error there,
+    /// since the value is never used; a placeholder stands in for it.
     pub fn load_without_provider_secrets(path: &Path) -> Result<Loaded, ConfigError> {
         let text = read_config_file(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -212,6 +213,7 @@ impl Config {
                 from_env.push((layering::key_of(rest), name.clone()));
             }
         }
+        let store_url_from = layering::store_url_vars(&value, &from_env, &env);
         let invalid = |key: String, message: String| {
             let set_by = from_env
                 .iter()
@@ -228,10 +230,11 @@ impl Config {
         let mut warnings = Vec::new();
         expand_vars(&mut value, &env, &mut String::new(), &mut warnings)
             .map_err(|(key, message)| invalid(key, message))?;
-        let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
             let key = e.path().to_string();
             invalid(key, one_line(&e.into_inner().to_string()))
         })?;
+        config.store_url_from = store_url_from;
         // The edge checks first: they show URLs with their passwords redacted.
         config
             .validate_edge()

@@ -37,6 +37,10 @@ pub struct Config {
     /// key of the file: [`Config::load`] sets it, so the commands claimd suggests name it.
     #[serde(skip)]
     pub file: Option<std::path::PathBuf>,
+    /// The environment variables `[store] url` was read from (`CLAIMD__STORE__URL`, a set
+    /// `${VAR}` in the file's URL), so a suggested command can carry them. Not a key.
+    #[serde(skip)]
+    pub store_url_from: Vec<String>,
 }
 
 /// `[store]`
@@ -180,6 +184,9 @@ pub struct SandboxConfig {
     pub ignore_keys: bool,
     /// Take at most this many `POST`s a second, answering `429` beyond (0: no limit).
     pub rate_limit: u32,
+    /// A file keeping the applied effects across restarts. Not set: under `claimd run` with a
+    /// SQLite store, `<store file>.sandbox.jsonl` beside it; else (and `""`) memory only.
+    pub state_file: Option<String>,
 }
 
 impl Default for SandboxConfig {
@@ -192,6 +199,7 @@ impl Default for SandboxConfig {
             ambiguous_rate: 0.0,
             ignore_keys: false,
             rate_limit: 0,
+            state_file: None,
         }
     }
 }

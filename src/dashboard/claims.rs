@@ -165,7 +165,7 @@ pub async fn claim(
     let found = claim_with_history(store.as_ref(), &consumer, &t.tenant, &message_id).await;
     let now = store.now().await;
     let session = page_session(&state, session);
-    let commands = OperatorCommands::new(state.config.file.as_deref());
+    let commands = OperatorCommands::for_config(&state.config);
     match (found, now) {
         (Ok(Some((claim, history))), Ok(now)) => html_page(
             StatusCode::OK,

@@ -96,7 +96,7 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
         open,
         store: store.dialect().to_string(),
         instance: state.claimer.instance().to_string(),
-        commands: OperatorCommands::new(state.config.file.as_deref()),
+        commands: OperatorCommands::for_config(&state.config),
         failed,
         brokers,
         session: None,

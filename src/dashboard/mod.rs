@@ -118,7 +118,18 @@ pub async fn page(
 ) -> Response {
     let window = match q.since.as_deref().map(str::parse::<Window>).transpose() {
         Ok(w) => w.unwrap_or_default(),
-        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
+        Err(e) => {
+            let session = session.map(|Extension(s)| PageSession {
+                csrf: s.csrf(&state.config.http.admin_token),
+                name: s.name,
+            });
+            return error_page(
+                StatusCode::BAD_REQUEST,
+                "bad since",
+                &e.to_string(),
+                session,
+            );
+        }
     };
     match gather(&state, window).await {
         Ok(mut d) => {
@@ -137,6 +148,31 @@ pub async fn page(
             )
         }
     }
+}
+
+/// A refusal a person reads in the browser: the page's frame with what was wrong and a way
+/// back, rather than the API's problem+json.
+fn error_page(
+    status: StatusCode,
+    title: &str,
+    message: &str,
+    session: Option<PageSession>,
+) -> Response {
+    let body = maud::html! { main { section {
+        h2 { (title) }
+        p { (message) }
+        p { a href="/" { "Back to the operator page" } " (last 24 hours)." }
+    } } };
+    html_page(
+        status,
+        layout::shell(
+            &format!("claimd: {title}"),
+            maud::html! {},
+            session.as_ref(),
+            false,
+            body,
+        ),
+    )
 }
 
 /// An HTML answer that runs no script, loads nothing, is never framed and never cached.

@@ -33,12 +33,16 @@
 //!
 //! Once the latency sleep has started, the effect is applied even if the client goes away
 //! (the work runs in its own task), just as a real provider keeps going after a client
-//! timeout. State lives in memory only, in sharded maps whose locks are never held across an
-//! `.await`, so the simulator keeps up with a 100,000-message benchmark.
+//! timeout. State lives in sharded maps whose locks are never held across an `.await`, so the
+//! simulator keeps up with a 100,000-message benchmark; in memory only, unless made with
+//! [`Sandbox::with_state_file`] (`[sandbox] state_file`), which keeps the effects across
+//! restarts.
 
+mod journal;
 mod modes;
 mod responses;
 
+pub use journal::{JournalError, open, state_file_under_run};
 pub use modes::SandboxModes;
 use responses::*;
 use std::collections::HashMap;
@@ -151,6 +155,8 @@ struct Inner {
     bucket: Mutex<(f64, std::time::Instant)>,
     /// `POST`s answered `429` by the rate limit.
     limited: AtomicU64,
+    /// Where applied effects are kept across restarts, if anywhere.
+    journal: Option<journal::Journal>,
 }
 
 /// The state of one key.
@@ -200,6 +206,14 @@ impl Sandbox {
 
     /// Like [`Sandbox::new`], shaped like another kind of provider (see [`SandboxModes`]).
     pub fn with_modes(options: SandboxOptions, modes: SandboxModes) -> Self {
+        Self::build(options, modes, None)
+    }
+
+    fn build(
+        options: SandboxOptions,
+        modes: SandboxModes,
+        journal: Option<journal::Journal>,
+    ) -> Self {
         let clamp = |p: f64| if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
         let options = SandboxOptions {
             fail_rate: clamp(options.fail_rate),
@@ -222,6 +236,7 @@ impl Sandbox {
                     std::time::Instant::now(),
                 )),
                 limited: AtomicU64::new(0),
+                journal,
             }),
         }
     }
@@ -419,6 +434,7 @@ impl Inner {
         tokio::time::sleep(self.options.latency).await;
         let stored = self.new_stored(key.clone(), path, body_sha256);
         let (status, body) = (stored.status, stored.body.clone());
+        self.keep(&stored.record);
         self.shard(&key).insert(key, Slot::Done(Box::new(stored)));
         (status, body, directed.unwrap_or_else(|| self.aftermath()))
     }
@@ -442,8 +458,12 @@ impl Inner {
         {
             let mut map = self.shard(&key);
             match map.get_mut(&key) {
-                Some(Slot::Done(stored)) => stored.record.applied += 1,
+                Some(Slot::Done(stored)) => {
+                    stored.record.applied += 1;
+                    self.keep(&stored.record);
+                }
                 _ => {
+                    self.keep(&fresh.record);
                     map.insert(key, Slot::Done(Box::new(fresh)));
                 }
             }
@@ -654,6 +674,7 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
                     // Fast path: nothing to wait for, so apply under the lock.
                     let stored = inner.new_stored(key.clone(), path, body_sha256);
                     let (status, body) = (stored.status, stored.body.clone());
+                    inner.keep(&stored.record);
                     map.insert(key, Slot::Done(Box::new(stored)));
                     drop(map);
                     return finish(status, body, directed.unwrap_or_else(|| inner.aftermath()));

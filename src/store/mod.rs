@@ -621,6 +621,21 @@ pub trait ClaimStore: Send + Sync + 'static {
         message_id: &str,
         actor: &str,
         expected: Option<Seen>,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
+        self.redrive_noted(consumer, tenant, message_id, actor, "", expected)
+            .await
+    }
+
+    /// [`ClaimStore::redrive`] with the operator's `note` (empty: none) kept in the same
+    /// history line as the state the claim left.
+    async fn redrive_noted(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+        actor: &str,
+        note: &str,
+        expected: Option<Seen>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
 
     /// Records that a broker message of `consumer` was dead-lettered for `reason` (a reason

@@ -733,19 +733,24 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         .await
     }
 
-    async fn redrive(
+    async fn redrive_noted(
         &self,
         consumer: &str,
         tenant: &str,
         message_id: &str,
         actor: &str,
+        note: &str,
         expected: Option<Seen>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
         // For the history line only: the move itself is decided by the update's WHERE.
-        let was = self
-            .state_of(consumer, tenant, message_id)
-            .await?
-            .map(|s| format!("was {s}"));
+        let was = self.state_of(consumer, tenant, message_id).await?.map(|s| {
+            // The operator's note, when given, is kept in the same history line.
+            if note.is_empty() {
+                format!("was {s}")
+            } else {
+                format!("was {s}: {note}")
+            }
+        });
         let event = NewEvent {
             actor,
             action: "redrive",
