@@ -62,7 +62,7 @@ pub enum RunError {
     InsecureAdmin(String),
     /// Intake (which triggers payments) would be open to the network.
     #[error(
-        "[http] listen = {0:?} is not a loopback address and [http] intake_token is empty: anyone who reaches the port could ask for payments; set intake_token, or allow_open_intake = true when something in front authenticates"
+        "[http] listen = {0:?} is not a loopback address and [http] intake_token and tenant_tokens are empty: anyone who reaches the port could ask for payments; set intake_token (or tenant_tokens), or allow_open_intake = true when something in front authenticates"
     )]
     OpenIntake(String),
     /// A status endpoint did not answer a key that cannot exist with the configured "not
@@ -140,7 +140,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         return Err(RunError::InsecureAdmin(config.http.listen.clone()));
     }
     if !is_loopback(&config.http.listen)
-        && config.http.intake_token.is_empty()
+        && config.http.intake_is_open()
         && !config.http.allow_open_intake
     {
         return Err(RunError::OpenIntake(config.http.listen.clone()));

@@ -10,6 +10,7 @@ mod ledger;
 mod log;
 mod outcomes;
 mod schema;
+mod tenant_tokens;
 mod validate;
 
 pub use http_effect::*;
@@ -17,6 +18,7 @@ pub use ledger::LedgerConfig;
 pub use log::{LogConfig, LogFormat};
 pub use outcomes::{OutcomeKind, OutcomesConfig, render_routing_key};
 pub use schema::*;
+pub use tenant_tokens::TenantTokens;
 pub use validate::{parse_cron, validate_cron};
 
 use layering::{apply_override, expand_vars, one_line};

@@ -72,9 +72,13 @@ pub struct HttpConfig {
     /// When non-empty, operations routes need `Authorization: Bearer <token>`.
     #[serde(skip_serializing)]
     pub admin_token: String,
-    /// When non-empty, intake routes need `Authorization: Bearer <token>`.
+    /// When non-empty, intake routes need `Authorization: Bearer <token>`; it speaks for every
+    /// tenant.
     #[serde(skip_serializing)]
     pub intake_token: String,
+    /// Intake tokens that each speak for one tenant only (`super::tenant_tokens`).
+    #[serde(skip_serializing)]
+    pub tenant_tokens: super::TenantTokens,
     /// Allow a non-loopback listener without an admin token.
     pub allow_insecure_admin: bool,
     /// Allow a non-loopback listener without an intake token: anyone who reaches the port can
@@ -110,6 +114,7 @@ impl Default for HttpConfig {
             listen: "127.0.0.1:8080".into(),
             admin_token: String::new(),
             intake_token: String::new(),
+            tenant_tokens: Default::default(),
             allow_insecure_admin: false,
             allow_open_intake: false,
             max_body_bytes: 1_048_576,

@@ -293,6 +293,7 @@ impl Config {
             ));
         }
         check_tokens(&http.admin_token, &http.intake_token)?;
+        super::tenant_tokens::check(http)?;
         crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
         let redact = crate::store::redact_url;
         for (i, c) in self.consumers.iter().enumerate() {

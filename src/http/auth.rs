@@ -1,5 +1,6 @@
-//! Bearer tokens: the admin token guards the operations routes and the page, the intake token
-//! guards intake; both compared in constant time. A browser signed in on `/signin` passes the
+//! Bearer tokens: the admin token guards the operations routes and the page, the intake tokens
+//! guard intake; all compared in constant time. The intake token speaks for every tenant; a
+//! tenant's token (`[http] tenant_tokens`) only for requests that name its own tenant. A browser signed in on `/signin` passes the
 //! admin check with its session cookie instead ([`super::session`]), and must then send the
 //! session's CSRF token with anything that changes state.
 //!
@@ -12,7 +13,8 @@ use super::constant_time::constant_time_eq;
 use super::problem::problem;
 use super::session::{self, Session};
 use super::state::AppState;
-use axum::extract::{Request, State};
+use axum::extract::rejection::RawPathParamsRejection;
+use axum::extract::{RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -103,15 +105,18 @@ fn wrong_token_log(state: &AppState, req: &Request, which: &str) {
     }
 }
 
-fn bearer_ok(expected: &str, req: &Request) -> bool {
+/// The bearer token of a request with exactly one `Authorization` header.
+fn sole_bearer(req: &Request) -> Option<&[u8]> {
     let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
     match (values.next(), values.next()) {
-        (Some(v), None) => {
-            bearer_token(v.as_bytes()).is_some_and(|got| constant_time_eq(got, expected.as_bytes()))
-        }
+        (Some(v), None) => bearer_token(v.as_bytes()),
         // None, or two Authorization headers: which one counts would be a guess.
-        _ => false,
+        _ => None,
     }
+}
+
+fn bearer_ok(expected: &str, req: &Request) -> bool {
+    sole_bearer(req).is_some_and(|got| constant_time_eq(got, expected.as_bytes()))
 }
 
 /// The session a request's cookie holds, when it is valid for `secret`.
@@ -198,21 +203,91 @@ fn forbidden(detail: &str) -> Response {
     problem(StatusCode::FORBIDDEN, "missing or wrong CSRF token", detail)
 }
 
-/// Lets a request through only with the intake token (when one is configured).
-pub async fn require_intake(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let token = &state.config.http.intake_token;
-    if token.is_empty() {
+/// Lets a request through only with an intake token, when any is configured: the all-tenant
+/// `intake_token` for any tenant, a `[http] tenant_tokens` token only with its own tenant in
+/// the consumer's tenant header (else `403`, decided before anything is read, so the answer
+/// is the same whether a claim exists or not).
+pub async fn require_intake(
+    State(state): State<AppState>,
+    params: Result<RawPathParams, RawPathParamsRejection>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let http = &state.config.http;
+    if http.intake_is_open() {
         return match refused_unless_local(&state, &req, "intake_token") {
             None => next.run(req).await,
             Some(refused) => refused,
         };
     }
-    if bearer_ok(token, &req) {
-        next.run(req).await
-    } else {
-        wrong_token_log(&state, &req, "intake token");
-        unauthorized("this route needs Authorization: Bearer <intake_token>")
+    let token = sole_bearer(&req);
+    // Both comparisons always run: the time taken does not tell which kind of token matched.
+    let all_tenants = !http.intake_token.is_empty()
+        && token.is_some_and(|t| constant_time_eq(t, http.intake_token.as_bytes()));
+    let tenant = token.and_then(|t| http.tenant_tokens.tenant_of(t));
+    if all_tenants {
+        return next.run(req).await;
     }
+    let Some(tenant) = tenant else {
+        wrong_token_log(&state, &req, "intake token");
+        return unauthorized(if http.tenant_tokens.is_empty() {
+            "this route needs Authorization: Bearer <intake_token>"
+        } else {
+            "this route needs Authorization: Bearer <intake_token>, or a tenant's token from [http] tenant_tokens"
+        });
+    };
+    let consumer = params
+        .ok()
+        .and_then(|p| {
+            p.iter()
+                .find(|(k, _)| *k == "consumer")
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap_or_default();
+    let header = crate::intake::http::tenant_header(&state, &consumer);
+    match other_tenant(tenant, header, req.headers().get_all(header).iter()) {
+        None => next.run(req).await,
+        Some(detail) => {
+            if let Some(unlogged) = state.guard.bearer_log.due() {
+                tracing::warn!(
+                    peer = ?peer_of(req.extensions()),
+                    path = req.uri().path(),
+                    tenant,
+                    unlogged,
+                    "refused a tenant's intake token used without its own tenant"
+                );
+            }
+            problem(StatusCode::FORBIDDEN, "another tenant", &detail)
+        }
+    }
+}
+
+/// Why a request made with `tenant`'s token may not go on, from the values of its tenant
+/// header `header`: none sent (that names the claims of no tenant), or one that is not
+/// `tenant`. `None` when every value is `tenant`.
+fn other_tenant<'v>(
+    tenant: &str,
+    header: &str,
+    values: impl Iterator<Item = &'v HeaderValue>,
+) -> Option<String> {
+    let mut any = false;
+    for v in values {
+        any = true;
+        if v.as_bytes() != tenant.as_bytes() {
+            let sent: String = String::from_utf8_lossy(v.as_bytes())
+                .chars()
+                .take(100)
+                .collect();
+            return Some(format!(
+                "this token is tenant {tenant:?}'s ([http] tenant_tokens) and {header} {sent:?} names another tenant: a tenant's token submits and reads only its own tenant's messages; nothing was read or recorded"
+            ));
+        }
+    }
+    (!any).then(|| {
+        format!(
+            "this token is tenant {tenant:?}'s ([http] tenant_tokens): send {header}: {tenant}. A request without {header} names the messages of no tenant, which only the all-tenant intake_token reaches; nothing was read or recorded"
+        )
+    })
 }
 
 fn unauthorized(detail: &str) -> Response {
@@ -239,5 +314,26 @@ mod tests {
         for v in ["Basic s3cret", "Bearers3cret", "Bearer ", "s3cret", ""] {
             assert_eq!(bearer_token(v.as_bytes()), None, "{v}");
         }
+    }
+
+    #[test]
+    fn a_tenant_token_goes_on_only_with_its_own_tenant() {
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        assert_eq!(other_tenant("acme", "Tenant-Id", [v("acme")].iter()), None);
+        assert_eq!(
+            other_tenant("acme", "Tenant-Id", [v("acme"), v("acme")].iter()),
+            None
+        );
+        let other = other_tenant("acme", "Tenant-Id", [v("globex")].iter()).unwrap();
+        assert!(
+            other.contains(r#"tenant "acme"'s"#) && other.contains(r#"Tenant-Id "globex""#),
+            "{other}"
+        );
+        let mixed = other_tenant("acme", "X-Tenant", [v("acme"), v("globex")].iter()).unwrap();
+        assert!(mixed.contains(r#"X-Tenant "globex""#), "{mixed}");
+        // Tenant ids are exact bytes: another case is another tenant.
+        assert!(other_tenant("acme", "Tenant-Id", [v("ACME")].iter()).is_some());
+        let missing = other_tenant("acme", "Tenant-Id", [].iter()).unwrap();
+        assert!(missing.contains("send Tenant-Id: acme"), "{missing}");
     }
 }

@@ -130,7 +130,7 @@ async fn answer_with(
 }
 
 /// Tenant header name for `consumer` (configurable, `Tenant-Id` by default).
-fn tenant_header<'s>(state: &'s AppState, consumer: &str) -> &'s str {
+pub(crate) fn tenant_header<'s>(state: &'s AppState, consumer: &str) -> &'s str {
     state
         .claimer
         .consumer(consumer)
