@@ -9,6 +9,7 @@ mod layering;
 mod ledger;
 mod log;
 mod outcomes;
+mod provider_events;
 mod schema;
 mod validate;
 
@@ -16,6 +17,7 @@ pub use http_effect::*;
 pub use ledger::LedgerConfig;
 pub use log::{LogConfig, LogFormat};
 pub use outcomes::{OutcomeKind, OutcomesConfig, render_routing_key};
+pub use provider_events::MAX_EVENT_TOLERANCE;
 pub use schema::*;
 pub use validate::{parse_cron, validate_cron};
 
