@@ -58,11 +58,11 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(intake)
         .merge(admin)
-        // Signed by the provider, not by a token (see `http::provider_events`).
+        // Signed by the provider, not by a token; its body is read under a budget of its own
+        // (see `http::provider_events`).
         .route(
             "/v1/provider-events/{consumer}",
-            post(provider_events::post_event)
-                .layer(DefaultBodyLimit::max(state.config.http.max_body_bytes)),
+            post(provider_events::post_event),
         )
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))

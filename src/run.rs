@@ -213,6 +213,10 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             config.http.body_budget_bytes,
             config.http.max_connections,
         )),
+        provider_event_budget: Arc::new(crate::server::BodyBudget::new(
+            config.http.provider_event_budget_bytes,
+            config.http.max_connections,
+        )),
         guard: Arc::default(),
     };
     let listener = bind(&config.http.listen).await?;

@@ -101,6 +101,10 @@ pub struct HttpConfig {
     /// Request bodies held in memory at once, in bytes, across all requests; when spent,
     /// intake answers `503` + `Retry-After` without reading the body.
     pub body_budget_bytes: usize,
+    /// Provider-event bodies (`POST /v1/provider-events/...`) held in memory at once, in bytes:
+    /// a budget of their own, so unauthenticated webhook traffic and intake cannot starve
+    /// each other.
+    pub provider_event_budget_bytes: usize,
     /// Host names (beside loopback names) a request may name in `Host` and `Origin` for a
     /// route whose token is empty; a route with a token set accepts any.
     pub allowed_hosts: Vec<String>,
@@ -124,6 +128,7 @@ impl Default for HttpConfig {
             idle_timeout: Dur(Duration::from_secs(75)),
             max_connections: 1024,
             body_budget_bytes: 16 * 1024 * 1024,
+            provider_event_budget_bytes: 4 * 1024 * 1024,
             allowed_hosts: Vec::new(),
             max_wait: Dur(Duration::from_secs(30)),
         }
@@ -302,9 +307,14 @@ pub struct ProviderEventsConfig {
     #[serde(skip_serializing)]
     pub secrets: Vec<String>,
     /// How far the event's signed timestamp may be from now, either way (default 5m): an
-    /// older delivery is refused as stale, however well signed.
+    /// older delivery is refused as stale, however well signed. At most 1h, and less than
+    /// half of `[retention] keep_terminal_for` (checked at load).
     #[serde(default = "default_event_tolerance")]
     pub tolerance: Dur,
+    /// The largest event body taken (default 256 KiB; `[http] max_body_bytes` applies too);
+    /// larger is refused `413` before or while it is read.
+    #[serde(default = "default_event_max_body_bytes")]
+    pub max_body_bytes: usize,
     /// A JSON pointer to the object the event is about (default `/data/object`, Stripe's).
     #[serde(default = "default_object_pointer")]
     pub object_pointer: String,
@@ -351,6 +361,9 @@ impl ProviderEventsConfig {
 
 fn default_event_tolerance() -> Dur {
     Dur(Duration::from_secs(300))
+}
+fn default_event_max_body_bytes() -> usize {
+    256 * 1024
 }
 fn default_object_pointer() -> String {
     "/data/object".into()

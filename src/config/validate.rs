@@ -173,12 +173,7 @@ impl Config {
                         ),
                     ));
                 }
-                if pe.tolerance.0 < std::time::Duration::from_secs(1) {
-                    return Err((
-                        at("provider_events.tolerance"),
-                        "must be at least 1s".into(),
-                    ));
-                }
+                super::provider_events::check_event_limits(i, pe, self)?;
                 crate::provider_events::signature::Verifier::new(
                     pe.scheme,
                     &pe.secrets,

@@ -22,6 +22,9 @@ pub struct AppState {
     pub sweeper: Arc<SweeperActivity>,
     /// Bytes of request bodies that may be in memory at once (`[http] body_budget_bytes`).
     pub body_budget: Arc<crate::server::BodyBudget>,
+    /// Bytes of provider-event bodies that may be in memory at once
+    /// (`[http] provider_event_budget_bytes`), apart from intake's.
+    pub provider_event_budget: Arc<crate::server::BodyBudget>,
     /// Sign-in throttle and refusal log limits, shared by every route.
     pub guard: Arc<super::guard::Guard>,
 }

@@ -499,7 +499,8 @@ fn flag_reason(contradiction: Contradiction, claim: &Claim, detail: &str) -> Str
     }
 }
 
-fn refusal(e: &SignatureError) -> &'static str {
+/// The `claimd_provider_events_total` reason of a refused signature.
+pub(crate) fn refusal(e: &SignatureError) -> &'static str {
     match e {
         SignatureError::Unsigned(_) => "unsigned",
         SignatureError::Stale { .. } | SignatureError::Future { .. } => "expired",

@@ -29,6 +29,7 @@
 //! Comparisons are constant time (`hmac::Mac::verify_slice`). Secrets never appear in errors
 //! or in `Debug`.
 
+use super::headers::{read_standard, read_stripe};
 use axum::http::HeaderMap;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
@@ -43,10 +44,6 @@ pub const MAX_SIGNATURE_HEADER_BYTES: usize = 8 * 1024;
 /// The most entries a signature header may have (Stripe: `t=` included).
 pub const MAX_SIGNATURE_ENTRIES: usize = 16;
 
-const STRIPE_SIGNATURE: &str = "stripe-signature";
-const WEBHOOK_ID: &str = "webhook-id";
-const WEBHOOK_TIMESTAMP: &str = "webhook-timestamp";
-const WEBHOOK_SIGNATURE: &str = "webhook-signature";
 const SECRET_PREFIX: &str = "whsec_";
 
 /// Which signing scheme a provider uses.
@@ -195,38 +192,9 @@ impl Verifier {
 
     /// Checks `Stripe-Signature`; returns its timestamp.
     fn verify_stripe(&self, headers: &HeaderMap, body: &[u8]) -> Result<i64, SignatureError> {
-        let value = signature_header(headers, STRIPE_SIGNATURE)?;
-        let entries = bounded_entries(STRIPE_SIGNATURE, value.split(','))?;
-        let mut t: Option<&str> = None;
-        let mut signatures = Vec::new();
-        for (i, entry) in entries.into_iter().enumerate() {
-            let Some((key, val)) = entry.trim().split_once('=') else {
-                return Err(malformed(format!(
-                    "{STRIPE_SIGNATURE} entry {} has no '='",
-                    i + 1
-                )));
-            };
-            match key {
-                "t" if t.is_some() => {
-                    return Err(malformed(format!(
-                        "{STRIPE_SIGNATURE} has more than one t="
-                    )));
-                }
-                "t" => t = Some(val),
-                "v1" => signatures.push(hex::decode(val).map_err(|_| {
-                    malformed(format!(
-                        "{STRIPE_SIGNATURE} entry {} (v1) is not hex",
-                        i + 1
-                    ))
-                })?),
-                // v0 (Stripe's test-mode legacy scheme) and any later one: not ours to check.
-                _ => {}
-            }
-        }
-        let t = t.ok_or_else(|| malformed(format!("{STRIPE_SIGNATURE} has no t= timestamp")))?;
-        let timestamp = parse_timestamp("stripe-signature t=", t)?;
-        if self.any_key_signed(&[t.as_bytes(), body], &signatures) {
-            Ok(timestamp)
+        let h = read_stripe(headers)?;
+        if self.any_key_signed(&[h.t.as_bytes(), body], &h.signatures) {
+            Ok(h.timestamp)
         } else {
             Err(SignatureError::Mismatch)
         }
@@ -238,31 +206,9 @@ impl Verifier {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<(i64, String), SignatureError> {
-        let id = header(headers, WEBHOOK_ID)?;
-        let ts = header(headers, WEBHOOK_TIMESTAMP)?;
-        let value = signature_header(headers, WEBHOOK_SIGNATURE)?;
-        let timestamp = parse_timestamp(WEBHOOK_TIMESTAMP, ts)?;
-        let entries = bounded_entries(WEBHOOK_SIGNATURE, value.split_ascii_whitespace())?;
-        let mut signatures = Vec::new();
-        for (i, entry) in entries.into_iter().enumerate() {
-            let Some((version, sig)) = entry.split_once(',') else {
-                return Err(malformed(format!(
-                    "{WEBHOOK_SIGNATURE} entry {} has no ','",
-                    i + 1
-                )));
-            };
-            // Other versions (v1a, asymmetric signatures...) are not ours to check.
-            if version == "v1" {
-                signatures.push(b64_decode(sig).ok_or_else(|| {
-                    malformed(format!(
-                        "{WEBHOOK_SIGNATURE} entry {} (v1) is not base64",
-                        i + 1
-                    ))
-                })?);
-            }
-        }
-        if self.any_key_signed(&[id.as_bytes(), ts.as_bytes(), body], &signatures) {
-            Ok((timestamp, id.to_string()))
+        let h = read_standard(headers)?;
+        if self.any_key_signed(&[h.id.as_bytes(), h.ts.as_bytes(), body], &h.signatures) {
+            Ok((h.timestamp, h.id.to_string()))
         } else {
             Err(SignatureError::Mismatch)
         }
@@ -350,68 +296,6 @@ fn new_mac(key: &[u8]) -> HmacSha256 {
     }
 }
 
-fn malformed(why: String) -> SignatureError {
-    SignatureError::Malformed(why)
-}
-
-/// A header's only value, as text.
-fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, SignatureError> {
-    let mut values = headers.get_all(name).iter();
-    let value = values.next().ok_or(SignatureError::Unsigned(name))?;
-    if values.next().is_some() {
-        return Err(malformed(format!("{name} is sent more than once")));
-    }
-    let text = value
-        .to_str()
-        .map_err(|_| malformed(format!("{name} is not visible ASCII")))?;
-    if text.trim().is_empty() {
-        return Err(malformed(format!("{name} is empty")));
-    }
-    Ok(text)
-}
-
-/// A signature header, refused before parsing when it is over the size bound.
-fn signature_header<'a>(
-    headers: &'a HeaderMap,
-    name: &'static str,
-) -> Result<&'a str, SignatureError> {
-    if let Some(v) = headers.get(name)
-        && v.len() > MAX_SIGNATURE_HEADER_BYTES
-    {
-        return Err(malformed(format!(
-            "{name} is {} bytes, over the {MAX_SIGNATURE_HEADER_BYTES}-byte limit",
-            v.len()
-        )));
-    }
-    header(headers, name)
-}
-
-/// The entries, refused when there are more than [`MAX_SIGNATURE_ENTRIES`].
-fn bounded_entries<'a>(
-    name: &'static str,
-    entries: impl Iterator<Item = &'a str>,
-) -> Result<Vec<&'a str>, SignatureError> {
-    let entries: Vec<&str> = entries.take(MAX_SIGNATURE_ENTRIES + 1).collect();
-    if entries.len() > MAX_SIGNATURE_ENTRIES {
-        return Err(malformed(format!(
-            "{name} has more than {MAX_SIGNATURE_ENTRIES} entries"
-        )));
-    }
-    Ok(entries)
-}
-
-/// Canonical decimal Unix seconds: digits only, no leading zero (but "0"), within i64.
-fn parse_timestamp(what: &str, text: &str) -> Result<i64, SignatureError> {
-    let canonical = !text.is_empty()
-        && text.bytes().all(|b| b.is_ascii_digit())
-        && (text == "0" || !text.starts_with('0'));
-    let bad = || malformed(format!("{what} is not whole Unix seconds"));
-    if !canonical {
-        return Err(bad());
-    }
-    text.parse().map_err(|_| bad())
-}
-
 /// Within the tolerance in both directions; exactly the tolerance passes.
 fn check_time(timestamp: i64, now_unix: i64, tolerance_s: i64) -> Result<(), SignatureError> {
     let age_s = now_unix.saturating_sub(timestamp);
@@ -445,7 +329,7 @@ fn b64_encode(bytes: &[u8]) -> String {
 
 /// Standard base64, padded or not; `None` when it does not decode. Padding, when present, must
 /// complete the last quantum (as Python's decoder requires; the crate would take `AA=`).
-fn b64_decode(text: &str) -> Option<Vec<u8>> {
+pub(super) fn b64_decode(text: &str) -> Option<Vec<u8>> {
     if text.ends_with('=') && !text.len().is_multiple_of(4) {
         return None;
     }
