@@ -22,6 +22,8 @@ pub struct AppState {
     pub sweeper: Arc<SweeperActivity>,
     /// Bytes of request bodies that may be in memory at once (`[http] body_budget_bytes`).
     pub body_budget: Arc<crate::server::BodyBudget>,
+    /// The cap on requests waiting for an outcome (`[http] max_waiters`).
+    pub waiters: Arc<crate::intake::waiters::Waiters>,
     /// Sign-in throttle and refusal log limits, shared by every route.
     pub guard: Arc<super::guard::Guard>,
 }
