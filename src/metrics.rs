@@ -87,6 +87,8 @@ pub struct Metrics {
     ledger_last_run: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     /// The outcome relay's series.
     pub outbox: crate::outcome_relay::metrics::OutboxMetrics,
+    /// The `Prefer: wait` waiters' series.
+    pub waiters: crate::intake::waiters::WaiterMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -157,9 +159,11 @@ impl Metrics {
             ledger_mismatches: Family::default(),
             ledger_last_run: Family::default(),
             outbox: Default::default(),
+            waiters: Default::default(),
             registry: Registry::default(),
         };
         m.outbox.register(&mut registry);
+        m.waiters.register(&mut registry);
         registry.register(
             "messages_received",
             "Deliveries that reached intake for a known consumer",

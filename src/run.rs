@@ -217,6 +217,10 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             config.http.provider_event_budget_bytes,
             config.http.max_connections,
         )),
+        waiters: Arc::new(crate::intake::waiters::Waiters::new(
+            crate::intake::waiters::Waiters::limit_for(&config.http),
+            &app.claimer.metrics().waiters,
+        )),
         guard: Arc::default(),
     };
     let listener = bind(&config.http.listen).await?;

@@ -12,8 +12,13 @@
 //!   `431` and the connection closed.
 //! - **Connections**: at most `max_connections` open at once. At the cap, the next connection is
 //!   accepted and the open connection that has waited longest for a request (idle keep-alive,
-//!   silent, or still sending its head) is closed to make room; when every connection is in a
-//!   request, the next one waits until one closes (later ones in the kernel's listen backlog).
+//!   silent, or still sending its head) is closed to make room. When every connection is in a
+//!   request, the next ones (up to [`PROBE_CONNECTIONS`]) are served only `/healthz`, `/readyz`
+//!   and `/metrics` (anything else: `503` + `Retry-After`, connection closed), so that a load
+//!   balancer and a scraper still get answers; past those, new connections wait until one
+//!   closes (later ones in the kernel's listen backlog). Requests waiting for an outcome
+//!   (`Prefer: wait`) are capped apart, below `max_connections` (see
+//!   [`crate::intake::waiters`]).
 //!
 //! `axum::serve` has none of these, so claimd serves the axum router with hyper's HTTP/1
 //! connection builder itself.
@@ -34,9 +39,13 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
+
+#[path = "server/body_budget.rs"]
+mod body_budget;
+pub use body_budget::{BodyBudget, BodyShare};
 
 /// The limits the listener enforces (from `[http]`).
 #[derive(Debug, Clone, Copy)]
@@ -90,8 +99,12 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let open = Arc::new(OpenConns::default());
+    let room = Room {
+        permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+        probe_permits: Arc::new(Semaphore::new(PROBE_CONNECTIONS)),
+        open: Arc::default(),
+        max_connections: limits.max_connections,
+    };
     // One line per period while at the cap, not one per connection: a flood would fill the log.
     let at_cap_log = crate::http::guard::LogEvery::new(crate::http::guard::LOG_EVERY);
     let (stop_tx, _) = watch::channel(false);
@@ -109,13 +122,15 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let permit = match permits.clone().try_acquire_owned() {
-            Ok(p) => p,
+        let slot = match room.permits.clone().try_acquire_owned() {
+            Ok(p) => Slot {
+                permit: p,
+                probes_only: false,
+            },
             Err(_) => {
-                let room = make_room(&permits, &open, limits.max_connections, &at_cap_log);
                 tokio::select! {
-                    p = room => match p {
-                        Some(p) => p,
+                    s = room.make(&at_cap_log) => match s {
+                        Some(s) => s,
                         None => break,
                     },
                     () = &mut shutdown => break,
@@ -125,10 +140,11 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let mut stop = stop_tx.subscribe();
-        let open = open.clone();
+        let open = room.open.clone();
+        let permits = room.permits.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            let conn = Arc::new(Phase::new());
+            let permit = Mutex::new(slot.permit);
+            let conn = Arc::new(Phase::new(slot.probes_only));
             let _registered = open.register(conn.clone());
             let io = TokioIo::new(TimedIo::new(stream, conn.clone(), limits));
             let service = service_fn(move |mut req: Request<Incoming>| {
@@ -136,8 +152,13 @@ pub async fn serve(
                 req.extensions_mut().insert(Peer(peer));
                 let router = router.clone();
                 let conn = conn.clone();
+                let served = is_probe(req.uri().path()) || conn.serves_all(&permit, &permits);
                 async move {
-                    let response = handle(router, limits, req).await;
+                    let response = if !served {
+                        connections_busy(limits.max_connections)
+                    } else {
+                        handle(router, limits, req).await
+                    };
                     // Idle once hyper has sent the whole answer (it drops the body then): a
                     // connection still writing is in a request, and never shed.
                     Ok::<_, std::convert::Infallible>(response.map(|body| IdleAfter { body, conn }))
@@ -175,46 +196,109 @@ pub async fn serve(
     }
     let _ = stop_tx.send(true);
     let all = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout(SHUTDOWN_WAIT, permits.acquire_many(all)).await;
+    let _ = tokio::time::timeout(SHUTDOWN_WAIT, async {
+        let _ = room.permits.acquire_many(all).await;
+        let _ = room
+            .probe_permits
+            .acquire_many(PROBE_CONNECTIONS as u32)
+            .await;
+    })
+    .await;
 }
 
 /// How often, at the cap with every connection in a request, the open connections are looked
 /// at again for one that has gone back to waiting.
 const CAP_RESCAN: Duration = Duration::from_millis(50);
 
-/// At the connection cap: closes the open connection that has waited longest for a request,
-/// and returns the permit it frees (or any other that frees first). While every connection is
-/// in a request, waits. `None` when the semaphore is closed.
-async fn make_room(
-    permits: &Arc<Semaphore>,
-    open: &OpenConns,
+/// The listener's connection places: `max_connections` for any request, and
+/// [`PROBE_CONNECTIONS`] more that serve only the probes, taken when every other connection is
+/// in a request. Both kinds of connection are in `open`, told apart by their phase.
+struct Room {
+    permits: Arc<Semaphore>,
+    probe_permits: Arc<Semaphore>,
+    open: Arc<OpenConns>,
     max_connections: usize,
-    log: &crate::http::guard::LogEvery,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let mut logged = false;
-    loop {
-        let shed = open.shed_longest_waiting();
-        if !logged && let Some(unlogged) = log.due() {
-            if shed {
-                tracing::info!(
-                    max_connections,
-                    unlogged,
-                    "connection cap reached; closing the connection that waited longest for a request"
-                );
-            } else {
-                tracing::warn!(
-                    max_connections,
-                    unlogged,
-                    "connection cap reached and every connection is in a request; new connections wait"
-                );
+}
+
+/// A connection's place.
+struct Slot {
+    permit: OwnedSemaphorePermit,
+    /// A place of the probes' reserve: any other request is answered `503`.
+    probes_only: bool,
+}
+
+impl Room {
+    /// At the connection cap: closes the open connection that has waited longest for a
+    /// request and returns the place it frees (or any other that frees first). When every
+    /// connection is in a request, a place of the probes' reserve (closing the reserve
+    /// connection that has waited longest when they are all taken); while those are all in a
+    /// request too, waits. `None` when the listener is closed.
+    async fn make(&self, log: &crate::http::guard::LogEvery) -> Option<Slot> {
+        let mut logged = false;
+        // A first rescan before a reserve place: in a burst, places free within milliseconds.
+        let mut first = true;
+        loop {
+            let shed = self.open.shed_longest_waiting(false);
+            let reserve = !shed && !std::mem::take(&mut first);
+            if reserve && self.probe_permits.available_permits() == 0 {
+                self.open.shed_longest_waiting(true);
+            }
+            if !logged && let Some(unlogged) = log.due() {
+                let max_connections = self.max_connections;
+                if shed {
+                    tracing::info!(
+                        max_connections,
+                        unlogged,
+                        "connection cap reached; closing the connection that waited longest for a request"
+                    );
+                } else {
+                    tracing::warn!(
+                        max_connections,
+                        unlogged,
+                        "connection cap reached and every connection is in a request; new connections serve only /healthz, /readyz and /metrics, or wait"
+                    );
+                }
+            }
+            logged = true;
+            tokio::select! {
+                biased;
+                p = self.permits.clone().acquire_owned() => {
+                    return p.ok().map(|permit| Slot { permit, probes_only: false });
+                }
+                p = self.probe_permits.clone().acquire_owned(), if reserve => {
+                    return p.ok().map(|permit| Slot { permit, probes_only: true });
+                }
+                () = tokio::time::sleep(CAP_RESCAN) => {}
             }
         }
-        logged = true;
-        tokio::select! {
-            p = permits.clone().acquire_owned() => return p.ok(),
-            () = tokio::time::sleep(CAP_RESCAN) => {}
-        }
     }
+}
+
+/// Connections kept beyond `max_connections` for the probes (`/healthz`, `/readyz`,
+/// `/metrics`), so that a load balancer and a scraper are answered while every connection is
+/// in a request (slow bodies, long waits). Any other request on one is answered `503`.
+pub const PROBE_CONNECTIONS: usize = 8;
+
+/// Whether `path` is one a probe connection serves.
+pub fn is_probe(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics")
+}
+
+/// `503` + `Retry-After: 1` for a request other than a probe on a probes' connection; the
+/// connection is closed after it.
+fn connections_busy(max_connections: usize) -> Response {
+    let mut r = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "busy",
+        &format!(
+            "every one of the {max_connections} connections ([http] max_connections) is in a request; this connection serves only /healthz, /readyz and /metrics: nothing was recorded, retry"
+        ),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 /// The open connections, for shedding at the cap.
@@ -250,10 +334,11 @@ impl OpenConns {
     /// Closes the connection that has waited longest for its next request (idle keep-alive,
     /// silent since it opened, or still sending its head); `false` when every one is in a
     /// request. A connection in a request is never closed: its body or answer is under way.
-    fn shed_longest_waiting(&self) -> bool {
+    fn shed_longest_waiting(&self, probes_only: bool) -> bool {
         let conns = self.lock();
         let mut waiting: Vec<(Instant, &Arc<Phase>)> = conns
             .values()
+            .filter(|p| p.lock().probes_only == probes_only)
             .filter_map(|p| p.waiting_since().map(|t| (t, p)))
             .collect();
         waiting.sort_by_key(|(t, _)| *t);
@@ -285,119 +370,6 @@ async fn handle(router: Router, limits: Limits, req: Request<Incoming>) -> Respo
     match router.oneshot(req).await {
         Ok(r) => r,
         Err(never) => match never {},
-    }
-}
-
-/// The byte budget for request bodies held in memory at once (`[http] body_budget_bytes`).
-///
-/// A body takes budget for the memory it really holds, not for what it declares: before it is
-/// read, a first slice (its declared length when that is smaller; see [`BodyBudget::slice`]),
-/// then more as its bytes arrive and its buffer grows (doubling, up to the declared length or
-/// `max_body_bytes`), trimmed to the real size once read. So a client that declares 1 MiB and
-/// trickles holds only what it sent. The share is kept until the claim's call starts (see
-/// [`crate::claimer::Claimer::submit_held`]): a body waiting to be read, claimed or called
-/// counts here; one in a call is bounded by the consumer's `concurrency` instead. When the
-/// budget is spent, intake waits up to `intake_wait` for a first slice and then answers `503` +
-/// `Retry-After` without reading the body (likewise, mid-body, for more room): the backlog
-/// waits in the clients, never in claimd's memory.
-#[derive(Debug)]
-pub struct BodyBudget {
-    kib: Arc<Semaphore>,
-    total_kib: usize,
-    slice_kib: usize,
-}
-
-/// A share of the [`BodyBudget`], given back on drop.
-#[derive(Debug)]
-pub struct BodyShare {
-    held: tokio::sync::OwnedSemaphorePermit,
-    kib: Arc<Semaphore>,
-    total_kib: usize,
-}
-
-impl BodyShare {
-    /// Gives back what the share holds beyond `bytes` (a body of unknown length was shorter
-    /// than `max_body_bytes`).
-    pub fn trim_to(&mut self, bytes: usize) {
-        let keep = bytes.div_ceil(1024).max(1);
-        if let Some(extra) = self.held.num_permits().checked_sub(keep).filter(|n| *n > 0) {
-            drop(self.held.split(extra));
-        }
-    }
-
-    /// Bytes this share holds.
-    pub fn bytes(&self) -> usize {
-        self.held.num_permits() * 1024
-    }
-
-    /// Grows the share to `bytes`, waiting up to `wait` for the room; `false` when the budget
-    /// stayed spent (the share keeps what it had).
-    pub async fn grow_to(&mut self, bytes: usize, wait: Duration) -> bool {
-        let want = bytes.div_ceil(1024).min(self.total_kib);
-        let Some(more) = want.checked_sub(self.held.num_permits()).filter(|n| *n > 0) else {
-            return true;
-        };
-        let Ok(more) = u32::try_from(more) else {
-            return false;
-        };
-        let got = match self.kib.clone().try_acquire_many_owned(more) {
-            Ok(p) => Some(p),
-            Err(_) => tokio::time::timeout(wait, self.kib.clone().acquire_many_owned(more))
-                .await
-                .ok()
-                .and_then(Result::ok),
-        };
-        match got {
-            Some(p) => {
-                self.held.merge(p);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-impl BodyBudget {
-    /// A budget of `bytes` (counted in KiB, rounded up) shared by at most `max_connections`
-    /// requests at once.
-    pub fn new(bytes: usize, max_connections: usize) -> Self {
-        let total_kib = bytes.div_ceil(1024).max(1);
-        // Every open connection can hold its first slice at once without spending the budget
-        // (16 KiB with the defaults), so connections alone, however slow, cannot exhaust it.
-        let slice_kib = (total_kib / max_connections.max(1)).clamp(4, 64);
-        BodyBudget {
-            kib: Arc::new(Semaphore::new(total_kib)),
-            total_kib,
-            slice_kib,
-        }
-    }
-
-    /// The first slice a body of unknown or larger length takes before it is read.
-    pub fn slice(&self) -> usize {
-        self.slice_kib * 1024
-    }
-
-    /// A share for the first `bytes` of a body, waiting up to `wait` for one; `None` when the
-    /// budget stayed spent.
-    pub async fn admit(&self, bytes: usize, wait: Duration) -> Option<BodyShare> {
-        let kib = u32::try_from(bytes.div_ceil(1024).clamp(1, self.total_kib)).ok()?;
-        let held = match self.kib.clone().try_acquire_many_owned(kib) {
-            Ok(p) => p,
-            Err(_) => tokio::time::timeout(wait, self.kib.clone().acquire_many_owned(kib))
-                .await
-                .ok()?
-                .ok()?,
-        };
-        Some(BodyShare {
-            held,
-            kib: self.kib.clone(),
-            total_kib: self.total_kib,
-        })
-    }
-
-    /// Bytes of the budget now taken by bodies being read, claimed or waiting for a call.
-    pub fn in_use_bytes(&self) -> usize {
-        (self.total_kib - self.kib.available_permits()) * 1024
     }
 }
 
@@ -526,18 +498,33 @@ struct PhaseInner {
     shed: bool,
     /// Who waits on the socket, woken when the connection is shed.
     waker: Option<std::task::Waker>,
+    /// On a place of the probes' reserve: serves only the probes (see [`PROBE_CONNECTIONS`]).
+    probes_only: bool,
 }
 
 #[derive(Debug)]
 struct Phase(Mutex<PhaseInner>);
 
 impl Phase {
-    fn new() -> Self {
+    fn new(probes_only: bool) -> Self {
         Phase(Mutex::new(PhaseInner {
             state: State::Head(Instant::now()),
             shed: false,
             waker: None,
+            probes_only,
         }))
+    }
+    /// Whether the connection serves any request: a probes' connection does once a place of
+    /// `permits` is free (it takes it into `permit` and gives its reserve place back).
+    fn serves_all(&self, permit: &Mutex<OwnedSemaphorePermit>, permits: &Arc<Semaphore>) -> bool {
+        let mut p = self.lock();
+        if p.probes_only
+            && let Ok(place) = permits.clone().try_acquire_owned()
+        {
+            *permit.lock().unwrap_or_else(|e| e.into_inner()) = place;
+            p.probes_only = false;
+        }
+        !p.probes_only
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, PhaseInner> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())

@@ -10,6 +10,7 @@ use crate::config::ValueOutcomes;
 use crate::consumer::Slot;
 use crate::effect::Outcome;
 use crate::effect::by_value::{self, Reading, Verdict};
+use crate::intake::waiters::SettleSignals;
 use crate::metrics::Metrics;
 use crate::store::{NewEvent, Settlement, Store};
 use std::borrow::Cow;
@@ -84,6 +85,8 @@ pub struct Settler {
     store: Store,
     instance: String,
     metrics: Arc<Metrics>,
+    /// Rung after each committed change, for the requests waiting on the claim.
+    signals: Arc<SettleSignals>,
 }
 
 impl std::fmt::Debug for Settler {
@@ -101,7 +104,13 @@ impl Settler {
             store,
             instance,
             metrics,
+            signals: Arc::default(),
         }
+    }
+
+    /// The signals rung when a claim is settled here (`Prefer: wait` listens to them).
+    pub fn signals(&self) -> &Arc<SettleSignals> {
+        &self.signals
     }
 
     /// Records a history line (an attempt's outcome, a lookup's answer) without changing the
@@ -304,6 +313,7 @@ impl Settler {
             match self.store.settle(claim.id, claim.attempt, &s, &event).await {
                 Ok(true) => {
                     let state = s.state.unwrap_or(ClaimState::Started);
+                    self.signals.settled(claim.id);
                     self.metrics.settled(&claim.consumer, state.as_str());
                     debug!(%state, "settled");
                     return AttemptEnd::Settled(state);
@@ -393,6 +403,9 @@ impl Settler {
             .store
             .settle_from(claim.id, claim.attempt, claim.version, from, &s, &event)
             .await?;
+        if changed {
+            self.signals.settled(claim.id);
+        }
         if changed && let Some(state) = s.state.filter(|st| *st != from) {
             self.metrics.settled(&claim.consumer, state.as_str());
         }

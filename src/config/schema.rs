@@ -110,6 +110,9 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
     /// The longest `Prefer: wait=N` honoured: a request asking for more waits this long.
     pub max_wait: Dur,
+    /// Requests that may wait for an outcome at once (`Prefer: wait`), never more than half of
+    /// `max_connections`; past it a request is answered at once, as without the preference.
+    pub max_waiters: usize,
 }
 
 impl Default for HttpConfig {
@@ -131,6 +134,7 @@ impl Default for HttpConfig {
             provider_event_budget_bytes: 4 * 1024 * 1024,
             allowed_hosts: Vec::new(),
             max_wait: Dur(Duration::from_secs(30)),
+            max_waiters: 256,
         }
     }
 }

@@ -25,6 +25,8 @@ pub struct AppState {
     /// Bytes of provider-event bodies that may be in memory at once
     /// (`[http] provider_event_budget_bytes`), apart from intake's.
     pub provider_event_budget: Arc<crate::server::BodyBudget>,
+    /// The cap on requests waiting for an outcome (`[http] max_waiters`).
+    pub waiters: Arc<crate::intake::waiters::Waiters>,
     /// Sign-in throttle and refusal log limits, shared by every route.
     pub guard: Arc<super::guard::Guard>,
 }

@@ -6,13 +6,18 @@
 //! or `needs_attention`. A `pending` claim (the provider has not finished) is not.
 
 use crate::claim::{Claim, ClaimState};
+use crate::intake::waiters::{REREAD_EVERY, REREAD_JITTER, SettleSignals};
 use crate::store::Store;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// The response header that marks a replayed outcome.
 pub const REPLAYED: &str = "Idempotent-Replayed";
-/// The response header that says which preference was applied (RFC 7240).
+/// The response header that says which preference was applied (RFC 7240): `wait=N` names
+/// the wait honoured, N as asked or cut to `[http] max_wait` (not the seconds waited: a claim
+/// that settles sooner is answered sooner). Absent when the request did not wait because
+/// `[http] max_waiters` requests were already waiting.
 pub const PREFERENCE_APPLIED: &str = "Preference-Applied";
 
 /// Whether `state` is an outcome the client can act on (see the module's documentation).
@@ -49,27 +54,35 @@ pub fn prefer_wait<'a>(values: impl Iterator<Item = &'a [u8]>, max: Duration) ->
     asked.map(|s| Duration::from_secs(s).min(max))
 }
 
-/// The claim of `consumer`/`tenant`/`message_id` once it is settled, or as it is when `wait`
-/// has passed (`None`: it vanished, or the store could not be read). Polls the store, 20 ms
-/// doubling to 250 ms: one indexed read each, no write. Dropping the future (the client hung
-/// up) changes nothing: the claim was committed before the wait began.
+/// `claim` once it is settled, or as it is when `wait` has passed (`None`: it vanished, or
+/// the store could not be read). Woken by the claim's settle signal (a settle on this
+/// instance), else reads the claim again every [`REREAD_EVERY`] (a settle elsewhere): one
+/// indexed read each, no write. Dropping the future (the client hung up) changes nothing: the
+/// claim was committed before the wait began.
 pub async fn await_outcome(
     store: &Store,
-    consumer: &str,
-    tenant: &str,
-    message_id: &str,
+    signals: &Arc<SettleSignals>,
+    claim: &Claim,
     wait: Duration,
 ) -> Option<Claim> {
     let until = Instant::now() + wait;
-    let mut pause = Duration::from_millis(20);
+    // Subscribed before the first read, so that a settle between the two is not missed.
+    let mut signal = signals.subscribe(claim.id);
     loop {
-        let claim = store.get(consumer, tenant, message_id).await.ok()??;
+        let now_claim = store
+            .get(&claim.consumer, &claim.tenant, &claim.message_id)
+            .await
+            .ok()??;
         let now = Instant::now();
-        if settled(claim.state) || now >= until {
-            return Some(claim);
+        if settled(now_claim.state) || now >= until {
+            return Some(now_claim);
         }
-        tokio::time::sleep(pause.min(until - now)).await;
-        pause = (pause * 2).min(Duration::from_millis(250));
+        let jitter = Duration::from_millis(fastrand::u64(..=REREAD_JITTER.as_millis() as u64));
+        let reread = (now + REREAD_EVERY + jitter).min(until);
+        tokio::select! {
+            () = signal.rung() => {}
+            () = tokio::time::sleep_until(reread) => {}
+        }
     }
 }
 

@@ -1,9 +1,10 @@
 //! HTTP intake: `POST /v1/messages/{consumer}` and `GET /v1/messages/{consumer}/{message_id}`.
 //!
 //! `202` new claim committed, `200` duplicate, `422` same key with another payload or a payload
-//! the consumer's effect cannot use (an email without a recipient), `400` bad
-//! key, `404` unknown consumer, `413` body too large, `503` store unavailable or saturated
-//! (nothing committed; `Retry-After` says when to retry). Errors are `application/problem+json`.
+//! the consumer's effect cannot use (an email without a recipient), `400` bad key or a body
+//! that declares JSON and is not JSON, `404` unknown consumer, `413` body too large, `503`
+//! store unavailable or saturated (nothing committed; `Retry-After` says when to retry).
+//! Errors are `application/problem+json`.
 //!
 //! A retried `POST` (same key and body) after the claim settled answers `200` with the
 //! outcome and `Idempotent-Replayed: true`; `Prefer: wait=N` holds the answer until the claim
@@ -15,6 +16,7 @@ use crate::config::SourceConfig;
 use crate::http::problem::problem;
 use crate::http::state::AppState;
 use crate::intake::answer::{self, prefer_wait, settled};
+use crate::intake::json_body;
 use crate::server::{BodyReadTimeout, BodyShare};
 use axum::Json;
 use axum::body::Body;
@@ -97,7 +99,8 @@ fn wait_asked(state: &AppState, headers: &HeaderMap) -> Option<std::time::Durati
 
 /// The answer with `claim`: `settled_status` with the outcome once it is settled (a
 /// duplicate's marked `Idempotent-Replayed: true`), `status` as before otherwise; waited for
-/// first when the client asked (`Preference-Applied: wait=N`).
+/// first when the client asked (`Preference-Applied: wait=N`) and a waiter's place is free
+/// (else answered at once, without `Preference-Applied`).
 async fn answer_with(
     state: &AppState,
     claim: Claim,
@@ -105,14 +108,19 @@ async fn answer_with(
     duplicate: bool,
     wait: Option<std::time::Duration>,
 ) -> Response {
-    let claim = match wait {
+    let (claim, applied) = match wait {
         Some(w) if !settled(claim.state) => {
-            let store = state.claimer.store();
-            answer::await_outcome(store, &claim.consumer, &claim.tenant, &claim.message_id, w)
-                .await
-                .unwrap_or(claim)
+            match state.waiters.try_place(&state.claimer.metrics().waiters) {
+                Some(_place) => {
+                    let store = state.claimer.store();
+                    let signals = state.claimer.settler().signals();
+                    let waited = answer::await_outcome(store, signals, &claim, w).await;
+                    (waited.unwrap_or(claim), wait)
+                }
+                None => (claim, None),
+            }
         }
-        _ => claim,
+        _ => (claim, wait),
     };
     let done = settled(claim.state);
     let status = if done { StatusCode::OK } else { status };
@@ -121,7 +129,7 @@ async fn answer_with(
         r.headers_mut()
             .insert(answer::REPLAYED, header::HeaderValue::from_static("true"));
     }
-    if let Some(w) = wait
+    if let Some(w) = applied
         && let Ok(v) = header::HeaderValue::from_str(&format!("wait={}", w.as_secs()))
     {
         r.headers_mut().insert(answer::PREFERENCE_APPLIED, v);
@@ -208,6 +216,14 @@ pub async fn post_message(
         .get(header::CONTENT_TYPE)
         .map(|v| v.as_bytes().to_vec())
         .unwrap_or_default();
+    if let Err(e) = json_body::check(&content_type, &body) {
+        state.claimer.metrics().refused(&consumer, "bad_payload");
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "body is not JSON",
+            &format!("{e}; nothing was recorded"),
+        );
+    }
     let delivery = Delivery {
         tenant: tenant_of(&state, &consumer, &headers).to_vec(),
         consumer,

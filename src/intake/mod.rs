@@ -5,3 +5,5 @@
 pub mod amqp;
 pub mod answer;
 pub mod http;
+pub mod json_body;
+pub mod waiters;

@@ -225,16 +225,24 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
             message_id: shown_id,
         };
     }
+    let content_type = props
+        .content_type()
+        .as_ref()
+        .map(|s| s.as_str().as_bytes().to_vec())
+        .unwrap_or_default();
+    if let Err(e) = crate::intake::json_body::check(&content_type, &d.data) {
+        return Verdict::DeadLetter {
+            reason: DeadLetterReason::UnusablePayload,
+            sentence: e.to_string(),
+            message_id: shown_id,
+        };
+    }
     let delivery = Delivery {
         consumer: c.name.clone(),
         tenant,
         message_id: raw_id,
         payload: d.data.clone().into(),
-        content_type: props
-            .content_type()
-            .as_ref()
-            .map(|s| s.as_str().as_bytes().to_vec())
-            .unwrap_or_default(),
+        content_type,
     };
     match ctx.claimer.submit(delivery).await {
         Ok(Accepted::New(_)) => Verdict::Ack,
