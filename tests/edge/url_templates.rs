@@ -176,7 +176,7 @@ async fn refused_at_http_intake(store_name: &str, store: &TestStore) {
         "{store_name}: the provider received only the good call"
     );
     eprintln!("url_templates, HTTP intake on {store_name}:");
-    eprintln!("  {:<46} {}", "input", "status");
+    eprintln!("  {:<46} status", "input");
     for (input, status) in &table {
         eprintln!("  {input:<46} {status}");
     }
