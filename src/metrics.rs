@@ -594,6 +594,7 @@ pub mod vocabulary {
         "bad_payload",
         "busy",
         "key_too_long",
+        "unsafe_url_value",
         "store_unavailable",
         "body_budget",
     ];

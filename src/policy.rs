@@ -31,6 +31,10 @@ pub enum Step {
     Reconcile,
     /// The outcome is unknown and nothing may decide it: hand it to a person.
     Park(String),
+    /// The call was not made, and as the claim stands never can be (a value would send it to
+    /// another path): `failed` "never sent" when no earlier call may have reached the
+    /// provider, else a person's. Carries why.
+    NotSent(String),
 }
 
 /// Decides the step after `outcome` (invariant I6 for unknown outcomes).
@@ -39,6 +43,16 @@ pub fn after_outcome(outcome: &Outcome, on_unknown: OnUnknown, can_reconcile: bo
         Outcome::Applied { .. } => Step::Complete,
         Outcome::Rejected { .. } => Step::Fail,
         Outcome::InProgress { .. } => Step::Retry { retry_after: None },
+        Outcome::NotApplied {
+            status: None,
+            error,
+            ..
+        } if error.starts_with(crate::effect::NOT_BUILT_URL_VALUE) => Step::NotSent(
+            error
+                .trim_start_matches(crate::effect::NOT_BUILT)
+                .trim_start_matches(": ")
+                .to_string(),
+        ),
         Outcome::NotApplied { retry_after, .. } => Step::Retry {
             retry_after: *retry_after,
         },
@@ -335,6 +349,26 @@ mod tests {
         );
         assert_eq!(
             after_outcome(&Outcome::InProgress { status: 409 }, OnUnknown::Park, false),
+            Step::Retry { retry_after: None }
+        );
+    }
+
+    #[test]
+    fn a_request_that_can_never_be_built_is_not_sent_and_not_retried() {
+        let not_built = |error: &str| Outcome::NotApplied {
+            status: None,
+            retry_after: None,
+            error: error.into(),
+        };
+        let dot = not_built("could not build the request: URL field account is \"..\": a dot");
+        assert_eq!(
+            after_outcome(&dot, OnUnknown::Redrive, true),
+            Step::NotSent("URL field account is \"..\": a dot".into())
+        );
+        // A missing field may come back with the configuration that had it: retried.
+        let missing = not_built("could not build the request: the payload has no field \"a\"");
+        assert_eq!(
+            after_outcome(&missing, OnUnknown::Park, false),
             Step::Retry { retry_after: None }
         );
     }

@@ -279,6 +279,10 @@ impl Claimer {
                         .await,
                 );
             }
+            Step::NotSent(why) => {
+                let end = self.not_sent(consumer, claim, slot, settle_until, pending_unknown, why);
+                return AfterCall::End(end.await);
+            }
             Step::Retry { retry_after } => (retry_after, true, None),
             Step::Resend => (None, false, Some(Resend::UnknownOutcome)),
             Step::Reconcile => {
@@ -381,6 +385,54 @@ impl Claimer {
             );
         }
         AfterCall::Again(resend)
+    }
+}
+
+impl Claimer {
+    /// Ends an attempt whose call was not made and never can be as the claim stands (a value
+    /// that would send it to another path; intake refuses such messages, a claim stored
+    /// before it did may have one): `failed` "never sent" when no call of the claim may have
+    /// reached the provider, else a person's, since an earlier call may have gone to the
+    /// other path.
+    async fn not_sent(
+        &self,
+        consumer: &Consumer,
+        claim: &Claim,
+        slot: &mut Slot,
+        settle_until: Option<Instant>,
+        pending_unknown: bool,
+        why: String,
+    ) -> AttemptEnd {
+        let sends = if claim.attempt == 1 && !pending_unknown {
+            // The first attempt's calls all render the same URL: none was made.
+            policy::Sends::NeverSent
+        } else {
+            match self.store.events(claim.id).await {
+                Ok(events) => policy::read_sends(
+                    events.iter().map(|e| {
+                        let status = e.provider_status;
+                        (e.attempt, e.action.as_str(), e.outcome.as_str(), status)
+                    }),
+                    claim.attempt,
+                    |status| consumer.effect.proves_non_receipt(status),
+                ),
+                Err(_) => policy::Sends::MaybeApplied,
+            }
+        };
+        let (s, outcome) = if sends == policy::Sends::NeverSent {
+            let reason = format!(
+                "never sent: {why}; the call was not made, so submitting it again with a corrected value is safe"
+            );
+            (crate::settle::never_sent(reason), "never_sent")
+        } else {
+            let reason = format!(
+                "{why}; not sent now, but an earlier call of this claim may have reached the provider (at another path): check there"
+            );
+            (crate::settle::park(reason, None), "not_sent")
+        };
+        self.settler
+            .settle(slot, claim, settle_until, s, "perform", outcome)
+            .await
     }
 }
 

@@ -3,6 +3,7 @@
 //! acknowledge), and drives the new claim with a call slot.
 
 use super::*;
+use crate::effect::Unusable;
 use tracing::Instrument;
 
 /// One message as intake received it.
@@ -72,6 +73,11 @@ pub enum SubmitError {
     /// The content type cannot be stored and sent to the provider (checked before claiming).
     #[error("{0}")]
     BadContentType(String),
+    /// A value of the message (a payload field, the message id, the tenant) would make a path
+    /// segment of the provider's URL `.`, `..` or empty, sending the call to another path
+    /// (checked before claiming: nothing was committed).
+    #[error("{0}")]
+    UnsafeUrlValue(#[from] crate::effect::http_template::url_segments::UrlValueError),
     /// A tenant was given to a consumer whose key template does not contain `{tenant}`: two
     /// tenants' messages with one id would be sent under one provider key, and one of them
     /// would never happen.
@@ -157,13 +163,28 @@ impl Claimer {
                 return Err(SubmitError::BadContentType(why));
             }
         };
-        if let Err(why) = consumer.effect.validate(&d.payload, &content_type) {
-            m.refused(&d.consumer, "bad_payload");
-            return Err(SubmitError::BadPayload(why));
-        }
         let idem_key = consumer
             .template
             .render(&consumer.config.name, &tenant, &message_id);
+        let incoming = crate::effect::Incoming {
+            key: &idem_key,
+            message_id: &message_id,
+            tenant: &tenant,
+            consumer: &consumer.config.name,
+            payload: &d.payload,
+            content_type: &content_type,
+        };
+        match consumer.effect.check_message(&incoming) {
+            Ok(()) => {}
+            Err(Unusable::Payload(why)) => {
+                m.refused(&d.consumer, "bad_payload");
+                return Err(SubmitError::BadPayload(why));
+            }
+            Err(Unusable::UrlValue(e)) => {
+                m.refused(&d.consumer, "unsafe_url_value");
+                return Err(e.into());
+            }
+        }
         let max = consumer.config.effect.max_key_length();
         if idem_key.len() > max {
             m.refused(&d.consumer, "key_too_long");

@@ -330,6 +330,8 @@ fn sample_url(url: &str) -> Result<reqwest::Url, String> {
     use crate::effect::http_template::encode_path_segment;
     use crate::effect::http_template::{Template, Vars};
     let template = Template::parse(url)?;
+    crate::effect::http_template::url_segments::PathFields::of(&template)
+        .map_err(|e| e.to_string())?;
     let vars = Vars {
         key: "k",
         message_id: "m",

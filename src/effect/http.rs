@@ -6,7 +6,6 @@ use super::http_answer::{Read, describe, never_processed, outcome_of, read_bound
 use super::http_status::read_answer;
 use super::http_template::{
     BodyTemplate, Field, RenderError, Template, Vars, encode_path_segment, form_encode,
-    parse_payload,
 };
 use super::{Effect, Lookup, MAX_READ_BYTES, MAX_RESPONSE_BYTES, Outcome};
 use crate::claim::Claim;
@@ -19,6 +18,8 @@ use bytes::Bytes;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Client, Method, Url};
 use std::time::Duration;
+
+mod url_check;
 
 /// Why an HTTP effect cannot be built from its configuration.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,7 @@ pub struct RequestShape {
     status_url: Option<Template>,
     body: BodyMode,
     body_template: Option<BodyTemplate>,
+    paths: url_check::UrlPaths,
 }
 
 /// Where a request goes: a URL parsed once, or a template rendered per message.
@@ -80,6 +82,7 @@ impl RequestShape {
             )
         })?;
         let url_template = Template::parse(&config.url).map_err(|e| ("url", e))?;
+        let url_paths = url_check::paths_of("url", &url_template)?;
         let url = if url_template.fields().next().is_none() {
             Target::Fixed(Url::parse(&config.url).map_err(|e| ("url", e.to_string()))?)
         } else {
@@ -102,6 +105,7 @@ impl RequestShape {
             "" => None,
             u => {
                 let t = Template::parse(u).map_err(|e| ("status_url", e))?;
+                url_check::paths_of("status_url", &t)?;
                 if !t.fields().any(|f| *f == Field::Key) {
                     return Err(("status_url", "must contain {key}".into()));
                 }
@@ -143,6 +147,7 @@ impl RequestShape {
             method,
             url,
             idem_header,
+            paths: url_check::UrlPaths::new(url_paths, status_url.as_ref()),
             status_url,
             body: config.body,
             body_template,
@@ -385,7 +390,7 @@ impl HttpEffect {
 
     /// One GET of the status endpoint for `vars`, read as the configuration says.
     async fn ask(&self, template: &Template, vars: &Vars<'_>) -> Lookup {
-        let url = match template.render(vars, encode_path_segment) {
+        let url = match self.shape.paths.status_url(template, vars) {
             Ok(u) => u,
             Err(e) => {
                 return Lookup::Unknown {
@@ -451,6 +456,7 @@ impl HttpEffect {
     ) -> Result<impl Future<Output = reqwest::Result<reqwest::Response>> + use<>, Outcome> {
         let built = self.payload(claim).and_then(|payload| {
             let vars = vars(claim, payload.as_ref());
+            self.shape.paths.check_url(&vars)?;
             let url = self.shape.url(&vars)?;
             let body = self.shape.body(claim, &vars).map_err(|e| e.to_string())?;
             Ok((url, body))
@@ -549,24 +555,14 @@ impl Effect for HttpEffect {
     }
 
     fn validate(&self, payload: &[u8], _content_type: &str) -> Result<(), String> {
-        if !self.shape.needs_payload() {
-            return Ok(());
-        }
-        // Each key once: what an upstream validator checked is what is sent.
-        let json = parse_payload(payload).map_err(|e| {
-            format!(
-                "the payload must be a JSON object with the fields the request template names, each key once ({e})"
-            )
-        })?;
-        let vars = Vars {
-            payload: Some(&json),
-            ..SAMPLE
-        };
-        for t in self.shape.templates() {
-            t.render(&vars, |s| s.to_string())
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
+        url_check::payload_fields(&self.shape, payload).map(|_| ())
+    }
+
+    fn check_message(
+        &self,
+        m: &crate::effect::Incoming<'_>,
+    ) -> Result<(), crate::effect::Unusable> {
+        url_check::check_message(&self.shape, m)
     }
 
     async fn probe_status(&self) -> Result<Option<String>, String> {

@@ -6,6 +6,8 @@
 
 use serde_json::{Map, Value};
 
+pub mod url_segments;
+
 /// One thing a template can name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Field {

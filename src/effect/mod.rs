@@ -25,6 +25,40 @@ pub const MAX_READ_BYTES: usize = 1024 * 1024;
 /// nothing about the provider's health.
 pub const NOT_BUILT: &str = "could not build the request";
 
+/// How a [`Outcome::NotApplied`] error starts when a value of the claim would send its call to
+/// another path ([`http_template::url_segments::UrlValueError`]): nothing was sent, and as the
+/// claim stands nothing ever can be.
+pub const NOT_BUILT_URL_VALUE: &str = "could not build the request: URL field";
+
+/// A message as intake received it, before anything is claimed: what an effect's request is
+/// made from ([`Effect::check_message`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Incoming<'a> {
+    /// The idempotency key the claim would carry.
+    pub key: &'a str,
+    /// The message id.
+    pub message_id: &'a str,
+    /// The tenant (`""` when none).
+    pub tenant: &'a str,
+    /// The consumer's name.
+    pub consumer: &'a str,
+    /// The payload, verbatim.
+    pub payload: &'a [u8],
+    /// The content type.
+    pub content_type: &'a str,
+}
+
+/// Why an effect cannot take a message ([`Effect::check_message`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    /// The payload cannot be used (a sentence; HTTP `422`).
+    #[error("{0}")]
+    Payload(String),
+    /// A value would send the call to another path of the provider's API (HTTP `400`).
+    #[error(transparent)]
+    UrlValue(#[from] http_template::url_segments::UrlValueError),
+}
+
 /// The statuses that prove nothing was applied unless `effect.not_applied_status` says
 /// otherwise, for a provider that honours idempotency keys (`on_unknown = "redrive"`).
 pub const NOT_APPLIED_WITH_KEYS: [u16; 4] = [408, 425, 429, 503];
@@ -250,6 +284,15 @@ pub trait Effect: Send + Sync + 'static {
     fn validate(&self, payload: &[u8], content_type: &str) -> Result<(), String> {
         let _ = (payload, content_type);
         Ok(())
+    }
+
+    /// Checks a whole message before anything is claimed: its payload
+    /// ([`Effect::validate`], the default) and, for an effect whose request carries the
+    /// message's ids or fields in a URL, the values it would put there. Nothing is committed
+    /// when it fails.
+    fn check_message(&self, message: &Incoming<'_>) -> Result<(), Unusable> {
+        self.validate(message.payload, message.content_type)
+            .map_err(Unusable::Payload)
     }
 }
 

@@ -368,6 +368,11 @@ pub fn submit_error(e: SubmitError) -> Response {
             "idempotency key too long",
             &format!("{e}; nothing was recorded"),
         ),
+        SubmitError::UnsafeUrlValue(_) => problem(
+            StatusCode::BAD_REQUEST,
+            "unsafe URL value",
+            &format!("{e}; nothing was recorded"),
+        ),
         SubmitError::BadPayload(_) => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
             "unusable payload",

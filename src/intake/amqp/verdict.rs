@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::claim::{IdError, validate_message_id, validate_tenant};
+use crate::effect::http_template::Field;
+use crate::effect::http_template::url_segments::UrlValueError;
 
 /// What to do with one delivery.
 pub(super) enum Verdict {
@@ -279,6 +281,11 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
             sentence: e.to_string(),
             message_id: shown_id,
         },
+        Err(SubmitError::UnsafeUrlValue(e)) => Verdict::DeadLetter {
+            reason: unsafe_url_reason(&e),
+            sentence: format!("the message cannot be sent by consumer {:?}: {e}", c.name),
+            message_id: shown_id,
+        },
         Err(SubmitError::BadPayload(why)) => Verdict::DeadLetter {
             reason: DeadLetterReason::UnusablePayload,
             sentence: format!("the payload cannot be used by consumer {:?}: {why}", c.name),
@@ -308,6 +315,18 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
                 why: e.to_string(),
             }
         }
+    }
+}
+
+/// The dead-letter class of a message refused for a URL value: the class of whatever holds
+/// it (a payload field, the tenant, else the message id, which the key is made of).
+fn unsafe_url_reason(e: &UrlValueError) -> DeadLetterReason {
+    if e.fields.iter().any(|f| matches!(f, Field::Payload(_))) {
+        DeadLetterReason::UnusablePayload
+    } else if e.fields.contains(&Field::Tenant) {
+        DeadLetterReason::InvalidTenant
+    } else {
+        DeadLetterReason::InvalidMessageId
     }
 }
 
