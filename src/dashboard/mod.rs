@@ -120,6 +120,9 @@ pub async fn page(
         Ok(w) => w.unwrap_or_default(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
     };
+    if let Err(e) = crate::http::params::report_window("since", window) {
+        return e.answer();
+    }
     match gather(&state, window).await {
         Ok(mut d) => {
             d.session = session.map(|Extension(s)| PageSession {
