@@ -192,7 +192,7 @@ pub async fn resolve(
     let Some(actor) = actor_of(&req.actor) else {
         return bad_actor();
     };
-    if let Err(refused) = params::checked([
+    if let Some(refused) = params::refusal([
         ("consumer", consumer.as_str()),
         ("message_id", &message_id),
         ("tenant", &req.tenant),
@@ -239,7 +239,7 @@ pub async fn redrive(
     let Some(actor) = actor_of(&req.actor) else {
         return bad_actor();
     };
-    if let Err(refused) = params::checked([
+    if let Some(refused) = params::refusal([
         ("consumer", consumer.as_str()),
         ("message_id", &message_id),
         ("tenant", &req.tenant),

@@ -93,7 +93,7 @@ pub async fn get_claim(
     Path((consumer, message_id)): Path<(String, String)>,
     Query(t): Query<TenantQuery>,
 ) -> Response {
-    if let Err(refused) = params::checked([
+    if let Some(refused) = params::refusal([
         ("consumer", consumer.as_str()),
         ("message_id", &message_id),
         ("tenant", &t.tenant),

@@ -99,8 +99,8 @@ pub fn texts<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result
 }
 
 /// [`texts`], answered: the `400` to return when any holds a NUL.
-pub fn checked<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<(), Response> {
-    texts(fields).map_err(|e| e.answer())
+pub fn refusal<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<Response> {
+    texts(fields).err().map(|e| e.answer())
 }
 
 /// Refuses a window back from now longer than [`MAX_WINDOW_DAYS`].
