@@ -5,6 +5,7 @@
 
 use crate::claim::{Claim, ClaimState};
 use crate::duration::Dur;
+use crate::http::params::{self, ParamError};
 use crate::store::{ClaimCursor, ClaimFilter, ClaimStore, StoreError};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use serde::Deserialize;
@@ -68,6 +69,10 @@ pub enum QueryError {
     /// A search text too long to be an id.
     #[error("search text of {0} characters: at most {MAX_SEARCH_CHARS}")]
     Search(usize),
+    /// Text or a time the store cannot be asked with (a NUL, a time outside years 1-9999, a
+    /// window over 100 years).
+    #[error(transparent)]
+    Param(#[from] ParamError),
 }
 
 /// One page of claims and where the next starts.
@@ -146,11 +151,28 @@ impl ClaimQuery {
                     .map_err(|_| QueryError::State(s.to_string()))?,
             ),
         };
+        // Checked before anything is read from them: the same refusal on both stores.
+        let typed = [
+            ("q", &self.q),
+            ("consumer", &self.consumer),
+            ("state", &self.state),
+            ("tenant", &self.tenant),
+            ("since", &self.since),
+            ("until", &self.until),
+            ("cursor", &self.cursor),
+        ];
+        params::texts(typed.iter().filter_map(|(f, v)| Some((*f, v.as_deref()?))))?;
         let time = |field: &'static str, v: &Option<String>| match given(v) {
             None => Ok(None),
-            Some(s) => time_bound(&s, now)
-                .map(Some)
-                .ok_or(QueryError::Time { field, value: s }),
+            Some(s) => {
+                if let Ok(d) = s.parse::<Dur>() {
+                    params::window(field, d)?;
+                }
+                match time_bound(&s, now) {
+                    Some(t) => Ok(Some(params::time(field, &s, t)?)),
+                    None => Err(QueryError::Time { field, value: s }),
+                }
+            }
         };
         let limit = self.limit.unwrap_or(default_limit);
         if limit == 0 || limit > MAX_LIMIT {
@@ -171,9 +193,12 @@ impl ClaimQuery {
             tenant: given(&self.tenant),
             search,
             after: given(&self.cursor)
-                .map(|c| c.parse::<ClaimCursor>())
-                .transpose()
-                .map_err(QueryError::Cursor)?,
+                .map(|c| {
+                    let at = c.parse::<ClaimCursor>().map_err(QueryError::Cursor)?;
+                    params::time("cursor", &c, at.received_utc)?;
+                    Ok::<_, QueryError>(at)
+                })
+                .transpose()?,
             limit,
         })
     }
@@ -335,6 +360,65 @@ mod tests {
             })
             .contains("limit 0")
         );
+    }
+
+    #[test]
+    fn what_no_store_can_be_asked_is_refused_by_name() {
+        let err = |q: ClaimQuery| q.filter(now(), 50).unwrap_err().to_string();
+        let nul = |v: &str| Some(format!("a{v}\0"));
+        for (field, q) in [
+            (
+                "q",
+                ClaimQuery {
+                    q: nul(""),
+                    ..Default::default()
+                },
+            ),
+            (
+                "tenant",
+                ClaimQuery {
+                    tenant: nul(""),
+                    ..Default::default()
+                },
+            ),
+            (
+                "consumer",
+                ClaimQuery {
+                    consumer: nul(""),
+                    ..Default::default()
+                },
+            ),
+            (
+                "cursor",
+                ClaimQuery {
+                    cursor: nul("1."),
+                    ..Default::default()
+                },
+            ),
+        ] {
+            assert!(
+                err(q).starts_with(&format!("{field} contains a NUL byte")),
+                "{field}"
+            );
+        }
+        let since = |s: &str| ClaimQuery {
+            since: Some(s.into()),
+            ..Default::default()
+        };
+        assert!(err(since("99999999d")).starts_with("since \"99999999d\" reaches further back"));
+        assert!(since("36500d").filter(now(), 50).is_ok());
+        assert!(err(since("0000-06-01")).starts_with("since \"0000-06-01\" is outside"));
+        // A cursor before 4713 BC (PostgreSQL's first day), and one after year 9999.
+        for c in ["-220000000000000000.1", "253402300800000000.1"] {
+            let q = ClaimQuery {
+                cursor: Some(c.into()),
+                ..Default::default()
+            };
+            assert!(
+                err(q).starts_with(&format!("cursor {c:?} is outside")),
+                "{c}"
+            );
+        }
     }
 
     #[test]

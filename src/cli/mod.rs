@@ -96,7 +96,7 @@ pub enum Command {
         consumer: Option<String>,
         /// Window for throughput figures, like 24h, or `all` (open work is always counted in
         /// full; `all` reads every claim in the table).
-        #[arg(long, default_value = "24h")]
+        #[arg(long, default_value = "24h", value_parser = crate::http::params::window_arg)]
         since: Window,
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
@@ -112,7 +112,7 @@ pub enum Command {
         #[arg(long)]
         consumer: Option<String>,
         /// Only claims received within this window, like 24h (--ledger: default 24h).
-        #[arg(long, conflicts_with_all = ["from", "to"])]
+        #[arg(long, conflicts_with_all = ["from", "to"], value_parser = crate::http::params::dur_arg)]
         since: Option<Dur>,
         /// Output format.
         #[arg(long, value_enum, default_value_t)]

@@ -89,6 +89,10 @@ fn admit(
     let Some(Extension(session)) = session else {
         return Err(Box::new(read_only()));
     };
+    let posted = fields.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    if let Err(e) = crate::http::params::texts(posted) {
+        return Err(Box::new(refuse(&format!("{e}; nothing was changed."))));
+    }
     let p = Posted::read(fields);
     let Some(action) = p.action else {
         return Err(Box::new(refuse(

@@ -12,6 +12,7 @@ use super::{PageSession, html_page};
 use crate::claim::{Claim, ClaimState};
 use crate::claim_query::{ClaimQuery, PageError, claim_path};
 use crate::http::claims::{PayloadView, TenantQuery, claim_with_history};
+use crate::http::params;
 use crate::http::problem::{problem, store_down};
 use crate::http::session::Session;
 use crate::http::state::AppState;
@@ -161,6 +162,13 @@ pub async fn claim(
     Path((consumer, message_id)): Path<(String, String)>,
     Query(t): Query<TenantQuery>,
 ) -> Response {
+    if let Some(refused) = params::refusal([
+        ("consumer", consumer.as_str()),
+        ("message_id", &message_id),
+        ("tenant", &t.tenant),
+    ]) {
+        return refused;
+    }
     let store = state.claimer.store();
     let found = claim_with_history(store.as_ref(), &consumer, &t.tenant, &message_id).await;
     let now = store.now().await;

@@ -131,6 +131,9 @@ pub async fn page(
             );
         }
     };
+    if let Err(e) = crate::http::params::report_window("since", window) {
+        return e.answer();
+    }
     match gather(&state, window).await {
         Ok(mut d) => {
             d.session = session.map(|Extension(s)| PageSession {

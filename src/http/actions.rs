@@ -10,6 +10,7 @@
 //! even back to the same state, is answered `409` "the claim changed since you read it".
 
 use super::ops::ClaimView;
+use super::params;
 use super::problem::{problem, store_down};
 use super::state::AppState;
 use crate::claim::{Claim, ClaimState};
@@ -191,6 +192,14 @@ pub async fn resolve(
     let Some(actor) = actor_of(&req.actor) else {
         return bad_actor();
     };
+    if let Some(refused) = params::refusal([
+        ("consumer", consumer.as_str()),
+        ("message_id", &message_id),
+        ("tenant", &req.tenant),
+        ("note", &req.note),
+    ]) {
+        return refused;
+    }
     let seen = match seen(&state, &consumer, &req.tenant, &message_id, req.version).await {
         Ok(s) => s,
         Err(r) => return r,
@@ -230,6 +239,13 @@ pub async fn redrive(
     let Some(actor) = actor_of(&req.actor) else {
         return bad_actor();
     };
+    if let Some(refused) = params::refusal([
+        ("consumer", consumer.as_str()),
+        ("message_id", &message_id),
+        ("tenant", &req.tenant),
+    ]) {
+        return refused;
+    }
     let seen = match seen(&state, &consumer, &req.tenant, &message_id, req.version).await {
         Ok(s) => s,
         Err(r) => return r,

@@ -3,6 +3,7 @@
 //! with its history and payload, as `claimd claims show`).
 
 use super::ops::ClaimView;
+use super::params;
 use super::problem::{problem, store_down};
 use super::state::AppState;
 use crate::claim::Claim;
@@ -92,6 +93,13 @@ pub async fn get_claim(
     Path((consumer, message_id)): Path<(String, String)>,
     Query(t): Query<TenantQuery>,
 ) -> Response {
+    if let Some(refused) = params::refusal([
+        ("consumer", consumer.as_str()),
+        ("message_id", &message_id),
+        ("tenant", &t.tenant),
+    ]) {
+        return refused;
+    }
     let store = state.claimer.store();
     let found = claim_with_history(store.as_ref(), &consumer, &t.tenant, &message_id).await;
     let now = store.now().await;

@@ -1,5 +1,6 @@
 //! The HTTP side's shared parts, apart from the routes that use them: the state every route
-//! reaches, problem+json errors, bearer-token checks, the operations routes and the operator actions. `api`
+//! reaches, problem+json errors, the checks on parameters before the store is asked
+//! (`params`), bearer-token checks, the operations routes and the operator actions. `api`
 //! assembles the router from these, `intake::http` and the operator page (`dashboard`).
 
 pub mod actions;
@@ -8,6 +9,7 @@ pub mod claims;
 pub mod constant_time;
 pub mod guard;
 pub mod ops;
+pub mod params;
 pub mod problem;
 pub mod provider_events;
 pub mod session;

@@ -39,6 +39,11 @@ pub async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQue
         Ok(w) => w.unwrap_or_default(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad since", &e.to_string()),
     };
+    if let Err(e) = super::params::report_window("since", window)
+        .and_then(|_| super::params::text("consumer", q.consumer.as_deref().unwrap_or("")))
+    {
+        return e.answer();
+    }
     let names = state.config.consumer_names();
     match report::build(
         state.claimer.store(),

@@ -405,6 +405,10 @@ pub async fn get_message(
     headers: HeaderMap,
 ) -> Response {
     let tenant = String::from_utf8_lossy(tenant_of(&state, &consumer, &headers)).into_owned();
+    let names = [("consumer", consumer.as_str()), ("message_id", &message_id)];
+    if let Some(refused) = crate::http::params::refusal(names) {
+        return refused;
+    }
     match state
         .claimer
         .store()

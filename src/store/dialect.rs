@@ -285,6 +285,12 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         None
     }
 
+    /// Waits for a turn to search claims, when the dialect bounds how many run at once; the
+    /// turn ends when the value is dropped. `None`: unbounded.
+    async fn search_turn(&self) -> StoreResult<Option<tokio::sync::OwnedSemaphorePermit>> {
+        Ok(None)
+    }
+
     /// Median and 95th-percentile receive-to-complete seconds of `consumer` since `since`
     /// over its `completed` claims that no operator resolved, for dialects whose window
     /// statement leaves them NULL.

@@ -9,6 +9,16 @@ pub enum StoreError {
     /// The database cannot be reached (connection refused, pool timed out, I/O).
     #[error("store unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
+    /// The database refused a value as data it cannot hold (PostgreSQL's data exceptions,
+    /// SQLSTATE class 22: a NUL in text, a time out of its range): the caller's input, never
+    /// worth retrying. The routes check their input first; this is the last line.
+    #[error("store query {query} refused a value: {source}")]
+    BadInput {
+        /// The named statement.
+        query: &'static str,
+        /// The driver's error.
+        source: sqlx::Error,
+    },
     /// A statement failed for another reason.
     #[error("store query {query} failed: {source}")]
     Query {
@@ -27,6 +37,10 @@ pub enum StoreError {
     /// event meeting polls and settles): worth retrying.
     #[error("contended: {0}")]
     Contended(String),
+    /// The store already runs as many claim searches as it allows at once, and none ended
+    /// within the wait: worth retrying shortly.
+    #[error("busy: {0}")]
+    Busy(String),
     /// The store URL is not one claimd knows (shown with its credentials redacted).
     #[error("store url {}: expected sqlite:... or postgres://...", redact_url(.0))]
     BadUrl(String),
@@ -50,15 +64,49 @@ impl StoreError {
             {
                 StoreError::Unavailable(source)
             }
+            sqlx::Error::Database(ref db) if db.code().is_some_and(|c| is_data_exception(&c)) => {
+                StoreError::BadInput { query, source }
+            }
             source => StoreError::Query { query, source },
         }
     }
 
+    /// Whether the database refused the caller's input ([`StoreError::BadInput`]).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, StoreError::BadInput { .. })
+    }
+
     /// Whether retrying later may succeed.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_) | StoreError::Contended(_))
+        matches!(
+            self,
+            StoreError::Unavailable(_) | StoreError::Contended(_) | StoreError::Busy(_)
+        )
     }
+}
+
+/// A PostgreSQL data exception: SQLSTATE class 22 (22021 invalid byte sequence, 22008
+/// datetime field overflow, 22P05 untranslatable character, ...). SQLSTATEs have five
+/// characters; SQLite's codes (numbers, at most four digits) never match.
+fn is_data_exception(code: &str) -> bool {
+    code.len() == 5 && code.starts_with("22")
 }
 
 /// Result alias for store calls.
 pub type StoreResult<T> = Result<T, StoreError>;
+
+#[cfg(test)]
+mod tests {
+    use super::is_data_exception;
+
+    #[test]
+    fn data_exceptions_are_postgresql_class_22_only() {
+        for code in ["22021", "22008", "22P05", "22007"] {
+            assert!(is_data_exception(code), "{code}");
+        }
+        // 23505 unique violation, 08006 connection failure; SQLite's 22 (SQLITE_NOLFS), 2067.
+        for code in ["23505", "08006", "22", "2067", "57P01"] {
+            assert!(!is_data_exception(code), "{code}");
+        }
+    }
+}

@@ -590,6 +590,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         ];
         let rows = match (search, &top) {
             (Some(q), Some(top)) => {
+                let _turn = self.dialect.search_turn().await?;
                 args.extend([Arg::Text(q), Arg::Text(top)]);
                 self.fetch("search_claims", D::SQL.search_claims, &args)
                     .await?

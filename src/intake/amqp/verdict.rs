@@ -291,6 +291,12 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
             sentence: format!("the payload cannot be used by consumer {:?}: {why}", c.name),
             message_id: shown_id,
         },
+        // Input the store refused as data it cannot hold fails again on every redelivery.
+        Err(SubmitError::Store(e)) if e.is_bad_input() => Verdict::DeadLetter {
+            reason: DeadLetterReason::UnusablePayload,
+            sentence: format!("the claim store cannot hold this message: {e}"),
+            message_id: shown_id,
+        },
         Err(SubmitError::Store(e)) => Verdict::Requeue {
             delay: STORE_RETRY_DELAY,
             why: format!("claim not committed: {e}"),

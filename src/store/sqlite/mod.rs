@@ -27,7 +27,7 @@ use sqlx::{Row, Sqlite, SqlitePool};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 /// The SQLite claim store.
 ///
@@ -48,6 +48,20 @@ pub struct SqliteDialect {
     writer: Arc<Mutex<()>>,
     /// One pruner at a time within the (single) process.
     prune_lock: Arc<Mutex<()>>,
+    /// Turns to search claims (see [`search_turns`]), and how many there are.
+    searches: Arc<Semaphore>,
+    search_limit: usize,
+}
+
+/// How long a search waits for a turn before it is answered "busy".
+pub const SEARCH_WAIT: Duration = Duration::from_secs(5);
+
+/// Searches that may run at once on a pool of `max_connections`: a quarter of the pool, one
+/// or two. A short prefix reads and sorts every claim it matches, and SQLite's readers share
+/// this process's CPU and pool with intake: unbounded, 32 one-character searches at 100,000
+/// claims held every connection and made intake wait seconds.
+pub fn search_turns(max_connections: u32) -> usize {
+    (max_connections as usize / 4).clamp(1, 2)
 }
 
 impl SqlStore<SqliteDialect> {
@@ -72,6 +86,8 @@ impl SqlStore<SqliteDialect> {
             sql: SqlPool { pool },
             writer: Arc::new(Mutex::new(())),
             prune_lock: Arc::new(Mutex::new(())),
+            searches: Arc::new(Semaphore::new(search_turns(max_connections))),
+            search_limit: search_turns(max_connections),
         }))
     }
 
@@ -179,6 +195,19 @@ impl Dialect for SqliteDialect {
             .map(|guard| Box::new(SqliteRetentionLock(guard)) as Box<dyn RetentionLock>))
     }
 
+    async fn search_turn(&self) -> StoreResult<Option<OwnedSemaphorePermit>> {
+        let turn = tokio::time::timeout(SEARCH_WAIT, self.searches.clone().acquire_owned()).await;
+        match turn {
+            Ok(Ok(permit)) => Ok(Some(permit)),
+            // The semaphore is never closed; a timeout is the only way here.
+            _ => Err(StoreError::Busy(format!(
+                "{} claim searches (as many as this SQLite store runs at once) were still running after {}s",
+                self.search_limit,
+                SEARCH_WAIT.as_secs()
+            ))),
+        }
+    }
+
     async fn completion_percentiles(
         &self,
         consumer: &str,
@@ -205,5 +234,15 @@ impl Dialect for SqliteDialect {
                 .map(|ms| ms as f64 / 1000.0);
         }
         Ok((out[0], out[1]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::search_turns;
+
+    #[test]
+    fn searches_take_a_quarter_of_the_pool_one_or_two() {
+        assert_eq!([1, 4, 7, 8, 16, 100].map(search_turns), [1, 1, 1, 2, 2, 2]);
     }
 }
