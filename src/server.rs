@@ -45,7 +45,7 @@ use tower::ServiceExt;
 
 #[path = "server/body_budget.rs"]
 mod body_budget;
-pub use body_budget::{BodyBudget, BodyShare};
+pub use body_budget::{BodyBudget, BodyRefused, BodyShare};
 
 /// The limits the listener enforces (from `[http]`).
 #[derive(Debug, Clone, Copy)]

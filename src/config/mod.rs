@@ -58,6 +58,11 @@ pub enum ConfigError {
     },
 }
 
+/// Shortest `admin_token`, `intake_token` or tenant token accepted (when one is set): 16
+/// characters, so a token cannot be guessed from a short word list. `openssl rand -hex 24`
+/// gives 48.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
 /// Largest configuration file read (1 MiB; the shipped ones are a few KiB). A bigger file, or
 /// one that never ends (`--config /dev/zero`), is refused instead of read into memory.
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;

@@ -46,11 +46,11 @@ impl HttpConfig {
 }
 
 /// Checks `[http] tenant_tokens`: each tenant a valid tenant id (1-255 visible ASCII), each
-/// token at least [`super::validate::MIN_TOKEN_CHARS`] long and unlike every other token
+/// token at least [`super::MIN_TOKEN_CHARS`] long and unlike every other token
 /// (admin, all-tenant intake, other tenants'): a shared token would speak for both. Messages
 /// name the tenant, never a token.
 pub(super) fn check(http: &HttpConfig) -> Result<(), (String, String)> {
-    let min = super::validate::MIN_TOKEN_CHARS;
+    let min = super::MIN_TOKEN_CHARS;
     for (tenant, token) in &http.tenant_tokens.0 {
         let key = format!("http.tenant_tokens.{tenant}");
         if tenant.is_empty() {

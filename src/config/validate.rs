@@ -1,6 +1,7 @@
 //! Validation of a parsed configuration, section by section: each refusal names the key and
 //! says why on one line; risky but allowed settings become warnings.
 
+use super::MIN_TOKEN_CHARS;
 use super::*;
 use crate::claim::KeyTemplate;
 use crate::duration::Dur;
@@ -342,10 +343,6 @@ fn sample_url(url: &str) -> Result<reqwest::Url, String> {
     reqwest::Url::parse(&template.render_sample(&vars, encode_path_segment))
         .map_err(|e| e.to_string())
 }
-
-/// Shortest `admin_token` or `intake_token` accepted (when one is set): 16 characters, so a
-/// token cannot be guessed from a short word list. `openssl rand -hex 24` gives 48.
-pub const MIN_TOKEN_CHARS: usize = 16;
 
 /// The bearer tokens: each empty (no authentication) or at least [`MIN_TOKEN_CHARS`] long,
 /// and not the same as the other: an intake client holding the admin token could resolve and

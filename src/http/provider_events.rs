@@ -14,13 +14,12 @@ use super::problem::problem;
 use super::state::AppState;
 use crate::provider_events::headers::check_headers;
 use crate::provider_events::receive::refusal;
-use crate::server::{BodyReadTimeout, BodyShare, declared_length};
+use crate::server::{BodyReadTimeout, BodyRefused, BodyShare, declared_length};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt;
 
 /// Takes one provider event for `consumer`.
 pub async fn post_event(
@@ -90,38 +89,16 @@ async fn read_event(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Vec<u8>, BodyShare), Response> {
-    let budget = &state.provider_event_budget;
     let wait = state.config.http.intake_wait.0;
-    let declared = declared_length(headers);
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large(state, consumer, limit));
-    }
-    let whole = declared.map_or(limit, |n| n as usize);
-    let first = whole.min(budget.slice());
-    let Some(mut share) = budget.admit(first, wait).await else {
-        return Err(budget_spent(state, consumer));
-    };
-    let mut buf = Vec::with_capacity(first);
-    let mut body = body;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| unreadable(&e))?;
-        if let Ok(data) = frame.into_data() {
-            let need = buf.len() + data.len();
-            if need > limit {
-                return Err(too_large(state, consumer, limit));
-            }
-            if need > buf.capacity() {
-                let grown = need.max((buf.capacity() * 2).min(whole)).min(limit);
-                if !share.grow_to(grown, wait).await {
-                    return Err(budget_spent(state, consumer));
-                }
-                buf.reserve_exact(grown - buf.len());
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    share.trim_to(buf.len());
-    Ok((buf, share))
+    state
+        .provider_event_budget
+        .read(body, declared_length(headers), limit, wait)
+        .await
+        .map_err(|refused| match refused {
+            BodyRefused::TooLarge => too_large(state, consumer, limit),
+            BodyRefused::BudgetSpent => budget_spent(state, consumer),
+            BodyRefused::Unreadable(e) => unreadable(&e),
+        })
 }
 
 /// `413`: the event is over the consumer's cap.

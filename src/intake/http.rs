@@ -17,14 +17,13 @@ use crate::http::problem::problem;
 use crate::http::state::AppState;
 use crate::intake::answer::{self, prefer_wait, settled};
 use crate::intake::json_body;
-use crate::server::{BodyReadTimeout, BodyShare};
+use crate::server::{BodyReadTimeout, BodyRefused, BodyShare};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use http_body_util::BodyExt;
 use serde::Serialize;
 
 /// The claim as intake clients see it.
@@ -264,37 +263,17 @@ async fn read_body(
     body: Body,
 ) -> Result<(Vec<u8>, BodyShare), Response> {
     let limit = state.config.http.max_body_bytes;
-    let wait = state.config.http.intake_wait.0;
     let declared = crate::server::declared_length(headers);
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large(limit));
-    }
-    let whole = declared.map_or(limit, |n| n as usize);
-    let first = whole.min(state.body_budget.slice());
-    let Some(mut share) = state.body_budget.admit(first, wait).await else {
-        return Err(budget_spent(state, consumer));
-    };
-    let mut buf = Vec::with_capacity(first);
-    let mut body = body;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| unreadable(&e))?;
-        if let Ok(data) = frame.into_data() {
-            let need = buf.len() + data.len();
-            if need > limit {
-                return Err(too_large(limit));
-            }
-            if need > buf.capacity() {
-                let grown = need.max((buf.capacity() * 2).min(whole)).min(limit);
-                if !share.grow_to(grown, wait).await {
-                    return Err(budget_spent(state, consumer));
-                }
-                buf.reserve_exact(grown - buf.len());
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    share.trim_to(buf.len());
-    Ok((buf, share))
+    let wait = state.config.http.intake_wait.0;
+    state
+        .body_budget
+        .read(body, declared, limit, wait)
+        .await
+        .map_err(|refused| match refused {
+            BodyRefused::TooLarge => too_large(limit),
+            BodyRefused::BudgetSpent => budget_spent(state, consumer),
+            BodyRefused::Unreadable(e) => unreadable(&e),
+        })
 }
 
 /// `503` + `Retry-After`: bodies in memory are at `body_budget_bytes`.

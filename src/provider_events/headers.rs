@@ -7,13 +7,13 @@
 //! Nothing here checks a signature or the timestamp's age: both need the body or come after it
 //! (see the decisions in [`signature`](super::signature)).
 
-use super::signature::{
+use super::scheme::{
     MAX_SIGNATURE_ENTRIES, MAX_SIGNATURE_HEADER_BYTES, Scheme, SignatureError, b64_decode,
 };
 use axum::http::HeaderMap;
 
-const STRIPE_SIGNATURE: &str = "stripe-signature";
-const WEBHOOK_ID: &str = "webhook-id";
+pub(super) const STRIPE_SIGNATURE: &str = "stripe-signature";
+pub(super) const WEBHOOK_ID: &str = "webhook-id";
 const WEBHOOK_TIMESTAMP: &str = "webhook-timestamp";
 const WEBHOOK_SIGNATURE: &str = "webhook-signature";
 
@@ -182,139 +182,4 @@ fn parse_timestamp(what: &str, text: &str) -> Result<i64, SignatureError> {
         return Err(bad());
     }
     text.parse().map_err(|_| bad())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::provider_events::signature::{Verifier, sign_standard, sign_stripe};
-    use axum::http::HeaderValue;
-
-    const STRIPE_SECRET: &str = "whsec_test_secret";
-    const STD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    const BODY: &[u8] = br#"{"id":"evt_1"}"#;
-    const TS: i64 = 1_700_000_000;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, HeaderValue::from_str(v).expect("value"));
-        }
-        h
-    }
-
-    fn verifier(scheme: Scheme) -> Verifier {
-        let secret = match scheme {
-            Scheme::Stripe => STRIPE_SECRET,
-            Scheme::Standard => STD_SECRET,
-        };
-        Verifier::new(
-            scheme,
-            &[secret.to_string()],
-            std::time::Duration::from_secs(300),
-        )
-        .expect("verifier")
-    }
-
-    /// Deliveries whose headers are missing or unreadable, per scheme.
-    fn unreadable() -> Vec<(Scheme, HeaderMap, &'static str)> {
-        let sig = sign_standard(STD_SECRET, "msg_1", TS, BODY).expect("sign");
-        let ts = TS.to_string();
-        vec![
-            (Scheme::Stripe, HeaderMap::new(), "no stripe-signature"),
-            (
-                Scheme::Stripe,
-                headers(&[("stripe-signature", "v1=00")]),
-                "no t=",
-            ),
-            (
-                Scheme::Stripe,
-                headers(&[("stripe-signature", "t=1,v1=zz")]),
-                "not hex",
-            ),
-            (
-                Scheme::Stripe,
-                headers(&[("stripe-signature", "t=01,v1=00")]),
-                "not whole Unix seconds",
-            ),
-            (
-                Scheme::Stripe,
-                headers(&[("stripe-signature", "t=1"), ("stripe-signature", "t=1")]),
-                "more than once",
-            ),
-            (
-                Scheme::Standard,
-                headers(&[
-                    ("webhook-timestamp", ts.as_str()),
-                    ("webhook-signature", sig.as_str()),
-                ]),
-                "no webhook-id",
-            ),
-            (
-                Scheme::Standard,
-                headers(&[("webhook-id", "msg_1"), ("webhook-signature", sig.as_str())]),
-                "no webhook-timestamp",
-            ),
-            (
-                Scheme::Standard,
-                headers(&[("webhook-id", "msg_1"), ("webhook-timestamp", ts.as_str())]),
-                "no webhook-signature",
-            ),
-            (
-                Scheme::Standard,
-                headers(&[
-                    ("webhook-id", "msg_1"),
-                    ("webhook-timestamp", ts.as_str()),
-                    ("webhook-signature", "v1,%%%"),
-                ]),
-                "not base64",
-            ),
-        ]
-    }
-
-    #[test]
-    fn unreadable_headers_are_refused_as_the_verifier_refuses_them() {
-        for (scheme, h, expect) in unreadable() {
-            let early = check_headers(scheme, &h).expect_err(expect);
-            assert!(early.to_string().contains(expect), "{expect}: {early}");
-            // The same refusal the verifier gives once the body is read: the early check
-            // changes when a delivery is refused, never whether or why.
-            assert_eq!(
-                Err(early),
-                verifier(scheme).verify(&h, BODY, TS),
-                "{expect}"
-            );
-        }
-    }
-
-    #[test]
-    fn well_formed_headers_pass_whatever_they_sign() {
-        let stripe = headers(&[(
-            "stripe-signature",
-            sign_stripe(STRIPE_SECRET, TS, BODY).as_str(),
-        )]);
-        assert!(check_headers(Scheme::Stripe, &stripe).is_ok());
-        // Well formed but signed with another secret, or long ago: for the verifier to refuse.
-        let forged = headers(&[(
-            "stripe-signature",
-            sign_stripe("whsec_other", 1, BODY).as_str(),
-        )]);
-        assert!(check_headers(Scheme::Stripe, &forged).is_ok());
-        let sig = sign_standard(STD_SECRET, "msg_1", TS, BODY).expect("sign");
-        let standard = headers(&[
-            ("webhook-id", "msg_1"),
-            ("webhook-timestamp", TS.to_string().as_str()),
-            ("webhook-signature", sig.as_str()),
-        ]);
-        assert!(check_headers(Scheme::Standard, &standard).is_ok());
-        // Each scheme reads only its own headers.
-        assert_eq!(
-            check_headers(Scheme::Standard, &stripe),
-            Err(SignatureError::Unsigned(WEBHOOK_ID))
-        );
-        assert_eq!(
-            check_headers(Scheme::Stripe, &standard),
-            Err(SignatureError::Unsigned(STRIPE_SIGNATURE))
-        );
-    }
 }

@@ -10,6 +10,7 @@ pub mod decide;
 pub mod evidence;
 pub mod headers;
 pub mod receive;
+pub mod scheme;
 pub mod signature;
 
 pub use receive::{Answer, ProviderEvents, receive};

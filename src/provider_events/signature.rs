@@ -30,6 +30,10 @@
 //! or in `Debug`.
 
 use super::headers::{read_standard, read_stripe};
+use super::scheme::{B64, b64_decode};
+pub use super::scheme::{
+    MAX_SIGNATURE_ENTRIES, MAX_SIGNATURE_HEADER_BYTES, Scheme, SignatureError,
+};
 use axum::http::HeaderMap;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
@@ -39,22 +43,7 @@ use std::time::Duration;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// The longest signature header accepted, in bytes.
-pub const MAX_SIGNATURE_HEADER_BYTES: usize = 8 * 1024;
-/// The most entries a signature header may have (Stripe: `t=` included).
-pub const MAX_SIGNATURE_ENTRIES: usize = 16;
-
 const SECRET_PREFIX: &str = "whsec_";
-
-/// Which signing scheme a provider uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Scheme {
-    /// Stripe's `Stripe-Signature` header.
-    Stripe,
-    /// Standard Webhooks' `webhook-id`, `webhook-timestamp` and `webhook-signature` headers.
-    Standard,
-}
 
 /// Checks deliveries of one provider against its secrets.
 #[derive(Clone)]
@@ -73,56 +62,6 @@ pub struct Verified {
     /// Standard Webhooks: the `webhook-id` header (the provider's id for the message, the same
     /// on each retry). Stripe: `None` (the event id is in the body).
     pub webhook_id: Option<String>,
-}
-
-/// Why a delivery (or a secret) was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SignatureError {
-    /// A header the scheme needs is missing; its name.
-    #[error("unsigned: no {0} header")]
-    Unsigned(&'static str),
-    /// A header is present but cannot be read; what is wrong with it.
-    #[error("malformed signature: {0}")]
-    Malformed(String),
-    /// The signed timestamp is older than the tolerance.
-    #[error("stale signature: signed {age_s} s ago, past the {tolerance_s} s tolerance")]
-    Stale {
-        /// How long ago it was signed, in seconds.
-        age_s: i64,
-        /// The tolerance, in seconds.
-        tolerance_s: i64,
-    },
-    /// The signed timestamp is further in the future than the tolerance.
-    #[error(
-        "signature from the future: signed {ahead_s} s ahead, past the {tolerance_s} s tolerance"
-    )]
-    Future {
-        /// How far ahead of now it was signed, in seconds.
-        ahead_s: i64,
-        /// The tolerance, in seconds.
-        tolerance_s: i64,
-    },
-    /// No signature in the headers matched any secret.
-    #[error("no signature matched any secret")]
-    Mismatch,
-    /// A secret given to [`Verifier::new`] (or [`sign_standard`]) cannot be used; which one and
-    /// why, never its text.
-    #[error("bad webhook secret: {0}")]
-    BadSecret(String),
-}
-
-impl SignatureError {
-    /// The HTTP status to answer the delivery with: 400 for what the sender got wrong in form
-    /// or time, 401 for what is not authenticated, 500 for our own configuration.
-    pub fn status(&self) -> u16 {
-        match self {
-            SignatureError::Malformed(_)
-            | SignatureError::Stale { .. }
-            | SignatureError::Future { .. } => 400,
-            SignatureError::Unsigned(_) | SignatureError::Mismatch => 401,
-            SignatureError::BadSecret(_) => 500,
-        }
-    }
 }
 
 impl fmt::Debug for Verifier {
@@ -312,28 +251,9 @@ fn check_time(timestamp: i64, now_unix: i64, tolerance_s: i64) -> Result<(), Sig
     Ok(())
 }
 
-/// Standard base64 as providers and Python's `base64.b64decode` use it: padding optional (but
-/// canonical when present), unused low bits of the last character ignored.
-const B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    base64::engine::GeneralPurposeConfig::new()
-        .with_encode_padding(true)
-        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent)
-        .with_decode_allow_trailing_bits(true),
-);
-
 /// Padded standard base64.
 fn b64_encode(bytes: &[u8]) -> String {
     B64.encode(bytes)
-}
-
-/// Standard base64, padded or not; `None` when it does not decode. Padding, when present, must
-/// complete the last quantum (as Python's decoder requires; the crate would take `AA=`).
-pub(super) fn b64_decode(text: &str) -> Option<Vec<u8>> {
-    if text.ends_with('=') && !text.len().is_multiple_of(4) {
-        return None;
-    }
-    B64.decode(text).ok()
 }
 
 #[cfg(test)]
@@ -938,5 +858,144 @@ mod tests {
         }
         // Unused low bits are ignored, as Python's b64decode does.
         assert_eq!(b64_decode("AB=="), Some(vec![0]));
+    }
+}
+
+/// The early check of a delivery's headers ([`super::headers`]) and the verifier refuse
+/// the same deliveries for the same reasons: the early check changes when a delivery is
+/// refused, never whether or why.
+#[cfg(test)]
+mod headers_agree {
+    use super::super::headers::{STRIPE_SIGNATURE, WEBHOOK_ID, check_headers};
+    use super::{Scheme, SignatureError, Verifier, sign_standard, sign_stripe};
+    use axum::http::HeaderMap;
+    use axum::http::HeaderValue;
+
+    const STRIPE_SECRET: &str = "whsec_test_secret";
+    const STD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const BODY: &[u8] = br#"{"id":"evt_1"}"#;
+    const TS: i64 = 1_700_000_000;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).expect("value"));
+        }
+        h
+    }
+
+    fn verifier(scheme: Scheme) -> Verifier {
+        let secret = match scheme {
+            Scheme::Stripe => STRIPE_SECRET,
+            Scheme::Standard => STD_SECRET,
+        };
+        Verifier::new(
+            scheme,
+            &[secret.to_string()],
+            std::time::Duration::from_secs(300),
+        )
+        .expect("verifier")
+    }
+
+    /// Deliveries whose headers are missing or unreadable, per scheme.
+    fn unreadable() -> Vec<(Scheme, HeaderMap, &'static str)> {
+        let sig = sign_standard(STD_SECRET, "msg_1", TS, BODY).expect("sign");
+        let ts = TS.to_string();
+        vec![
+            (Scheme::Stripe, HeaderMap::new(), "no stripe-signature"),
+            (
+                Scheme::Stripe,
+                headers(&[("stripe-signature", "v1=00")]),
+                "no t=",
+            ),
+            (
+                Scheme::Stripe,
+                headers(&[("stripe-signature", "t=1,v1=zz")]),
+                "not hex",
+            ),
+            (
+                Scheme::Stripe,
+                headers(&[("stripe-signature", "t=01,v1=00")]),
+                "not whole Unix seconds",
+            ),
+            (
+                Scheme::Stripe,
+                headers(&[("stripe-signature", "t=1"), ("stripe-signature", "t=1")]),
+                "more than once",
+            ),
+            (
+                Scheme::Standard,
+                headers(&[
+                    ("webhook-timestamp", ts.as_str()),
+                    ("webhook-signature", sig.as_str()),
+                ]),
+                "no webhook-id",
+            ),
+            (
+                Scheme::Standard,
+                headers(&[("webhook-id", "msg_1"), ("webhook-signature", sig.as_str())]),
+                "no webhook-timestamp",
+            ),
+            (
+                Scheme::Standard,
+                headers(&[("webhook-id", "msg_1"), ("webhook-timestamp", ts.as_str())]),
+                "no webhook-signature",
+            ),
+            (
+                Scheme::Standard,
+                headers(&[
+                    ("webhook-id", "msg_1"),
+                    ("webhook-timestamp", ts.as_str()),
+                    ("webhook-signature", "v1,%%%"),
+                ]),
+                "not base64",
+            ),
+        ]
+    }
+
+    #[test]
+    fn unreadable_headers_are_refused_as_the_verifier_refuses_them() {
+        for (scheme, h, expect) in unreadable() {
+            let early = check_headers(scheme, &h).expect_err(expect);
+            assert!(early.to_string().contains(expect), "{expect}: {early}");
+            // The same refusal the verifier gives once the body is read: the early check
+            // changes when a delivery is refused, never whether or why.
+            assert_eq!(
+                Err(early),
+                verifier(scheme).verify(&h, BODY, TS),
+                "{expect}"
+            );
+        }
+    }
+
+    #[test]
+    fn well_formed_headers_pass_whatever_they_sign() {
+        let stripe = headers(&[(
+            "stripe-signature",
+            sign_stripe(STRIPE_SECRET, TS, BODY).as_str(),
+        )]);
+        assert!(check_headers(Scheme::Stripe, &stripe).is_ok());
+        // Well formed but signed with another secret, or long ago: for the verifier to refuse.
+        let forged = headers(&[(
+            "stripe-signature",
+            sign_stripe("whsec_other", 1, BODY).as_str(),
+        )]);
+        assert!(check_headers(Scheme::Stripe, &forged).is_ok());
+        let sig = sign_standard(STD_SECRET, "msg_1", TS, BODY).expect("sign");
+        let standard = headers(&[
+            ("webhook-id", "msg_1"),
+            ("webhook-timestamp", TS.to_string().as_str()),
+            ("webhook-signature", sig.as_str()),
+        ]);
+        assert!(check_headers(Scheme::Standard, &standard).is_ok());
+        // Each scheme reads only its own headers.
+        assert_eq!(
+            check_headers(Scheme::Standard, &stripe),
+            Err(SignatureError::Unsigned(WEBHOOK_ID))
+        );
+        assert_eq!(
+            check_headers(Scheme::Stripe, &standard),
+            Err(SignatureError::Unsigned(STRIPE_SIGNATURE))
+        );
     }
 }

@@ -115,4 +115,60 @@ impl BodyBudget {
     pub fn in_use_bytes(&self) -> usize {
         (self.total_kib - self.kib.available_permits()) * 1024
     }
+
+    /// Reads `body` into one buffer, taking budget for the memory it holds as it grows: a
+    /// first slice before anything is read, then more as bytes arrive, the buffer doubling up
+    /// to the `declared` length (the last step lands on it exactly, so a declared body is held
+    /// once). Refused past `limit` (a declared length before reading), and when the budget has
+    /// no room within `wait`. Each route answers the refusal in its own words.
+    pub async fn read(
+        &self,
+        body: axum::body::Body,
+        declared: Option<u64>,
+        limit: usize,
+        wait: Duration,
+    ) -> Result<(Vec<u8>, BodyShare), BodyRefused> {
+        use http_body_util::BodyExt;
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(BodyRefused::TooLarge);
+        }
+        let whole = declared.map_or(limit, |n| n as usize);
+        let first = whole.min(self.slice());
+        let mut share = self
+            .admit(first, wait)
+            .await
+            .ok_or(BodyRefused::BudgetSpent)?;
+        let mut buf = Vec::with_capacity(first);
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(BodyRefused::Unreadable)?;
+            if let Ok(data) = frame.into_data() {
+                let need = buf.len() + data.len();
+                if need > limit {
+                    return Err(BodyRefused::TooLarge);
+                }
+                if need > buf.capacity() {
+                    let grown = need.max((buf.capacity() * 2).min(whole)).min(limit);
+                    if !share.grow_to(grown, wait).await {
+                        return Err(BodyRefused::BudgetSpent);
+                    }
+                    buf.reserve_exact(grown - buf.len());
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        share.trim_to(buf.len());
+        Ok((buf, share))
+    }
+}
+
+/// Why [`BodyBudget::read`] did not read a body.
+#[derive(Debug)]
+pub enum BodyRefused {
+    /// Over the route's limit (declared, or once the bytes passed it).
+    TooLarge,
+    /// The budget had no room within the wait.
+    BudgetSpent,
+    /// The body could not be read (a timeout, a connection error).
+    Unreadable(axum::Error),
 }

@@ -388,21 +388,15 @@ async fn lookalike_settles(db_url: &str) -> Vec<(String, String, String, String)
         FROM claim_events e JOIN claims c ON c.id = e.claim_id \
         WHERE c.consumer = 'payments' AND e.action = 'event' \
         AND e.outcome LIKE 'payment_intent.%' AND e.detail LIKE '%object la%'";
-    if db_url.starts_with("postgres") {
+    type Row = (String, String, String, Option<String>);
+    let rows: Vec<Row> = if db_url.starts_with("postgres") {
         let pool = sqlx::PgPool::connect(db_url).await.unwrap();
-        let rows: Vec<(String, String, String, Option<String>)> =
-            sqlx::query_as(SQL).fetch_all(&pool).await.unwrap();
-        pool.close().await;
-        rows.into_iter()
-            .map(|(t, m, o, d)| (t, m, o, d.unwrap_or_default()))
-            .collect()
+        sqlx::query_as(SQL).fetch_all(&pool).await.unwrap()
     } else {
         let pool = sqlx::SqlitePool::connect(db_url).await.unwrap();
-        let rows: Vec<(String, String, String, Option<String>)> =
-            sqlx::query_as(SQL).fetch_all(&pool).await.unwrap();
-        pool.close().await;
-        rows.into_iter()
-            .map(|(t, m, o, d)| (t, m, o, d.unwrap_or_default()))
-            .collect()
-    }
+        sqlx::query_as(SQL).fetch_all(&pool).await.unwrap()
+    };
+    rows.into_iter()
+        .map(|(t, m, o, d)| (t, m, o, d.unwrap_or_default()))
+        .collect()
 }
