@@ -2,7 +2,7 @@
 //! server answer is classified, an unknown outcome (the connection dropped after the content,
 //! or no answer in time) parked under `on_unknown = "park"` and re-sent with the same
 //! Message-ID under `"redrive"`, and a payload without a recipient refused before anything is
-//! claimed (HTTP 422).
+//! claimed (HTTP 422; a body that is not JSON at all, 400).
 
 mod common;
 
@@ -228,8 +228,11 @@ async fn an_unknown_outcome_is_parked_under_park() {
     assert_eq!(status, 422, "{text}");
     assert!(text.contains("no recipient"), "{text}");
     assert!(state_of(&running, "norcpt-1").await.is_none());
+    // A body declared JSON that does not parse is refused as such, before any effect reads it.
     let (status, text) = post(&base, "notjson-1", "hello").await;
-    assert_eq!(status, 422, "{text}");
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("not valid JSON"), "{text}");
+    assert!(state_of(&running, "notjson-1").await.is_none());
     running.shutdown(Duration::from_secs(3)).await;
 }
 
