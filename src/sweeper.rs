@@ -387,95 +387,101 @@ async fn handle(
                 .await,
         ),
         Takeover::Park(reason) => park(claimer, claim, reason).await,
-        Takeover::Reconcile => match claimer.lookup(consumer, claim).await {
-            Some(Lookup::Found {
-                status, response, ..
-            }) => {
-                let effect = &consumer.effect;
-                let (s, name) = settle::by_answer(
-                    effect.outcomes(),
-                    effect.lookup_object(),
-                    status,
-                    response,
-                    true,
-                    "found",
-                );
-                settle_taken(claimer, claim, s, "reconcile", name).await
-            }
-            Some(Lookup::NotFound { .. })
-                if let Err(left) =
-                    not_found_trusted(claimer, claim, trust_not_found_after(consumer, &hold))
-                        .await =>
-            {
-                // The provider's search may not have caught up with the last call yet, or a
-                // call the client gave up on may still be queued there: wait (not an attempt)
-                // until the claim has been quiet long enough, then ask again.
-                let why = format!(
-                    "not found, but too soon after the last call to trust (trusted {} after it: not_found_after = {}{}); will ask again",
-                    crate::duration::Dur(trust_not_found_after(consumer, &hold)),
-                    crate::duration::Dur(consumer.effect.not_found_after()),
-                    if hold.age_now() > consumer.config.send_deadline.0 {
-                        ", and three times the effect's timeout before a claim ends never sent"
-                    } else {
-                        ""
-                    }
-                );
-                wait_undecided(claimer, claim, &why, drive::spread(left)).await;
-                why
-            }
-            // Past send_deadline nothing is sent any more: the provider's own "no record" is
-            // the proof that ends it.
-            Some(Lookup::NotFound { .. }) if hold.age_now() > consumer.config.send_deadline.0 => {
-                match policy::not_found_past_deadline(
-                    hold.age_now(),
-                    consumer.config.redrive_within.0,
-                    &claim.idem_key,
-                ) {
-                    Takeover::Fail(reason) => {
-                        settle_taken(
-                            claimer,
-                            claim,
-                            settle::never_sent(reason),
-                            "sweep",
-                            "never_sent",
-                        )
-                        .await
-                    }
-                    Takeover::Park(reason) => park(claimer, claim, &reason).await,
-                    _ => unreachable!("not_found_past_deadline fails or parks"),
+        Takeover::Reconcile => {
+            let found = claimer.lookup(consumer, claim).await;
+            // Past send_deadline nothing is sent any more, and a "not found" ends the claim.
+            let past_deadline = hold.age_now() > consumer.config.send_deadline.0;
+            let trusted_after = trust_not_found_after(consumer, past_deadline);
+            match found {
+                Some(Lookup::Found {
+                    status, response, ..
+                }) => {
+                    let effect = &consumer.effect;
+                    let (s, name) = settle::by_answer(
+                        effect.outcomes(),
+                        effect.lookup_object(),
+                        status,
+                        response,
+                        true,
+                        "found",
+                    );
+                    settle_taken(claimer, claim, s, "reconcile", name).await
                 }
-            }
-            Some(Lookup::NotFound { .. }) => {
-                match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0) {
-                    Takeover::Perform { .. } => {
-                        let end = claimer
-                            .drive(consumer, claim, hold, Some(Resend::NotFound), Slot::none())
-                            .await;
-                        format!("not found at provider; redriven: {}", end_name(&end))
-                    }
-                    Takeover::Park(reason) => park(claimer, claim, &reason).await,
-                    _ => unreachable!("after_not_found performs or parks"),
+                Some(Lookup::NotFound { .. })
+                    if let Err(left) = not_found_trusted(claimer, claim, trusted_after).await =>
+                {
+                    // The provider's search may not have caught up with the last call yet, or a
+                    // call the client gave up on may still be queued there: wait (not an attempt)
+                    // until the claim has been quiet long enough, then ask again.
+                    let why = format!(
+                        "not found, but too soon after the last call to trust (trusted {} after it: not_found_after = {}{}); will ask again",
+                        crate::duration::Dur(trusted_after),
+                        crate::duration::Dur(consumer.effect.not_found_after()),
+                        if past_deadline {
+                            ", and three times the effect's timeout before a claim ends never sent"
+                        } else {
+                            ""
+                        }
+                    );
+                    wait_undecided(claimer, claim, &why, drive::spread(left)).await;
+                    why
                 }
+                // Past send_deadline nothing is sent any more: the provider's own "no record" is
+                // the proof that ends it.
+                Some(Lookup::NotFound { .. }) if past_deadline => {
+                    match policy::not_found_past_deadline(
+                        hold.age_now(),
+                        consumer.config.redrive_within.0,
+                        &claim.idem_key,
+                    ) {
+                        Takeover::Fail(reason) => {
+                            settle_taken(
+                                claimer,
+                                claim,
+                                settle::never_sent(reason),
+                                "sweep",
+                                "never_sent",
+                            )
+                            .await
+                        }
+                        Takeover::Park(reason) => park(claimer, claim, &reason).await,
+                        _ => unreachable!("not_found_past_deadline fails or parks"),
+                    }
+                }
+                Some(Lookup::NotFound { .. }) => {
+                    match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0)
+                    {
+                        Takeover::Perform { .. } => {
+                            let end = claimer
+                                .drive(consumer, claim, hold, Some(Resend::NotFound), Slot::none())
+                                .await;
+                            format!("not found at provider; redriven: {}", end_name(&end))
+                        }
+                        Takeover::Park(reason) => park(claimer, claim, &reason).await,
+                        _ => unreachable!("after_not_found performs or parks"),
+                    }
+                }
+                Some(Lookup::Unknown { error })
+                    if hold.age_now() > consumer.config.redrive_within.0 =>
+                {
+                    let reason = format!(
+                        "outcome unknown and the status endpoint gave no answer within redrive_within ({}): {error}",
+                        crate::duration::Dur(consumer.config.redrive_within.0)
+                    );
+                    park(claimer, claim, &reason).await
+                }
+                Some(Lookup::Unknown { error }) => {
+                    // No answer is no decision: wait (not an attempt) and ask again after a
+                    // backoff, or when the destination is due a probe. (The lookup wrote its own
+                    // history line.)
+                    let why = format!("status unknown ({error}); will ask again");
+                    wait_undecided(claimer, claim, &why, drive::wait_for(consumer, claim, None))
+                        .await;
+                    why
+                }
+                None => park(claimer, claim, "no status endpoint to reconcile with").await,
             }
-            Some(Lookup::Unknown { error })
-                if hold.age_now() > consumer.config.redrive_within.0 =>
-            {
-                let reason = format!(
-                    "outcome unknown and the status endpoint gave no answer within redrive_within ({}): {error}",
-                    crate::duration::Dur(consumer.config.redrive_within.0)
-                );
-                park(claimer, claim, &reason).await
-            }
-            Some(Lookup::Unknown { error }) => {
-                // No answer is no decision: wait (not an attempt) and ask again after a
-                // backoff, or when the destination is due a probe. (The lookup wrote its own
-                // history line.)
-                let why = format!("status unknown ({error}); will ask again");
-                wait_undecided(claimer, claim, &why, drive::wait_for(consumer, claim, None)).await;
-                why
-            }
-            None => park(claimer, claim, "no status endpoint to reconcile with").await,
-        },
+        }
     };
     item(claim, &decision, result)
 }
@@ -483,9 +489,9 @@ async fn handle(
 /// How long after the claim went quiet a "not found" is trusted: `not_found_after`; for a claim
 /// past `send_deadline`, which the "not found" would end `failed` "never sent", at least three
 /// times the effect's timeout ([`policy::never_sent_quiet`]).
-fn trust_not_found_after(consumer: &Consumer, hold: &Hold) -> Duration {
+fn trust_not_found_after(consumer: &Consumer, past_deadline: bool) -> Duration {
     let after = consumer.effect.not_found_after();
-    if hold.age_now() > consumer.config.send_deadline.0 {
+    if past_deadline {
         policy::never_sent_quiet(after, consumer.config.effect.timeout())
     } else {
         after

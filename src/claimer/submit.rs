@@ -76,6 +76,9 @@ pub enum SubmitError {
     /// A value of the message (a payload field, the message id, the tenant) would make a path
     /// segment of the provider's URL `.`, `..` or empty, sending the call to another path
     /// (checked before claiming: nothing was committed).
+    /// The content type declares JSON and the body does not parse (checked before claiming).
+    #[error("{0}")]
+    NotJson(#[from] crate::intake::json_body::NotJson),
     #[error("{0}")]
     UnsafeUrlValue(#[from] crate::effect::http_template::url_segments::UrlValueError),
     /// A tenant was given to a consumer whose key template does not contain `{tenant}`: two
@@ -163,6 +166,10 @@ impl Claimer {
                 return Err(SubmitError::BadContentType(why));
             }
         };
+        if let Err(e) = crate::intake::json_body::check(content_type.as_bytes(), &d.payload) {
+            m.refused(&d.consumer, "bad_payload");
+            return Err(e.into());
+        }
         let idem_key = consumer
             .template
             .render(&consumer.config.name, &tenant, &message_id);

@@ -16,7 +16,6 @@ use crate::config::SourceConfig;
 use crate::http::problem::problem;
 use crate::http::state::AppState;
 use crate::intake::answer::{self, prefer_wait, settled};
-use crate::intake::json_body;
 use crate::server::{BodyReadTimeout, BodyRefused, BodyShare};
 use axum::Json;
 use axum::body::Body;
@@ -215,14 +214,6 @@ pub async fn post_message(
         .get(header::CONTENT_TYPE)
         .map(|v| v.as_bytes().to_vec())
         .unwrap_or_default();
-    if let Err(e) = json_body::check(&content_type, &body) {
-        state.claimer.metrics().refused(&consumer, "bad_payload");
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "body is not JSON",
-            &format!("{e}; nothing was recorded"),
-        );
-    }
     let delivery = Delivery {
         tenant: tenant_of(&state, &consumer, &headers).to_vec(),
         consumer,
@@ -345,6 +336,11 @@ pub fn submit_error(e: SubmitError) -> Response {
         SubmitError::KeyTooLong { .. } => problem(
             StatusCode::BAD_REQUEST,
             "idempotency key too long",
+            &format!("{e}; nothing was recorded"),
+        ),
+        SubmitError::NotJson(_) => problem(
+            StatusCode::BAD_REQUEST,
+            "body is not JSON",
             &format!("{e}; nothing was recorded"),
         ),
         SubmitError::UnsafeUrlValue(_) => problem(

@@ -232,13 +232,6 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
         .as_ref()
         .map(|s| s.as_str().as_bytes().to_vec())
         .unwrap_or_default();
-    if let Err(e) = crate::intake::json_body::check(&content_type, &d.data) {
-        return Verdict::DeadLetter {
-            reason: DeadLetterReason::UnusablePayload,
-            sentence: e.to_string(),
-            message_id: shown_id,
-        };
-    }
     let delivery = Delivery {
         consumer: c.name.clone(),
         tenant,
@@ -278,6 +271,11 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
         },
         Err(e @ SubmitError::KeyTooLong { .. }) => Verdict::DeadLetter {
             reason: DeadLetterReason::KeyTooLong,
+            sentence: e.to_string(),
+            message_id: shown_id,
+        },
+        Err(SubmitError::NotJson(e)) => Verdict::DeadLetter {
+            reason: DeadLetterReason::UnusablePayload,
             sentence: e.to_string(),
             message_id: shown_id,
         },
