@@ -73,3 +73,5 @@ pub mod store;
 pub mod sweeper;
 #[path = "table.rs"]
 pub mod table;
+#[path = "tls.rs"]
+pub mod tls;

@@ -67,7 +67,7 @@ pub(crate) use internal::{
     api, app, claim, claim_query, claimer, consumer, dashboard, destination, duration, effect,
     http, intake, ledger, lookup, metrics, operator_action, operator_command, outcome_relay,
     pending_poller, policy, provider_events, reconcile, report, retention, run, sandbox, server,
-    settle, store, sweeper, table,
+    settle, store, sweeper, table, tls,
 };
 
 pub use internal::config;

@@ -9,7 +9,7 @@ use claimd::internal::claim::ClaimState;
 use common::*;
 
 fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
+    claimd::internal::tls::http_client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()

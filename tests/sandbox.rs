@@ -30,7 +30,7 @@ async fn start(options: SandboxOptions) -> Running {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    claimd::internal::tls::http_client_builder()
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap()
@@ -397,7 +397,7 @@ async fn effect_is_applied_even_when_the_client_gives_up_mid_flight() {
         ..SandboxOptions::default()
     })
     .await;
-    let impatient = reqwest::Client::builder()
+    let impatient = claimd::internal::tls::http_client_builder()
         .timeout(Duration::from_millis(50))
         .build()
         .unwrap();

@@ -9,7 +9,7 @@ use common::*;
 use serde_json::json;
 
 fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
+    claimd::internal::tls::http_client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()

@@ -233,7 +233,7 @@ pub(crate) async fn child(mode: &str) {
                 None
             };
             let h = Handler {
-                http: reqwest::Client::builder()
+                http: claimd::internal::tls::http_client_builder()
                     .timeout(Duration::from_secs(30))
                     .build()
                     .unwrap(),

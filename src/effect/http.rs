@@ -327,7 +327,7 @@ impl HttpEffect {
         let shape = RequestShape::parse(config)
             .map_err(|(key, why)| HttpEffectError::Shape(format!("effect.{key}: {why}")))?;
         let headers = header_map(&config.headers)?;
-        let builder = Client::builder()
+        let builder = crate::tls::http_client_builder()
             .timeout(config.timeout.0)
             .connect_timeout(config.timeout.0.min(Duration::from_secs(5)))
             .pool_max_idle_per_host(256)

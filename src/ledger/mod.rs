@@ -204,7 +204,7 @@ pub async fn reconcile_consumer(
     let margin = chrono::Duration::from_std(ledger.margin.0).unwrap_or_default();
     let (wide_from, wide_to) = (from - margin, to + margin);
     let reader = ObjectReader::new(ledger, http.outcome.as_deref());
-    let client = reqwest::Client::builder()
+    let client = crate::tls::http_client_builder()
         .timeout(http.timeout.0)
         .redirect(reqwest::redirect::Policy::none())
         .default_headers(

@@ -27,7 +27,7 @@ pub struct HttpSink {
 impl HttpSink {
     /// The destination `config` names.
     pub fn new(config: &OutcomesConfig) -> Result<Self, String> {
-        let client = Client::builder()
+        let client = crate::tls::http_client_builder()
             .timeout(config.timeout.0)
             .redirect(reqwest::redirect::Policy::none())
             .build()

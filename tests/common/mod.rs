@@ -248,7 +248,7 @@ where
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    claimd::internal::tls::http_client_builder()
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap()

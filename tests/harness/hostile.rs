@@ -113,7 +113,7 @@ impl HostileProxy {
         let state = Arc::new(State {
             options,
             upstream: format!("http://{upstream}"),
-            client: reqwest::Client::builder()
+            client: claimd::internal::tls::http_client_builder()
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),

@@ -66,7 +66,7 @@ impl EventDriver {
         let counts = Arc::new(EventCounts::default());
         let c = counts.clone();
         let task = tokio::spawn(async move {
-            let client = reqwest::Client::builder()
+            let client = claimd::internal::tls::http_client_builder()
                 .timeout(Duration::from_secs(5))
                 .build()
                 .unwrap();

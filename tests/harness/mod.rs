@@ -426,7 +426,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             let (queue, ledger, via) = (queue.clone(), ledger.clone(), via.clone());
             let expected_dead = expected_dead.clone();
             tasks.push(tokio::spawn(async move {
-                let c = reqwest::Client::builder()
+                let c = claimd::internal::tls::http_client_builder()
                     .timeout(Duration::from_secs(10))
                     .build()
                     .unwrap();
