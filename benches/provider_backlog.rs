@@ -48,7 +48,9 @@ async fn main() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start the sandbox provider");
-    let http = claimd::internal::tls::http_client_builder().build().expect("HTTP client");
+    let http = claimd::internal::tls::http_client_builder()
+        .build()
+        .expect("HTTP client");
     while http
         .get(format!("{provider}/healthz"))
         .send()

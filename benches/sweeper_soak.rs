@@ -60,7 +60,9 @@ status_url = "{provider}/v1/effects/{{key}}"
     let running = run::start(app).await.expect("start");
     let base = format!("http://{}/v1/messages/payments", running.http_addr);
 
-    let client = claimd::internal::tls::http_client_builder().build().expect("HTTP client");
+    let client = claimd::internal::tls::http_client_builder()
+        .build()
+        .expect("HTTP client");
     let started = Instant::now();
     let mut beats = Vec::new();
     let mut sent = 0u64;

@@ -241,7 +241,9 @@ timeout = "1s"
         worker.submit("ledger", id, body.clone()).await?;
         worker.submit("ledger", id, body).await?; // a redelivery: a duplicate
     }
-    let http = claimd::internal::tls::http_client_builder().build().expect("HTTP client")
+    let http = claimd::internal::tls::http_client_builder()
+        .build()
+        .expect("HTTP client")
         .post(format!("http://{}/v1/messages/ledger", worker.http_addr()))
         .header("Idempotency-Key", "order-0")
         .header("Content-Type", "application/json")

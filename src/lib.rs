@@ -58,24 +58,20 @@
 
 #![warn(missing_docs)]
 
-#[doc(hidden)]
-pub mod internal;
-mod worker;
-
-// Inside the crate every part keeps its short path (`crate::store`, …).
-pub(crate) use internal::{
-    api, app, claim, claim_query, claimer, consumer, dashboard, destination, duration, effect,
-    http, intake, ledger, lookup, metrics, operator_action, operator_command, outcome_relay,
-    pending_poller, policy, provider_events, reconcile, report, retention, run, sandbox, server,
-    settle, store, sweeper, table, tls,
-};
-
-pub use internal::config;
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod edge;
+pub mod engine;
+pub mod ops;
+pub mod provider;
+pub mod service;
+pub mod store;
 
 pub use async_trait::async_trait;
-pub use claim::{Claim, ClaimState, IdError};
-pub use claimer::{Accepted, Delivery, SubmitError};
 pub use config::Config;
-pub use effect::{Effect, Lookup, Outcome};
+pub use domain::claim::{Claim, ClaimState, IdError};
+pub use engine::claimer::{Accepted, Delivery, SubmitError};
+pub use provider::effect::{Effect, Lookup, Outcome};
+pub use service::worker::{Error, Worker, WorkerBuilder};
 pub use store::{Store, StoreError, open as open_store};
-pub use worker::{Error, Worker, WorkerBuilder};

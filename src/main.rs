@@ -4,7 +4,7 @@ use clap::Parser;
 use std::io::Write;
 
 fn main() {
-    claimd::internal::run::return_large_buffers_to_the_system();
+    claimd::service::run::return_large_buffers_to_the_system();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -13,8 +13,8 @@ fn main() {
 }
 
 async fn run() {
-    let cli = claimd::internal::cli::Cli::parse();
-    let out = claimd::internal::cli::execute(cli).await;
+    let cli = claimd::cli::Cli::parse();
+    let out = claimd::cli::execute(cli).await;
     let _ = std::io::stdout().write_all(out.stdout.as_bytes());
     let _ = std::io::stderr().write_all(out.stderr.as_bytes());
     std::process::exit(out.code);

@@ -1,15 +1,15 @@
 //! The bulk forms of `claimd claims resolve|redrive`: every parked claim of a consumer whose
 //! reason starts with some text, selected as the operator page's bulk action selects them
-//! ([`crate::operator_action`]). Without `--yes` the command only lists what it would do and
+//! ([`crate::ops::operator_action`]). Without `--yes` the command only lists what it would do and
 //! how to apply it; with `--yes` it lists the claims it selects now and acts on exactly those,
 //! one guarded store transition each, reporting per claim whether it changed or was skipped
 //! because its state changed since it was listed.
 
 use super::actor::operator_name;
 use super::*;
-use crate::claim::Claim;
-use crate::operator_action::{Action, BULK_LIMIT, Outcome, Target, act, select_parked};
-use crate::operator_command::OperatorCommands;
+use crate::domain::claim::Claim;
+use crate::ops::operator_action::{Action, BULK_LIMIT, Outcome, Target, act, select_parked};
+use crate::ops::operator_command::OperatorCommands;
 
 /// Runs a bulk form (`args.consumer` is set: clap requires it when no claim is named).
 pub(super) async fn bulk(app: &App, args: &BulkArgs, action: Action, note: &str) -> Output {

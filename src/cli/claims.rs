@@ -3,8 +3,8 @@
 
 use super::actor::operator_name;
 use super::*;
-use crate::claim_query::{ClaimQuery, PageError};
-use crate::operator_action::Action;
+use crate::ops::claim_query::{ClaimQuery, PageError};
+use crate::ops::operator_action::Action;
 
 pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())

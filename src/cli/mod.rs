@@ -16,17 +16,17 @@ use claims::claims;
 use reports::{ledger_cmd, reconcile_cmd, report_cmd};
 use worker::{run_worker, sandbox, sweep};
 
-use crate::app::App;
-use crate::claim::ClaimState;
 use crate::config::Config;
-use crate::duration::Dur;
-use crate::reconcile;
-use crate::report::{self, Window};
-use crate::retention;
-use crate::run;
-use crate::sandbox::SandboxOptions;
-use crate::sweeper::Sweeper;
-use crate::table::{Table, escape_controls, escape_controls_keep_lines};
+use crate::domain::claim::ClaimState;
+use crate::domain::duration::Dur;
+use crate::domain::table::{Table, escape_controls, escape_controls_keep_lines};
+use crate::engine::retention;
+use crate::engine::sweeper::Sweeper;
+use crate::ops::reconcile;
+use crate::ops::report::{self, Window};
+use crate::provider::sandbox::SandboxOptions;
+use crate::service::app::App;
+use crate::service::run;
 use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::fmt::Write as _;
@@ -96,7 +96,7 @@ pub enum Command {
         consumer: Option<String>,
         /// Window for throughput figures, like 24h, or `all` (open work is always counted in
         /// full; `all` reads every claim in the table).
-        #[arg(long, default_value = "24h", value_parser = crate::http::params::window_arg)]
+        #[arg(long, default_value = "24h", value_parser = crate::ops::params::window_arg)]
         since: Window,
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
@@ -112,7 +112,7 @@ pub enum Command {
         #[arg(long)]
         consumer: Option<String>,
         /// Only claims received within this window, like 24h (--ledger: default 24h).
-        #[arg(long, conflicts_with_all = ["from", "to"], value_parser = crate::http::params::dur_arg)]
+        #[arg(long, conflicts_with_all = ["from", "to"], value_parser = crate::ops::params::dur_arg)]
         since: Option<Dur>,
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
@@ -325,7 +325,7 @@ fn never_migrated(mut out: Output, config: &std::path::Path) -> Output {
         out.stderr = format!(
             "{}claimd: this database has no claimd tables yet: run `claimd --config {} migrate` (or start `claimd run`, which migrates)\n",
             out.stderr,
-            crate::operator_command::shell_quote(&config.to_string_lossy())
+            crate::ops::operator_command::shell_quote(&config.to_string_lossy())
         );
     }
     out
@@ -462,7 +462,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
     let store_url = loaded.config.store.url.clone();
     let app = match App::open(loaded.config, migrate).await {
         Ok(a) => a,
-        Err(crate::app::AppError::Store(e)) => {
+        Err(crate::service::app::AppError::Store(e)) => {
             return never_migrated(
                 Output::fail(1, store_failure::describe(&e, &store_url)),
                 &config_path,

@@ -1,7 +1,7 @@
 //! `claimd report` and `claimd reconcile`.
 
 use super::*;
-use crate::operator_command::OperatorCommands;
+use crate::ops::operator_command::OperatorCommands;
 
 pub(super) async fn report_cmd(
     app: &App,
@@ -224,7 +224,7 @@ pub(super) async fn ledger_cmd(
             )
         }
     };
-    let run = match crate::ledger::run(
+    let run = match crate::ops::ledger::run(
         &app.store,
         app.claimer.consumers(),
         &OperatorCommands::for_config(&app.config),
@@ -239,7 +239,7 @@ pub(super) async fn ledger_cmd(
     };
     if run.consumers.is_empty() {
         return Output {
-            stdout: crate::ledger::render::text(&run),
+            stdout: crate::ops::ledger::render::text(&run),
             stderr:
                 "claimd: no consumer has [consumers.effect.ledger]: nothing to reconcile against\n"
                     .into(),
@@ -248,8 +248,8 @@ pub(super) async fn ledger_cmd(
     }
     let stdout = match format {
         Format::Json => to_json(&run),
-        Format::Csv => crate::ledger::render::csv(&run),
-        Format::Table => crate::ledger::render::text(&run),
+        Format::Csv => crate::ops::ledger::render::csv(&run),
+        Format::Table => crate::ops::ledger::render::text(&run),
     };
     Output {
         stdout,

@@ -48,12 +48,12 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         rate_limit = options.rate_limit,
         "sandbox provider listening"
     );
-    let modes = crate::sandbox::SandboxModes {
+    let modes = crate::provider::sandbox::SandboxModes {
         key_field: key_field.clone(),
         ..Default::default()
     };
     let state_file = state_file.clone().or(file.state_file).unwrap_or_default();
-    let sandbox = match crate::sandbox::open(options, modes, &state_file) {
+    let sandbox = match crate::provider::sandbox::open(options, modes, &state_file) {
         Ok(s) => s,
         Err(e) => return Output::fail(1, e),
     };

@@ -4,9 +4,7 @@
 //! Every error names the file and the key (`consumers[0].lease: ...`) on one line; `main` turns
 //! it into exit code 2. Unknown keys are errors, never ignored.
 
-mod http_effect;
 mod layering;
-mod ledger;
 mod log;
 mod outcomes;
 mod provider_events;
@@ -14,8 +12,8 @@ mod schema;
 mod tenant_tokens;
 mod validate;
 
-pub use http_effect::*;
-pub use ledger::LedgerConfig;
+pub use crate::provider::effect::settings::*;
+pub use crate::provider::provider_events::settings::ProviderEventsConfig;
 pub use log::{LogConfig, LogFormat};
 pub use outcomes::{OutcomeKind, OutcomesConfig, render_routing_key};
 pub use provider_events::MAX_EVENT_TOLERANCE;

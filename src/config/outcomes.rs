@@ -1,7 +1,7 @@
 //! `[consumers.outcomes]`: where a consumer's outcome events go (RabbitMQ or an HTTP endpoint
 //! signed with Standard Webhooks), checked at load with one-line errors naming the key.
 
-use crate::duration::Dur;
+use crate::domain::duration::Dur;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -105,14 +105,13 @@ impl OutcomesConfig {
                     return only("declare", "amqp");
                 }
                 let secret = self.secret.as_deref().unwrap_or_default();
-                crate::provider_events::signature::sign_standard(secret, "check", 0, b"").map_err(
-                    |e| {
+                crate::provider::provider_events::signature::sign_standard(secret, "check", 0, b"")
+                    .map_err(|e| {
                         (
                             "secret",
                             format!("{e} (Standard Webhooks: whsec_ + base64)"),
                         )
-                    },
-                )?;
+                    })?;
             }
         }
         if self.batch == 0 || self.batch > 1000 {

@@ -4,7 +4,7 @@
 //! `[http] provider_event_budget_bytes` all event bodies share).
 
 use super::{Config, HttpConfig, ProviderEventsConfig};
-use crate::duration::Dur;
+use crate::domain::duration::Dur;
 use std::time::Duration;
 
 /// The longest `provider_events.tolerance` accepted: providers sign at delivery time (Stripe's

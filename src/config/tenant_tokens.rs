@@ -29,7 +29,7 @@ impl TenantTokens {
     pub fn tenant_of(&self, token: &[u8]) -> Option<&str> {
         let mut found = None;
         for (tenant, expected) in &self.0 {
-            if crate::http::constant_time::constant_time_eq(token, expected.as_bytes()) {
+            if crate::domain::constant_time::constant_time_eq(token, expected.as_bytes()) {
                 found = Some(tenant.as_str());
             }
         }
@@ -59,7 +59,7 @@ pub(super) fn check(http: &HttpConfig) -> Result<(), (String, String)> {
                 "has an empty tenant name: a tenant token speaks for a named tenant (requests without a tenant need the all-tenant intake_token)".into(),
             ));
         }
-        crate::claim::validate_tenant(tenant.as_bytes())
+        crate::domain::claim::validate_tenant(tenant.as_bytes())
             .map_err(|e| (key.clone(), format!("the tenant name is refused: {e}")))?;
         let n = token.chars().count();
         if n < min {

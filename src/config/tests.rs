@@ -1,7 +1,7 @@
 //! Configuration tests: loading, overrides, expansion and every refusal.
 
 use super::*;
-use crate::claim::KeyTemplate;
+use crate::domain::claim::KeyTemplate;
 use std::time::Duration;
 
 const BASE: &str = r#"
@@ -598,8 +598,8 @@ fn a_payload_field_in_the_effect_url_loads_and_url_errors_hide_query_values() {
     let EffectConfig::Http(h) = &l.config.consumers[0].effect else {
         panic!("http effect")
     };
-    let effect = crate::effect::http::HttpEffect::new(h).unwrap();
-    use crate::effect::Effect as _;
+    let effect = crate::provider::effect::http::HttpEffect::new(h).unwrap();
+    use crate::provider::effect::Effect as _;
     assert!(
         effect
             .validate(br#"{"customer_id":"cus_1"}"#, "application/json")

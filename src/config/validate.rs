@@ -3,8 +3,8 @@
 
 use super::MIN_TOKEN_CHARS;
 use super::*;
-use crate::claim::KeyTemplate;
-use crate::duration::Dur;
+use crate::domain::claim::KeyTemplate;
+use crate::domain::duration::Dur;
 use std::collections::BTreeMap;
 
 impl Config {
@@ -175,7 +175,7 @@ impl Config {
                     ));
                 }
                 super::provider_events::check_event_limits(i, pe, self)?;
-                crate::provider_events::signature::Verifier::new(
+                crate::provider::provider_events::signature::Verifier::new(
                     pe.scheme,
                     &pe.secrets,
                     pe.tolerance.0,
@@ -210,7 +210,7 @@ impl Config {
                 EffectConfig::Http(h) => {
                     // Parsed once here, as the effect parses it: URL and status URL templates,
                     // the body template, where the key goes, the status pointers.
-                    crate::effect::http::RequestShape::parse(h)
+                    crate::provider::effect::http::RequestShape::parse(h)
                         .map_err(|(key, why)| (at(&format!("effect.{key}")), why))?;
                     let url = sample_url(&h.url).map_err(|e| {
                         (
@@ -312,11 +312,11 @@ impl Config {
                 )
             })?;
             if !h.idempotency_header.is_empty() {
-                crate::effect::http::check_header(&h.idempotency_header, "x")
+                crate::provider::effect::http::check_header(&h.idempotency_header, "x")
                     .map_err(|m| (format!("consumers[{i}].effect.idempotency_header"), m))?;
             }
             for (name, value) in &h.headers {
-                crate::effect::http::check_header(name, value)
+                crate::provider::effect::http::check_header(name, value)
                     .map_err(|m| (format!("consumers[{i}].effect.headers.{name}"), m))?;
             }
         }
@@ -328,10 +328,10 @@ impl Config {
 /// `{customer_id}`) filled with sample values: the URL is checked, and its host read, before
 /// any message exists.
 fn sample_url(url: &str) -> Result<reqwest::Url, String> {
-    use crate::effect::http_template::encode_path_segment;
-    use crate::effect::http_template::{Template, Vars};
+    use crate::provider::effect::http_template::encode_path_segment;
+    use crate::provider::effect::http_template::{Template, Vars};
     let template = Template::parse(url)?;
-    crate::effect::http_template::url_segments::PathFields::of(&template)
+    crate::provider::effect::http_template::url_segments::PathFields::of(&template)
         .map_err(|e| e.to_string())?;
     let vars = Vars {
         key: "k",

@@ -5,7 +5,7 @@
 
 use super::dialect::Arg;
 use super::{ClaimOutcome, Settlement};
-use crate::claim::{Claim, ClaimState, Handoff, NewClaim};
+use crate::domain::claim::{Claim, ClaimState, Handoff, NewClaim};
 use std::time::Duration;
 
 /// Milliseconds of a duration, saturating.

@@ -9,7 +9,7 @@
 
 use super::dialect::Dialect;
 use super::{ClaimOutcome, NewEvent, SettleItem, Settlement, StoreResult};
-use crate::claim::NewClaim;
+use crate::domain::claim::NewClaim;
 use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};

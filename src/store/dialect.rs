@@ -25,7 +25,7 @@ macro_rules! outcome_cols {
 }
 
 use super::{ClaimOutcome, NewEvent, SettleItem, StoreError, StoreResult};
-use crate::claim::NewClaim;
+use crate::domain::claim::NewClaim;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::query::Query;

@@ -31,8 +31,8 @@ pub mod writes;
 pub use error::{StoreError, StoreResult};
 pub use url::{check_url, redact_url};
 
-pub use crate::claim::Handoff;
-use crate::claim::{Claim, ClaimState, NewClaim};
+pub use crate::domain::claim::Handoff;
+use crate::domain::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -294,7 +294,7 @@ pub struct LedgerRunRecord {
     pub consumer: String,
     /// When it was stored (database time).
     pub at_utc: DateTime<Utc>,
-    /// Its summary (JSON, [`crate::ledger::Summary`]).
+    /// Its summary (JSON, [`crate::ops::ledger::Summary`]).
     pub summary: serde_json::Value,
 }
 

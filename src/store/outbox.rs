@@ -7,7 +7,7 @@
 //! when the change it reports committed. A consumer without an outcome destination binds an
 //! empty list, so its statements have the same shape and write nothing more.
 
-use crate::claim::ClaimState;
+use crate::domain::claim::ClaimState;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 

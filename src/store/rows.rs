@@ -3,7 +3,7 @@
 
 use super::dialect::SqlRow;
 use super::{StoreError, StoreResult, TakenClaim};
-use crate::claim::{Claim, ClaimState, Handoff};
+use crate::domain::claim::{Claim, ClaimState, Handoff};
 use std::str::FromStr;
 use std::time::Duration;
 

@@ -22,7 +22,7 @@ use super::{
     DestinationRecord, LedgerClaim, LedgerRunRecord, NewEvent, ProviderEventRecord, PruneResult,
     Seen, SettleItem, Settlement, StoreError, StoreResult, TakenClaim, UnmatchedEvent,
 };
-use crate::claim::{Claim, ClaimState, NewClaim};
+use crate::domain::claim::{Claim, ClaimState, NewClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::str::FromStr;

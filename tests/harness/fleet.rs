@@ -46,7 +46,9 @@ impl Fleet {
     }
 
     pub(super) async fn wait_up(port: u16) {
-        let c = claimd::internal::tls::http_client_builder().build().expect("HTTP client");
+        let c = claimd::internal::tls::http_client_builder()
+            .build()
+            .expect("HTTP client");
         for _ in 0..400 {
             if c.get(format!("http://127.0.0.1:{port}/healthz"))
                 .send()

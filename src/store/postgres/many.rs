@@ -3,7 +3,7 @@
 //! their history lines in one statement ([`SETTLE_MANY`]). A conflicting claim is left to the
 //! one-row path, which counts the repeat.
 
-use crate::claim::{Claim, ClaimState, Handoff, NewClaim};
+use crate::domain::claim::{Claim, ClaimState, Handoff, NewClaim};
 use crate::store::args::{created as created_outcome, ms};
 use crate::store::outbox::{OutcomeConsumers, emits};
 use crate::store::rows::claim_from_row;

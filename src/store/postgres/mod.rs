@@ -10,7 +10,7 @@ mod many;
 
 pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
 
-use crate::claim::NewClaim;
+use crate::domain::claim::NewClaim;
 use crate::store::dialect::{
     Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, SqlPool, Statements, event_args,
 };

@@ -14,8 +14,8 @@
 //! in the same transaction, with the same rule as the one-row path.
 
 use super::{SqliteDialect, sql};
-use crate::claim::ClaimState;
-use crate::claim::NewClaim;
+use crate::domain::claim::ClaimState;
+use crate::domain::claim::NewClaim;
 use crate::store::args::{
     SETTLE_PARAMS, created, insert_args, repeat_args, repeat_outcome, settle_args,
 };

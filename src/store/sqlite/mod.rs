@@ -9,7 +9,7 @@
 mod many;
 mod sql;
 
-use crate::claim::NewClaim;
+use crate::domain::claim::NewClaim;
 use crate::store::dialect::{
     Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, Runner, SqlPool, SqlRow, Statements,
 };

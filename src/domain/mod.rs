@@ -1,0 +1,8 @@
+//! The pure domain: claims and their states, durations, the checks and text helpers every
+//! layer shares. No I/O and nothing from the layers above.
+
+pub mod claim;
+pub mod constant_time;
+pub mod duration;
+pub mod json_body;
+pub mod table;

@@ -1,0 +1,81 @@
+//! The HTTP API on `[http] listen`: this module only assembles the routes — intake
+//! (`intake::http`), the read API, the operations routes (`http::ops`), the operator page
+//! (`dashboard`) and health — with the token checks of `http::auth`.
+//!
+//! Operations routes (`/`, the operator page; `/v1/claims`, `/v1/report`) need
+//! `Authorization: Bearer <admin_token>` when a token is configured; intake needs
+//! `intake_token` likewise; the comparison is constant-time.
+
+pub use crate::domain::constant_time::constant_time_eq;
+pub use crate::edge::http::auth::bearer_token;
+pub use crate::edge::http::ops::{ClaimView, Readiness};
+pub use crate::edge::http::problem::problem;
+pub use crate::edge::http::state::AppState;
+
+use crate::edge::http::auth::{require_admin, require_intake};
+use crate::edge::http::{actions, claims, ops, provider_events, signin};
+use crate::edge::intake;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::middleware;
+use axum::routing::{get, post};
+
+/// Builds the router.
+pub fn router(state: AppState) -> Router {
+    let intake = Router::new()
+        .route("/v1/messages/{consumer}", post(intake::http::post_message))
+        .route(
+            "/v1/messages/{consumer}/{message_id}",
+            get(intake::http::get_message),
+        )
+        .layer(DefaultBodyLimit::max(state.config.http.max_body_bytes))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_intake,
+        ));
+    let admin = Router::new()
+        .route("/v1/claims", get(claims::list_claims))
+        .route("/v1/claims/{consumer}/{message_id}", get(claims::get_claim))
+        .route("/v1/report", get(ops::get_report))
+        .route(
+            "/v1/claims/{consumer}/{message_id}/resolve",
+            post(actions::resolve),
+        )
+        .route(
+            "/v1/claims/{consumer}/{message_id}/redrive",
+            post(actions::redrive),
+        )
+        .route("/", get(crate::edge::dashboard::page))
+        .route("/claims", get(crate::edge::dashboard::claims::search))
+        .route(
+            "/claims/{consumer}/{message_id}",
+            get(crate::edge::dashboard::claims::claim),
+        )
+        .route(
+            "/actions/preview",
+            post(crate::edge::dashboard::actions::preview),
+        )
+        .route(
+            "/actions/apply",
+            post(crate::edge::dashboard::actions::apply),
+        )
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
+    Router::new()
+        .merge(intake)
+        .merge(admin)
+        // Signed by the provider, not by a token; its body is read under a budget of its own
+        // (see `http::provider_events`).
+        .route(
+            "/v1/provider-events/{consumer}",
+            post(provider_events::post_event),
+        )
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi))
+        .route("/signin", get(signin::form).post(signin::sign_in))
+        .route("/signout", post(signin::sign_out))
+        .fallback(|| async { problem(StatusCode::NOT_FOUND, "not found", "no such route") })
+        .with_state(state)
+}

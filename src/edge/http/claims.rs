@@ -1,0 +1,129 @@
+//! Finding claims over HTTP (admin token): `GET /v1/claims` (filters, search and a keyset
+//! cursor, as `claimd claims list`) and `GET /v1/claims/{consumer}/{message_id}` (one claim
+//! with its history and payload, as `claimd claims show`).
+
+use super::ops::ClaimView;
+use super::problem::{problem, store_down};
+use super::state::AppState;
+use crate::domain::claim::Claim;
+use crate::ops::claim_query::{ClaimQuery, PageError};
+use crate::ops::params;
+use crate::store::{ClaimEvent, ClaimStore, StoreResult};
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+/// How many claims `GET /v1/claims` lists without a `limit`.
+pub const DEFAULT_LIMIT: u32 = 100;
+
+/// How much of a payload a claim's view shows (the rest is counted, not shown).
+pub const PAYLOAD_SHOWN_BYTES: usize = 16 * 1024;
+
+/// `GET /v1/claims`: claims matching the query, newest first, and where the next page starts.
+pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimQuery>) -> Response {
+    let page = match q.page(state.claimer.store().as_ref(), DEFAULT_LIMIT).await {
+        Ok(p) => p,
+        Err(PageError::Query(e)) => {
+            return problem(StatusCode::BAD_REQUEST, "bad query", &e.to_string());
+        }
+        Err(PageError::Store(e)) => return store_down(e),
+    };
+    let views: Vec<ClaimView> = page
+        .claims
+        .iter()
+        .map(|c| ClaimView {
+            claim: c,
+            stuck: c.is_stuck(page.now),
+        })
+        .collect();
+    let next = page.next.map(|c| c.encode());
+    Json(serde_json::json!({ "claims": views, "next_cursor": next })).into_response()
+}
+
+/// `?tenant=` of `GET /v1/claims/{consumer}/{message_id}` and of the claim page.
+#[derive(Debug, Default, Deserialize)]
+pub struct TenantQuery {
+    /// The claim's tenant (empty: none).
+    #[serde(default)]
+    pub tenant: String,
+}
+
+/// A claim's payload as a view shows it: at most [`PAYLOAD_SHOWN_BYTES`], as text.
+#[derive(Debug, Serialize)]
+pub struct PayloadView {
+    /// The payload's size in bytes.
+    pub bytes: usize,
+    /// Its first bytes, as UTF-8 (invalid sequences replaced).
+    pub text: String,
+    /// Only the first [`PAYLOAD_SHOWN_BYTES`] are in `text`.
+    pub truncated: bool,
+}
+
+impl PayloadView {
+    /// The view of `claim`'s payload.
+    pub fn of(claim: &Claim) -> PayloadView {
+        let shown = &claim.payload[..claim.payload.len().min(PAYLOAD_SHOWN_BYTES)];
+        PayloadView {
+            bytes: claim.payload.len(),
+            text: String::from_utf8_lossy(shown).into_owned(),
+            truncated: claim.payload.len() > PAYLOAD_SHOWN_BYTES,
+        }
+    }
+}
+
+/// One claim, with its payload, and its history oldest first; `None`: no such claim.
+pub async fn claim_with_history(
+    store: &dyn ClaimStore,
+    consumer: &str,
+    tenant: &str,
+    message_id: &str,
+) -> StoreResult<Option<(Claim, Vec<ClaimEvent>)>> {
+    let Some(claim) = store.get(consumer, tenant, message_id).await? else {
+        return Ok(None);
+    };
+    let history = store.events(claim.id).await?;
+    Ok(Some((claim, history)))
+}
+
+/// `GET /v1/claims/{consumer}/{message_id}?tenant=`: the claim, its payload and its history.
+pub async fn get_claim(
+    State(state): State<AppState>,
+    Path((consumer, message_id)): Path<(String, String)>,
+    Query(t): Query<TenantQuery>,
+) -> Response {
+    if let Some(refused) = params::refusal([
+        ("consumer", consumer.as_str()),
+        ("message_id", &message_id),
+        ("tenant", &t.tenant),
+    ]) {
+        return refused;
+    }
+    let store = state.claimer.store();
+    let found = claim_with_history(store.as_ref(), &consumer, &t.tenant, &message_id).await;
+    let now = store.now().await;
+    match (found, now) {
+        (Ok(Some((claim, history))), Ok(now)) => {
+            let view = ClaimView {
+                stuck: claim.is_stuck(now),
+                claim: &claim,
+            };
+            Json(serde_json::json!({
+                "claim": view,
+                "payload": PayloadView::of(&claim),
+                "history": history,
+            }))
+            .into_response()
+        }
+        (Ok(None), _) => problem(
+            StatusCode::NOT_FOUND,
+            "no such claim",
+            &format!(
+                "no claim {consumer}/{message_id} for tenant {:?} (search with GET /v1/claims?q=...)",
+                t.tenant
+            ),
+        ),
+        (Err(e), _) | (_, Err(e)) => store_down(e),
+    }
+}

@@ -1,0 +1,424 @@
+//! RabbitMQ intake (`source = "amqp"`): one task per consumer that connects, declares its
+//! topology when asked, consumes with manual acknowledgements, and reconnects with backoff.
+//!
+//! Acknowledgement policy (`docs/design.md`; `docs/amqp-and-email.md`):
+//!
+//! - **ack** only after [`Claimer::submit`] returned `Ok`: the claim is committed, or the
+//!   message is a duplicate of one that is. From then on the claim row owns the work.
+//! - **nack and requeue**, after a short pause, when nothing was committed for a reason that
+//!   may pass: the store is down, the consumer is at its concurrency limit, claimd is stopping.
+//! - **dead-letter** bad input (no or invalid message id or tenant, body over
+//!   `[http] max_body_bytes`, the same id with another payload, a payload the effect cannot
+//!   use): the message is published to the consumer's dead-letter exchange with its body and
+//!   properties unchanged plus a `claimd-reason` header, the broker's publisher confirm is
+//!   awaited, the dead letter is counted in the store, and only then is the original
+//!   acknowledged. If the publish is not confirmed, or the store cannot count it, the original
+//!   is requeued instead: never dropped, never uncounted.
+//!
+//! A message whose headers nest tables or arrays more than [`MAX_HEADER_DEPTH`] levels deep is
+//! dead-lettered (`headers_too_deep`) with those headers left out of the copy. The AMQP value
+//! decoder itself (the patched `amq-protocol-types` in `vendor/`) decodes at most 100 levels
+//! and keeps anything deeper as bytes, so no header can overflow the stack of lapin's I/O
+//! thread, and short strings that are not UTF-8 decode lossily instead of closing the
+//! connection (the message id is then refused as not visible ASCII).
+//!
+//! A connection lost mid-flight loses nothing: unacknowledged messages go back to the queue,
+//! and a redelivery of a message whose claim had committed is a duplicate (acknowledged, not
+//! performed again).
+
+use crate::config::{AmqpSourceConfig, Config, ConsumerConfig};
+use crate::engine::claimer::{Accepted, Claimer, Delivery, SubmitError};
+use backon::BackoffBuilder;
+use futures_util::StreamExt;
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{Instrument, debug, error, info, info_span, instrument, warn};
+
+#[cfg(test)]
+mod decode_fuzz;
+mod disposition;
+mod session;
+mod verdict;
+
+use disposition::handle;
+use session::run_consumer;
+use verdict::{Verdict, judge};
+
+/// The header a dead-lettered message carries, with a readable sentence saying why.
+pub const REASON_HEADER: &str = "claimd-reason";
+
+/// How many tables or arrays deep a message's headers may nest, the `headers` table itself
+/// being level 1. Below the decoder's own bound (`lapin::types::parsing::MAX_NESTING_DEPTH`,
+/// 100, past which a level is kept undecoded), so a header the decoder cut short is always
+/// over this limit too.
+pub const MAX_HEADER_DEPTH: usize = 32;
+
+/// Log lines show at most this many characters of a message id (ids are refused over 255, but
+/// a header can carry any length: the rest is cut, with the full length noted).
+pub const LOGGED_ID_CHARS: usize = 128;
+
+/// How long a connection attempt (TCP, TLS, AMQP handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause before requeueing after a store failure, so a down database is not hammered.
+const STORE_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Pause before requeueing when the consumer was busy (it already waited `intake_wait`).
+const BUSY_RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Pause before requeueing when a dead-letter publish was not confirmed.
+const DEAD_LETTER_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// How long a stopping consumer waits for the deliveries it is handling (a submit waits at
+/// most `intake_wait` for a slot; a requeue pauses at most a second).
+const HANDLER_GRACE: Duration = Duration::from_secs(10);
+
+/// Why a broker message was dead-lettered (the reason class; the header carries a sentence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeadLetterReason {
+    /// Neither the configured header nor the `message_id` property carried an id.
+    MissingMessageId,
+    /// The id is too long or contains a character outside visible ASCII.
+    InvalidMessageId,
+    /// The tenant header is too long or contains a character outside visible ASCII.
+    InvalidTenant,
+    /// The body is over `[http] max_body_bytes`.
+    BodyTooLarge,
+    /// The id was already used with a different payload.
+    PayloadMismatch,
+    /// The consumer's effect cannot use the payload (an email without a recipient).
+    UnusablePayload,
+    /// The `content_type` property cannot be stored and sent on (a control character).
+    InvalidContentType,
+    /// The rendered idempotency key is longer than the provider accepts.
+    KeyTooLong,
+    /// A header nests tables or arrays more than [`MAX_HEADER_DEPTH`] levels deep.
+    HeadersTooDeep,
+}
+
+impl DeadLetterReason {
+    /// The name used in counts and the `dead_letters` table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::MissingMessageId => "missing_message_id",
+            DeadLetterReason::InvalidMessageId => "invalid_message_id",
+            DeadLetterReason::InvalidTenant => "invalid_tenant",
+            DeadLetterReason::BodyTooLarge => "body_too_large",
+            DeadLetterReason::PayloadMismatch => "payload_mismatch",
+            DeadLetterReason::UnusablePayload => "unusable_payload",
+            DeadLetterReason::InvalidContentType => "invalid_content_type",
+            DeadLetterReason::KeyTooLong => "key_too_long",
+            DeadLetterReason::HeadersTooDeep => "headers_too_deep",
+        }
+    }
+}
+
+/// What went wrong talking to the broker. Never carries the URL (it may hold a password).
+#[derive(Debug, thiserror::Error)]
+pub enum AmqpError {
+    /// The connection could not be opened.
+    #[error("cannot connect to the broker: {0}")]
+    Connect(#[source] lapin::Error),
+    /// The broker did not complete the handshake in time.
+    #[error("the broker did not answer within {0:?}")]
+    ConnectTimeout(Duration),
+    /// A broker operation failed.
+    #[error("{what}: {source}")]
+    Broker {
+        /// The operation (`declare queue "payments"`, ...).
+        what: String,
+        /// The client's error.
+        source: lapin::Error,
+    },
+    /// A queue or exchange name is longer than AMQP allows.
+    #[error("name {0:?} is longer than 255 bytes")]
+    Name(String),
+}
+
+fn broker(what: impl Into<String>) -> impl FnOnce(lapin::Error) -> AmqpError {
+    let what = what.into();
+    move |source| AmqpError::Broker { what, source }
+}
+
+/// A message id as log lines show it: whole up to [`LOGGED_ID_CHARS`] characters, else cut
+/// there with the full length noted (a header can carry an id of any length).
+pub fn id_for_log(id: &str) -> std::borrow::Cow<'_, str> {
+    match id.char_indices().nth(LOGGED_ID_CHARS) {
+        None => id.into(),
+        Some((end, _)) => format!("{}… ({} bytes in all)", &id[..end], id.len()).into(),
+    }
+}
+
+fn short(name: &str) -> Result<ShortString, AmqpError> {
+    ShortString::try_new(name).map_err(|_| AmqpError::Name(name.to_string()))
+}
+
+/// The live state of one AMQP consumer: whether it is connected and consuming, the last
+/// connection error, and how many messages it dead-lettered, by reason, since start.
+#[derive(Debug)]
+pub struct AmqpConsumerState {
+    name: String,
+    connected: AtomicBool,
+    sessions: AtomicU64,
+    last_error: Mutex<Option<String>>,
+    dead_lettered: Mutex<BTreeMap<DeadLetterReason, u64>>,
+    dead_letter_failing: Mutex<Option<DeadLetterFailing>>,
+}
+
+/// Dead-letter publishes failing since the last one that was confirmed: each failure
+/// requeues its message, which comes back and fails again until the cause is fixed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterFailing {
+    /// Failed publishes in a row.
+    pub failures: u64,
+    /// When the first of them failed.
+    pub since: chrono::DateTime<chrono::Utc>,
+    /// Why the last one failed.
+    pub last_error: String,
+}
+
+impl AmqpConsumerState {
+    fn new(name: &str) -> Self {
+        AmqpConsumerState {
+            name: name.to_string(),
+            connected: AtomicBool::new(false),
+            sessions: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            dead_lettered: Mutex::new(BTreeMap::new()),
+            dead_letter_failing: Mutex::new(None),
+        }
+    }
+
+    /// The consumer's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Connected to the broker and consuming.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
+    }
+
+    /// How many times it has started consuming (1 + reconnects).
+    pub fn sessions(&self) -> u64 {
+        self.sessions.load(Ordering::SeqCst)
+    }
+
+    /// Why the last connection failed or ended, if it did.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Messages dead-lettered by this process since it started, by reason. The store keeps
+    /// the durable count (`report`'s `dead_lettered`).
+    pub fn dead_lettered(&self) -> BTreeMap<DeadLetterReason, u64> {
+        self.dead_lettered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Dead-letter publishes failing in a row now (none since the last confirmed one: `None`).
+    pub fn dead_letter_failing(&self) -> Option<DeadLetterFailing> {
+        self.dead_letter_failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn dead_letter_failed(&self, why: &str) {
+        let mut f = self
+            .dead_letter_failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let f = f.get_or_insert_with(|| DeadLetterFailing {
+            failures: 0,
+            since: chrono::Utc::now(),
+            last_error: String::new(),
+        });
+        f.failures += 1;
+        f.last_error = why.to_string();
+    }
+
+    fn dead_letter_confirmed(&self) {
+        *self
+            .dead_letter_failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    fn set_error(&self, e: Option<String>) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = e;
+    }
+
+    fn count(&self, reason: DeadLetterReason) {
+        *self
+            .dead_lettered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(reason)
+            .or_default() += 1;
+    }
+}
+
+/// The RabbitMQ intake of a running worker: one task per `source = "amqp"` consumer.
+#[derive(Debug)]
+pub struct AmqpIntake {
+    states: Vec<Arc<AmqpConsumerState>>,
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What one consumer task needs.
+struct Ctx {
+    claimer: Arc<Claimer>,
+    config: ConsumerConfig,
+    /// The consumer's RabbitMQ settings (its `source = "amqp"` keys).
+    amqp: AmqpSourceConfig,
+    max_body_bytes: usize,
+    state: Arc<AmqpConsumerState>,
+}
+
+impl AmqpIntake {
+    /// Starts a task for every consumer with `source = "amqp"` (none: an idle intake). The
+    /// tasks connect in the background and retry with backoff; a broker that is down at start
+    /// does not stop claimd from starting (readiness shows it).
+    pub fn start(claimer: Arc<Claimer>, config: &Config) -> AmqpIntake {
+        let (stop, _) = watch::channel(false);
+        let mut states = Vec::new();
+        let mut tasks = Vec::new();
+        for (c, amqp) in config
+            .consumers
+            .iter()
+            .filter_map(|c| Some((c, c.amqp()?.clone())))
+        {
+            let state = Arc::new(AmqpConsumerState::new(&c.name));
+            states.push(state.clone());
+            let span = info_span!("amqp", consumer = %c.name, queue = %amqp.queue);
+            let ctx = Arc::new(Ctx {
+                claimer: claimer.clone(),
+                config: c.clone(),
+                amqp,
+                max_body_bytes: config.http.max_body_bytes,
+                state,
+            });
+            let rx = stop.subscribe();
+            tasks.push(tokio::spawn(run_consumer(ctx, rx).instrument(span)));
+        }
+        AmqpIntake {
+            states,
+            stop,
+            tasks: Mutex::new(tasks),
+        }
+    }
+
+    /// Every AMQP consumer's state.
+    pub fn consumers(&self) -> &[Arc<AmqpConsumerState>] {
+        &self.states
+    }
+
+    /// One consumer's state.
+    pub fn consumer(&self, name: &str) -> Option<&Arc<AmqpConsumerState>> {
+        self.states.iter().find(|s| s.name == name)
+    }
+
+    /// Whether every AMQP consumer is connected and consuming (true when there are none).
+    /// Readiness should be red while this is false.
+    pub fn connected(&self) -> bool {
+        self.states.iter().all(|s| s.connected())
+    }
+
+    /// Names of the AMQP consumers that are not connected now.
+    pub fn disconnected(&self) -> Vec<String> {
+        self.states
+            .iter()
+            .filter(|s| !s.connected())
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    /// The readiness check: `Ok` when every AMQP consumer is consuming, else one line naming
+    /// the disconnected consumers and why (for `/readyz`).
+    pub fn check(&self) -> Result<(), String> {
+        let down: Vec<String> = self
+            .states
+            .iter()
+            .filter(|s| !s.connected())
+            .map(|s| match s.last_error() {
+                Some(e) => format!("{}: {e}", s.name),
+                None => format!("{}: connecting", s.name),
+            })
+            .collect();
+        if down.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "not consuming from the broker: {}",
+                down.join("; ")
+            ))
+        }
+    }
+
+    /// The dead-letter check for `/readyz`'s body: `Ok` unless a consumer's dead-letter
+    /// publishes are failing (its bad messages are requeued and come back until they succeed),
+    /// else one line naming those consumers, how many failed since when, and why.
+    pub fn dead_letter_check(&self) -> Result<(), String> {
+        let failing: Vec<String> = self
+            .states
+            .iter()
+            .filter_map(|s| {
+                let f = s.dead_letter_failing()?;
+                Some(format!(
+                    "{}: {} dead-letter publishes not confirmed since {} (messages requeued): {}",
+                    s.name,
+                    f.failures,
+                    f.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    f.last_error
+                ))
+            })
+            .collect();
+        if failing.is_empty() {
+            Ok(())
+        } else {
+            Err(failing.join("; "))
+        }
+    }
+
+    /// Stops consuming: cancels every consumer (no new deliveries), lets deliveries already
+    /// being handled finish (ack, requeue or dead-letter; at most 10 s), then closes the
+    /// connections; anything unacknowledged goes back to the queue. Idempotent.
+    pub async fn stop(&self) {
+        let _ = self.stop.send(true);
+        let tasks: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in tasks {
+            // Each task waits for its handlers itself; allow for closing too.
+            let abort = t.abort_handle();
+            if tokio::time::timeout(HANDLER_GRACE + Duration::from_secs(5), t)
+                .await
+                .is_err()
+            {
+                warn!("AMQP consumer task did not stop in time; aborting it");
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl Drop for AmqpIntake {
+    fn drop(&mut self) {
+        // Dropped without `stop`: the tasks still cancel and close on their own.
+        let _ = self.stop.send(true);
+    }
+}

@@ -1,0 +1,175 @@
+//! The outcome event as it is published (pure): its id, its JSON body, its AMQP routing key
+//! and its Standard Webhooks headers. The same event always makes the same id and body, so a
+//! repeat after a crash is recognisable by its id.
+
+use crate::provider::provider_events::signature::{SignatureError, sign_standard};
+use crate::store::outbox::OutcomeEvent;
+use serde::Serialize;
+
+/// The body's `type` prefix: `claim.completed`, `claim.failed`, ...
+pub const TYPE_PREFIX: &str = "claim.";
+
+/// The event's id: unique in the store, the same on every send of the event (AMQP
+/// `message_id`, `webhook-id`, the body's `id`).
+pub fn event_id(e: &OutcomeEvent) -> String {
+    format!("evt_{}", e.seq)
+}
+
+/// The JSON body (see docs/outcome-events.md for its schema).
+#[derive(Debug, Serialize)]
+pub struct Body<'a> {
+    /// [`event_id`].
+    pub id: String,
+    /// `claim.<state>`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Consumer.
+    pub consumer: &'a str,
+    /// Tenant (`""` when none).
+    pub tenant: &'a str,
+    /// The producer's message id (its `Idempotency-Key` or AMQP `message_id`).
+    pub message_id: &'a str,
+    /// The idempotency key claimd sent to the provider.
+    pub key: &'a str,
+    /// The claim's state after the change.
+    pub state: &'a str,
+    /// The claim's attempt after the change.
+    pub attempt: i32,
+    /// The provider's status, when it answered.
+    pub provider_status: Option<i32>,
+    /// The provider's id of the object.
+    pub provider_id: Option<&'a str>,
+    /// The provider's answer, at most 4 KiB (cut on a character boundary).
+    pub provider_answer: Option<&'a str>,
+    /// Why, when the claim did not complete (or the operator's note).
+    pub reason: Option<&'a str>,
+    /// What made the change: `perform`, `reconcile`, `poll`, `event`, `resolve`, `redrive`, ...
+    pub action: &'a str,
+    /// Who: the worker instance, or the operator for `resolve` and `redrive`.
+    pub actor: &'a str,
+    /// When the change committed (RFC 3339, UTC).
+    pub occurred_at: String,
+}
+
+/// Most bytes of the provider's answer an event carries.
+pub const MAX_ANSWER: usize = 4096;
+
+/// The body of `e`.
+pub fn body(e: &OutcomeEvent) -> Body<'_> {
+    let answer = e.provider_response.as_deref().map(|a| {
+        let mut end = a.len().min(MAX_ANSWER);
+        while !a.is_char_boundary(end) {
+            end -= 1;
+        }
+        &a[..end]
+    });
+    Body {
+        id: event_id(e),
+        kind: format!("{TYPE_PREFIX}{}", e.state),
+        consumer: &e.consumer,
+        tenant: &e.tenant,
+        message_id: &e.message_id,
+        key: &e.key,
+        state: &e.state,
+        attempt: e.attempt,
+        provider_status: e.provider_status,
+        provider_id: e.provider_id.as_deref(),
+        provider_answer: answer,
+        reason: e.reason.as_deref(),
+        action: &e.action,
+        actor: &e.actor,
+        occurred_at: e
+            .at_utc
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    }
+}
+
+/// The body of `e` as bytes.
+pub fn body_bytes(e: &OutcomeEvent) -> Vec<u8> {
+    // Serialising plain strings and numbers cannot fail.
+    serde_json::to_vec(&body(e)).unwrap_or_default()
+}
+
+/// The Standard Webhooks headers of one delivery of `body` at `timestamp` (Unix seconds):
+/// `webhook-id`, `webhook-timestamp`, `webhook-signature` (`v1,<base64 HMAC-SHA256>` over
+/// `id.timestamp.body`).
+pub fn webhook_headers(
+    secret: &str,
+    id: &str,
+    timestamp: i64,
+    body: &[u8],
+) -> Result<[(&'static str, String); 3], SignatureError> {
+    Ok([
+        ("webhook-id", id.to_string()),
+        ("webhook-timestamp", timestamp.to_string()),
+        (
+            "webhook-signature",
+            sign_standard(secret, id, timestamp, body)?,
+        ),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::provider_events::signature::{Scheme, Verifier};
+
+    fn event() -> OutcomeEvent {
+        OutcomeEvent {
+            seq: 42,
+            claim_id: 7,
+            consumer: "payments".into(),
+            tenant: "".into(),
+            message_id: "order-1".into(),
+            key: "payments::order-1".into(),
+            state: "completed".into(),
+            attempt: 1,
+            provider_status: Some(200),
+            provider_id: Some("pi_1".into()),
+            provider_response: Some("é".repeat(3000)),
+            reason: None,
+            actor: "host-1".into(),
+            action: "perform".into(),
+            at_utc: chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
+            tries: 0,
+        }
+    }
+
+    #[test]
+    fn the_body_names_the_claim_and_bounds_the_answer() {
+        let e = event();
+        let v: serde_json::Value = serde_json::from_slice(&body_bytes(&e)).unwrap();
+        assert_eq!(v["id"], "evt_42");
+        assert_eq!(v["type"], "claim.completed");
+        assert_eq!(v["message_id"], "order-1");
+        assert_eq!(v["provider_id"], "pi_1");
+        assert_eq!(v["occurred_at"], "2023-11-14T22:13:20.000Z");
+        let answer = v["provider_answer"].as_str().unwrap();
+        assert!(answer.len() <= MAX_ANSWER && answer.len() > MAX_ANSWER - 2);
+        assert_eq!(
+            body_bytes(&e),
+            body_bytes(&e),
+            "the same event, the same bytes"
+        );
+    }
+
+    #[test]
+    fn the_signature_verifies_with_the_standard_webhooks_scheme() {
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let e = event();
+        let body = body_bytes(&e);
+        let now = chrono::Utc::now().timestamp();
+        let headers = webhook_headers(secret, &event_id(&e), now, &body).unwrap();
+        let mut map = axum::http::HeaderMap::new();
+        for (k, v) in &headers {
+            map.insert(*k, v.parse().unwrap());
+        }
+        let verifier = Verifier::new(
+            Scheme::Standard,
+            &[secret.to_string()],
+            std::time::Duration::from_secs(300),
+        )
+        .unwrap();
+        verifier.verify(&map, &body, now).expect("verifies");
+    }
+}

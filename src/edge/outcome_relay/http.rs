@@ -1,0 +1,132 @@
+//! Outcome events to an HTTP endpoint, signed with Standard Webhooks (`webhook-id` = the
+//! event's id, `webhook-timestamp`, `webhook-signature` = `v1,<base64 HMAC-SHA256>` over
+//! `id.timestamp.body`). A `2xx` confirms an event; anything else, or no answer, leaves it for
+//! a later round with a backoff (`Retry-After` honoured). Each request goes through a
+//! [`Destination`], the breaker and pace provider calls use: an endpoint that is down is
+//! probed, not flooded, and a `429` slows the relay down.
+
+use super::event::{body_bytes, event_id, webhook_headers};
+use super::{ROUND_BUDGET, SendError, Sink};
+use crate::config::OutcomesConfig;
+use crate::engine::destination::{Destination, Verdict};
+use crate::provider::effect::parse_retry_after;
+use crate::store::outbox::OutcomeEvent;
+use async_trait::async_trait;
+use reqwest::Client;
+use tokio::time::Instant;
+
+/// An HTTP destination.
+pub struct HttpSink {
+    url: String,
+    secret: String,
+    client: Client,
+    destination: Destination,
+    timeout: std::time::Duration,
+}
+
+impl HttpSink {
+    /// The destination `config` names.
+    pub fn new(config: &OutcomesConfig) -> Result<Self, String> {
+        let client = crate::provider::tls::http_client_builder()
+            .timeout(config.timeout.0)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("HTTP client: {e}"))?;
+        Ok(HttpSink {
+            url: config.url.clone(),
+            secret: config.secret.clone().unwrap_or_default(),
+            client,
+            destination: Destination::new(None),
+            timeout: config.timeout.0,
+        })
+    }
+
+    /// Sends one event, through the destination's breaker and pace.
+    async fn send_one(&self, e: &OutcomeEvent) -> Result<(), SendError> {
+        let pass = self
+            .destination
+            .admit(Instant::now() + self.timeout)
+            .await
+            .map_err(|held| SendError {
+                message: format!("endpoint {}", held.by.describe()),
+                retry_after: Some(held.until.saturating_duration_since(Instant::now())),
+            })?;
+        let body = body_bytes(e);
+        let id = event_id(e);
+        let headers =
+            match webhook_headers(&self.secret, &id, chrono::Utc::now().timestamp(), &body) {
+                Ok(h) => h,
+                Err(err) => {
+                    self.destination.record(pass, Verdict::Neutral);
+                    return Err(SendError::new(format!("cannot sign: {err}")));
+                }
+            };
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        match request.body(body).send().await {
+            Ok(r) if r.status().is_success() => {
+                self.destination.record(pass, Verdict::Answered);
+                Ok(())
+            }
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let retry_after = parse_retry_after(
+                    r.headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok()),
+                );
+                let verdict = match status {
+                    429 => Verdict::RateLimited { retry_after },
+                    s if s >= 500 => Verdict::Failed { retry_after },
+                    _ => Verdict::Answered,
+                };
+                self.destination.record(pass, verdict);
+                Err(SendError {
+                    message: format!("endpoint answered {status}"),
+                    retry_after,
+                })
+            }
+            Err(err) => {
+                self.destination
+                    .record(pass, Verdict::Failed { retry_after: None });
+                Err(SendError::new(format!("endpoint unreachable: {err}")))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for HttpSink {
+    /// One request at a time, in order; after the first failure the rest of the round waits
+    /// for the next (an endpoint that is down is not asked once per event). A slow endpoint
+    /// ends the round after [`ROUND_BUDGET`]: the rest stay unsent, untouched, for the next
+    /// round, well within the relay's lease.
+    async fn send(&self, events: &[OutcomeEvent]) -> Vec<Result<(), SendError>> {
+        let started = Instant::now();
+        let mut out = Vec::with_capacity(events.len());
+        let mut failed: Option<SendError> = None;
+        for e in events {
+            if failed.is_none() && started.elapsed() >= ROUND_BUDGET {
+                break;
+            }
+            if let Some(f) = &failed {
+                out.push(Err(SendError {
+                    message: format!("not sent this round: {}", f.message),
+                    retry_after: f.retry_after,
+                }));
+                continue;
+            }
+            let r = self.send_one(e).await;
+            if let Err(err) = &r {
+                failed = Some(err.clone());
+            }
+            out.push(r);
+        }
+        out
+    }
+}

@@ -1,0 +1,260 @@
+//! The outcome relay: publishes the outcome events the settles wrote (the transactional
+//! outbox of [`crate::store::outbox`]) to each consumer's destination, and marks them sent
+//! only after the destination confirmed.
+//!
+//! One task per consumer with `[consumers.outcomes]`. One instance at a time relays a
+//! consumer: each round renews its hold on the consumer's relay for [`LEASE`] (one row write a
+//! round, not one an event), and another instance's round takes nothing until this one lets go
+//! (at shutdown) or stops renewing (a crash). A round takes up to `batch` unsent events in
+//! order, a claim's event only when its earlier ones were sent (order per claim); publishes
+//! them ([`amqp`]: persistent, publisher confirms; [`http`]: Standard Webhooks, through the
+//! destination's breaker and pace); marks the confirmed ones sent in one statement and gives
+//! the others back with a backoff. A crash between the publish and the mark leaves the events
+//! unsent: whoever holds the relay next publishes them again with the same ids (at least once,
+//! never lost). Three statements a round, none per message.
+//!
+//! - `event`: the pure part, the event's id, body and signature headers; `metrics`: its
+//!   series in `/metrics`.
+
+pub mod amqp;
+pub mod event;
+pub mod http;
+pub mod metrics;
+
+use crate::config::{Config, OutcomeKind, OutcomesConfig};
+use crate::engine::metrics::Metrics;
+use crate::store::Store;
+use crate::store::outbox::OutcomeEvent;
+use async_trait::async_trait;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+/// How long a consumer's relay stays with this instance after it last renewed its hold before
+/// another instance may take it over (after a crash; a shutdown lets go at once).
+pub const LEASE: Duration = Duration::from_secs(15);
+/// The hold is renewed when less than this is left of it: every 5 s while the relay runs, so
+/// an idle relay writes one row every 5 s, a busy one no more.
+pub const RENEW_BELOW: Duration = Duration::from_secs(10);
+/// How long a round may spend sending before it stops and leaves the rest for the next
+/// round: a round that starts with [`RENEW_BELOW`] of its hold left ends well before another
+/// instance could take over.
+pub const ROUND_BUDGET: Duration = Duration::from_secs(5);
+/// The longest wait before an event that failed is tried again.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Why one event was not confirmed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct SendError {
+    /// What happened.
+    pub message: String,
+    /// When the destination asked to be tried again (`Retry-After`, a breaker's opening).
+    pub retry_after: Option<Duration>,
+}
+
+impl SendError {
+    /// An error without a time to try again.
+    pub fn new(message: impl Into<String>) -> Self {
+        SendError {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+}
+
+/// A destination of outcome events.
+#[async_trait]
+pub trait Sink: Send + Sync {
+    /// Publishes `events` and answers, per event in order, whether the destination confirmed
+    /// it. The answer may cover only the first events (the round's time ran out): the others
+    /// stay unsent, without a try counted, for the next round.
+    async fn send(&self, events: &[OutcomeEvent]) -> Vec<Result<(), SendError>>;
+}
+
+/// The wait before the next try of an event tried `tries` times before: 1 s doubling, at most
+/// [`MAX_BACKOFF`], or the destination's own when it gave one.
+pub fn backoff(tries: i32, asked: Option<Duration>) -> Duration {
+    let doubling = Duration::from_secs(1u64 << tries.clamp(0, 9));
+    asked.unwrap_or(doubling).min(MAX_BACKOFF)
+}
+
+/// Starts one relay task per consumer that has an outcome destination; they end when `stop`
+/// turns true.
+pub fn start(
+    store: Store,
+    config: &Config,
+    instance: &str,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for c in &config.consumers {
+        let Some(o) = &c.outcomes else { continue };
+        let sink: Arc<dyn Sink> = match o.kind {
+            OutcomeKind::Amqp => Arc::new(amqp::AmqpSink::new(o, instance)),
+            OutcomeKind::Http => match http::HttpSink::new(o) {
+                Ok(s) => Arc::new(s),
+                Err(e) => {
+                    warn!(consumer = %c.name, error = %e, "outcome relay not started");
+                    continue;
+                }
+            },
+        };
+        let relay = Relay {
+            store: store.clone(),
+            consumer: c.name.clone(),
+            owner: instance.to_string(),
+            config: o.clone(),
+            sink,
+            metrics: metrics.clone(),
+            held_until: std::sync::Mutex::new(None),
+        };
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move { relay.run(stop).await }));
+    }
+    tasks
+}
+
+/// One consumer's relay.
+pub struct Relay {
+    /// The store the events are in.
+    pub store: Store,
+    /// The consumer.
+    pub consumer: String,
+    /// This instance (the lease owner).
+    pub owner: String,
+    /// Its destination's settings.
+    pub config: OutcomesConfig,
+    /// Its destination.
+    pub sink: Arc<dyn Sink>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Until when this instance surely holds the consumer's relay (measured from before the
+    /// statement that renewed it, so never later than the store's own lease end).
+    pub held_until: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Relay {
+    /// Rounds until `stop`: at once after a full round, after `poll` otherwise.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+        loop {
+            let stopped = *stop.borrow();
+            if stopped {
+                self.release().await;
+                return;
+            }
+            let full = match self.round().await {
+                Ok(n) => n >= self.config.batch as usize,
+                Err(e) => {
+                    warn!(consumer = %self.consumer, error = %e, "outcome relay round failed");
+                    false
+                }
+            };
+            if !full {
+                let stopped = tokio::select! {
+                    _ = tokio::time::sleep(self.config.poll.0) => false,
+                    _ = stop.wait_for(|s| *s) => true,
+                };
+                if stopped {
+                    self.release().await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Lets another instance take this consumer's relay over at once.
+    async fn release(&self) {
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Err(e) = self
+            .store
+            .release_outcome_relay(&self.consumer, &self.owner)
+            .await
+        {
+            debug!(consumer = %self.consumer, error = %e, "outcome relay not let go; another instance takes it when its lease runs out");
+        }
+    }
+
+    /// Whether this instance holds the consumer's relay, renewing the hold when less than
+    /// [`RENEW_BELOW`] of it is left (a row write every 5 s, not one a round).
+    async fn hold(&self) -> Result<bool, crate::store::StoreError> {
+        let now = tokio::time::Instant::now();
+        let until = *self.held_until.lock().unwrap_or_else(|p| p.into_inner());
+        if until.is_some_and(|u| u.saturating_duration_since(now) >= RENEW_BELOW) {
+            return Ok(true);
+        }
+        let held = self
+            .store
+            .hold_outcome_relay(&self.consumer, &self.owner, LEASE)
+            .await?;
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = held.then(|| now + LEASE);
+        Ok(held)
+    }
+
+    /// One round: hold, take, publish, mark. Returns how many events it took.
+    pub async fn round(&self) -> Result<usize, crate::store::StoreError> {
+        if !self.hold().await? {
+            return Ok(0);
+        }
+        let events = self
+            .store
+            .due_outcomes(&self.consumer, self.config.batch)
+            .await?;
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let results = self.sink.send(&events).await;
+        let mut sent = Vec::new();
+        let mut failed: Vec<(&OutcomeEvent, SendError)> = Vec::new();
+        for (e, r) in events.iter().zip(results) {
+            match r {
+                Ok(()) => sent.push(e.seq),
+                Err(err) => failed.push((e, err)),
+            }
+        }
+        // Marked sent only now, after the destination confirmed. If this fails, the lease
+        // runs out and the events go again with the same ids.
+        self.store.mark_outcomes_sent(&sent).await?;
+        self.metrics.outbox.sent(&self.consumer, sent.len());
+        if let Some((_, first)) = failed.first() {
+            warn!(consumer = %self.consumer, failed = failed.len(), error = %first, "outcome events not confirmed; tried again later");
+        }
+        // One statement per distinct wait (a round's failures mostly share one).
+        let mut by_wait: std::collections::BTreeMap<Duration, (Vec<i64>, &str)> =
+            std::collections::BTreeMap::new();
+        for (e, err) in &failed {
+            let entry = by_wait
+                .entry(backoff(e.tries, err.retry_after))
+                .or_insert_with(|| (Vec::new(), err.message.as_str()));
+            entry.0.push(e.seq);
+        }
+        for (after, (seqs, message)) in by_wait {
+            self.store
+                .retry_outcomes(&seqs, after, &crate::store::truncate(message, 1000))
+                .await?;
+        }
+        self.metrics.outbox.failed(&self.consumer, failed.len());
+        debug!(consumer = %self.consumer, sent = sent.len(), failed = failed.len(), "outcome relay round");
+        Ok(events.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap_and_honours_what_the_destination_asked() {
+        assert_eq!(backoff(0, None), Duration::from_secs(1));
+        assert_eq!(backoff(3, None), Duration::from_secs(8));
+        assert_eq!(backoff(50, None), MAX_BACKOFF);
+        assert_eq!(
+            backoff(0, Some(Duration::from_secs(20))),
+            Duration::from_secs(20)
+        );
+        assert_eq!(backoff(0, Some(Duration::from_secs(9999))), MAX_BACKOFF);
+    }
+}
