@@ -1,53 +1,132 @@
 #!/usr/bin/env python3
-"""Fails when files of one folder of src/ import each other in a cycle.
+"""Fails when claimd's modules depend on each other in a cycle, or a layer depends upward.
 
-In each folder, every `.rs` file other than `mod.rs` (and every sub-folder) is a module; a file
-imports a sibling when its code (comments left out) names it as `super::name` or
-`crate::<folder>::name`, alone or in a `{...}` group. The folder's `mod.rs` is the parent that
-declares the siblings and is left out: children using what it shares is layering, not a cycle.
-src/ itself is not checked: its top-level modules are the crate's roles, layered as
-docs/architecture.md describes, and some use each other both ways (the claimer and the
-application it belongs to, say).
+The module tree is read from the files under src/ (`a/b.rs` and `a/b/mod.rs` are `a::b`).
+A module depends on another when its code (comments and its unit tests left out) names it
+through `crate::`, `super::` or `self::`, alone or in a `{...}` group; a path is resolved to
+the deepest module it names. Then, in every folder (the crate root included), the folder's
+children are compared: child X depends on child Y when anything inside X depends on anything
+inside Y. Any cycle among the children of one folder fails the check, at every depth, so a
+cycle between folders (`engine::claimer` -> `edge::intake` -> `engine::claimer`) is seen at the
+folder where the two meet. A module using its parent or a parent using its children is not a
+cycle: that is how a folder shares its parts.
+
+At the root the top-level modules are layers and may only depend downward, in LAYERS order
+(docs/architecture.md explains each).
+
 Usage: scripts/check_module_cycles.py [src]
 """
+
+import collections
 import os
 import re
 import sys
 
-
-def code_of(path):
-    with open(path, encoding="utf-8") as f:
-        return "\n".join(l for l in f.read().splitlines() if not l.lstrip().startswith("//"))
-
-
-def referenced(code, prefixes, names):
-    found = set()
-    for prefix in prefixes:
-        p = re.escape(prefix)
-        for m in re.finditer(p + r"([A-Za-z_][A-Za-z0-9_]*)\b", code):
-            found.add(m.group(1))
-        for m in re.finditer(p + r"\{([^}]*)\}", code):
-            for part in m.group(1).split(","):
-                found.add(part.strip().split("::")[0].split(" ")[0])
-    return found & names
+LAYERS = ["domain", "store", "provider", "config", "engine", "ops", "edge", "service", "cli"]
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+TEST_MOD = re.compile(r"\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{")
 
 
-def module_files(folder, name):
-    """The files whose code is the module `name` of `folder` (a file, or a folder's files)."""
-    if os.path.isfile(os.path.join(folder, name + ".rs")):
-        return [os.path.join(folder, name + ".rs")]
-    sub = os.path.join(folder, name)
-    return [os.path.join(sub, "mod.rs")] if os.path.isfile(os.path.join(sub, "mod.rs")) else []
+def code_of(text):
+    """The code of a file: no comments, no string contents, no trailing unit tests."""
+    lines = text.splitlines()
+    kept = []
+    for i, line in enumerate(lines):
+        if line.strip() == "#[cfg(test)]" and i + 1 < len(lines) and TEST_MOD.match(lines[i + 1]):
+            break
+        if line.lstrip().startswith("//"):
+            continue
+        kept.append(line)
+    code = "\n".join(kept)
+    code = re.sub(r'"(?:[^"\\\n]|\\.)*"', '""', code)
+    code = re.sub(r"//[^\n]*", "", code)
+    return re.sub(r"/\*.*?\*/", "", code, flags=re.S)
+
+
+def use_tree(code, i):
+    """The paths of the use-tree (or plain path) starting at code[i], and where it ends."""
+    paths, current = [], []
+    while i < len(code):
+        while i < len(code) and code[i].isspace():
+            i += 1
+        if code.startswith("{", i):
+            i += 1
+            while True:
+                sub, i = use_tree(code, i)
+                paths += [current + p for p in sub]
+                while i < len(code) and code[i].isspace():
+                    i += 1
+                if code.startswith(",", i):
+                    i += 1
+                    continue
+                if code.startswith("}", i):
+                    i += 1
+                break
+            return paths, i
+        m = IDENT.match(code, i)
+        if not m:
+            break
+        current = current + [m.group(0)]
+        i = m.end()
+        if not code.startswith("::", i):
+            break
+        i += 2
+    paths.append(current)
+    return paths, i
+
+
+def modules(root):
+    """Module path (a tuple) -> its files, for every .rs file that is not a test module."""
+    found = collections.defaultdict(list)
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if not name.endswith(".rs"):
+                continue
+            parts = os.path.relpath(os.path.join(folder, name), root)[:-3].split(os.sep)
+            if "tests" in parts:
+                continue
+            if parts[-1] == "mod":
+                parts = parts[:-1]
+            if parts in (["lib"], ["main"]):
+                parts = []
+            found[tuple(parts)].append(os.path.join(folder, name))
+    return found
+
+
+def dependencies(root):
+    mods = modules(root)
+    deps = collections.defaultdict(set)
+    for mod, files in mods.items():
+        for path in files:
+            with open(path, encoding="utf-8") as f:
+                code = code_of(f.read())
+            # For a file module `a::b`, `self` is a::b and `super` is a.
+            for m in re.finditer(r"(?<![A-Za-z0-9_:])(crate|super|self)::", code):
+                base = [] if m.group(1) == "crate" else list(mod)
+                if m.group(1) == "super":
+                    base = base[:-1]
+                for p in use_tree(code, m.end())[0]:
+                    full = list(base)
+                    for seg in p:
+                        if seg == "super":
+                            full = full[:-1]
+                        elif seg != "self":
+                            full.append(seg)
+                    while full and tuple(full) not in mods:
+                        full.pop()
+                    if tuple(full) != mod:
+                        deps[mod].add(tuple(full))
+    return mods, deps
 
 
 def cycles(graph):
-    """Every cycle of the graph, each once (as found from its smallest node)."""
+    """Every elementary cycle of a small graph, each once (from its smallest node)."""
     out = []
     for start in sorted(graph):
         stack = [(start, [start])]
         while stack:
             node, path = stack.pop()
-            for nxt in sorted(graph[node]):
+            for nxt in sorted(graph.get(node, ())):
                 if nxt == start:
                     out.append(path + [start])
                 elif nxt > start and nxt not in path:
@@ -57,21 +136,35 @@ def cycles(graph):
 
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "src"
+    mods, deps = dependencies(root)
+    folders = collections.defaultdict(lambda: collections.defaultdict(set))
+    upward = []
+    for a, targets in deps.items():
+        for b in targets:
+            i = 0
+            while i < min(len(a), len(b)) and a[i] == b[i]:
+                i += 1
+            if i == len(a) or i == len(b):
+                continue  # a parent and its descendant
+            folders[a[:i]][a[i]].add(b[i])
+            if i == 0 and a[0] in LAYERS and b[0] in LAYERS:
+                if LAYERS.index(b[0]) > LAYERS.index(a[0]):
+                    upward.append(f"{'::'.join(a)} -> {'::'.join(b)}")
     failed = False
-    for folder, dirs, files in os.walk(root):
-        names = {f[:-3] for f in files if f.endswith(".rs") and f != "mod.rs"}
-        names |= {d for d in dirs if os.path.isfile(os.path.join(folder, d, "mod.rs"))}
-        rel = os.path.relpath(folder, root)
-        if rel == ".":
-            continue
-        prefixes = ["super::", "crate::" + rel.replace(os.sep, "::") + "::"]
-        graph = {}
-        for name in names:
-            code = "\n".join(code_of(p) for p in module_files(folder, name))
-            graph[name] = referenced(code, prefixes, names) - {name}
-        for cycle in cycles(graph):
+    for line in sorted(upward):
+        failed = True
+        print(f"upward dependency (layers, bottom to top: {', '.join(LAYERS)}): {line}")
+    for folder in sorted(folders):
+        for cycle in cycles(folders[folder]):
             failed = True
-            print(f"{folder}: import cycle: {' -> '.join(cycle)}")
+            where = "crate" if not folder else "crate::" + "::".join(folder)
+            print(f"{where}: import cycle: {' -> '.join(cycle)}")
+    top = {m[0] for m in mods if m}
+    for name in sorted(top - set(LAYERS)):
+        failed = True
+        print(f"src/{name}: a top-level module that is not a layer ({', '.join(LAYERS)})")
+    edges = sum(len(t) for t in deps.values())
+    print(f"{len(mods)} modules, {edges} dependencies between them")
     sys.exit(1 if failed else 0)
 
 

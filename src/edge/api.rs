@@ -7,10 +7,10 @@
 //! `intake_token` likewise; the comparison is constant-time.
 
 pub use crate::domain::constant_time::constant_time_eq;
+pub use crate::edge::AppState;
 pub use crate::edge::http::auth::bearer_token;
 pub use crate::edge::http::ops::{ClaimView, Readiness};
 pub use crate::edge::http::problem::problem;
-pub use crate::edge::http::state::AppState;
 
 use crate::edge::http::auth::{require_admin, require_intake};
 use crate::edge::http::{actions, claims, ops, provider_events, signin};

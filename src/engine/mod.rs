@@ -11,5 +11,6 @@ pub mod policy;
 pub mod provider_event;
 pub mod retention;
 pub mod settle;
+pub mod sweep_activity;
 pub mod sweeper;
 pub mod waiters;

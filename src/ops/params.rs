@@ -13,10 +13,7 @@
 //! Pure; [`ParamError::answer`] is the HTTP answer, the CLI prints the error and exits 2.
 
 use crate::domain::duration::Dur;
-use crate::edge::http::problem::problem;
 use crate::ops::report::Window;
-use axum::http::StatusCode;
-use axum::response::Response;
 use chrono::{DateTime, NaiveDate, Utc};
 
 /// The longest window back from now a filter or a report takes: 100 years.
@@ -55,17 +52,6 @@ pub enum ParamError {
     },
 }
 
-impl ParamError {
-    /// `400`, problem+json, naming the parameter; nothing was read or changed.
-    pub fn answer(&self) -> Response {
-        problem(
-            StatusCode::BAD_REQUEST,
-            "bad parameter",
-            &format!("{self}; nothing was changed"),
-        )
-    }
-}
-
 /// The first time claimd stores: 0001-01-01T00:00:00Z.
 pub fn earliest() -> DateTime<Utc> {
     NaiveDate::from_ymd_opt(1, 1, 1)
@@ -96,11 +82,6 @@ pub fn text(field: &str, value: &str) -> Result<(), ParamError> {
 /// [`text`] on each `(field, value)`, the first refusal first.
 pub fn texts<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<(), ParamError> {
     fields.into_iter().try_for_each(|(f, v)| text(f, v))
-}
-
-/// [`texts`], answered: the `400` to return when any holds a NUL.
-pub fn refusal<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<Response> {
-    texts(fields).err().map(|e| e.answer())
 }
 
 /// Refuses a window back from now longer than [`MAX_WINDOW_DAYS`].

@@ -10,8 +10,8 @@
 //! admin token stays read-only. Apply acts on the claims the person saw, not on a filter run
 //! again: claims that moved meanwhile are reported as not actionable, not changed.
 
+use crate::edge::AppState;
 use crate::edge::http::session::Session;
-use crate::edge::http::state::AppState;
 pub use crate::ops::operator_action::{Action, BULK_LIMIT, Target};
 use crate::ops::operator_action::{act, select_parked};
 use axum::Form;

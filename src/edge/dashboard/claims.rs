@@ -10,13 +10,12 @@ use super::text::human_secs;
 use super::text::visible;
 use super::{PageSession, html_page};
 use crate::domain::claim::{Claim, ClaimState};
+use crate::edge::AppState;
 use crate::edge::http::claims::{PayloadView, TenantQuery, claim_with_history};
 use crate::edge::http::problem::{problem, store_down};
 use crate::edge::http::session::Session;
-use crate::edge::http::state::AppState;
 use crate::ops::claim_query::{ClaimQuery, PageError, claim_path};
 use crate::ops::operator_command::{ClaimRef, OperatorCommands};
-use crate::ops::params;
 use crate::store::{ClaimCursor, ClaimEvent};
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
@@ -162,7 +161,7 @@ pub async fn claim(
     Path((consumer, message_id)): Path<(String, String)>,
     Query(t): Query<TenantQuery>,
 ) -> Response {
-    if let Some(refused) = params::refusal([
+    if let Some(refused) = crate::edge::http::problem::refusal([
         ("consumer", consumer.as_str()),
         ("message_id", &message_id),
         ("tenant", &t.tenant),

@@ -4,7 +4,7 @@
 
 use super::{BrokerView, Dashboard, OpenKind};
 use crate::domain::claim::ClaimState;
-use crate::edge::http::state::AppState;
+use crate::edge::AppState;
 use crate::ops::operator_command::OperatorCommands;
 use crate::ops::report::{self, Window};
 use crate::store::{ClaimFilter, StoreResult};

@@ -30,14 +30,14 @@ pub use layout::search_form;
 pub use render::{escape, render, render_attention, render_charts, render_counts, render_tiles};
 pub use text::human_secs;
 
+use crate::edge::AppState;
 use crate::edge::http::problem::problem;
 use crate::edge::http::session::Session;
-use crate::edge::http::state::AppState;
 use crate::ops::operator_command::OperatorCommands;
 use crate::ops::report::{Report, Window};
 use axum::extract::{Extension, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use serde::Deserialize;
 
 /// Seconds between automatic reloads (`<meta http-equiv="refresh">`). Long enough to select and
@@ -132,7 +132,7 @@ pub async fn page(
         }
     };
     if let Err(e) = crate::ops::params::report_window("since", window) {
-        return e.answer();
+        return crate::edge::http::problem::bad_parameter(&e);
     }
     match gather(&state, window).await {
         Ok(mut d) => {
@@ -183,34 +183,7 @@ fn html(body: String) -> Response {
     html_page(StatusCode::OK, body)
 }
 
-/// [`html`] with another status: every HTML answer (the page, `/signin`, the action pages)
-/// carries the same CSP, framing and caching headers.
-pub(crate) fn html_page(status: StatusCode, body: String) -> Response {
-    let mut r = (status, body).into_response();
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; \
-             frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
-        ),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    r
-}
+pub(crate) use crate::edge::http::problem::html_page;
 
 #[cfg(test)]
 mod tests {

@@ -11,9 +11,8 @@
 
 use super::ops::ClaimView;
 use super::problem::{problem, store_down};
-use super::state::AppState;
 use crate::domain::claim::{Claim, ClaimState};
-use crate::ops::params;
+use crate::edge::AppState;
 use crate::store::Seen;
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
@@ -192,7 +191,7 @@ pub async fn resolve(
     let Some(actor) = actor_of(&req.actor) else {
         return bad_actor();
     };
-    if let Some(refused) = params::refusal([
+    if let Some(refused) = crate::edge::http::problem::refusal([
         ("consumer", consumer.as_str()),
         ("message_id", &message_id),
         ("tenant", &req.tenant),
@@ -239,7 +238,7 @@ pub async fn redrive(
     let Some(actor) = actor_of(&req.actor) else {
         return bad_actor();
     };
-    if let Some(refused) = params::refusal([
+    if let Some(refused) = crate::edge::http::problem::refusal([
         ("consumer", consumer.as_str()),
         ("message_id", &message_id),
         ("tenant", &req.tenant),

@@ -11,8 +11,8 @@
 
 use super::problem::problem;
 use super::session::{self, Session};
-use super::state::AppState;
 use crate::domain::constant_time::constant_time_eq;
+use crate::edge::AppState;
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -244,7 +244,7 @@ pub async fn require_intake(
                 .map(|(_, v)| v.to_string())
         })
         .unwrap_or_default();
-    let header = crate::edge::intake::http::tenant_header(&state, &consumer);
+    let header = tenant_header(&state, &consumer);
     match other_tenant(tenant, header, req.headers().get_all(header).iter()) {
         None => next.run(req).await,
         Some(detail) => {
@@ -295,6 +295,16 @@ fn unauthorized(detail: &str) -> Response {
     r.headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     r
+}
+
+/// Tenant header name for `consumer` (configurable, `Tenant-Id` by default).
+pub fn tenant_header<'s>(state: &'s AppState, consumer: &str) -> &'s str {
+    state
+        .claimer
+        .consumer(consumer)
+        .map(|c| c.config.tenant_header.as_str())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("Tenant-Id")
 }
 
 #[cfg(test)]

@@ -4,10 +4,9 @@
 
 use super::ops::ClaimView;
 use super::problem::{problem, store_down};
-use super::state::AppState;
 use crate::domain::claim::Claim;
+use crate::edge::AppState;
 use crate::ops::claim_query::{ClaimQuery, PageError};
-use crate::ops::params;
 use crate::store::{ClaimEvent, ClaimStore, StoreResult};
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -93,7 +92,7 @@ pub async fn get_claim(
     Path((consumer, message_id)): Path<(String, String)>,
     Query(t): Query<TenantQuery>,
 ) -> Response {
-    if let Some(refused) = params::refusal([
+    if let Some(refused) = crate::edge::http::problem::refusal([
         ("consumer", consumer.as_str()),
         ("message_id", &message_id),
         ("tenant", &t.tenant),

@@ -184,7 +184,7 @@ impl LogEvery {
     }
 }
 
-/// The edge's memory, shared by every route ([`super::state::AppState::guard`]).
+/// The edge's memory, shared by every route ([`crate::edge::AppState::guard`]).
 #[derive(Debug)]
 pub struct Guard {
     /// Sign-in tries per client address.

@@ -13,4 +13,3 @@ pub mod provider_events;
 pub mod server;
 pub mod session;
 pub mod signin;
-pub mod state;

@@ -2,8 +2,8 @@
 //! readiness.
 
 use super::problem::{problem, store_down};
-use super::state::AppState;
 use crate::domain::claim::Claim;
+use crate::edge::AppState;
 use crate::ops::report::{self, SweeperHealth, Window};
 use axum::Json;
 use axum::extract::{Query, State};
@@ -42,7 +42,7 @@ pub async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQue
     if let Err(e) = crate::ops::params::report_window("since", window)
         .and_then(|_| crate::ops::params::text("consumer", q.consumer.as_deref().unwrap_or("")))
     {
-        return e.answer();
+        return crate::edge::http::problem::bad_parameter(&e);
     }
     let names = state.config.consumer_names();
     match report::build(

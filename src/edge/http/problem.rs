@@ -50,3 +50,48 @@ pub fn store_down(e: crate::store::StoreError) -> Response {
         "the claim store could not be read; retry",
     )
 }
+
+/// An HTML answer with `status`: every HTML answer (the page, `/signin`, the action pages)
+/// carries the same CSP, framing and caching headers.
+pub fn html_page(status: StatusCode, body: String) -> Response {
+    let mut r = (status, body).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; \
+             frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+        ),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    r
+}
+
+/// `400`, problem+json, naming the parameter; nothing was read or changed.
+pub fn bad_parameter(e: &crate::ops::params::ParamError) -> Response {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "bad parameter",
+        &format!("{e}; nothing was changed"),
+    )
+}
+
+/// [`crate::ops::params::texts`], answered: the `400` to return when any holds a NUL.
+pub fn refusal<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<Response> {
+    crate::ops::params::texts(fields)
+        .err()
+        .map(|e| bad_parameter(&e))
+}

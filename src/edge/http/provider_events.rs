@@ -11,7 +11,7 @@
 //! past the cap. Each of these answers closes the connection (the body is not read).
 
 use super::problem::problem;
-use super::state::AppState;
+use crate::edge::AppState;
 use crate::edge::http::server::{BodyReadTimeout, BodyRefused, BodyShare, declared_length};
 use crate::engine::provider_event::refusal;
 use crate::provider::provider_events::headers::check_headers;

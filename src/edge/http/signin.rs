@@ -6,8 +6,8 @@
 //! address, one line per period. Signing out needs the session's CSRF token, like any change.
 
 use super::session::{self, SESSION_TTL, Session};
-use super::state::AppState;
 use crate::domain::constant_time::constant_time_eq;
+use crate::edge::AppState;
 use crate::edge::http::server::Peer;
 use axum::Form;
 use axum::extract::rejection::FormRejection;
@@ -42,7 +42,7 @@ button{margin-top:1rem;padding:.5rem 1.2rem;font:inherit}.error{color:#a11;margi
 </body></html>"#;
 
 fn page(status: StatusCode, message: &str) -> Response {
-    crate::edge::dashboard::html_page(status, PAGE.replace("{message}", message))
+    super::problem::html_page(status, PAGE.replace("{message}", message))
 }
 
 fn see_other(to: &'static str) -> Response {
@@ -60,7 +60,7 @@ pub async fn form(State(state): State<AppState>) -> Response {
 /// What `/signin` says when no admin token is configured: nothing to sign in with, so the
 /// page stays read-only, and what to set to act from it.
 fn no_admin_token() -> Response {
-    crate::edge::dashboard::html_page(StatusCode::OK, NO_TOKEN_PAGE.to_string())
+    super::problem::html_page(StatusCode::OK, NO_TOKEN_PAGE.to_string())
 }
 
 const NO_TOKEN_PAGE: &str = r#"<!doctype html>

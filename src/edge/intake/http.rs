@@ -12,9 +12,10 @@
 
 use crate::config::SourceConfig;
 use crate::domain::claim::{Claim, ClaimState};
+use crate::edge::AppState;
+use crate::edge::http::auth::tenant_header;
 use crate::edge::http::problem::problem;
 use crate::edge::http::server::{BodyReadTimeout, BodyRefused, BodyShare};
-use crate::edge::http::state::AppState;
 use crate::edge::intake::answer::{self, prefer_wait, settled};
 use crate::engine::claimer::{Accepted, Delivery, SubmitError};
 use axum::Json;
@@ -133,16 +134,6 @@ async fn answer_with(
         r.headers_mut().insert(answer::PREFERENCE_APPLIED, v);
     }
     r
-}
-
-/// Tenant header name for `consumer` (configurable, `Tenant-Id` by default).
-pub(crate) fn tenant_header<'s>(state: &'s AppState, consumer: &str) -> &'s str {
-    state
-        .claimer
-        .consumer(consumer)
-        .map(|c| c.config.tenant_header.as_str())
-        .filter(|n| !n.is_empty())
-        .unwrap_or("Tenant-Id")
 }
 
 /// Tenant bytes for `consumer` (the first value; intake refuses repeated headers).
@@ -381,7 +372,7 @@ pub async fn get_message(
 ) -> Response {
     let tenant = String::from_utf8_lossy(tenant_of(&state, &consumer, &headers)).into_owned();
     let names = [("consumer", consumer.as_str()), ("message_id", &message_id)];
-    if let Some(refused) = crate::ops::params::refusal(names) {
+    if let Some(refused) = crate::edge::http::problem::refusal(names) {
         return refused;
     }
     match state

@@ -19,7 +19,6 @@
 pub mod amqp;
 pub mod event;
 pub mod http;
-pub mod metrics;
 
 use crate::config::{Config, OutcomeKind, OutcomesConfig};
 use crate::engine::metrics::Metrics;

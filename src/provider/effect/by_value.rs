@@ -3,7 +3,7 @@
 //! names is unknown. Pure, so every shape is tested here. The same reading serves the call's
 //! own answer, a status lookup's "found" answer and a provider event's object.
 
-use crate::config::ValueOutcomes;
+use crate::provider::effect::settings::ValueOutcomes;
 use crate::store::truncate;
 use serde_json::Value;
 

@@ -8,10 +8,10 @@ use super::http_template::{
     BodyTemplate, Field, RenderError, Template, Vars, encode_path_segment, form_encode,
 };
 use super::{Effect, Lookup, MAX_READ_BYTES, MAX_RESPONSE_BYTES, Outcome};
-use crate::config::{
+use crate::domain::claim::Claim;
+use crate::provider::effect::settings::{
     BodyMode, HttpEffectConfig, HttpVersion, ProbeMode, StatusCheck, ValueOutcomes,
 };
-use crate::domain::claim::Claim;
 use crate::store::truncate;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -162,7 +162,7 @@ impl RequestShape {
             ("status.found_pointer", &config.status.found_pointer),
             ("status.id_pointer", &config.status.id_pointer),
         ] {
-            crate::config::check_pointer(pointer).map_err(|e| (key, e))?;
+            crate::provider::effect::settings::check_pointer(pointer).map_err(|e| (key, e))?;
         }
         if let Some(o) = &config.outcome {
             o.check().map_err(|(key, e)| {

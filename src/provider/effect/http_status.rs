@@ -4,7 +4,7 @@
 //! a search endpoint that does not exist answers `404` too.
 
 use super::{Lookup, MAX_RESPONSE_BYTES};
-use crate::config::StatusCheck;
+use crate::provider::effect::settings::StatusCheck;
 use crate::store::truncate;
 use serde_json::Value;
 

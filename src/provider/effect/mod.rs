@@ -255,7 +255,7 @@ pub trait Effect: Send + Sync + 'static {
     }
 
     /// `[effect.outcome]`, when the effect's answers are read by value ([`by_value`]).
-    fn outcomes(&self) -> Option<&crate::config::ValueOutcomes> {
+    fn outcomes(&self) -> Option<&crate::provider::effect::settings::ValueOutcomes> {
         None
     }
 

@@ -19,8 +19,8 @@
 //! | after the content | connection broke, timed out, unreadable answer | `Unknown` |
 
 use super::{Effect, Lookup, MAX_RESPONSE_BYTES, Outcome};
-use crate::config::{SmtpEffectConfig, SmtpTls};
 use crate::domain::claim::Claim;
+use crate::provider::effect::settings::{SmtpEffectConfig, SmtpTls};
 use crate::store::truncate;
 use async_trait::async_trait;
 use lettre::Message;

@@ -6,6 +6,8 @@
 //! claims, oldest `started` age, sweeper last run) are read from the store at scrape time,
 //! from the same cheap queries `report` uses for open work.
 
+pub mod outbox;
+
 use crate::store::{Store, StoreResult};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -86,7 +88,7 @@ pub struct Metrics {
     ledger_mismatches: Family<KindLabels, Gauge>,
     ledger_last_run: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     /// The outcome relay's series.
-    pub outbox: crate::edge::outcome_relay::metrics::OutboxMetrics,
+    pub outbox: outbox::OutboxMetrics,
     /// The `Prefer: wait` waiters' series.
     pub waiters: crate::engine::waiters::WaiterMetrics,
 }
@@ -458,7 +460,7 @@ impl Metrics {
             .inc();
     }
     /// This worker's own sweeper state, set before a scrape renders.
-    pub fn local_sweeper(&self, local: crate::ops::report::LocalSweeper) {
+    pub fn local_sweeper(&self, local: crate::engine::sweep_activity::LocalSweeper) {
         self.sweeper_running
             .set(i64::from(local.running_for.is_some()));
         self.sweeper_running_seconds
@@ -564,17 +566,25 @@ impl Metrics {
             self.sweeper_last_run
                 .set(t.timestamp_millis() as f64 / 1000.0);
         }
-        for run in crate::ops::ledger::LedgerView::all(store, None).await? {
+        for run in store.ledger_runs().await? {
+            // The run's `mismatches` (`crate::ops::ledger::Summary`), read from its JSON: the
+            // metrics sit below the ledger. A summary without it (another version's) is skipped.
+            let Some(mismatches) = run.summary.get("mismatches").and_then(|m| m.as_object()) else {
+                continue;
+            };
             self.ledger_last_run
                 .get_or_create(&consumer(&run.consumer))
-                .set(run.ran_utc.timestamp_millis() as f64 / 1000.0);
-            for (kind, n) in &run.summary.mismatches {
+                .set(run.at_utc.timestamp_millis() as f64 / 1000.0);
+            for (kind, n) in mismatches {
                 self.ledger_mismatches
                     .get_or_create(&KindLabels {
                         consumer: run.consumer.clone(),
                         kind: kind.clone(),
                     })
-                    .set(i64::try_from(*n).unwrap_or(i64::MAX));
+                    .set(
+                        n.as_u64()
+                            .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+                    );
             }
         }
         let mut out = String::new();
@@ -587,52 +597,7 @@ impl Metrics {
     }
 }
 
-/// The label values each labelled counter is created with at start ([`Metrics::init_consumers`]).
-/// Values outside these lists still count; they appear at their first event.
-pub mod vocabulary {
-    /// `claimd_messages_refused_total{reason}`.
-    pub const REFUSED: &[&str] = &[
-        "bad_id",
-        "bad_content_type",
-        "bad_payload",
-        "busy",
-        "key_too_long",
-        "unsafe_url_value",
-        "store_unavailable",
-        "body_budget",
-    ];
-    /// `claimd_dead_lettered_total{reason}` (the broker intake's dead-letter reasons).
-    pub const DEAD_LETTERED: &[&str] = &[
-        "missing_message_id",
-        "invalid_message_id",
-        "invalid_tenant",
-        "body_too_large",
-        "payload_mismatch",
-        "unusable_payload",
-        "invalid_content_type",
-        "key_too_long",
-        "headers_too_deep",
-    ];
-    /// `claimd_reconcile_outcomes_total{reason}`.
-    pub const LOOKUPS: &[&str] = &["found", "not_found", "unknown"];
-    /// `claimd_claims_settled_total{state}`.
-    pub const SETTLED: &[&str] = &["completed", "pending", "failed", "needs_attention"];
-    /// `claimd_effect_attempts_total{outcome,status_class}`: the pairs an alert on the
-    /// provider's error rate divides by.
-    pub const ATTEMPTS: &[(&str, &str)] = &[
-        ("applied", "2xx"),
-        ("rejected", "4xx"),
-        ("not_applied", "5xx"),
-        ("unknown", "5xx"),
-        ("unknown", "none"),
-    ];
-    /// `claimd_sweeper_claims_total{action}`.
-    pub const SWEEP_ACTIONS: &[&str] = &["redrive", "resend", "reconcile", "park", "fail"];
-    /// `claimd_destination_state{state}`.
-    pub const BREAKER_STATES: &[&str] = &["closed", "open", "probing"];
-    /// `claimd_destination_held_total{reason}`.
-    pub const HELD: &[&str] = &["open", "probing", "pace"];
-}
+pub mod vocabulary;
 
 /// Which exposition format `/metrics` answers in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
