@@ -1,4 +1,4 @@
-//! What the breaker and the pace (`src/destination.rs`) cost each provider call, alone: the
+//! What the breaker and the pace (`src/engine/destination.rs`) cost each provider call, alone: the
 //! `admit` a call waits on before it goes and the `record` of its answer, in a loop on one task
 //! and on many tasks at once (one lock per destination), without and with `rate_limit`.
 //! Prints nanoseconds per call; set against a message's CPU in docs/performance.md.
@@ -8,7 +8,7 @@
 //! BENCH_CALLS=5000000 cargo bench --bench destination
 //! ```
 
-use claimd::internal::destination::{Destination, Verdict};
+use claimd::engine::destination::{Destination, Verdict};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

@@ -15,7 +15,7 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::routing::get;
 use claimd::config::Config;
-use claimd::internal::app::App;
+use claimd::service::app::App;
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -125,10 +125,10 @@ url = "{provider}/v1/payment_intents?limit=100"
     sqlx::query("ANALYZE claims").execute(&pool).await.unwrap();
     let fill_s = t.elapsed().as_secs_f64();
     let rss_before = mem_mib("VmRSS:");
-    let commands = claimd::internal::operator_command::OperatorCommands::new(None);
+    let commands = claimd::ops::operator_command::OperatorCommands::new(None);
     let now = app.store.now().await.unwrap();
     let t = Instant::now();
-    let run = claimd::internal::ledger::run(
+    let run = claimd::ops::ledger::run(
         &app.store,
         app.claimer.consumers(),
         &commands,

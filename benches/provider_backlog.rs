@@ -12,7 +12,7 @@
 mod support;
 
 use claimd::config::Config;
-use claimd::internal::app::App;
+use claimd::service::app::App;
 use std::time::{Duration, Instant};
 use support::env_or;
 
@@ -48,7 +48,7 @@ async fn main() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start the sandbox provider");
-    let http = claimd::internal::tls::http_client_builder()
+    let http = claimd::provider::tls::http_client_builder()
         .build()
         .expect("HTTP client");
     while http
@@ -108,7 +108,7 @@ rate_limit = "{rate}/s"
         t.elapsed().as_secs_f64(),
         backlog as f64 / f64::from(rate)
     );
-    let running = claimd::internal::run::start(app).await.expect("start");
+    let running = claimd::service::run::start(app).await.expect("start");
     let completed = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM claims WHERE state = 'completed'")
             .fetch_one(&pool)

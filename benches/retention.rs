@@ -7,9 +7,9 @@
 
 mod support;
 
-use claimd::internal::claim::{NewClaim, fingerprint};
-use claimd::internal::store::ClaimStore;
-use claimd::internal::store::postgres::PgStore;
+use claimd::domain::claim::{NewClaim, fingerprint};
+use claimd::store::ClaimStore;
+use claimd::store::postgres::PgStore;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -69,7 +69,7 @@ async fn main() {
                     content_type: "application/json".into(),
                     worker: "bench".into(),
                     lease: Duration::from_secs(60),
-                    claim_token: claimd::internal::claim::new_claim_token(),
+                    claim_token: claimd::domain::claim::new_claim_token(),
                     mark_not_called: false,
                 };
                 let t = Instant::now();

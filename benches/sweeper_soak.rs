@@ -8,9 +8,9 @@
 mod support;
 
 use claimd::config::Config;
-use claimd::internal::app::App;
-use claimd::internal::run;
-use claimd::internal::sandbox::{Sandbox, SandboxOptions};
+use claimd::provider::sandbox::{Sandbox, SandboxOptions};
+use claimd::service::app::App;
+use claimd::service::run;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::env_or;
@@ -60,7 +60,7 @@ status_url = "{provider}/v1/effects/{{key}}"
     let running = run::start(app).await.expect("start");
     let base = format!("http://{}/v1/messages/payments", running.http_addr);
 
-    let client = claimd::internal::tls::http_client_builder()
+    let client = claimd::provider::tls::http_client_builder()
         .build()
         .expect("HTTP client");
     let started = Instant::now();

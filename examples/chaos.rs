@@ -27,7 +27,7 @@ mod common;
 #[path = "../tests/harness/mod.rs"]
 mod harness;
 
-use claimd::internal::sandbox::SandboxOptions;
+use claimd::provider::sandbox::SandboxOptions;
 use std::time::Duration;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

@@ -241,7 +241,7 @@ timeout = "1s"
         worker.submit("ledger", id, body.clone()).await?;
         worker.submit("ledger", id, body).await?; // a redelivery: a duplicate
     }
-    let http = claimd::internal::tls::http_client_builder()
+    let http = claimd::provider::tls::http_client_builder()
         .build()
         .expect("HTTP client")
         .post(format!("http://{}/v1/messages/ledger", worker.http_addr()))

@@ -150,7 +150,7 @@ status_url = "http://127.0.0.1:{sandbox_port}/v1/effects/{{key}}"
     );
     let pid = worker.0.id();
     let base = format!("http://127.0.0.1:{port}");
-    let c = claimd::internal::tls::http_client_builder()
+    let c = claimd::provider::tls::http_client_builder()
         .timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(clients)
         .build()

@@ -22,9 +22,9 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use claimd::internal::claim::ClaimState;
-use claimd::internal::sandbox::SandboxOptions;
-use claimd::internal::store::ClaimFilter;
+use claimd::domain::claim::ClaimState;
+use claimd::provider::sandbox::SandboxOptions;
+use claimd::store::ClaimFilter;
 use common::hangup::{self, HangUp, Post};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -120,7 +120,7 @@ async fn measure(
             .unwrap()
     };
     let claims = list().await;
-    let count = |claims: &[claimd::internal::claim::Claim], st: ClaimState| {
+    let count = |claims: &[claimd::domain::claim::Claim], st: ClaimState| {
         claims.iter().filter(|c| c.state == st).count()
     };
     let applied: HashMap<String, u64> = sandbox

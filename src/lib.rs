@@ -53,8 +53,9 @@
 //! ```
 //!
 //! The public API is what the crate root exports; `docs/library.md` lists it and explains
-//! writing an effect. Everything else is in `claimd::internal`, public for claimd's own binary,
-//! tests and benches, hidden from these pages and without a stability promise.
+//! writing an effect. The layers below it (`domain`, `store`, `provider`, `config`, `engine`,
+//! `ops`, `edge`, `service`, `cli`; `docs/architecture.md`) are public for claimd's own binary,
+//! tests and benches, without a stability promise.
 
 #![warn(missing_docs)]
 

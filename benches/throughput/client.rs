@@ -50,7 +50,7 @@ pub(crate) struct ClientResult {
 /// Posts the `n` posts of the ledger over `concurrency` connections, connection `i` to
 /// `bases[i % bases.len()]` (several instances share the load evenly).
 pub(crate) async fn drive_client(bases: &[String], n: usize, concurrency: usize) -> ClientResult {
-    let client = claimd::internal::tls::http_client_builder()
+    let client = claimd::provider::tls::http_client_builder()
         .pool_max_idle_per_host(concurrency)
         .timeout(Duration::from_secs(120))
         .build()

@@ -19,7 +19,7 @@ pub(crate) fn new_claim(i: usize) -> NewClaim {
         content_type: "application/json".into(),
         worker: "bench".into(),
         lease: Duration::from_secs(60),
-        claim_token: claimd::internal::claim::new_claim_token(),
+        claim_token: claimd::domain::claim::new_claim_token(),
         mark_not_called: false,
     }
 }

@@ -9,7 +9,7 @@
 //! - `txn`: the single-transaction inbox. BEGIN; INSERT claim ... ON CONFLICT DO NOTHING;
 //!   provider call; UPDATE settle; COMMIT, holding a pooled PostgreSQL connection (and the row
 //!   lock) during the call.
-//! - `claimd-sqlite`, `claimd-pg`: the real worker (`claimd::internal::run::start`); the client gets 202
+//! - `claimd-sqlite`, `claimd-pg`: the real worker (`claimd::service::run::start`); the client gets 202
 //!   and the effect runs after; "settled" is `processed_utc - received_utc` from the store and
 //!   throughput counts until the last claim is settled.
 //!
@@ -61,11 +61,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use claimd::config::Config;
-use claimd::internal::app::App;
-use claimd::internal::claim::{ClaimState, NewClaim, fingerprint};
-use claimd::internal::sandbox::{Sandbox, SandboxOptions};
-use claimd::internal::store::postgres::PgStore;
-use claimd::internal::store::{ClaimOutcome, ClaimStore, NewEvent, SettleItem, Settlement};
+use claimd::domain::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::provider::sandbox::{Sandbox, SandboxOptions};
+use claimd::service::app::App;
+use claimd::store::postgres::PgStore;
+use claimd::store::{ClaimOutcome, ClaimStore, NewEvent, SettleItem, Settlement};
 use sqlx::Connection;
 use std::io::Write as _;
 use std::path::Path;

@@ -233,7 +233,7 @@ pub(crate) async fn child(mode: &str) {
                 None
             };
             let h = Handler {
-                http: claimd::internal::tls::http_client_builder()
+                http: claimd::provider::tls::http_client_builder()
                     .timeout(Duration::from_secs(30))
                     .build()
                     .unwrap(),
@@ -257,7 +257,7 @@ pub(crate) async fn child(mode: &str) {
         }
         "claimd" => {
             // As the `claimd` binary does first thing, or the peak RSS would not be its.
-            claimd::internal::run::return_large_buffers_to_the_system();
+            claimd::service::run::return_large_buffers_to_the_system();
             let store = std::env::var("BENCH_STORE").expect("BENCH_STORE");
             let conc: u32 = env_or("BENCH_CONSUMER_CONCURRENCY", 64);
             let on_unknown: String = env_or("BENCH_ON_UNKNOWN", "reconcile".to_string());
@@ -288,7 +288,7 @@ pub(crate) async fn child(mode: &str) {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             });
-            let running = claimd::internal::run::start(app).await.expect("start");
+            let running = claimd::service::run::start(app).await.expect("start");
             let addr = running.http_addr;
             std::mem::forget(running);
             addr

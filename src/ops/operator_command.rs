@@ -218,7 +218,7 @@ impl OperatorCommands {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::internal::cli::{ClaimsCommand, Cli, Command};
+    use crate::cli::{ClaimsCommand, Cli, Command};
     use clap::Parser;
 
     /// Splits a command line the way a POSIX shell does for the quoting claimd writes
