@@ -20,7 +20,7 @@ def code_lines(text: str) -> int:
     count = 0
     for i, line in enumerate(lines):
         stripped = line.strip()
-        if stripped == "#[cfg(test)]" and i + 1 < len(lines) and re.match(
+        if re.match(r"#\[cfg\((all\()?test\b", stripped) and i + 1 < len(lines) and re.match(
             r"\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{", lines[i + 1]
         ):
             break

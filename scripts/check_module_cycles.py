@@ -24,6 +24,7 @@ import sys
 
 LAYERS = ["domain", "store", "provider", "config", "engine", "ops", "edge", "service", "cli"]
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+TEST_CFG = re.compile(r"#\[cfg\((all\()?test\b")
 TEST_MOD = re.compile(r"\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{")
 
 
@@ -32,7 +33,7 @@ def code_of(text):
     lines = text.splitlines()
     kept = []
     for i, line in enumerate(lines):
-        if line.strip() == "#[cfg(test)]" and i + 1 < len(lines) and TEST_MOD.match(lines[i + 1]):
+        if TEST_CFG.match(line.strip()) and i + 1 < len(lines) and TEST_MOD.match(lines[i + 1]):
             break
         if line.lstrip().startswith("//"):
             continue

@@ -59,6 +59,7 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
 pub mod domain;

@@ -12,7 +12,8 @@ pub struct LogConfig {
 }
 
 /// Log line format, of `[log] format` and `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Pretty when stderr is a terminal (a person reads it), JSON otherwise (a collector does).

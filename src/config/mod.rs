@@ -4,6 +4,7 @@
 //! Every error names the file and the key (`consumers[0].lease: ...`) on one line; `main` turns
 //! it into exit code 2. Unknown keys are errors, never ignored.
 
+mod features;
 mod layering;
 mod log;
 mod outcomes;

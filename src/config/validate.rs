@@ -291,8 +291,10 @@ impl Config {
         check_tokens(&http.admin_token, &http.intake_token)?;
         super::tenant_tokens::check(http)?;
         crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
+        super::features::check(self)?;
         let redact = crate::store::redact_url;
         for (i, c) in self.consumers.iter().enumerate() {
+            #[cfg(feature = "amqp")]
             if let Some(a) = c.amqp().filter(|a| !a.url.is_empty()) {
                 // lapin's own parse error repeats the whole URL, password included.
                 a.url.parse::<lapin::uri::AMQPUri>().map_err(|e| {

@@ -4,5 +4,6 @@
 pub mod claim;
 pub mod constant_time;
 pub mod duration;
+pub mod features;
 pub mod json_body;
 pub mod table;

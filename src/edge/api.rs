@@ -34,33 +34,21 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             require_intake,
         ));
-    let admin = Router::new()
-        .route("/v1/claims", get(claims::list_claims))
-        .route("/v1/claims/{consumer}/{message_id}", get(claims::get_claim))
-        .route("/v1/report", get(ops::get_report))
-        .route(
-            "/v1/claims/{consumer}/{message_id}/resolve",
-            post(actions::resolve),
-        )
-        .route(
-            "/v1/claims/{consumer}/{message_id}/redrive",
-            post(actions::redrive),
-        )
-        .route("/", get(crate::edge::dashboard::page))
-        .route("/claims", get(crate::edge::dashboard::claims::search))
-        .route(
-            "/claims/{consumer}/{message_id}",
-            get(crate::edge::dashboard::claims::claim),
-        )
-        .route(
-            "/actions/preview",
-            post(crate::edge::dashboard::actions::preview),
-        )
-        .route(
-            "/actions/apply",
-            post(crate::edge::dashboard::actions::apply),
-        )
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
+    let admin = page_routes(
+        Router::new()
+            .route("/v1/claims", get(claims::list_claims))
+            .route("/v1/claims/{consumer}/{message_id}", get(claims::get_claim))
+            .route("/v1/report", get(ops::get_report))
+            .route(
+                "/v1/claims/{consumer}/{message_id}/resolve",
+                post(actions::resolve),
+            )
+            .route(
+                "/v1/claims/{consumer}/{message_id}/redrive",
+                post(actions::redrive),
+            ),
+    )
+    .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()
         .merge(intake)
         .merge(admin)
@@ -78,4 +66,39 @@ pub fn router(state: AppState) -> Router {
         .route("/signout", post(signin::sign_out))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not found", "no such route") })
         .with_state(state)
+}
+
+/// The operator page's routes (`GET /`, the claim pages, the actions), behind the admin token.
+#[cfg(feature = "page")]
+fn page_routes(admin: Router<AppState>) -> Router<AppState> {
+    admin
+        .route("/", get(crate::edge::dashboard::page))
+        .route("/claims", get(crate::edge::dashboard::claims::search))
+        .route(
+            "/claims/{consumer}/{message_id}",
+            get(crate::edge::dashboard::claims::claim),
+        )
+        .route(
+            "/actions/preview",
+            post(crate::edge::dashboard::actions::preview),
+        )
+        .route(
+            "/actions/apply",
+            post(crate::edge::dashboard::actions::apply),
+        )
+}
+
+/// Without the `page` feature `GET /` says why there is no page.
+#[cfg(not(feature = "page"))]
+fn page_routes(admin: Router<AppState>) -> Router<AppState> {
+    admin.route(
+        "/",
+        get(|| async {
+            problem(
+                StatusCode::NOT_FOUND,
+                "no operator page",
+                &crate::domain::features::missing("page"),
+            )
+        }),
+    )
 }

@@ -3,6 +3,7 @@
 //! on the engine and operations below.
 
 pub mod api;
+#[cfg(feature = "page")]
 pub mod dashboard;
 pub mod http;
 pub mod intake;

@@ -215,7 +215,7 @@ impl OperatorCommands {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cli"))]
 mod tests {
     use super::*;
     use crate::cli::{ClaimsCommand, Cli, Command};

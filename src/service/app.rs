@@ -6,6 +6,7 @@ use crate::engine::claimer::{Claimer, Consumer};
 use crate::engine::sweeper::schedule_period;
 use crate::provider::effect::Effect;
 use crate::provider::effect::http::HttpEffect;
+#[cfg(feature = "smtp")]
 use crate::provider::effect::smtp::SmtpEffect;
 use crate::store::{self, Store, StoreError};
 use std::collections::HashMap;
@@ -70,9 +71,13 @@ pub fn build_effect(consumer: &str, effect: &EffectConfig) -> Result<Arc<dyn Eff
         EffectConfig::Http(h) => Ok(Arc::new(
             HttpEffect::new(h).map_err(|e| bad(e.to_string()))?,
         )),
+        #[cfg(feature = "smtp")]
         EffectConfig::Smtp(s) => Ok(Arc::new(
             SmtpEffect::new(s).map_err(|e| bad(e.to_string()))?,
         )),
+        // Refused at load without the `smtp` feature (config::features).
+        #[cfg(not(feature = "smtp"))]
+        EffectConfig::Smtp(_) => Err(bad(crate::domain::features::missing("smtp"))),
         EffectConfig::Custom(_) => Err(bad(
             "kind = \"custom\" needs the effect from the program that embeds claimd (WorkerBuilder::effect); `claimd run` has none".into(),
         )),

@@ -2,6 +2,11 @@
 //! [`Delivery`](crate::engine::claimer::Delivery) and acknowledges only after
 //! [`Claimer::submit`](crate::engine::claimer::Claimer::submit) returns.
 
+#[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(not(feature = "amqp"))]
+pub mod amqp_off;
+#[cfg(not(feature = "amqp"))]
+pub use amqp_off as amqp;
 pub mod answer;
 pub mod http;

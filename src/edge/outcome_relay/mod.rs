@@ -16,6 +16,7 @@
 //! - `event`: the pure part, the event's id, body and signature headers; `metrics`: its
 //!   series in `/metrics`.
 
+#[cfg(feature = "amqp")]
 pub mod amqp;
 pub mod event;
 pub mod http;
@@ -93,7 +94,11 @@ pub fn start(
     for c in &config.consumers {
         let Some(o) = &c.outcomes else { continue };
         let sink: Arc<dyn Sink> = match o.kind {
+            #[cfg(feature = "amqp")]
             OutcomeKind::Amqp => Arc::new(amqp::AmqpSink::new(o, instance)),
+            // Refused at load without the `amqp` feature (config::features).
+            #[cfg(not(feature = "amqp"))]
+            OutcomeKind::Amqp => continue,
             OutcomeKind::Http => match http::HttpSink::new(o) {
                 Ok(s) => Arc::new(s),
                 Err(e) => {

@@ -7,6 +7,7 @@ mod http_answer;
 pub mod http_status;
 pub mod http_template;
 pub mod settings;
+#[cfg(feature = "smtp")]
 pub mod smtp;
 
 use crate::domain::claim::Claim;
