@@ -8,8 +8,8 @@
 mod support;
 
 use claimd::internal::claim::{NewClaim, fingerprint};
-use claimd::internal::store::ClaimStore;
 use claimd::internal::store::postgres::PgStore;
+use claimd::internal::store::{ClaimStore, EngineStore, IntakeStore};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

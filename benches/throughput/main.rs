@@ -65,7 +65,9 @@ use claimd::internal::app::App;
 use claimd::internal::claim::{ClaimState, NewClaim, fingerprint};
 use claimd::internal::sandbox::{Sandbox, SandboxOptions};
 use claimd::internal::store::postgres::PgStore;
-use claimd::internal::store::{ClaimOutcome, ClaimStore, NewEvent, SettleItem, Settlement};
+use claimd::internal::store::{
+    ClaimOutcome, ClaimStore, EngineStore, IntakeStore, NewEvent, SettleItem, Settlement,
+};
 use sqlx::Connection;
 use std::io::Write as _;
 use std::path::Path;
