@@ -8,8 +8,8 @@
 mod support;
 
 use claimd::domain::claim::{NewClaim, fingerprint};
-use claimd::store::ClaimStore;
 use claimd::store::postgres::PgStore;
+use claimd::store::{ClaimStore, EngineStore, IntakeStore};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

@@ -18,8 +18,8 @@
 
 mod support;
 
-use claimd::store::ClaimStore;
 use claimd::store::postgres::{COUNT_OPEN, COUNT_WINDOW, PgStore, TAKE_STALE};
+use claimd::store::{ClaimStore, EngineStore, ReportStore};
 use sqlx::{Connection, Row};
 use std::time::{Duration, Instant};
 use support::{env_or, load1};

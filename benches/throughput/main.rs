@@ -65,7 +65,9 @@ use claimd::domain::claim::{ClaimState, NewClaim, fingerprint};
 use claimd::provider::sandbox::{Sandbox, SandboxOptions};
 use claimd::service::app::App;
 use claimd::store::postgres::PgStore;
-use claimd::store::{ClaimOutcome, ClaimStore, NewEvent, SettleItem, Settlement};
+use claimd::store::{
+    ClaimOutcome, ClaimStore, EngineStore, IntakeStore, NewEvent, SettleItem, Settlement,
+};
 use sqlx::Connection;
 use std::io::Write as _;
 use std::path::Path;

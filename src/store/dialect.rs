@@ -101,6 +101,10 @@ pub struct Statements {
     /// applied, release lease, provider id, from-state, version read (NULL: any). Run through
     /// [`Dialect::update_logged`].
     pub settle: &'static str,
+    /// [`Statements::settle`] for a settle that writes no outcome event (no consumer gets
+    /// events, or the move is one that reports nothing): the same update, fence and history
+    /// line, the same parameters but the last, and no outbox write in the statement.
+    pub settle_plain: &'static str,
     /// A history line: claim id, attempt, actor, action, outcome, provider status, detail.
     pub insert_event: &'static str,
     /// The history line of a fenced write that lost, its detail followed by the claim's state,
@@ -279,7 +283,7 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 
     /// Clears the "not called yet" marker of many claims (distinct ids) in one commit, when
     /// the dialect can, each fenced on its own attempt like
-    /// [`ClaimStore::mark_called`](super::ClaimStore::mark_called): per item, whether it
+    /// [`EngineStore::mark_called`](super::EngineStore::mark_called): per item, whether it
     /// still held the claim.
     async fn mark_called_many(&self, _marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {
         None
@@ -324,7 +328,9 @@ pub struct LoggedWrite<'a> {
     pub event: &'a NewEvent<'a>,
     /// The consumers whose change writes an outcome event, as a JSON array
     /// ([`OutcomeConsumers::bound`](super::outbox::OutcomeConsumers::bound)); `[]`: none.
-    pub outcomes: &'a str,
+    /// `None`: the statement writes no outcome event and takes no such parameter
+    /// ([`Statements::settle_plain`]).
+    pub outcomes: Option<&'a str>,
 }
 
 /// Runs named statements with [`Arg`]s.

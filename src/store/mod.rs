@@ -1,7 +1,11 @@
-//! The claim store: one trait, [`ClaimStore`], implemented once by [`sql_store::SqlStore`]
+//! The claim store: one trait, [`ClaimStore`], made of one trait per role ([`roles`]: intake,
+//! engine, operator, outbox, ledger, reports), implemented once by [`sql_store::SqlStore`]
 //! over a [`dialect::Dialect`] per database ([`postgres::PgStore`], [`sqlite::SqliteStore`]).
 //!
-//! - `sql_store`: the one body — every operation, its arguments and its rules.
+//! - `roles`: who calls what — [`IntakeStore`], [`EngineStore`], [`OperatorStore`],
+//!   [`OutboxStore`], [`LedgerStore`], [`ReportStore`].
+//! - `sql_store`: the one body — every operation, its arguments and its rules, one file per
+//!   role.
 //! - `batch`: group commit — concurrent claims and settles written together, for both.
 //! - `dialect`: what a database supplies (statement texts, how a time is stored, the extras
 //!   only it has) and the binding and row reading shared by all.
@@ -22,6 +26,7 @@ mod batch;
 mod error;
 pub mod outbox;
 pub mod postgres;
+pub mod roles;
 mod rows;
 pub mod sql_store;
 pub mod sqlite;
@@ -29,18 +34,19 @@ mod url;
 pub mod writes;
 
 pub use error::{StoreError, StoreResult};
+pub use roles::{EngineStore, IntakeStore, LedgerStore, OperatorStore, OutboxStore, ReportStore};
 pub use url::{check_url, redact_url};
 
 pub use crate::domain::claim::Handoff;
-use crate::domain::claim::{Claim, ClaimState, NewClaim};
+use crate::domain::claim::{Claim, ClaimState};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What an operator saw of a claim when choosing an action on it ([`ClaimStore::resolve`],
-/// [`ClaimStore::redrive`]): the move happens only from that state, and at that attempt and
+/// What an operator saw of a claim when choosing an action on it ([`OperatorStore::resolve`],
+/// [`OperatorStore::redrive`]): the move happens only from that state, and at that attempt and
 /// version when they are given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
@@ -135,7 +141,7 @@ pub struct NewEvent<'a> {
     pub detail: Option<&'a str>,
 }
 
-/// One claim to settle in [`ClaimStore::settle_many`].
+/// One claim to settle in [`EngineStore::settle_many`].
 #[derive(Debug, Clone)]
 pub struct SettleItem<'a> {
     /// Claim id.
@@ -233,7 +239,7 @@ pub struct TakenClaim {
     pub held_by: Option<String>,
 }
 
-/// A provider event as it is recorded ([`ClaimStore::record_provider_event`]).
+/// A provider event as it is recorded ([`IntakeStore::record_provider_event`]).
 #[derive(Debug, Clone)]
 pub struct ProviderEventRecord<'a> {
     /// Consumer.
@@ -403,9 +409,21 @@ pub struct PruneResult {
     pub dead_letters_deleted: u64,
 }
 
-/// The claim store. Implementations: [`postgres::PgStore`], [`sqlite::SqliteStore`].
+/// The claim store: every role's part together ([`roles`]), and what all of them share.
+/// Callers hold it as a [`Store`]. Implementations: [`postgres::PgStore`],
+/// [`sqlite::SqliteStore`].
 #[async_trait]
-pub trait ClaimStore: Send + Sync + 'static {
+pub trait ClaimStore:
+    IntakeStore
+    + EngineStore
+    + OperatorStore
+    + OutboxStore
+    + LedgerStore
+    + ReportStore
+    + Send
+    + Sync
+    + 'static
+{
     /// `postgres` or `sqlite`.
     fn dialect(&self) -> &'static str;
 
@@ -418,307 +436,9 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// The database's clock.
     async fn now(&self) -> StoreResult<DateTime<Utc>>;
 
-    /// Inserts the claim in a transaction of its own and commits it, or recognises a duplicate
-    /// or a mismatch (counting it). Only the unique key decides "duplicate".
-    async fn claim(&self, new: &NewClaim) -> StoreResult<ClaimOutcome>;
-
-    /// Claims many at once (one round trip where the driver can); same answers as [`claim`].
-    ///
-    /// [`claim`]: ClaimStore::claim
-    async fn claim_many(&self, new: &[NewClaim]) -> StoreResult<Vec<ClaimOutcome>> {
-        let mut out = Vec::with_capacity(new.len());
-        for n in new {
-            out.push(self.claim(n).await?);
-        }
-        Ok(out)
-    }
-
-    /// One claim by its identity.
-    async fn get(
-        &self,
-        consumer: &str,
-        tenant: &str,
-        message_id: &str,
-    ) -> StoreResult<Option<Claim>>;
-
-    /// Settles (or annotates) a claim and records the event, fenced on `attempt` and
-    /// `state = 'started'`. Returns `false` when the claim was taken over: nothing changed.
-    async fn settle(
-        &self,
-        id: i64,
-        attempt: i32,
-        settlement: &Settlement,
-        event: &NewEvent<'_>,
-    ) -> StoreResult<bool>;
-
-    /// Settles many claims in one round trip where the driver can, each fenced on its own
-    /// `attempt` and `state = 'started'` exactly like [`settle`] (I2), each with its history
-    /// line. Ids must be distinct. Returns, per item in order, whether it changed anything.
-    ///
-    /// [`settle`]: ClaimStore::settle
-    async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
-        let mut out = Vec::with_capacity(items.len());
-        for i in items {
-            out.push(
-                self.settle(i.id, i.attempt, &i.settlement, &i.event)
-                    .await?,
-            );
-        }
-        Ok(out)
-    }
-
-    /// Settles a claim that is in state `from` at `attempt` and `version`, as [`settle`] does
-    /// from `started`: a poll of a `pending` claim, a provider event on a claim in any state.
-    /// The fence is the state, attempt and version the caller read (the version tells a claim
-    /// that left the state and came back from the one read); `false`: it changed meanwhile,
-    /// nothing was written.
-    ///
-    /// [`settle`]: ClaimStore::settle
-    async fn settle_from(
-        &self,
-        id: i64,
-        attempt: i32,
-        version: i64,
-        from: ClaimState,
-        settlement: &Settlement,
-        event: &NewEvent<'_>,
-    ) -> StoreResult<bool>;
-
-    /// The claim of `consumer` whose provider id is `provider_id` (the most recent when the
-    /// provider reused one).
-    async fn find_by_provider_id(
-        &self,
-        consumer: &str,
-        provider_id: &str,
-    ) -> StoreResult<Option<Claim>>;
-
-    /// Whether `consumer` already took the provider event `event_id`.
-    async fn provider_event_seen(&self, consumer: &str, event_id: &str) -> StoreResult<bool>;
-
-    /// Records a provider event once (a second record of the same id changes nothing).
-    async fn record_provider_event(&self, event: &ProviderEventRecord<'_>) -> StoreResult<()>;
-
-    /// Claims of `consumer` received in `[from, to)`, in key order (byte order, then id)
-    /// after the keyset position `after` (`("", 0)` for the first page), at most `limit`.
-    async fn ledger_claims(
-        &self,
-        consumer: &str,
-        from: DateTime<Utc>,
-        to: DateTime<Utc>,
-        after: (&str, i64),
-        limit: u32,
-    ) -> StoreResult<Vec<LedgerClaim>>;
-
-    /// Keeps `consumer`'s last ledger run's summary (JSON), replacing the one before.
-    async fn save_ledger_run(&self, consumer: &str, summary: &str) -> StoreResult<()>;
-
-    /// Every consumer's last ledger run.
-    async fn ledger_runs(&self) -> StoreResult<Vec<LedgerRunRecord>>;
-
-    /// Provider events about objects claimd has no claim for, received since `since` (all
-    /// when `None`), newest first, at most `limit`.
-    async fn unmatched_provider_events(
-        &self,
-        since: Option<DateTime<Utc>>,
-        limit: u32,
-    ) -> StoreResult<Vec<UnmatchedEvent>>;
-
-    /// Records a history line without changing the claim.
-    async fn record_event(&self, id: i64, attempt: i32, event: &NewEvent<'_>) -> StoreResult<()>;
-
-    /// Records the answer of a fenced write that lost (the claim moved before it landed) as a
-    /// history line of `attempt`, unfenced and changing nothing else: its detail is followed by
-    /// what the claim had become (`(claim was pending@v7, attempt 2)`), read in the same
-    /// statement. Nothing is written when the claim is gone.
-    async fn record_fenced_out(
-        &self,
-        id: i64,
-        attempt: i32,
-        event: &NewEvent<'_>,
-    ) -> StoreResult<()>;
-
-    /// Before the first call of attempt 1, clears the claim's "not called yet" marker
-    /// ([`NewClaim::mark_not_called`]), fenced like `settle`. `false`: the claim was taken
-    /// over; do not call.
-    async fn mark_called(&self, id: i64, attempt: i32) -> StoreResult<bool>;
-
-    /// Counts one re-send after an unknown outcome (for `report`), fenced like `settle`.
-    async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool>;
-
-    /// Takes back one counted re-send whose call provably applied nothing (refused, a
-    /// not-applied status), fenced like `settle`: such a send brings no claim closer to
-    /// `max_sends`. A crash before it leaves the count one too high, never too low.
-    async fn unnote_resent(&self, id: i64, attempt: i32) -> StoreResult<bool>;
-
-    /// Claims matching the filter, newest first.
-    async fn list(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>>;
-
-    /// Parked (`needs_attention`) claims of `consumer` whose reason (`last_error`) starts with
-    /// `reason_prefix` (empty: any), newest first, at most `limit`: what a bulk operator action
-    /// selects.
-    async fn parked_by_reason(
-        &self,
-        consumer: &str,
-        reason_prefix: &str,
-        limit: u32,
-    ) -> StoreResult<Vec<Claim>>;
-
-    /// The claim's history, oldest first.
-    async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>>;
-
-    /// Takes up to `limit` claims of `consumer` still `started` whose lease ended before
-    /// `expired_before` (database time; a pass passes its start so claims handed off during
-    /// the pass wait for the next one): bumps `attempt`, sets the lease to `owner` for `lease`,
-    /// all in one statement, skipping rows other sweepers hold.
-    async fn take_stale(
-        &self,
-        consumer: &str,
-        limit: u32,
-        owner: &str,
-        lease: Duration,
-        expired_before: DateTime<Utc>,
-    ) -> StoreResult<Vec<TakenClaim>>;
-
-    /// Takes up to `limit` `pending` claims of `consumer` whose next poll is due (their lease
-    /// ended): leases them to `owner` for `lease` so no other poller asks meanwhile, attempt
-    /// unchanged. [`TakenClaim::age`] is the time since the claim became pending.
-    async fn take_pending(
-        &self,
-        consumer: &str,
-        limit: u32,
-        owner: &str,
-        lease: Duration,
-    ) -> StoreResult<Vec<TakenClaim>>;
-
-    /// Stuck claims of `consumer` the sweeper would take (dry run), oldest lease first,
-    /// shown with the attempt number a takeover would give them. Changes nothing.
-    async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>>;
-
-    /// Operator decision on a `needs_attention` or `failed` claim. Returns the claim after
-    /// the change, or `None` when no such claim exists. Refuses other states, and with
-    /// `expected` (what the operator saw) every state but that one and every other attempt,
-    /// in the same statement, so a claim another operator or a sweep moved in between is left
-    /// as they left it.
-    #[allow(clippy::too_many_arguments)]
-    async fn resolve(
-        &self,
-        consumer: &str,
-        tenant: &str,
-        message_id: &str,
-        to: ClaimState,
-        actor: &str,
-        note: &str,
-        expected: Option<Seen>,
-    ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
-
-    /// Puts a `needs_attention` or `failed` claim back to `started` with an expired lease
-    /// (and a new attempt number) so the next sweep performs it with the same key. `expected`
-    /// as for [`ClaimStore::resolve`].
-    async fn redrive(
-        &self,
-        consumer: &str,
-        tenant: &str,
-        message_id: &str,
-        actor: &str,
-        expected: Option<Seen>,
-    ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
-        self.redrive_noted(consumer, tenant, message_id, actor, "", expected)
-            .await
-    }
-
-    /// [`ClaimStore::redrive`] with the operator's `note` (empty: none) kept in the same
-    /// history line as the state the claim left.
-    async fn redrive_noted(
-        &self,
-        consumer: &str,
-        tenant: &str,
-        message_id: &str,
-        actor: &str,
-        note: &str,
-        expected: Option<Seen>,
-    ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
-
-    /// Records that a broker message of `consumer` was dead-lettered for `reason` (a reason
-    /// class such as `payload_mismatch`). `message_id` is stored printable and cut to 255 bytes.
-    async fn record_dead_letter(
-        &self,
-        consumer: &str,
-        reason: &str,
-        message_id: Option<&str>,
-    ) -> StoreResult<()>;
-
-    /// Per-consumer counts, over claims received (and messages dead-lettered) since `since`
-    /// (all when `None`).
-    async fn counts(&self, since: Option<DateTime<Utc>>) -> StoreResult<Vec<ConsumerCounts>>;
-
-    /// Open work per consumer over the whole table (`started`, stuck, `needs_attention`,
-    /// oldest started age); the other fields stay zero. Cheap: partial indexes.
-    async fn open_counts(&self) -> StoreResult<Vec<ConsumerCounts>>;
-
-    /// Records that a sweeper pass ended now.
-    async fn mark_sweep(&self, instance: &str) -> StoreResult<()>;
-
     /// Commits a one-row write that changes nothing else (this instance's write-probe
     /// heartbeat), to learn whether the store takes writes (readiness, [`writes`]).
     async fn probe_write(&self, instance: &str) -> StoreResult<()>;
-
-    /// When the last sweeper pass (any instance) ended.
-    async fn last_sweep(&self) -> StoreResult<Option<DateTime<Utc>>>;
-
-    /// Writes this instance's view of `consumer`'s provider (JSON `detail`), and forgets the
-    /// views no instance wrote for a day (stopped instances).
-    async fn mark_destination(
-        &self,
-        consumer: &str,
-        instance: &str,
-        detail: &str,
-    ) -> StoreResult<()>;
-
-    /// Every instance's latest view of each consumer's provider.
-    async fn destinations(&self) -> StoreResult<Vec<DestinationRecord>>;
-
-    /// Makes the settles of `consumers` (those with an outcome destination) write outcome
-    /// events ([`outbox`]). Set once, before the first settle; later calls change nothing.
-    fn set_outcome_consumers(&self, consumers: Vec<String>);
-
-    /// The consumers whose settles write outcome events.
-    fn outcome_consumers(&self) -> Vec<String>;
-
-    /// Holds `consumer`'s outcome relay for `owner` for `lease` from now (taking it when it
-    /// is free or its holder's lease ran out, renewing it when it is `owner`'s already).
-    /// `false`: another owner holds it. One row write.
-    async fn hold_outcome_relay(
-        &self,
-        consumer: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> StoreResult<bool>;
-
-    /// Up to `limit` unsent outcome events of `consumer` that are due, in order; a claim's
-    /// event only when every earlier event of that claim was sent. Reads only: the caller
-    /// holds the consumer's relay ([`ClaimStore::hold_outcome_relay`]).
-    async fn due_outcomes(
-        &self,
-        consumer: &str,
-        limit: u32,
-    ) -> StoreResult<Vec<outbox::OutcomeEvent>>;
-
-    /// Lets go of `consumer`'s relay if `owner` holds it (at shutdown), so that another
-    /// instance takes it over at once rather than when the lease runs out.
-    async fn release_outcome_relay(&self, consumer: &str, owner: &str) -> StoreResult<()>;
-
-    /// Marks these events sent (their destination confirmed them). Returns how many changed.
-    async fn mark_outcomes_sent(&self, seqs: &[i64]) -> StoreResult<u64>;
-
-    /// Gives these events back, to be tried again after `after`, recording `error`.
-    async fn retry_outcomes(&self, seqs: &[i64], after: Duration, error: &str) -> StoreResult<()>;
-
-    /// Unsent outcome events per consumer, with the oldest one's age.
-    async fn outbox_backlog(&self) -> StoreResult<Vec<outbox::OutboxBacklog>>;
-
-    /// Deletes terminal claims last changed before `now - keep`, `batch` rows per statement,
-    /// under a lock so one instance prunes at a time. `dry_run` only counts.
-    async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult>;
 }
 
 /// A shared store handle.

@@ -44,6 +44,15 @@ impl OutcomeConsumers {
         if emits { &self.json } else { "[]" }
     }
 
+    /// What a write that `emits` binds when it writes an event at all: the JSON list, or
+    /// `None` when no consumer gets events or the move reports nothing (then the write takes
+    /// a statement without the outbox's part: [`Statements::settle_plain`]).
+    ///
+    /// [`Statements::settle_plain`]: super::dialect::Statements::settle_plain
+    pub fn writes(&self, emits: bool) -> Option<&str> {
+        (emits && !self.names.is_empty()).then_some(self.json.as_str())
+    }
+
     /// Whether none gets events.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
@@ -171,5 +180,8 @@ mod tests {
         assert_eq!(c.bound(true), r#"["a","b"]"#);
         assert_eq!(c.bound(false), "[]");
         assert_eq!(OutcomeConsumers::default().bound(true), "[]");
+        assert_eq!(c.writes(true), Some(r#"["a","b"]"#));
+        assert_eq!(c.writes(false), None);
+        assert_eq!(OutcomeConsumers::default().writes(true), None);
     }
 }

@@ -258,6 +258,116 @@ async fn each_settle_that_ends_or_pauses_writes_one_event_postgres() {
     each_settle_that_ends_or_pauses_writes_one_event(ts).await;
 }
 
+/// With events off (no consumer gets outcome events), settles go through the plain statements,
+/// without the outbox's part: alone, batched and from `pending`, each still fenced on its
+/// attempt and written with its history line, and no outcome event row is written.
+async fn a_settle_without_events_writes_no_outbox_row(ts: TestStore) {
+    // One by one, so the single settle takes the one-row statement.
+    let s = store::open_with(&ts.url(), 4, false).await.unwrap();
+    s.migrate().await.unwrap();
+    assert!(s.outcome_consumers().is_empty());
+    let a = claim(&s, "pay", "a").await;
+    let b = claim(&s, "pay", "b").await;
+    let c = claim(&s, "pay", "c").await;
+    let d = claim(&s, "pay", "d").await;
+    let done = || completed(200, "{}".into(), false);
+    // The fence holds: a settle at another attempt changes nothing.
+    assert!(!s.settle(a.id, 2, &done(), &event("perform")).await.unwrap());
+    assert!(s.settle(a.id, 1, &done(), &event("perform")).await.unwrap());
+    let items = vec![
+        SettleItem {
+            id: b.id,
+            attempt: 1,
+            settlement: park("unknown outcome".into(), None),
+            event: event("perform"),
+        },
+        SettleItem {
+            id: c.id,
+            attempt: 1,
+            settlement: done(),
+            event: event("perform"),
+        },
+        SettleItem {
+            id: d.id,
+            attempt: 3,
+            settlement: done(),
+            event: event("perform"),
+        },
+    ];
+    assert_eq!(
+        s.settle_many(&items).await.unwrap(),
+        vec![true, true, false],
+        "the batch keeps each row's fence"
+    );
+    let pending = Settlement {
+        state: Some(ClaimState::Pending),
+        lease_for: Some(Duration::from_secs(60)),
+        ..Default::default()
+    };
+    assert!(
+        s.settle(d.id, 1, &pending, &event("perform"))
+            .await
+            .unwrap()
+    );
+    let d_now = s.get("pay", "", "d").await.unwrap().unwrap();
+    assert!(
+        !s.settle_from(
+            d.id,
+            1,
+            d_now.version - 1,
+            ClaimState::Pending,
+            &done(),
+            &event("poll")
+        )
+        .await
+        .unwrap(),
+        "a stale version is fenced out"
+    );
+    assert!(
+        s.settle_from(
+            d.id,
+            1,
+            d_now.version,
+            ClaimState::Pending,
+            &done(),
+            &event("poll")
+        )
+        .await
+        .unwrap()
+    );
+    for (id, state, lines) in [
+        ("a", ClaimState::Completed, 1),
+        ("b", ClaimState::NeedsAttention, 1),
+        ("c", ClaimState::Completed, 1),
+        ("d", ClaimState::Completed, 2),
+    ] {
+        let now = s.get("pay", "", id).await.unwrap().unwrap();
+        assert_eq!(now.state, state, "claim {id}");
+        assert_eq!(
+            s.events(now.id).await.unwrap().len(),
+            lines,
+            "claim {id}: one history line per settle that changed it"
+        );
+    }
+    assert!(
+        crate::event_rows(&ts.url()).await.is_empty(),
+        "an outcome event written with events off"
+    );
+}
+
+#[tokio::test]
+async fn a_settle_without_events_writes_no_outbox_row_sqlite() {
+    a_settle_without_events_writes_no_outbox_row(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn a_settle_without_events_writes_no_outbox_row_postgres() {
+    let Some(ts) = TestStore::pg().await else {
+        return;
+    };
+    a_settle_without_events_writes_no_outbox_row(ts).await;
+}
+
 /// A settle whose transaction fails after the claim's update (its history line is refused)
 /// rolls back whole: the claim stays started and no event exists.
 async fn no_event_for_a_settle_that_did_not_commit(ts: TestStore, refuse: &str) {

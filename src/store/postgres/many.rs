@@ -1,6 +1,7 @@
 //! PostgreSQL's multi-row writes, used by the group commit of the `batch` module: many claims
 //! in one `INSERT … SELECT … FROM unnest(…)` ([`INSERT_CLAIMS`]) and many fenced settles with
-//! their history lines in one statement ([`SETTLE_MANY`]). A conflicting claim is left to the
+//! their history lines in one statement ([`SETTLE_MANY`], or [`SETTLE_MANY_PLAIN`] when none
+//! writes an outcome event). A conflicting claim is left to the
 //! one-row path, which counts the repeat.
 
 use crate::domain::claim::{Claim, ClaimState, Handoff, NewClaim};
@@ -25,21 +26,31 @@ pub(super) const INSERT_CLAIMS: &str = concat!(
     claim_cols!()
 );
 
-/// Many fenced settles and their history lines in one statement: each row is updated only
-/// `WHERE id = u.id AND attempt = u.attempt AND state = 'started'` (I2), as in [`SETTLE`],
-/// and its version bumped;
-/// a claim that completes drops its last error there too. Each row's outcome event is written
-/// by the same statement when its `outcomes` list (JSON, per row: `[]` unless the settle
-/// ends or pauses the claim) names its consumer.
-pub(super) const SETTLE_MANY: &str = concat!(
-    "WITH u AS ( \
-      SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::text[], \
-        $6::text[], $7::bool[], $8::text[], $9::bigint[], $10::text[], $11::text[], $12::text[], \
-        $13::int[], $14::text[], $15::text[], $16::text[]) \
-      AS u(id, attempt, st, pstatus, presp, err, rec, hoff, rel, actor, action, outcome, \
-           estatus, detail, pid, outcomes)), \
-    s AS ( \
-      UPDATE claims c SET \
+/// The per-row values of a batch of settles, unnested from parameter arrays `$1` to `$15`
+/// (the columns of `settle_many_columns!`).
+macro_rules! settle_many_arrays {
+    () => {
+        "$1::bigint[], $2::int[], $3::text[], $4::int[], $5::text[], $6::text[], $7::bool[], \
+         $8::text[], $9::bigint[], $10::text[], $11::text[], $12::text[], $13::int[], \
+         $14::text[], $15::text[]"
+    };
+}
+
+/// The names of `settle_many_arrays!`' columns.
+macro_rules! settle_many_columns {
+    () => {
+        "id, attempt, st, pstatus, presp, err, rec, hoff, rel, actor, action, outcome, estatus, \
+         detail, pid"
+    };
+}
+
+/// The fenced update of a batch of settles (the CTE `s`'s body, up to its `RETURNING` list,
+/// which goes on): each row `WHERE id = u.id AND attempt = u.attempt AND state = 'started'`
+/// (I2), as in the one-row settle, and its version bumped; a claim that completes drops its
+/// last error there too.
+macro_rules! settle_many_update {
+    () => {
+        "UPDATE claims c SET \
         state = COALESCE(u.st, c.state), \
         provider_status = COALESCE(u.pstatus, c.provider_status), \
         provider_response = COALESCE(u.presp, c.provider_response), \
@@ -59,13 +70,35 @@ pub(super) const SETTLE_MANY: &str = concat!(
         version = c.version + 1, \
         updated_utc = now() \
       FROM u WHERE c.id = u.id AND c.attempt = u.attempt AND c.state = 'started' \
-      RETURNING c.id, u.attempt, u.actor, u.action, u.outcome, u.estatus, u.detail, u.outcomes, \
-        c.consumer, c.tenant, c.message_id, c.idem_key, c.state, c.provider_status, \
-        c.provider_id, c.provider_response, c.last_error), \
-    e AS ( \
+      RETURNING c.id, u.attempt, u.actor, u.action, u.outcome, u.estatus, u.detail"
+    };
+}
+
+/// The CTE `e` that writes the history line of each row of `s`.
+macro_rules! settle_many_events {
+    () => {
+        "e AS ( \
       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                 detail) \
-      SELECT id, attempt, actor, action, outcome, estatus, detail FROM s), ",
+      SELECT id, attempt, actor, action, outcome, estatus, detail FROM s)"
+    };
+}
+
+/// Many fenced settles and their history lines in one statement, each as the one-row settle
+/// (`settle_many_update!`). Each row's outcome event is written by the same statement when
+/// its `outcomes` list (JSON, `$16`, per row: `[]` unless the settle ends or pauses the claim)
+/// names its consumer.
+pub(super) const SETTLE_MANY: &str = concat!(
+    "WITH u AS (SELECT * FROM unnest(",
+    settle_many_arrays!(),
+    ", $16::text[]) AS u(",
+    settle_many_columns!(),
+    ", outcomes)), s AS (",
+    settle_many_update!(),
+    ", u.outcomes, c.consumer, c.tenant, c.message_id, c.idem_key, c.state, \
+     c.provider_status, c.provider_id, c.provider_response, c.last_error), ",
+    settle_many_events!(),
+    ", ",
     outbox_insert!(
         "COALESCE(detail, last_error)",
         "actor",
@@ -73,6 +106,20 @@ pub(super) const SETTLE_MANY: &str = concat!(
         "s",
         "outcomes"
     ),
+    " SELECT id FROM s"
+);
+
+/// [`SETTLE_MANY`] without the outbox's CTE (no `$16`), for a batch none of whose settles
+/// writes an outcome event.
+pub(super) const SETTLE_MANY_PLAIN: &str = concat!(
+    "WITH u AS (SELECT * FROM unnest(",
+    settle_many_arrays!(),
+    ") AS u(",
+    settle_many_columns!(),
+    ")), s AS (",
+    settle_many_update!(),
+    "), ",
+    settle_many_events!(),
     " SELECT id FROM s"
 );
 
@@ -162,7 +209,18 @@ pub(super) async fn settle_batch(
     outcomes: &OutcomeConsumers,
 ) -> StoreResult<Vec<bool>> {
     let state = |i: &SettleItem<'_>| i.settlement.state.map(|st| st.as_str());
-    let rows: Vec<i64> = sqlx::query_scalar(SETTLE_MANY)
+    let writes: Vec<Option<&str>> = items
+        .iter()
+        .map(|i| outcomes.writes(emits(ClaimState::Started, i.settlement.state)))
+        .collect();
+    // A batch that writes no outcome event skips the outbox's CTE altogether.
+    let plain = writes.iter().all(Option::is_none);
+    let sql = if plain {
+        SETTLE_MANY_PLAIN
+    } else {
+        SETTLE_MANY
+    };
+    let query = sqlx::query_scalar(sql)
         .bind(items.iter().map(|i| i.id).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.attempt).collect::<Vec<_>>())
         .bind(items.iter().map(state).collect::<Vec<_>>())
@@ -217,16 +275,13 @@ pub(super) async fn settle_batch(
                 .iter()
                 .map(|i| i.settlement.provider_id.as_deref())
                 .collect::<Vec<_>>(),
-        )
-        .bind(
-            items
-                .iter()
-                .map(|i| outcomes.bound(emits(ClaimState::Started, i.settlement.state)))
-                .collect::<Vec<_>>(),
-        )
-        .fetch_all(pool)
-        .await
-        .map_err(err("settle_many"))?;
+        );
+    let query = if plain {
+        query
+    } else {
+        query.bind(writes.iter().map(|w| w.unwrap_or("[]")).collect::<Vec<_>>())
+    };
+    let rows: Vec<i64> = query.fetch_all(pool).await.map_err(err("settle_many"))?;
     let done: std::collections::HashSet<i64> = rows.into_iter().collect();
     Ok(items.iter().map(|i| done.contains(&i.id)).collect())
 }

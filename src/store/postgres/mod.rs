@@ -28,7 +28,7 @@ use std::time::Duration;
 /// The PostgreSQL claim store.
 ///
 /// Unless made [`unbatched`](SqlStore::unbatched), concurrent
-/// [`claim`](crate::store::ClaimStore::claim) and [`settle`](crate::store::ClaimStore::settle)
+/// [`claim`](crate::store::IntakeStore::claim) and [`settle`](crate::store::EngineStore::settle)
 /// calls are coalesced into multi-row statements; every answer still waits for the commit of
 /// its row.
 pub type PgStore = SqlStore<PgDialect>;
@@ -126,9 +126,12 @@ impl Dialect for PgDialect {
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<PgRow>> {
         let mut all = w.args.to_vec();
         // The event's columns after the claim's id and attempt, which the statement takes
-        // from the row it changed; then the consumers that get outcome events.
+        // from the row it changed; then the consumers that get outcome events, when the
+        // statement writes them.
         all.extend_from_slice(&event_args(0, 0, w.event)[2..]);
-        all.push(Arg::Text(w.outcomes));
+        if let Some(outcomes) = w.outcomes {
+            all.push(Arg::Text(outcomes));
+        }
         SqlPool::<Postgres>::query(w.sql, &all)
             .fetch_optional(&self.sql.pool)
             .await

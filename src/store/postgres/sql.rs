@@ -62,6 +62,50 @@ macro_rules! outbox_insert {
     };
 }
 
+/// The fenced update of a settle (I2), up to its `RETURNING`: from `started` for the worker
+/// holding the attempt, from `pending` (or another state) for a poll or a provider event that
+/// read the claim at that attempt and version (`$12`; NULL for the worker, whose attempt is its
+/// own). Every settle bumps the version. Parameters as `Statements::settle` lists them.
+// A claim that completes drops its last error: a transient error that did not decide the
+// outcome would read as the reason for it (the history keeps every error).
+macro_rules! pg_settle_update {
+    () => {
+        " \
+      UPDATE claims SET \
+        state = COALESCE($3::text, state), \
+        provider_status = COALESCE($4, provider_status), \
+        provider_response = COALESCE($5, provider_response), \
+        last_error = CASE WHEN $3::text = 'completed' THEN NULL ELSE COALESCE($6, last_error) END, \
+        reconciled = reconciled OR $7, \
+        handoff = COALESCE($8::text, handoff), \
+        handoff_attempt = CASE WHEN $8::text IS NOT NULL THEN attempt ELSE handoff_attempt END, \
+        waits = waits + CASE WHEN $8::text IS NOT NULL THEN 1 ELSE 0 END, \
+        processed_utc = CASE WHEN $3::text IN ('completed', 'failed') THEN now() \
+                             ELSE processed_utc END, \
+        lease_owner = CASE WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_owner END, \
+        lease_until = CASE WHEN $9::bigint IS NOT NULL THEN now() + $9 * interval '1 millisecond' \
+                           WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_until END, \
+        provider_id = COALESCE($10, provider_id), \
+        pending_utc = CASE WHEN $3::text = 'pending' THEN COALESCE(pending_utc, now()) \
+                           ELSE pending_utc END, \
+        version = version + 1, \
+        updated_utc = now() \
+      WHERE id = $1 AND attempt = $2 AND state = $11 \
+        AND ($12::bigint IS NULL OR version = $12)"
+    };
+}
+
+/// The CTE `e` that writes a settle's history line for the row of `s` it changed: actor,
+/// action, outcome, provider status and detail are `$13` to `$17`.
+macro_rules! pg_settle_event {
+    () => {
+        "e AS ( \
+      INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
+                                detail) \
+      SELECT id, attempt, $13, $14, $15, $16, $17 FROM s)"
+    };
+}
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
@@ -90,43 +134,26 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3"
     ),
     state_of: "SELECT state FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3",
-    // Fenced settle and its history line in one statement (I2), returning the row it changed:
-    // from `started` for the worker holding the attempt, from `pending` (or another state) for
-    // a poll or a provider event that read the claim at that attempt and version (`$12`; NULL
-    // for the worker, whose attempt is its own). Every settle bumps the version.
-    // A claim that completes drops its last error: a transient error that did not decide the
-    // outcome would read as the reason for it (the history keeps every error).
+    // Fenced settle and its history line in one statement (I2), returning the row it changed,
+    // and its outcome event for the consumers bound as `$18`.
     settle: concat!(
-        "WITH s AS ( \
-      UPDATE claims SET \
-        state = COALESCE($3::text, state), \
-        provider_status = COALESCE($4, provider_status), \
-        provider_response = COALESCE($5, provider_response), \
-        last_error = CASE WHEN $3::text = 'completed' THEN NULL ELSE COALESCE($6, last_error) END, \
-        reconciled = reconciled OR $7, \
-        handoff = COALESCE($8::text, handoff), \
-        handoff_attempt = CASE WHEN $8::text IS NOT NULL THEN attempt ELSE handoff_attempt END, \
-        waits = waits + CASE WHEN $8::text IS NOT NULL THEN 1 ELSE 0 END, \
-        processed_utc = CASE WHEN $3::text IN ('completed', 'failed') THEN now() \
-                             ELSE processed_utc END, \
-        lease_owner = CASE WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_owner END, \
-        lease_until = CASE WHEN $9::bigint IS NOT NULL THEN now() + $9 * interval '1 millisecond' \
-                           WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_until END, \
-        provider_id = COALESCE($10, provider_id), \
-        pending_utc = CASE WHEN $3::text = 'pending' THEN COALESCE(pending_utc, now()) \
-                           ELSE pending_utc END, \
-        version = version + 1, \
-        updated_utc = now() \
-      WHERE id = $1 AND attempt = $2 AND state = $11 \
-        AND ($12::bigint IS NULL OR version = $12) \
-      RETURNING ",
+        "WITH s AS (",
+        pg_settle_update!(),
+        " RETURNING ",
         outbox_returning!(),
-        "), \
-    e AS ( \
-      INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
-                                detail) \
-      SELECT id, attempt, $13, $14, $15, $16, $17 FROM s), ",
+        "), ",
+        pg_settle_event!(),
+        ", ",
         outbox_insert!("COALESCE($17, last_error)", "$13", "$14", "s", "$18"),
+        " SELECT id, attempt FROM s"
+    ),
+    // The same settle and history line without the outbox's CTE (no `$18`): chosen when the
+    // settle writes no outcome event, which then costs nothing.
+    settle_plain: concat!(
+        "WITH s AS (",
+        pg_settle_update!(),
+        " RETURNING id, attempt), ",
+        pg_settle_event!(),
         " SELECT id, attempt FROM s"
     ),
     insert_event: "\

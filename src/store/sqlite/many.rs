@@ -206,7 +206,9 @@ pub(super) async fn logged(
     .execute(&mut *conn)
     .await
     .map_err(err("insert_event"))?;
-    insert_outcome(conn, id, w.event, w.outcomes).await?;
+    if let Some(outcomes) = w.outcomes {
+        insert_outcome(conn, id, w.event, outcomes).await?;
+    }
     Ok(Some(row))
 }
 

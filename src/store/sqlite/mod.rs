@@ -32,7 +32,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 /// The SQLite claim store.
 ///
 /// Unless made [`unbatched`](SqlStore::unbatched), concurrent
-/// [`claim`](crate::store::ClaimStore::claim) and [`settle`](crate::store::ClaimStore::settle)
+/// [`claim`](crate::store::IntakeStore::claim) and [`settle`](crate::store::EngineStore::settle)
 /// calls are committed together, one transaction per batch; every answer still waits for the
 /// commit of its row.
 pub type SqliteStore = SqlStore<SqliteDialect>;

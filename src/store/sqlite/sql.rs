@@ -40,6 +40,38 @@ macro_rules! sqlite_list_order {
     };
 }
 
+/// Fenced settle (I2), returning the row it changed; its history line follows in the same
+/// transaction. A poll or a provider event also fences on the version it read (`?12`; NULL
+/// for the worker, whose attempt is its own). Every settle bumps the version.
+// A claim that completes drops its last error: a transient error that did not decide the
+// outcome would read as the reason for it (the history keeps every error).
+const SETTLE: &str = concat!(
+    "UPDATE claims SET \
+       state = COALESCE(?3, state), \
+       provider_status = COALESCE(?4, provider_status), \
+       provider_response = COALESCE(?5, provider_response), \
+       last_error = CASE WHEN ?3 = 'completed' THEN NULL ELSE COALESCE(?6, last_error) END, \
+       reconciled = reconciled OR ?7, \
+       handoff = COALESCE(?8, handoff), \
+       handoff_attempt = CASE WHEN ?8 IS NOT NULL THEN attempt ELSE handoff_attempt END, \
+       waits = waits + CASE WHEN ?8 IS NOT NULL THEN 1 ELSE 0 END, \
+       processed_utc = CASE WHEN ?3 IN ('completed', 'failed') THEN ",
+    now_ms!(),
+    " ELSE processed_utc END, \
+       lease_owner = CASE WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_owner END, \
+       lease_until = CASE WHEN ?9 IS NOT NULL THEN ",
+    now_ms!(),
+    " + ?9 WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_until END, \
+       provider_id = COALESCE(?10, provider_id), \
+       pending_utc = CASE WHEN ?3 = 'pending' THEN COALESCE(pending_utc, ",
+    now_ms!(),
+    ") ELSE pending_utc END, \
+       version = version + 1, updated_utc = ",
+    now_ms!(),
+    " WHERE id = ?1 AND attempt = ?2 AND state = ?11 AND (?12 IS NULL OR version = ?12) \
+       RETURNING id, attempt"
+);
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
@@ -74,37 +106,10 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3"
     ),
     state_of: "SELECT state FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3",
-    // A claim that completes drops its last error: a transient error that did not decide the
-    // outcome would read as the reason for it (the history keeps every error).
-    // Fenced settle (I2), returning the row it changed; its history line follows in the same
-    // transaction. A poll or a provider event also fences on the version it read (`?12`; NULL
-    // for the worker, whose attempt is its own). Every settle bumps the version.
-    settle: concat!(
-        "UPDATE claims SET \
-       state = COALESCE(?3, state), \
-       provider_status = COALESCE(?4, provider_status), \
-       provider_response = COALESCE(?5, provider_response), \
-       last_error = CASE WHEN ?3 = 'completed' THEN NULL ELSE COALESCE(?6, last_error) END, \
-       reconciled = reconciled OR ?7, \
-       handoff = COALESCE(?8, handoff), \
-       handoff_attempt = CASE WHEN ?8 IS NOT NULL THEN attempt ELSE handoff_attempt END, \
-       waits = waits + CASE WHEN ?8 IS NOT NULL THEN 1 ELSE 0 END, \
-       processed_utc = CASE WHEN ?3 IN ('completed', 'failed') THEN ",
-        now_ms!(),
-        " ELSE processed_utc END, \
-       lease_owner = CASE WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_owner END, \
-       lease_until = CASE WHEN ?9 IS NOT NULL THEN ",
-        now_ms!(),
-        " + ?9 WHEN ?3 IS NULL OR ?3 = 'started' THEN lease_until END, \
-       provider_id = COALESCE(?10, provider_id), \
-       pending_utc = CASE WHEN ?3 = 'pending' THEN COALESCE(pending_utc, ",
-        now_ms!(),
-        ") ELSE pending_utc END, \
-       version = version + 1, updated_utc = ",
-        now_ms!(),
-        " WHERE id = ?1 AND attempt = ?2 AND state = ?11 AND (?12 IS NULL OR version = ?12) \
-       RETURNING id, attempt"
-    ),
+    settle: SETTLE,
+    // Its outcome event is a statement of its own, run only when there is one to write: the
+    // settle itself is already plain.
+    settle_plain: SETTLE,
     insert_event: concat!(
         "INSERT INTO claim_events (claim_id, attempt, at_utc, actor, action, outcome, \
      provider_status, detail) VALUES (?1, ?2, ",

@@ -1,0 +1,130 @@
+//! What drives claims to an outcome: settling an attempt (fenced on it), the markers and counts
+//! a call keeps on its claim, taking over stale and due pending claims, and pruning old ones.
+
+use crate::domain::claim::ClaimState;
+use crate::store::{NewEvent, PruneResult, SettleItem, Settlement, StoreResult, TakenClaim};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use std::time::Duration;
+
+/// The engine's part of the store, used by the claimer (`mark_called`, settles), `settle`
+/// (`Settler`: every settle, history line and re-send count), the sweeper (`take_stale`,
+/// `peek_stale`, `mark_sweep`), the pending poller (`take_pending`, `settle_from`), the
+/// run loop (`mark_destination`) and retention (`prune`). Every write that changes a claim is
+/// fenced on the attempt its caller holds (I2).
+#[async_trait]
+pub trait EngineStore: Send + Sync {
+    /// Settles (or annotates) a claim and records the event, fenced on `attempt` and
+    /// `state = 'started'`. Returns `false` when the claim was taken over: nothing changed.
+    async fn settle(
+        &self,
+        id: i64,
+        attempt: i32,
+        settlement: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool>;
+
+    /// Settles many claims in one round trip where the driver can, each fenced on its own
+    /// `attempt` and `state = 'started'` exactly like [`settle`] (I2), each with its history
+    /// line. Ids must be distinct. Returns, per item in order, whether it changed anything.
+    ///
+    /// [`settle`]: EngineStore::settle
+    async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
+        let mut out = Vec::with_capacity(items.len());
+        for i in items {
+            out.push(
+                self.settle(i.id, i.attempt, &i.settlement, &i.event)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Settles a claim that is in state `from` at `attempt` and `version`, as [`settle`] does
+    /// from `started`: a poll of a `pending` claim, a provider event on a claim in any state.
+    /// The fence is the state, attempt and version the caller read (the version tells a claim
+    /// that left the state and came back from the one read); `false`: it changed meanwhile,
+    /// nothing was written.
+    ///
+    /// [`settle`]: EngineStore::settle
+    async fn settle_from(
+        &self,
+        id: i64,
+        attempt: i32,
+        version: i64,
+        from: ClaimState,
+        settlement: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool>;
+
+    /// Records a history line without changing the claim.
+    async fn record_event(&self, id: i64, attempt: i32, event: &NewEvent<'_>) -> StoreResult<()>;
+
+    /// Records the answer of a fenced write that lost (the claim moved before it landed) as a
+    /// history line of `attempt`, unfenced and changing nothing else: its detail is followed by
+    /// what the claim had become (`(claim was pending@v7, attempt 2)`), read in the same
+    /// statement. Nothing is written when the claim is gone.
+    async fn record_fenced_out(
+        &self,
+        id: i64,
+        attempt: i32,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<()>;
+
+    /// Before the first call of attempt 1, clears the claim's "not called yet" marker
+    /// ([`NewClaim::mark_not_called`](crate::domain::claim::NewClaim::mark_not_called)), fenced like `settle`. `false`: the claim was taken
+    /// over; do not call.
+    async fn mark_called(&self, id: i64, attempt: i32) -> StoreResult<bool>;
+
+    /// Counts one re-send after an unknown outcome (for `report`), fenced like `settle`.
+    async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool>;
+
+    /// Takes back one counted re-send whose call provably applied nothing (refused, a
+    /// not-applied status), fenced like `settle`: such a send brings no claim closer to
+    /// `max_sends`. A crash before it leaves the count one too high, never too low.
+    async fn unnote_resent(&self, id: i64, attempt: i32) -> StoreResult<bool>;
+
+    /// Takes up to `limit` claims of `consumer` still `started` whose lease ended before
+    /// `expired_before` (database time; a pass passes its start so claims handed off during
+    /// the pass wait for the next one): bumps `attempt`, sets the lease to `owner` for `lease`,
+    /// all in one statement, skipping rows other sweepers hold.
+    async fn take_stale(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        expired_before: DateTime<Utc>,
+    ) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Takes up to `limit` `pending` claims of `consumer` whose next poll is due (their lease
+    /// ended): leases them to `owner` for `lease` so no other poller asks meanwhile, attempt
+    /// unchanged. [`TakenClaim::age`] is the time since the claim became pending.
+    async fn take_pending(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Stuck claims of `consumer` the sweeper would take (dry run), oldest lease first,
+    /// shown with the attempt number a takeover would give them. Changes nothing.
+    async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Records that a sweeper pass ended now.
+    async fn mark_sweep(&self, instance: &str) -> StoreResult<()>;
+
+    /// Writes this instance's view of `consumer`'s provider (JSON `detail`), and forgets the
+    /// views no instance wrote for a day (stopped instances).
+    async fn mark_destination(
+        &self,
+        consumer: &str,
+        instance: &str,
+        detail: &str,
+    ) -> StoreResult<()>;
+
+    /// Deletes terminal claims last changed before `now - keep`, `batch` rows per statement,
+    /// under a lock so one instance prunes at a time. `dry_run` only counts.
+    async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult>;
+}

@@ -1,0 +1,16 @@
+//! The store's traits by role, one file each: who calls what. [`ClaimStore`](super::ClaimStore)
+//! is all of them together, with the few methods every role shares.
+
+mod engine;
+mod intake;
+mod ledger;
+mod operator;
+mod outbox;
+mod reports;
+
+pub use engine::EngineStore;
+pub use intake::IntakeStore;
+pub use ledger::LedgerStore;
+pub use operator::OperatorStore;
+pub use outbox::OutboxStore;
+pub use reports::ReportStore;

@@ -1,0 +1,73 @@
+//! What operators do to claims and how they find them: listings and searches, the parked
+//! claims a bulk action selects, a claim's history, and the guarded resolve and redrive.
+
+use crate::domain::claim::{Claim, ClaimState};
+use crate::store::{ClaimEvent, ClaimFilter, Seen, StoreResult};
+use async_trait::async_trait;
+
+/// The operator's part of the store, used by `claimd claims ...`, `GET /v1/claims`, the
+/// operator page and its actions (`operator_action`), and `claim_query`: claim queries and
+/// the moves an operator makes, each allowed only from the state (and attempt and version)
+/// the operator saw.
+#[async_trait]
+pub trait OperatorStore: Send + Sync {
+    /// Claims matching the filter, newest first.
+    async fn list(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>>;
+
+    /// Parked (`needs_attention`) claims of `consumer` whose reason (`last_error`) starts with
+    /// `reason_prefix` (empty: any), newest first, at most `limit`: what a bulk operator action
+    /// selects.
+    async fn parked_by_reason(
+        &self,
+        consumer: &str,
+        reason_prefix: &str,
+        limit: u32,
+    ) -> StoreResult<Vec<Claim>>;
+
+    /// The claim's history, oldest first.
+    async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>>;
+
+    /// Operator decision on a `needs_attention` or `failed` claim. Returns the claim after
+    /// the change, or `None` when no such claim exists. Refuses other states, and with
+    /// `expected` (what the operator saw) every state but that one and every other attempt,
+    /// in the same statement, so a claim another operator or a sweep moved in between is left
+    /// as they left it.
+    #[allow(clippy::too_many_arguments)]
+    async fn resolve(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+        to: ClaimState,
+        actor: &str,
+        note: &str,
+        expected: Option<Seen>,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
+
+    /// Puts a `needs_attention` or `failed` claim back to `started` with an expired lease
+    /// (and a new attempt number) so the next sweep performs it with the same key. `expected`
+    /// as for [`OperatorStore::resolve`].
+    async fn redrive(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+        actor: &str,
+        expected: Option<Seen>,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>> {
+        self.redrive_noted(consumer, tenant, message_id, actor, "", expected)
+            .await
+    }
+
+    /// [`OperatorStore::redrive`] with the operator's `note` (empty: none) kept in the same
+    /// history line as the state the claim left.
+    async fn redrive_noted(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+        actor: &str,
+        note: &str,
+        expected: Option<Seen>,
+    ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
+}

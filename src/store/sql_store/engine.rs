@@ -1,0 +1,350 @@
+//! [`EngineStore`] over a dialect: fenced settles (alone, in a batch, from a state a reader
+//! saw), the markers and counts of a call, takeovers of stale and pending claims, retention.
+
+use super::SqlStore;
+use crate::domain::claim::ClaimState;
+use crate::store::args::{ms, settle_args, settle_from_args};
+use crate::store::dialect::{Arg, Dialect, LoggedWrite, SqlRow, event_args};
+use crate::store::outbox::emits;
+use crate::store::rows::taken_from_row;
+use crate::store::{
+    EngineStore, NewEvent, PruneResult, SettleItem, Settlement, StoreResult, TakenClaim,
+};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use std::time::Duration;
+use tracing::instrument;
+
+impl<D: Dialect> SqlStore<D> {
+    /// `mark_called` alone: the one-row fenced update in its own transaction.
+    pub(crate) async fn mark_called_one(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        let n = self
+            .execute(
+                "mark_called",
+                D::SQL.mark_called,
+                &[Arg::I64(id), Arg::I32(attempt)],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// One fenced settle with its history line (I2).
+    pub(crate) async fn settle_one(
+        &self,
+        id: i64,
+        attempt: i32,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool> {
+        let args = settle_args(id, attempt, s);
+        let changed = self
+            .dialect
+            .update_logged(self.settle_write(
+                "settle",
+                &args,
+                event,
+                emits(ClaimState::Started, s.state),
+            ))
+            .await?;
+        Ok(changed.is_some())
+    }
+
+    /// A settle's write: the statement with the outbox's part when it writes an outcome event
+    /// (the move `emits` one and some consumer gets events), else the plain one, whose fence
+    /// and history line are the same.
+    fn settle_write<'a>(
+        &'a self,
+        name: &'static str,
+        args: &'a [Arg<'a>],
+        event: &'a NewEvent<'a>,
+        emits: bool,
+    ) -> LoggedWrite<'a> {
+        let outcomes = self.outcomes().writes(emits);
+        LoggedWrite {
+            name,
+            sql: if outcomes.is_some() {
+                D::SQL.settle
+            } else {
+                D::SQL.settle_plain
+            },
+            args,
+            event,
+            outcomes,
+        }
+    }
+
+    async fn scalar_count(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        keep: Duration,
+    ) -> StoreResult<u64> {
+        let rows = self.fetch(name, sql, &[Arg::I64(ms(keep))]).await?;
+        Ok(rows
+            .first()
+            .map(|r| r.i64("n"))
+            .transpose()?
+            .unwrap_or(0)
+            .max(0) as u64)
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> EngineStore for SqlStore<D> {
+    #[instrument(skip_all, fields(claim_id = id, attempt))]
+    async fn settle(
+        &self,
+        id: i64,
+        attempt: i32,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool> {
+        if let Some(b) = &self.batch
+            && let Some(answer) = b.settle(id, attempt, s, event).await
+        {
+            return answer;
+        }
+        self.settle_one(id, attempt, s, event).await
+    }
+
+    async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
+        if (items.len() > 1 || D::BATCH_SINGLES)
+            && let Some(done) = self.dialect.settle_many(items, self.outcomes()).await
+        {
+            return done;
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for i in items {
+            out.push(
+                self.settle_one(i.id, i.attempt, &i.settlement, &i.event)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    async fn settle_from(
+        &self,
+        id: i64,
+        attempt: i32,
+        version: i64,
+        from: ClaimState,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<bool> {
+        let args = settle_from_args(id, attempt, Some(version), from, s);
+        let changed = self
+            .dialect
+            .update_logged(self.settle_write("settle_from", &args, event, emits(from, s.state)))
+            .await?;
+        Ok(changed.is_some())
+    }
+
+    async fn record_event(&self, id: i64, attempt: i32, e: &NewEvent<'_>) -> StoreResult<()> {
+        self.execute(
+            "insert_event",
+            D::SQL.insert_event,
+            &event_args(id, attempt, e),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn record_fenced_out(&self, id: i64, attempt: i32, e: &NewEvent<'_>) -> StoreResult<()> {
+        self.execute(
+            "insert_fenced_out_event",
+            D::SQL.insert_fenced_out_event,
+            &event_args(id, attempt, e),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn mark_called(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        if let Some(b) = &self.batch
+            && let Some(answer) = b.mark_called(id, attempt).await
+        {
+            return answer;
+        }
+        self.mark_called_one(id, attempt).await
+    }
+
+    async fn note_resent(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        let n = self
+            .execute(
+                "note_resent",
+                D::SQL.note_resent,
+                &[Arg::I64(id), Arg::I32(attempt)],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn unnote_resent(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        let n = self
+            .execute(
+                "unnote_resent",
+                D::SQL.unnote_resent,
+                &[Arg::I64(id), Arg::I32(attempt)],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    #[instrument(skip(self))]
+    async fn take_stale(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        expired_before: DateTime<Utc>,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let rows = self
+            .fetch(
+                "take_stale",
+                D::SQL.take_stale,
+                &[
+                    Arg::Text(consumer),
+                    Arg::I64(i64::from(limit)),
+                    Arg::Text(owner),
+                    Arg::I64(ms(lease)),
+                    Arg::Time(expired_before),
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| taken_from_row(r, 0)).collect()
+    }
+
+    async fn take_pending(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let rows = self
+            .fetch(
+                "take_pending",
+                D::SQL.take_pending,
+                &[
+                    Arg::Text(consumer),
+                    Arg::I64(i64::from(limit)),
+                    Arg::Text(owner),
+                    Arg::I64(ms(lease)),
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| taken_from_row(r, 0)).collect()
+    }
+
+    async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>> {
+        let rows = self
+            .fetch(
+                "peek_stale",
+                D::SQL.peek_stale,
+                &[Arg::Text(consumer), Arg::I64(i64::from(limit))],
+            )
+            .await?;
+        // Shown with the attempt number a takeover would give them.
+        rows.iter().map(|r| taken_from_row(r, 1)).collect()
+    }
+
+    async fn mark_sweep(&self, instance: &str) -> StoreResult<()> {
+        self.execute("mark_sweep", D::SQL.mark_sweep, &[Arg::Text(instance)])
+            .await
+            .map(|_| ())
+    }
+
+    async fn mark_destination(
+        &self,
+        consumer: &str,
+        instance: &str,
+        detail: &str,
+    ) -> StoreResult<()> {
+        let name = format!("destination:{consumer}:{instance}");
+        let sql = &D::SQL;
+        self.execute(
+            "mark_destination",
+            sql.mark_destination,
+            &[Arg::Text(&name), Arg::Text(instance), Arg::Text(detail)],
+        )
+        .await?;
+        self.execute(
+            "prune_destinations",
+            sql.prune_destinations,
+            &[Arg::I64(86_400_000)],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult> {
+        let sql = &D::SQL;
+        if dry_run {
+            return Ok(PruneResult {
+                deleted: self
+                    .scalar_count("prune_count", sql.prune_count, keep)
+                    .await?,
+                dead_letters_deleted: self
+                    .scalar_count(
+                        "prune_dead_letters_count",
+                        sql.prune_dead_letters_count,
+                        keep,
+                    )
+                    .await?,
+                ..Default::default()
+            });
+        }
+        let Some(lock) = self.dialect.retention_lock().await? else {
+            return Ok(PruneResult {
+                skipped_locked: true,
+                ..Default::default()
+            });
+        };
+        let args = [Arg::I64(ms(keep)), Arg::I64(i64::from(batch))];
+        let pruned = async {
+            let mut result = PruneResult::default();
+            // Each batch commits on its own so new claims are never blocked for long.
+            loop {
+                let n = self.execute("prune_batch", sql.prune_batch, &args).await?;
+                result.batches += 1;
+                result.deleted += n;
+                if n < u64::from(batch) {
+                    break;
+                }
+            }
+            loop {
+                let n = self
+                    .execute("prune_dead_letters", sql.prune_dead_letters, &args)
+                    .await?;
+                result.dead_letters_deleted += n;
+                if n < u64::from(batch) {
+                    break;
+                }
+            }
+            // Sent outcome events by the same window (unsent ones stay until they are sent).
+            loop {
+                let n = self
+                    .execute("prune_outcomes", sql.prune_outcomes, &args)
+                    .await?;
+                if n < u64::from(batch) {
+                    break;
+                }
+            }
+            // Provider events by the same window: a re-delivery older than it is refused as
+            // stale by its signature's timestamp long before.
+            loop {
+                let n = self
+                    .execute("prune_provider_events", sql.prune_provider_events, &args)
+                    .await?;
+                if n < u64::from(batch) {
+                    return Ok(result);
+                }
+            }
+        }
+        .await;
+        lock.release().await;
+        pruned
+    }
+}

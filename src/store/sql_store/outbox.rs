@@ -1,0 +1,109 @@
+//! [`OutboxStore`] over a dialect: the outcome consumers, a consumer's relay held by one
+//! instance, its due events taken, marked sent or given back.
+
+use super::SqlStore;
+use crate::store::args::ms;
+use crate::store::dialect::{Arg, Dialect, SqlRow};
+use crate::store::outbox::{OutcomeConsumers, OutcomeEvent, first_per_claim};
+use crate::store::{OutboxStore, StoreResult};
+use async_trait::async_trait;
+use std::time::Duration;
+
+#[async_trait]
+impl<D: Dialect> OutboxStore for SqlStore<D> {
+    fn set_outcome_consumers(&self, consumers: Vec<String>) {
+        let _ = self.outcomes.set(OutcomeConsumers::new(consumers));
+    }
+
+    fn outcome_consumers(&self) -> Vec<String> {
+        self.outcomes().names().to_vec()
+    }
+
+    async fn hold_outcome_relay(
+        &self,
+        consumer: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<bool> {
+        let held = self
+            .fetch(
+                "hold_outcome_relay",
+                D::SQL.hold_outcome_relay,
+                &[Arg::Text(consumer), Arg::Text(owner), Arg::I64(ms(lease))],
+            )
+            .await?;
+        Ok(!held.is_empty())
+    }
+
+    async fn due_outcomes(&self, consumer: &str, limit: u32) -> StoreResult<Vec<OutcomeEvent>> {
+        let rows = self
+            .fetch(
+                "due_outcomes",
+                D::SQL.due_outcomes,
+                &[Arg::Text(consumer), Arg::I64(i64::from(limit))],
+            )
+            .await?;
+        let mut events = rows
+            .iter()
+            .map(|r| {
+                Ok(OutcomeEvent {
+                    seq: r.i64("id")?,
+                    claim_id: r.i64("claim_id")?,
+                    consumer: r.text("consumer")?,
+                    tenant: r.text("tenant")?,
+                    message_id: r.text("message_id")?,
+                    key: r.text("idem_key")?,
+                    state: r.text("state")?,
+                    attempt: r.i32("attempt")?,
+                    provider_status: r.opt_i32("provider_status")?,
+                    provider_id: r.opt_text("provider_id")?,
+                    provider_response: r.opt_text("provider_response")?,
+                    reason: r.opt_text("reason")?,
+                    actor: r.text("actor")?,
+                    action: r.text("action")?,
+                    at_utc: r.time("at_utc")?,
+                    tries: r.i32("tries")?,
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        events.sort_by_key(|e| e.seq);
+        Ok(first_per_claim(events))
+    }
+
+    async fn release_outcome_relay(&self, consumer: &str, owner: &str) -> StoreResult<()> {
+        self.execute(
+            "release_outcome_relay",
+            D::SQL.release_outcome_relay,
+            &[Arg::Text(consumer), Arg::Text(owner)],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn mark_outcomes_sent(&self, seqs: &[i64]) -> StoreResult<u64> {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let ids = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".into());
+        self.execute(
+            "mark_outcomes_sent",
+            D::SQL.mark_outcomes_sent,
+            &[Arg::Text(&ids)],
+        )
+        .await
+    }
+
+    async fn retry_outcomes(&self, seqs: &[i64], after: Duration, error: &str) -> StoreResult<()> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let ids = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".into());
+        self.execute(
+            "retry_outcomes",
+            D::SQL.retry_outcomes,
+            &[Arg::Text(&ids), Arg::I64(ms(after)), Arg::Text(error)],
+        )
+        .await
+        .map(|_| ())
+    }
+}
