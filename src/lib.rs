@@ -59,6 +59,11 @@
 
 #![warn(missing_docs)]
 
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+compile_error!(
+    "claimd needs a store: enable the `postgres` feature, the `sqlite` feature, or both"
+);
+
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;

@@ -86,17 +86,10 @@ pub(super) async fn shutdown_signal() {
 /// included). SQLite takes one writing process; a second worker on the same file would start
 /// its own sweeper and HTTP listener beside the first. `Ok(None)`: not SQLite, or in memory.
 pub(super) fn sqlite_run_lock(url: &str) -> Result<Option<std::fs::File>, String> {
-    use std::str::FromStr;
-    if !url.starts_with("sqlite:") {
+    // Not SQLite, in memory, or a bad URL (opening the store reports it).
+    let Some(file) = crate::store::sqlite_filename(url) else {
         return Ok(None);
-    }
-    let Ok(options) = sqlx::sqlite::SqliteConnectOptions::from_str(url) else {
-        return Ok(None); // opening the store reports a bad URL
     };
-    let file = options.get_filename();
-    if file.as_os_str().is_empty() || file.to_string_lossy().contains(":memory:") {
-        return Ok(None);
-    }
     let mut lock_path = file.as_os_str().to_owned();
     lock_path.push(".run-lock");
     let lock = std::fs::OpenOptions::new()

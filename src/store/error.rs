@@ -44,6 +44,10 @@ pub enum StoreError {
     /// The store URL is not one claimd knows (shown with its credentials redacted).
     #[error("store url {}: expected sqlite:... or postgres://...", redact_url(.0))]
     BadUrl(String),
+    /// The store URL names a database this build left out (its Cargo feature, `postgres` or
+    /// `sqlite`, is off).
+    #[error("store url {}: {}", redact_url(.0), crate::domain::features::missing(.1))]
+    NotBuiltIn(String, &'static str),
 }
 
 impl StoreError {

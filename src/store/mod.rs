@@ -25,10 +25,12 @@ mod args;
 mod batch;
 mod error;
 pub mod outbox;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod roles;
 mod rows;
 pub mod sql_store;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod url;
 pub mod writes;
@@ -453,14 +455,51 @@ pub async fn open(url: &str, max_connections: u32) -> StoreResult<Store> {
 /// and settles together (see [`sql_store::SqlStore`]); `false` commits each on its own.
 pub async fn open_with(url: &str, max_connections: u32, batch_writes: bool) -> StoreResult<Store> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let pg = postgres::PgStore::connect(url, max_connections).await?;
-        Ok(Arc::new(if batch_writes { pg } else { pg.unbatched() }))
+        #[cfg(feature = "postgres")]
+        {
+            let pg = postgres::PgStore::connect(url, max_connections).await?;
+            Ok(Arc::new(if batch_writes { pg } else { pg.unbatched() }))
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = (max_connections, batch_writes);
+            Err(StoreError::NotBuiltIn(url.to_string(), "postgres"))
+        }
     } else if url.starts_with("sqlite:") {
-        let lite = sqlite::SqliteStore::connect(url, max_connections).await?;
-        Ok(Arc::new(if batch_writes { lite } else { lite.unbatched() }))
+        #[cfg(feature = "sqlite")]
+        {
+            let lite = sqlite::SqliteStore::connect(url, max_connections).await?;
+            Ok(Arc::new(if batch_writes { lite } else { lite.unbatched() }))
+        }
+        #[cfg(not(feature = "sqlite"))]
+        {
+            let _ = (max_connections, batch_writes);
+            Err(StoreError::NotBuiltIn(url.to_string(), "sqlite"))
+        }
     } else {
         Err(StoreError::BadUrl(url.to_string()))
     }
+}
+
+/// The database file a `sqlite:` URL names; `None` for another store, an in-memory database
+/// (sqlx names one `file:sqlx-in-memory-<n>`), a URL it cannot read, or a build without SQLite.
+pub fn sqlite_filename(url: &str) -> Option<std::path::PathBuf> {
+    if !url.starts_with("sqlite:") {
+        return None;
+    }
+    #[cfg(feature = "sqlite")]
+    {
+        use std::str::FromStr;
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
+        let file = options.get_filename();
+        let name = file.to_string_lossy();
+        if name.is_empty() || name.contains(":memory:") || name.starts_with("file:sqlx-in-memory") {
+            return None;
+        }
+        Some(file.to_path_buf())
+    }
+    #[cfg(not(feature = "sqlite"))]
+    None
 }
 
 /// A message id as a dead-letter record keeps it: control characters escaped, at most 255 bytes.

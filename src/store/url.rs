@@ -1,6 +1,9 @@
 //! Store URLs as claimd shows and accepts them: credentials redacted wherever a URL is printed
 //! ([`redact_url`]), and the `[store] url` checked at configuration load ([`check_url`]).
 
+#[cfg(not(all(feature = "postgres", feature = "sqlite")))]
+use crate::domain::features::missing;
+
 /// Query parameters whose values are shown (`sslmode=require`): settings that are never
 /// secrets. Every other parameter's value is redacted: a deny-list of secret names would miss
 /// the next provider's `sig=` or `X-Amz-Signature=`.
@@ -173,6 +176,9 @@ fn unknown_postgres_params(url: &str) -> Vec<String> {
 /// `postgresql://` URL the driver can parse. The error shows the URL redacted.
 pub fn check_url(url: &str) -> Result<(), String> {
     if url.starts_with("sqlite:") {
+        #[cfg(not(feature = "sqlite"))]
+        return Err(format!("{}: {}", redact_url(url), missing("sqlite")));
+        #[cfg(feature = "sqlite")]
         return std::str::FromStr::from_str(url)
             .map(|_: sqlx::sqlite::SqliteConnectOptions| ())
             .map_err(|e| format!("{}: {e}", redact_url(url)));
@@ -193,6 +199,9 @@ pub fn check_url(url: &str) -> Result<(), String> {
                 POSTGRES_PARAMS.join(", ")
             ));
         }
+        #[cfg(not(feature = "postgres"))]
+        return Err(format!("{}: {}", redact_url(url), missing("postgres")));
+        #[cfg(feature = "postgres")]
         return std::str::FromStr::from_str(url)
             .map(|_: sqlx::postgres::PgConnectOptions| ())
             .map_err(|e| {

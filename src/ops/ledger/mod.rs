@@ -18,6 +18,12 @@
 
 pub mod describe;
 pub mod fetch;
+#[cfg(feature = "sqlite")]
+pub mod spill;
+#[cfg(not(feature = "sqlite"))]
+pub mod spill_off;
+#[cfg(not(feature = "sqlite"))]
+pub use spill_off as spill;
 pub mod matching;
 pub mod render;
 
@@ -213,7 +219,7 @@ pub async fn reconcile_consumer(
         )
         .build()
         .map_err(|e| LedgerError::Client(e.to_string()))?;
-    let spill = fetch::Spill::create().await?;
+    let spill = spill::Spill::create().await?;
     let fetched = fetch::read_provider(
         consumer.name(),
         &client,
@@ -327,7 +333,7 @@ impl ClaimPages<'_> {
 
 /// The provider's objects, back from the spill file in key order, a page at a time.
 struct ObjectPages<'a> {
-    spill: &'a fetch::Spill,
+    spill: &'a spill::Spill,
     buf: VecDeque<LedgerObject>,
     last: Option<LedgerObject>,
     done: bool,

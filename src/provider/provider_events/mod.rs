@@ -4,6 +4,7 @@
 //! - `headers`: the signature headers read without the body (refused before it is read).
 //! - `evidence`: whether an event's object names a claim (pure; invariant I9).
 //! - `decide`: what an event does to a claim in each state (pure).
+//!
 //! One delivery, from its bytes to the fenced settle and its record, is the engine's
 //! (`crate::engine::provider_event`).
 

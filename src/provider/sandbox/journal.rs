@@ -122,22 +122,14 @@ pub fn open(
 /// sandbox forgets its effects exactly when the claims are gone too; memory only with
 /// PostgreSQL or an in-memory SQLite.
 pub fn state_file_under_run(configured: Option<&str>, store_url: &str) -> String {
-    use std::str::FromStr;
     if let Some(path) = configured {
         return path.to_string();
     }
-    if !store_url.starts_with("sqlite:") {
-        return String::new();
+    // No file to sit beside: PostgreSQL, or an in-memory SQLite.
+    match crate::store::sqlite_filename(store_url) {
+        Some(file) => format!("{}.sandbox.jsonl", file.to_string_lossy()),
+        None => String::new(),
     }
-    let Ok(options) = sqlx::sqlite::SqliteConnectOptions::from_str(store_url) else {
-        return String::new();
-    };
-    let file = options.get_filename().to_string_lossy().into_owned();
-    // sqlx names an in-memory database `file:sqlx-in-memory-<n>`: no file to sit beside.
-    if file.is_empty() || file.contains(":memory:") || file.starts_with("file:sqlx-in-memory") {
-        return String::new();
-    }
-    format!("{file}.sandbox.jsonl")
 }
 
 /// The number in a sandbox id (`eff_12` → 12).
