@@ -4,8 +4,10 @@
 //!
 //! The rows are written by the settle statements themselves (a data-modifying CTE in
 //! PostgreSQL, a statement of the settle's transaction in SQLite): an event exists exactly
-//! when the change it reports committed. A consumer without an outcome destination binds an
-//! empty list, so its statements have the same shape and write nothing more.
+//! when the change it reports committed. A settle that writes no event (no consumer has an
+//! outcome destination, or the move reports nothing) takes the plain settle statement, without
+//! the outbox's part ([`OutcomeConsumers::writes`]); an operator's move binds an empty list
+//! for a consumer without a destination, and writes nothing more.
 
 use crate::domain::claim::ClaimState;
 use chrono::{DateTime, Utc};
