@@ -1,6 +1,7 @@
 //! The outcome relay's own CPU per event: the outbox is filled with `BENCH_RELAY_N` events
 //! (default 20000) on PostgreSQL, then one relay (the same `Relay` and `AmqpSink` as
-//! `claimd run`, rounds back to back as when the backlog is full) publishes them to RabbitMQ
+//! `claimd run`, on a runtime worker, rounds back to back as when the backlog is full)
+//! publishes them to RabbitMQ
 //! on 127.0.0.1 until none is left. Prints, per run: events, wall time, events/s, and this
 //! process's CPU per event (user + system from `/proc/self/stat`, read after the outbox is
 //! filled and after the last event is marked, so the setup is not counted). PostgreSQL's and
@@ -99,7 +100,7 @@ async fn main() {
     ))
     .unwrap();
     let sink: Arc<dyn Sink> = Arc::new(AmqpSink::new(&config, "bench"));
-    let relay = Relay {
+    let relay = Arc::new(Relay {
         store: store.clone(),
         consumer: "payments".into(),
         owner: "bench".into(),
@@ -107,7 +108,7 @@ async fn main() {
         sink,
         metrics: Arc::new(Metrics::new()),
         held_until: std::sync::Mutex::new(None),
-    };
+    });
 
     println!(
         "outcome relay, PostgreSQL -> RabbitMQ, batch {}, load {:.2}",
@@ -141,14 +142,20 @@ async fn main() {
 
         let cpu0 = cpu_s();
         let t = Instant::now();
-        let mut taken = 0usize;
-        loop {
-            let k = relay.round().await.expect("a round");
-            if k == 0 {
-                break;
+        // On a runtime worker, as `claimd run` spawns it (not on the bench's main thread).
+        let rounds = relay.clone();
+        let taken = tokio::spawn(async move {
+            let mut taken = 0usize;
+            loop {
+                let k = rounds.round().await.expect("a round");
+                if k == 0 {
+                    return taken;
+                }
+                taken += k;
             }
-            taken += k;
-        }
+        })
+        .await
+        .unwrap();
         let wall = t.elapsed().as_secs_f64();
         let cpu = cpu_s() - cpu0;
 
