@@ -166,18 +166,27 @@ async fn main() {
                 .unwrap();
         assert_eq!(unsent, 0, "every event sent");
         assert_eq!(taken as i64, n, "each event taken once");
-        let q = ch
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(i64::from(q.message_count()), n, "one message per event");
+        // The queue's count may trail the confirms by a moment.
+        let mut queued = 0;
+        for _ in 0..50 {
+            let q = ch
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            queued = i64::from(q.message_count());
+            if queued >= n {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(queued, n, "one message per event");
         ch.queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
             .await
             .unwrap();

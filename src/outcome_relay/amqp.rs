@@ -142,7 +142,11 @@ impl AmqpSink {
         }
         let mut out: Vec<Result<(), SendError>> = Vec::with_capacity(events.len());
         let mut confirms = Vec::with_capacity(events.len());
-        for (i, p) in join_until(publishes, deadline).await.into_iter().enumerate() {
+        for (i, p) in join_until(publishes, deadline)
+            .await
+            .into_iter()
+            .enumerate()
+        {
             match p {
                 Some(Ok(confirm)) => {
                     confirms.push((i, confirm));
@@ -185,7 +189,10 @@ struct PerState<'a> {
 /// Drives every future together until each is done or `deadline` passes: the outputs in
 /// order, `None` for one not done in time. Polled in order, so the publishes' frames are
 /// queued in the events' order; woken once for what completes together, not once a future.
-async fn join_until<F: Future + Unpin>(futures: Vec<F>, deadline: Instant) -> Vec<Option<F::Output>> {
+async fn join_until<F: Future + Unpin>(
+    futures: Vec<F>,
+    deadline: Instant,
+) -> Vec<Option<F::Output>> {
     let mut futures: Vec<Option<F>> = futures.into_iter().map(Some).collect();
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
     let mut left = futures.len();
@@ -213,7 +220,11 @@ async fn join_until<F: Future + Unpin>(futures: Vec<F>, deadline: Instant) -> Ve
 
 #[async_trait]
 impl Sink for AmqpSink {
-    async fn send(&self, events: &[OutcomeEvent], _deadline: Instant) -> Vec<Result<(), SendError>> {
+    async fn send(
+        &self,
+        events: &[OutcomeEvent],
+        _deadline: Instant,
+    ) -> Vec<Result<(), SendError>> {
         let mut open = self.open.lock().await;
         let usable = open
             .as_ref()

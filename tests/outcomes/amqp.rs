@@ -275,10 +275,9 @@ async fn a_relay_killed_mid_batch_sends_at_most_one_chunk_twice() {
     for upto in [300, 1200, 2100] {
         let w = Worker::spawn(&path, port, &log).await;
         // Killed as soon as the relay is past `upto`: in the middle of a batch.
-        let reached = crate::common::eventually(Duration::from_secs(60), || async {
-            sent().await >= upto
-        })
-        .await;
+        let reached =
+            crate::common::eventually(Duration::from_secs(60), || async { sent().await >= upto })
+                .await;
         w.kill();
         assert!(reached, "the relay got past {upto} events");
         kills += 1;
@@ -291,7 +290,10 @@ async fn a_relay_killed_mid_batch_sends_at_most_one_chunk_twice() {
         );
     }
     let w = Worker::spawn(&path, port, &log).await;
-    assert!(all_sent(&ts.url(), n as usize).await, "every event sent in the end");
+    assert!(
+        all_sent(&ts.url(), n as usize).await,
+        "every event sent in the end"
+    );
     w.kill();
     let repeats = count_drained(&q, &mut seen).await;
     assert!(
