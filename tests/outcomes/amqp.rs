@@ -1,7 +1,8 @@
 //! Outcome events to RabbitMQ: every settle makes exactly one message in normal operation
 //! (its `message_id` the event's id, persistent, routed by `{consumer}.{state}`); a relay whose
 //! connection the broker closes, or whose process is SIGKILLed again and again, loses none
-//! (a repeat carries the same event id), and every message stands for a committed settle.
+//! (a repeat carries the same event id), and every message stands for a committed settle; a
+//! relay killed in the middle of a backlog sends at most one chunk (32 events) twice.
 
 use crate::common::amqp::{TestQueues, amqp_url, close_connections_named};
 use crate::common::{TestStore, Worker, client, free_port, sandbox, start};
