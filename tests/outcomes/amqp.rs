@@ -1,7 +1,8 @@
 //! Outcome events to RabbitMQ: every settle makes exactly one message in normal operation
 //! (its `message_id` the event's id, persistent, routed by `{consumer}.{state}`); a relay whose
 //! connection the broker closes, or whose process is SIGKILLed again and again, loses none
-//! (a repeat carries the same event id), and every message stands for a committed settle.
+//! (a repeat carries the same event id), and every message stands for a committed settle; a
+//! relay killed in the middle of a backlog sends at most one chunk (32 events) twice.
 
 use crate::common::amqp::{TestQueues, amqp_url, close_connections_named};
 use crate::common::{TestStore, Worker, client, free_port, sandbox, start};
@@ -223,4 +224,101 @@ async fn a_relay_killed_again_and_again_loses_no_event() {
     );
     let _ = client();
     w.kill();
+}
+
+#[tokio::test]
+async fn a_relay_killed_mid_batch_sends_at_most_one_chunk_twice() {
+    use claimd::internal::outcome_relay::CHUNK;
+    let Some(q) = TestQueues::new("outcomes-chunk").await else {
+        return;
+    };
+    let Some(ts) = TestStore::pg().await else {
+        return;
+    };
+    bind(&q).await;
+    let (_sb, provider) = sandbox(SandboxOptions::default()).await;
+    // A backlog of events already written (as after an outage of the broker), so every kill
+    // lands in the middle of full batches.
+    let n: i64 = 3000;
+    let store = claimd::internal::store::open(&ts.url(), 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let pool = sqlx::PgPool::connect(&ts.url()).await.unwrap();
+    sqlx::query(
+        "INSERT INTO outcome_events (claim_id, consumer, tenant, message_id, idem_key, state, \
+           attempt, provider_status, actor, action) \
+         SELECT g, 'payments', '', 'm-' || g, 'payments::m-' || g, 'completed', 1, 200, \
+           'test', 'perform' FROM generate_series(1, $1) g",
+    )
+    .bind(n)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let consumer = consumer_with_outcomes("payments", &provider, "", &outcomes_toml(&q));
+    let toml = config(&ts, &consumer).replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    let path = dir.path().join("claimd.toml");
+    std::fs::write(&path, toml).unwrap();
+    let log = dir.path().join("claimd.log");
+    let sent = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outcome_events WHERE sent_utc IS NOT NULL",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut kills = 0;
+    for upto in [300, 1200, 2100] {
+        let w = Worker::spawn(&path, port, &log).await;
+        // Killed as soon as the relay is past `upto`: in the middle of a batch.
+        let reached =
+            crate::common::eventually(Duration::from_secs(60), || async { sent().await >= upto })
+                .await;
+        w.kill();
+        assert!(reached, "the relay got past {upto} events");
+        kills += 1;
+        // What the killed relay published (late frames reach the broker first).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let repeats = count_drained(&q, &mut seen).await;
+        assert!(
+            repeats <= CHUNK,
+            "{repeats} events sent twice after a kill: at most one chunk ({CHUNK})"
+        );
+    }
+    let w = Worker::spawn(&path, port, &log).await;
+    assert!(
+        all_sent(&ts.url(), n as usize).await,
+        "every event sent in the end"
+    );
+    w.kill();
+    let repeats = count_drained(&q, &mut seen).await;
+    assert!(
+        repeats <= CHUNK,
+        "{repeats} events sent twice after the last kill: at most one chunk ({CHUNK})"
+    );
+    let expected: HashSet<String> = (1..=n).map(|i| format!("evt_{i}")).collect();
+    let got: HashSet<String> = seen.keys().cloned().collect();
+    assert_eq!(got, expected, "none lost, none invented");
+    let total: usize = seen.values().map(|c| c - 1).sum();
+    eprintln!("{n} events, {kills} kills, {total} sent twice");
+    assert!(total <= kills * CHUNK);
+}
+
+/// Drains the queue into `seen` (message id -> times received); answers how many of the
+/// drained messages repeat an id received before.
+async fn count_drained(q: &TestQueues, seen: &mut HashMap<String, usize>) -> usize {
+    let mut repeats = 0;
+    for (id, ..) in drain(q).await {
+        let count = seen.entry(id).or_default();
+        if *count > 0 {
+            repeats += 1;
+        }
+        *count += 1;
+    }
+    repeats
 }

@@ -1,18 +1,24 @@
 //! Outcome events to RabbitMQ: each event published to the consumer's exchange with its
 //! routing key (`{consumer}.{state}` by default), persistent, `mandatory` (an event no queue
 //! takes is not confirmed), `message_id` = the event's id, on a channel with publisher
-//! confirms. A round's events are published together, then their confirms awaited within one
-//! `timeout`; a broken connection is opened again on the next round.
+//! confirms. A chunk's events are published together, then their confirms awaited together,
+//! all within one `timeout`; a broken connection is opened again on the next round.
 
-use super::event::{body_bytes, event_id};
+use super::event::{event_id, write_body};
 use super::{SendError, Sink};
 use crate::config::{OutcomesConfig, render_routing_key};
 use crate::store::outbox::OutcomeEvent;
 use async_trait::async_trait;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm,
+};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 /// A RabbitMQ destination.
 pub struct AmqpSink {
@@ -64,7 +70,9 @@ impl AmqpSink {
         Ok((conn, ch))
     }
 
-    /// Publishes every event, then waits for each confirm (within `timeout`).
+    /// Publishes every event of the chunk together (their frames reach the I/O loop in one
+    /// go and leave in one write, not one wake-up each), then awaits their confirms together;
+    /// both within `timeout`.
     async fn publish(&self, ch: &Channel, events: &[OutcomeEvent]) -> Vec<Result<(), SendError>> {
         let exchange = match short(&self.config.exchange) {
             Ok(x) => x,
@@ -75,59 +83,148 @@ impl AmqpSink {
                     .collect();
             }
         };
-        let mut pending = Vec::with_capacity(events.len());
+        // One deadline for the whole chunk: a broker that answers none must not hold the
+        // round for `timeout` once per event.
+        let deadline = Instant::now() + self.config.timeout.0;
+        // The chunk's bodies in one buffer: one allocation a chunk, not one an event.
+        let mut bodies = Vec::with_capacity(events.len() * 512);
+        let mut ends = Vec::with_capacity(events.len());
         for e in events {
-            let key = render_routing_key(self.config.routing_key(), &e.consumer, &e.state);
-            let published = match short(&key) {
-                Ok(key) => ch
-                    .basic_publish(
-                        exchange.clone(),
-                        key,
-                        BasicPublishOptions {
-                            mandatory: true,
-                            immediate: false,
-                        },
-                        &body_bytes(e),
-                        BasicProperties::default()
-                            .with_message_id(ShortString::from(event_id(e)))
-                            .with_content_type(ShortString::from("application/json"))
-                            .with_type(ShortString::from(format!("claim.{}", e.state)))
-                            .with_delivery_mode(2),
-                    )
-                    .await
-                    .map_err(|err| SendError::new(format!("publish: {err}"))),
-                Err(why) => Err(SendError::new(why)),
-            };
-            pending.push(published);
+            write_body(&mut bodies, e);
+            ends.push(bodies.len());
         }
-        // One deadline for the whole batch: the confirms arrive together, and a broker that
-        // answers none must not hold the round for `timeout` once per event.
-        let deadline = tokio::time::Instant::now() + self.config.timeout.0;
-        let mut out = Vec::with_capacity(events.len());
-        for p in pending {
-            out.push(match p {
-                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                    Err(_) => Err(SendError::new("no confirm from the broker in time")),
-                    Ok(Err(e)) => Err(SendError::new(format!("confirm: {e}"))),
-                    Ok(Ok(c)) if !c.is_ack() => Err(SendError::new("the broker refused it (nack)")),
-                    Ok(Ok(c)) => match c.take_message() {
-                        Some(_) => Err(SendError::new(format!(
-                            "no queue is bound to exchange {:?} for its routing key: not delivered",
-                            self.config.exchange
-                        ))),
-                        None => Ok(()),
-                    },
+        let mut states: Vec<PerState<'_>> = Vec::new();
+        let mut publishes: Vec<Publish<'_>> = Vec::with_capacity(events.len());
+        let mut start = 0;
+        for (e, &end) in events.iter().zip(&ends) {
+            let body = &bodies[start..end];
+            start = end;
+            let at = match states.iter().position(|s| s.state == e.state) {
+                Some(at) => at,
+                None => {
+                    let key = render_routing_key(self.config.routing_key(), &e.consumer, &e.state);
+                    states.push(PerState {
+                        state: &e.state,
+                        key: short(&key),
+                        kind: ShortString::from(format!("claim.{}", e.state)),
+                    });
+                    states.len() - 1
+                }
+            };
+            let key = match &states[at].key {
+                Ok(key) => key.clone(),
+                Err(why) => {
+                    publishes.push(Box::pin(std::future::ready(Err(SendError::new(
+                        why.clone(),
+                    )))));
+                    continue;
+                }
+            };
+            let publish = ch.basic_publish(
+                exchange.clone(),
+                key,
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
                 },
-                Err(e) => Err(e),
-            });
+                body,
+                BasicProperties::default()
+                    .with_message_id(ShortString::from(event_id(e)))
+                    .with_content_type(ShortString::from("application/json"))
+                    .with_type(states[at].kind.clone())
+                    .with_delivery_mode(2),
+            );
+            publishes.push(Box::pin(async move {
+                publish
+                    .await
+                    .map_err(|err| SendError::new(format!("publish: {err}")))
+            }));
+        }
+        let mut out: Vec<Result<(), SendError>> = Vec::with_capacity(events.len());
+        let mut confirms = Vec::with_capacity(events.len());
+        for (i, p) in join_until(publishes, deadline)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match p {
+                Some(Ok(confirm)) => {
+                    confirms.push((i, confirm));
+                    out.push(Ok(()));
+                }
+                Some(Err(e)) => out.push(Err(e)),
+                None => out.push(Err(SendError::new("publish: not written in time"))),
+            }
+        }
+        let (at, confirms): (Vec<usize>, Vec<_>) = confirms.into_iter().unzip();
+        for (i, c) in at.into_iter().zip(join_until(confirms, deadline).await) {
+            out[i] = match c {
+                None => Err(SendError::new("no confirm from the broker in time")),
+                Some(Err(e)) => Err(SendError::new(format!("confirm: {e}"))),
+                Some(Ok(c)) if !c.is_ack() => Err(SendError::new("the broker refused it (nack)")),
+                Some(Ok(c)) => match c.take_message() {
+                    Some(_) => Err(SendError::new(format!(
+                        "no queue is bound to exchange {:?} for its routing key: not delivered",
+                        self.config.exchange
+                    ))),
+                    None => Ok(()),
+                },
+            };
         }
         out
     }
 }
 
+/// One event's publish, until its frames are written.
+type Publish<'a> = Pin<Box<dyn Future<Output = Result<PublisherConfirm, SendError>> + Send + 'a>>;
+
+/// The routing key and `type` of one state, made once a chunk (a consumer's events carry a
+/// handful of states), not once an event.
+struct PerState<'a> {
+    state: &'a str,
+    key: Result<ShortString, String>,
+    kind: ShortString,
+}
+
+/// Drives every future together until each is done or `deadline` passes: the outputs in
+/// order, `None` for one not done in time. Polled in order, so the publishes' frames are
+/// queued in the events' order; woken once for what completes together, not once a future.
+async fn join_until<F: Future + Unpin>(
+    futures: Vec<F>,
+    deadline: Instant,
+) -> Vec<Option<F::Output>> {
+    let mut futures: Vec<Option<F>> = futures.into_iter().map(Some).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    let mut left = futures.len();
+    let timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(timer);
+    std::future::poll_fn(|cx| {
+        for (f, o) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(fut) = f
+                && let Poll::Ready(v) = Pin::new(fut).poll(cx)
+            {
+                *o = Some(v);
+                *f = None;
+                left -= 1;
+            }
+        }
+        if left == 0 || timer.as_mut().poll(cx).is_ready() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    outputs
+}
+
 #[async_trait]
 impl Sink for AmqpSink {
-    async fn send(&self, events: &[OutcomeEvent]) -> Vec<Result<(), SendError>> {
+    async fn send(
+        &self,
+        events: &[OutcomeEvent],
+        _deadline: Instant,
+    ) -> Vec<Result<(), SendError>> {
         let mut open = self.open.lock().await;
         let usable = open
             .as_ref()

@@ -86,8 +86,15 @@ pub fn body(e: &OutcomeEvent) -> Body<'_> {
 
 /// The body of `e` as bytes.
 pub fn body_bytes(e: &OutcomeEvent) -> Vec<u8> {
-    // Serialising plain strings and numbers cannot fail.
-    serde_json::to_vec(&body(e)).unwrap_or_default()
+    let mut out = Vec::with_capacity(512);
+    write_body(&mut out, e);
+    out
+}
+
+/// Appends the body of `e` to `out` (several events' bodies can share one buffer).
+pub fn write_body(out: &mut Vec<u8>, e: &OutcomeEvent) {
+    // Serialising plain strings and numbers into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, &body(e));
 }
 
 /// The Standard Webhooks headers of one delivery of `body` at `timestamp` (Unix seconds):

@@ -6,7 +6,7 @@
 //! probed, not flooded, and a `429` slows the relay down.
 
 use super::event::{body_bytes, event_id, webhook_headers};
-use super::{ROUND_BUDGET, SendError, Sink};
+use super::{SendError, Sink};
 use crate::config::OutcomesConfig;
 use crate::engine::destination::{Destination, Verdict};
 use crate::provider::effect::parse_retry_after;
@@ -104,14 +104,13 @@ impl HttpSink {
 impl Sink for HttpSink {
     /// One request at a time, in order; after the first failure the rest of the round waits
     /// for the next (an endpoint that is down is not asked once per event). A slow endpoint
-    /// ends the round after [`ROUND_BUDGET`]: the rest stay unsent, untouched, for the next
-    /// round, well within the relay's lease.
-    async fn send(&self, events: &[OutcomeEvent]) -> Vec<Result<(), SendError>> {
-        let started = Instant::now();
+    /// ends the round at `deadline` (the round's [`super::ROUND_BUDGET`]): the rest stay
+    /// unsent, untouched, for the next round, well within the relay's lease.
+    async fn send(&self, events: &[OutcomeEvent], deadline: Instant) -> Vec<Result<(), SendError>> {
         let mut out = Vec::with_capacity(events.len());
         let mut failed: Option<SendError> = None;
         for e in events {
-            if failed.is_none() && started.elapsed() >= ROUND_BUDGET {
+            if failed.is_none() && Instant::now() >= deadline {
                 break;
             }
             if let Some(f) = &failed {
@@ -128,5 +127,9 @@ impl Sink for HttpSink {
             out.push(r);
         }
         out
+    }
+
+    fn stops_at_failure(&self) -> bool {
+        true
     }
 }

@@ -6,12 +6,14 @@
 //! consumer: each round renews its hold on the consumer's relay for [`LEASE`] (one row write a
 //! round, not one an event), and another instance's round takes nothing until this one lets go
 //! (at shutdown) or stops renewing (a crash). A round takes up to `batch` unsent events in
-//! order, a claim's event only when its earlier ones were sent (order per claim); publishes
-//! them ([`amqp`]: persistent, publisher confirms; [`http`]: Standard Webhooks, through the
-//! destination's breaker and pace); marks the confirmed ones sent in one statement and gives
-//! the others back with a backoff. A crash between the publish and the mark leaves the events
-//! unsent: whoever holds the relay next publishes them again with the same ids (at least once,
-//! never lost). Three statements a round, none per message.
+//! order, a claim's event only when its earlier ones were sent (order per claim); then, a
+//! [`CHUNK`] at a time, publishes them ([`amqp`]: persistent, publisher confirms awaited
+//! together; [`http`]: Standard Webhooks, through the destination's breaker and pace) and marks
+//! the chunk's confirmed ones sent in one statement before the next chunk goes; at the end it
+//! gives the unconfirmed ones back with a backoff. A crash between a publish and its mark
+//! leaves at most one chunk published and unsent: whoever holds the relay next publishes those
+//! again with the same ids (at least once, never lost). Statements: the read, one mark a
+//! chunk, none per message.
 //!
 //! - `event`: the pure part, the event's id, body and signature headers; `metrics`: its
 //!   series in `/metrics`.
@@ -30,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 /// How long a consumer's relay stays with this instance after it last renewed its hold before
@@ -42,6 +45,12 @@ pub const RENEW_BELOW: Duration = Duration::from_secs(10);
 /// round: a round that starts with [`RENEW_BELOW`] of its hold left ends well before another
 /// instance could take over.
 pub const ROUND_BUDGET: Duration = Duration::from_secs(5);
+/// Most events published and not yet marked sent at any moment: a round publishes a chunk of
+/// at most this many, awaits its confirms, marks it sent in one statement, and only then
+/// publishes the next. A relay killed at any point therefore sends at most this many events a
+/// second time. Small enough to bound the repeats, large enough that a chunk's publishes and
+/// confirms travel together and its mark is one statement for 32 events.
+pub const CHUNK: usize = 32;
 /// The longest wait before an event that failed is tried again.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -68,10 +77,18 @@ impl SendError {
 /// A destination of outcome events.
 #[async_trait]
 pub trait Sink: Send + Sync {
-    /// Publishes `events` and answers, per event in order, whether the destination confirmed
-    /// it. The answer may cover only the first events (the round's time ran out): the others
-    /// stay unsent, without a try counted, for the next round.
-    async fn send(&self, events: &[OutcomeEvent]) -> Vec<Result<(), SendError>>;
+    /// Publishes `events` (at most [`CHUNK`]) and answers, per event in order, whether the
+    /// destination confirmed it. The answer may cover only the first events (`deadline`, the
+    /// end of the round's time, passed): the others stay unsent, without a try counted, for
+    /// the next round.
+    async fn send(&self, events: &[OutcomeEvent], deadline: Instant) -> Vec<Result<(), SendError>>;
+
+    /// Whether a failure holds back the rest of the round (an endpoint that is down is not
+    /// asked once per event): the round's later events are then given back with the same
+    /// error, unsent.
+    fn stops_at_failure(&self) -> bool {
+        false
+    }
 }
 
 /// The wait before the next try of an event tried `tries` times before: 1 s doubling, at most
@@ -198,8 +215,10 @@ impl Relay {
         Ok(held)
     }
 
-    /// One round: hold, take, publish, mark. Returns how many events it took.
+    /// One round: hold, take, then publish and mark chunk by chunk. Returns how many events
+    /// it took.
     pub async fn round(&self) -> Result<usize, crate::store::StoreError> {
+        let deadline = Instant::now() + ROUND_BUDGET;
         if !self.hold().await? {
             return Ok(0);
         }
@@ -210,19 +229,42 @@ impl Relay {
         if events.is_empty() {
             return Ok(0);
         }
-        let results = self.sink.send(&events).await;
-        let mut sent = Vec::new();
+        let mut sent = Vec::with_capacity(CHUNK);
+        let mut sent_total = 0;
         let mut failed: Vec<(&OutcomeEvent, SendError)> = Vec::new();
-        for (e, r) in events.iter().zip(results) {
-            match r {
-                Ok(()) => sent.push(e.seq),
-                Err(err) => failed.push((e, err)),
+        let mut held_back: Option<SendError> = None;
+        for chunk in events.chunks(CHUNK) {
+            if let Some(first) = &held_back {
+                let err = SendError {
+                    message: format!("not sent this round: {}", first.message),
+                    retry_after: first.retry_after,
+                };
+                failed.extend(chunk.iter().map(|e| (e, err.clone())));
+                continue;
+            }
+            if Instant::now() >= deadline {
+                // Out of time: the rest stay unsent, untouched, for the next round.
+                break;
+            }
+            let results = self.sink.send(chunk, deadline).await;
+            sent.clear();
+            let failed_before = failed.len();
+            for (e, r) in chunk.iter().zip(results) {
+                match r {
+                    Ok(()) => sent.push(e.seq),
+                    Err(err) => failed.push((e, err)),
+                }
+            }
+            // Marked sent only now, after the destination confirmed, and before the next chunk
+            // is published: a crash repeats this chunk at most. If this fails, the lease runs
+            // out and the events go again with the same ids.
+            self.store.mark_outcomes_sent(&sent).await?;
+            sent_total += sent.len();
+            if self.sink.stops_at_failure() && failed.len() > failed_before {
+                held_back = Some(failed[failed_before].1.clone());
             }
         }
-        // Marked sent only now, after the destination confirmed. If this fails, the lease
-        // runs out and the events go again with the same ids.
-        self.store.mark_outcomes_sent(&sent).await?;
-        self.metrics.outbox.sent(&self.consumer, sent.len());
+        self.metrics.outbox.sent(&self.consumer, sent_total);
         if let Some((_, first)) = failed.first() {
             warn!(consumer = %self.consumer, failed = failed.len(), error = %first, "outcome events not confirmed; tried again later");
         }
@@ -241,7 +283,7 @@ impl Relay {
                 .await?;
         }
         self.metrics.outbox.failed(&self.consumer, failed.len());
-        debug!(consumer = %self.consumer, sent = sent.len(), failed = failed.len(), "outcome relay round");
+        debug!(consumer = %self.consumer, sent = sent_total, failed = failed.len(), "outcome relay round");
         Ok(events.len())
     }
 }
