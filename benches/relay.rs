@@ -13,12 +13,12 @@
 
 mod support;
 
-use claimd::internal::config::OutcomesConfig;
-use claimd::internal::metrics::Metrics;
-use claimd::internal::outcome_relay::amqp::AmqpSink;
-use claimd::internal::outcome_relay::{Relay, Sink};
-use claimd::internal::store::postgres::PgStore;
-use claimd::internal::store::{ClaimStore, Store};
+use claimd::config::OutcomesConfig;
+use claimd::edge::outcome_relay::amqp::AmqpSink;
+use claimd::edge::outcome_relay::{Relay, Sink};
+use claimd::engine::metrics::Metrics;
+use claimd::store::postgres::PgStore;
+use claimd::store::{ClaimStore, Store};
 use lapin::options::{
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
     QueuePurgeOptions,
