@@ -14,7 +14,7 @@
 //! It submits 20 orders (each twice), one over HTTP, one with a zero amount (refused by the
 //! effect: `failed`), and loses the answer of one write (the effect says "unknown" after
 //! writing, as a timeout would). Then it checks that every order was written exactly once and
-//! exits 1 if not. `tests/library.rs` runs [`demo`].
+//! exits 1 if not. `tests/suite/library.rs` runs [`demo`].
 
 use claimd::{Effect, Lookup, Outcome, Worker, async_trait};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};

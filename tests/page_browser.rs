@@ -9,7 +9,7 @@
 
 mod common;
 
-use claimd::internal::claim::ClaimState;
+use claimd::domain::claim::ClaimState;
 use common::*;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -281,7 +281,7 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
         let body =
             format!(r#"{{"amount": {amount}, "currency": "EUR", "customer": "{customer}"}}"#);
         let mut n = orphan_claim("payments", "", id, &format!("payments::{id}"));
-        n.fingerprint = claimd::internal::claim::fingerprint(body.as_bytes());
+        n.fingerprint = claimd::domain::claim::fingerprint(body.as_bytes());
         n.payload = bytes::Bytes::from(body);
         park_claim(&s, &n, reason, "sweeper").await;
     }

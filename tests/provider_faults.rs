@@ -4,7 +4,7 @@
 
 mod common;
 
-use claimd::internal::claim::ClaimState;
+use claimd::domain::claim::ClaimState;
 use common::provider::{Script, TestProvider};
 use common::*;
 use std::time::Duration;
@@ -146,9 +146,7 @@ async fn a_permanent_rejection_fails_the_claim_and_is_not_retried() {
 
 async fn never_called_before_commit(store: TestStore) {
     // A second, independent connection pool: it sees only committed rows.
-    let observer = claimd::internal::store::open(&store.url(), 2)
-        .await
-        .unwrap();
+    let observer = claimd::store::open(&store.url(), 2).await.unwrap();
     observer.migrate().await.unwrap();
     let provider = TestProvider::start(Script {
         check_committed_in: Some(observer),
@@ -253,11 +251,8 @@ async fn no_resend_leaves_after_the_key_window_even_inside_an_attempt() {
         .claim(&orphan_claim("payments", "", "w-1", "payments::w-1"))
         .await
         .unwrap();
-    assert!(matches!(
-        claimed,
-        claimd::internal::store::ClaimOutcome::Created(_)
-    ));
-    let lite = claimd::internal::store::sqlite::SqliteStore::connect(&store.url(), 1)
+    assert!(matches!(claimed, claimd::store::ClaimOutcome::Created(_)));
+    let lite = claimd::store::sqlite::SqliteStore::connect(&store.url(), 1)
         .await
         .unwrap();
     sqlx::query("UPDATE claims SET received_utc = received_utc - 4500")
@@ -316,7 +311,7 @@ async fn a_slow_claim_statement_does_not_stretch_the_lease_postgres() {
     let base = format!("http://{}", running.http_addr);
 
     // Another session inserts the same message and holds its transaction open for 2 s.
-    let pg = claimd::internal::store::postgres::PgStore::connect(&store.url(), 1)
+    let pg = claimd::store::postgres::PgStore::connect(&store.url(), 1)
         .await
         .unwrap();
     let mut other = pg.pool().begin().await.unwrap();
@@ -358,19 +353,19 @@ async fn a_slow_claim_statement_does_not_stretch_the_lease_postgres() {
 /// of parking it as an unknown outcome; a claim whose call did start is still parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_park_claim_that_was_never_called_is_performed_not_parked() {
-    let (sb, provider) = sandbox(claimd::internal::sandbox::SandboxOptions::default()).await;
+    let (sb, provider) = sandbox(claimd::provider::sandbox::SandboxOptions::default()).await;
     let store = TestStore::sqlite();
     let consumer = consumer_toml("payments", &provider, "on_unknown = \"park\"");
     let running = start(&config_toml(&store.url(), &consumer)).await;
     let st = running.app().store.clone();
     for (id, never_called) in [("never-called", true), ("maybe-called", false)] {
-        let n = claimd::internal::claim::NewClaim {
+        let n = claimd::domain::claim::NewClaim {
             mark_not_called: never_called,
             ..orphan_claim("payments", "", id, &format!("payments::{id}"))
         };
         assert!(matches!(
             st.claim(&n).await.unwrap(),
-            claimd::internal::store::ClaimOutcome::Created(_)
+            claimd::store::ClaimOutcome::Created(_)
         ));
     }
     assert!(
@@ -455,10 +450,10 @@ async fn a_redirect_is_the_providers_answer_never_followed() {
 
     // The status endpoint that redirects: refused at start.
     let toml = config_toml(&store.url(), &consumer);
-    let app = claimd::internal::app::App::open(load(&toml), true)
+    let app = claimd::service::app::App::open(load(&toml), true)
         .await
         .unwrap();
-    let Err(e) = claimd::internal::run::start(app).await else {
+    let Err(e) = claimd::service::run::start(app).await else {
         panic!("started with a status endpoint that redirects")
     };
     let e = e.to_string();
@@ -466,8 +461,8 @@ async fn a_redirect_is_the_providers_answer_never_followed() {
 
     // With a status endpoint that answers, the payment's redirect parks the claim.
     let toml = toml.replace("/v1/effects/{key}", "/v1/found-nothing/{key}");
-    let running = claimd::internal::run::start(
-        claimd::internal::app::App::open(load(&toml), true)
+    let running = claimd::service::run::start(
+        claimd::service::app::App::open(load(&toml), true)
             .await
             .unwrap(),
     )
@@ -499,7 +494,7 @@ async fn a_redirect_is_the_providers_answer_never_followed() {
 async fn start_http2_park(
     provider: &str,
     effect_extra: &str,
-) -> (claimd::internal::run::Running, TestStore) {
+) -> (claimd::service::run::Running, TestStore) {
     let store = TestStore::sqlite();
     let consumer = format!(
         "{}http_version = \"2\"\n{effect_extra}",
@@ -513,7 +508,7 @@ async fn start_http2_park(
 }
 
 /// The outcomes of a claim's provider calls, in its history's order.
-async fn perform_outcomes(store: &claimd::internal::store::Store, id: i64) -> Vec<String> {
+async fn perform_outcomes(store: &claimd::store::Store, id: i64) -> Vec<String> {
     store
         .events(id)
         .await

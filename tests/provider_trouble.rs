@@ -13,8 +13,8 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use claimd::internal::claim::ClaimState;
-use claimd::internal::store::ClaimFilter;
+use claimd::domain::claim::ClaimState;
+use claimd::store::ClaimFilter;
 use common::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -290,7 +290,7 @@ async fn post_steadily(base: &str, prefix: &str, n: usize, per_s: u64) -> Vec<St
 
 /// Waits until no claim of `keys` is open; then every one must be completed, applied once.
 async fn all_completed_once(
-    running: &claimd::internal::run::Running,
+    running: &claimd::service::run::Running,
     provider: &Provider,
     keys: &[String],
     within: Duration,
@@ -503,9 +503,9 @@ async fn scripted(script: Vec<(u16, Vec<u8>, Option<String>)>) -> (Provider, Arc
 }
 
 async fn wait_settled(
-    running: &claimd::internal::run::Running,
+    running: &claimd::service::run::Running,
     key: &str,
-) -> claimd::internal::claim::Claim {
+) -> claimd::domain::claim::Claim {
     let store = running.app().store.clone();
     eventually(Duration::from_secs(40), || async {
         let c = store.get("payments", "", key).await.unwrap().unwrap();
@@ -573,7 +573,7 @@ async fn claimd_sweep_finishes_what_it_started_before_it_exits() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("sweep.toml");
     std::fs::write(&config, &toml).unwrap();
-    let app = claimd::internal::app::App::open(load(&toml), true)
+    let app = claimd::service::app::App::open(load(&toml), true)
         .await
         .unwrap();
     let s = app.store.clone();

@@ -4,7 +4,7 @@
 mod common;
 mod harness;
 
-use claimd::internal::sandbox::SandboxOptions;
+use claimd::provider::sandbox::SandboxOptions;
 use harness::{HostileOptions, Intake, Outcome, Scenario, assert_invariants};
 use std::time::Duration;
 

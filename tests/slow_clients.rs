@@ -45,7 +45,7 @@ async fn drip(s: &mut TcpStream, bytes: &[u8]) {
     }
 }
 
-async fn worker(http_extra: &str) -> (claimd::internal::run::Running, SocketAddr, TestStore) {
+async fn worker(http_extra: &str) -> (claimd::service::run::Running, SocketAddr, TestStore) {
     let store = TestStore::sqlite();
     let (_sb, provider) = sandbox(Default::default()).await;
     let running = start(&config_toml_with(

@@ -3,9 +3,9 @@
 #![allow(dead_code)]
 
 use claimd::config::Config;
-use claimd::internal::app::App;
-use claimd::internal::run::{self, Running};
-use claimd::internal::sandbox::{Sandbox, SandboxOptions};
+use claimd::provider::sandbox::{Sandbox, SandboxOptions};
+use claimd::service::app::App;
+use claimd::service::run::{self, Running};
 use std::path::Path;
 use std::time::Duration;
 
@@ -201,18 +201,18 @@ pub fn orphan_claim(
     tenant: &str,
     id: &str,
     idem_key: &str,
-) -> claimd::internal::claim::NewClaim {
-    claimd::internal::claim::NewClaim {
+) -> claimd::domain::claim::NewClaim {
+    claimd::domain::claim::NewClaim {
         consumer: consumer.into(),
         tenant: tenant.into(),
         message_id: id.into(),
         idem_key: idem_key.into(),
-        fingerprint: claimd::internal::claim::fingerprint(b"{}"),
+        fingerprint: claimd::domain::claim::fingerprint(b"{}"),
         payload: bytes::Bytes::from_static(b"{}"),
         content_type: "application/json".into(),
         worker: "dead-worker".into(),
         lease: Duration::ZERO,
-        claim_token: claimd::internal::claim::new_claim_token(),
+        claim_token: claimd::domain::claim::new_claim_token(),
         mark_not_called: false,
     }
 }
@@ -248,7 +248,7 @@ where
 }
 
 pub fn client() -> reqwest::Client {
-    claimd::internal::tls::http_client_builder()
+    claimd::provider::tls::http_client_builder()
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap()
@@ -471,19 +471,14 @@ pub async fn payments_worker(http_extra: &str) -> (TestStore, Sandbox, Running) 
 
 /// A `needs_attention` claim `id` of `consumer` (no tenant) parked for `reason`, as the
 /// sweeper leaves one whose outcome it could not decide.
-pub async fn parked_claim(
-    store: &claimd::internal::store::Store,
-    consumer: &str,
-    id: &str,
-    reason: &str,
-) {
+pub async fn parked_claim(store: &claimd::store::Store, consumer: &str, id: &str, reason: &str) {
     parked_claim_with_key(store, consumer, id, id, reason).await
 }
 
 /// [`parked_claim`] with idempotency key `key` (`payments::order-1001` is what the default
 /// template gives a claim without a tenant).
 pub async fn parked_claim_with_key(
-    store: &claimd::internal::store::Store,
+    store: &claimd::store::Store,
     consumer: &str,
     id: &str,
     key: &str,
@@ -494,12 +489,12 @@ pub async fn parked_claim_with_key(
 
 /// Claims `n` and parks it as `needs_attention` for `reason`, the park recorded as `actor`'s.
 pub async fn park_claim(
-    store: &claimd::internal::store::Store,
-    n: &claimd::internal::claim::NewClaim,
+    store: &claimd::store::Store,
+    n: &claimd::domain::claim::NewClaim,
     reason: &str,
     actor: &str,
 ) {
-    use claimd::internal::store::{ClaimOutcome, NewEvent, Settlement};
+    use claimd::store::{ClaimOutcome, NewEvent, Settlement};
     let ClaimOutcome::Created(c) = store.claim(n).await.unwrap() else {
         panic!("new claim {}", n.message_id)
     };
@@ -511,7 +506,7 @@ pub async fn park_claim(
         detail: None,
     };
     let parked = Settlement {
-        state: Some(claimd::internal::claim::ClaimState::NeedsAttention),
+        state: Some(claimd::domain::claim::ClaimState::NeedsAttention),
         error: Some(reason.into()),
         ..Default::default()
     };
@@ -519,7 +514,7 @@ pub async fn park_claim(
 }
 
 /// A claim's history as `action outcome` lines, for assertion messages.
-pub fn lines(events: &[claimd::internal::store::ClaimEvent]) -> Vec<String> {
+pub fn lines(events: &[claimd::store::ClaimEvent]) -> Vec<String> {
     events
         .iter()
         .map(|e| format!("{} {}", e.action, e.outcome))

@@ -21,7 +21,7 @@ pub struct Script {
     /// Always answer this status without applying.
     pub always: Option<u16>,
     /// A store URL: before applying, check the claim for this key is committed there.
-    pub check_committed_in: Option<claimd::internal::store::Store>,
+    pub check_committed_in: Option<claimd::store::Store>,
     /// Sleep this long before applying (a kill then lands during the call).
     pub delay_before_apply_ms: u64,
     /// Apply, then sleep this long before answering (a kill then lands between the

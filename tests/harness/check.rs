@@ -42,7 +42,7 @@ pub(super) async fn check(
         claims.len(),
         phase.elapsed().as_secs_f64()
     );
-    let by_id: HashMap<(&str, &str), &claimd::internal::claim::Claim> = claims
+    let by_id: HashMap<(&str, &str), &claimd::domain::claim::Claim> = claims
         .iter()
         .map(|c| ((c.tenant.as_str(), c.message_id.as_str()), c))
         .collect();
@@ -52,13 +52,13 @@ pub(super) async fn check(
         .filter(|(t, id)| !by_id.contains_key(&(t.as_str(), id.as_str())))
         .count();
     let count =
-        |st: claimd::internal::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
+        |st: claimd::domain::claim::ClaimState| claims.iter().filter(|c| c.state == st).count();
     // Why claims wait for a person, by consumer and reason (printed: a long run's table alone
     // does not say).
     let mut parked: HashMap<(String, String), usize> = HashMap::new();
     for c in claims
         .iter()
-        .filter(|c| c.state == claimd::internal::claim::ClaimState::NeedsAttention)
+        .filter(|c| c.state == claimd::domain::claim::ClaimState::NeedsAttention)
     {
         let why: String = c
             .last_error
@@ -87,7 +87,7 @@ pub(super) async fn check(
                 // "parked, never sent" check's business.
                 [Some(a), Some(b)] if a.idem_key != b.idem_key => [a, b]
                     .iter()
-                    .filter(|c| c.state != claimd::internal::claim::ClaimState::NeedsAttention)
+                    .filter(|c| c.state != claimd::domain::claim::ClaimState::NeedsAttention)
                     // Failed as never sent: whether that is true is the "never sent, key
                     // held" check's business.
                     .filter(|c| !never_sent_failure(c))
@@ -101,15 +101,15 @@ pub(super) async fn check(
     let completed_unapplied = claims
         .iter()
         .filter(|c| {
-            c.consumer == "payments" && c.state == claimd::internal::claim::ClaimState::Completed
+            c.consumer == "payments" && c.state == claimd::domain::claim::ClaimState::Completed
         })
         .filter(|c| !applied.contains_key(c.idem_key.as_str()))
         .count();
     // Parked, and its key (payments) or recipient (emails) never reached the provider's door.
     let (keys_seen, rcpts_seen) = (provider_gate.seen(), smtp_gate.seen());
-    let never_sent: Vec<&claimd::internal::claim::Claim> = claims
+    let never_sent: Vec<&claimd::domain::claim::Claim> = claims
         .iter()
-        .filter(|c| c.state == claimd::internal::claim::ClaimState::NeedsAttention)
+        .filter(|c| c.state == claimd::domain::claim::ClaimState::NeedsAttention)
         .filter(|c| {
             if c.consumer == "email" {
                 // Email `e{seed}-{m}` goes to `user{m}@example.com` (list() carries no payloads).
@@ -153,7 +153,7 @@ pub(super) async fn check(
     // At a kill: the holder was killed within its lease after the claim arrived (a first
     // attempt), or within the lease (and a sweep or two) before the takeover that found its
     // lease run out (a later attempt, after earlier kills or waits).
-    let at_kill = |c: &claimd::internal::claim::Claim| {
+    let at_kill = |c: &claimd::domain::claim::Claim| {
         holder_of.get(&c.id).is_some_and(|(h, taken_over)| {
             killed_at.get(h.as_str()).is_some_and(|t| {
                 let since_receipt = (*t - c.received_utc).num_milliseconds();
@@ -165,7 +165,7 @@ pub(super) async fn check(
     };
     let parked_never_sent_at_kill = never_sent.iter().filter(|c| at_kill(c)).count();
     // Every unexplained one, then a few at a kill.
-    let (at, orphaned): (Vec<&&claimd::internal::claim::Claim>, Vec<_>) =
+    let (at, orphaned): (Vec<&&claimd::domain::claim::Claim>, Vec<_>) =
         never_sent.iter().partition(|c| at_kill(c));
     for c in orphaned.into_iter().chain(at.into_iter().take(10)) {
         // The chaos around the moment it was received (database clock, same host).
@@ -208,8 +208,7 @@ pub(super) async fn check(
         phase.elapsed().as_secs_f64()
     );
     let counts = store.counts(None).await.unwrap();
-    let total =
-        |f: fn(&claimd::internal::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
+    let total = |f: fn(&claimd::store::ConsumerCounts) -> i64| counts.iter().map(f).sum::<i64>();
     // Emails: copies the sink received per Message-ID.
     let mut per_id: HashMap<String, usize> = HashMap::new();
     for r in smtp.received() {
@@ -222,9 +221,9 @@ pub(super) async fn check(
         via_broker: s.intake == Intake::Amqp,
         sent: sent.total,
         acknowledged: acked.len(),
-        completed: count(claimd::internal::claim::ClaimState::Completed),
-        failed: count(claimd::internal::claim::ClaimState::Failed),
-        needs_attention: count(claimd::internal::claim::ClaimState::NeedsAttention),
+        completed: count(claimd::domain::claim::ClaimState::Completed),
+        failed: count(claimd::domain::claim::ClaimState::Failed),
+        needs_attention: count(claimd::domain::claim::ClaimState::NeedsAttention),
         needs_attention_emails: parked
             .iter()
             .filter(|((c, _), _)| c == "email")
@@ -250,7 +249,7 @@ pub(super) async fn check(
         emails_completed_unreceived: claims
             .iter()
             .filter(|c| {
-                c.consumer == "email" && c.state == claimd::internal::claim::ClaimState::Completed
+                c.consumer == "email" && c.state == claimd::domain::claim::ClaimState::Completed
             })
             .filter(|c| !per_id.contains_key(&format!("<{}@chaos.claimd>", c.idem_key)))
             .count(),
@@ -273,8 +272,8 @@ pub(super) async fn check(
 
 /// A claim ended `failed` as never sent (`send_deadline` passed with every answer taken for
 /// proof that nothing was applied).
-fn never_sent_failure(c: &claimd::internal::claim::Claim) -> bool {
-    c.state == claimd::internal::claim::ClaimState::Failed
+fn never_sent_failure(c: &claimd::domain::claim::Claim) -> bool {
+    c.state == claimd::domain::claim::ClaimState::Failed
         && c.last_error
             .as_deref()
             .is_some_and(|e| e.starts_with("never sent"))
@@ -293,8 +292,8 @@ struct Evidence {
 /// the provider applied.
 async fn evidence_checks(
     db_url: &str,
-    claims: &[claimd::internal::claim::Claim],
-    effects: &[claimd::internal::sandbox::EffectRecord],
+    claims: &[claimd::domain::claim::Claim],
+    effects: &[claimd::provider::sandbox::EffectRecord],
     hostile: Option<(&hostile::HostileCounts, &lookalike::EventCounts)>,
 ) -> Evidence {
     let own: HashMap<&str, &str> = effects
@@ -333,7 +332,7 @@ async fn evidence_checks(
         // One query for every settle by an event about a look-alike object, and the claims
         // by (tenant, message id) from the list already read: a long run has tens of
         // thousands of targets, and a query per target took longer than the run.
-        let by_key: HashMap<(&str, &str), &claimd::internal::claim::Claim> = payments()
+        let by_key: HashMap<(&str, &str), &claimd::domain::claim::Claim> = payments()
             .map(|c| ((c.tenant.as_str(), c.message_id.as_str()), c))
             .collect();
         let marker = format!("object {}", lookalike::LOOKALIKE_PREFIX);

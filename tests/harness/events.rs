@@ -5,7 +5,7 @@
 //! twice, after a relay was killed between its publish and its mark) are allowed and counted.
 
 use super::*;
-use claimd::internal::claim::{Claim, ClaimState};
+use claimd::domain::claim::{Claim, ClaimState};
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
 
 /// The run's exchange and queue of outcome events.

@@ -46,7 +46,7 @@ impl Fleet {
     }
 
     pub(super) async fn wait_up(port: u16) {
-        let c = claimd::internal::tls::http_client_builder()
+        let c = claimd::provider::tls::http_client_builder()
             .build()
             .expect("HTTP client");
         for _ in 0..400 {

@@ -113,7 +113,7 @@ impl HostileProxy {
         let state = Arc::new(State {
             options,
             upstream: format!("http://{upstream}"),
-            client: claimd::internal::tls::http_client_builder()
+            client: claimd::provider::tls::http_client_builder()
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),

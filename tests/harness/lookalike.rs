@@ -15,9 +15,9 @@
 //! connection error or a `5xx` (workers are killed, the database goes away) until answered.
 
 use super::hostile::{PendingObject, metadata};
-use claimd::internal::claim::ClaimState;
-use claimd::internal::provider_events::signature::sign_stripe;
-use claimd::internal::store::Store;
+use claimd::domain::claim::ClaimState;
+use claimd::provider::provider_events::signature::sign_stripe;
+use claimd::store::Store;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,7 +66,7 @@ impl EventDriver {
         let counts = Arc::new(EventCounts::default());
         let c = counts.clone();
         let task = tokio::spawn(async move {
-            let client = claimd::internal::tls::http_client_builder()
+            let client = claimd::provider::tls::http_client_builder()
                 .timeout(Duration::from_secs(5))
                 .build()
                 .unwrap();

@@ -34,8 +34,8 @@ use crate::common::smtp::SmtpSink;
 use crate::common::{amqp::amqp_url, claimd_bin, free_port, proxy, try_raw_post};
 use gate::Gate;
 
-use claimd::internal::sandbox::{Sandbox, SandboxOptions};
-use claimd::internal::store::{ClaimFilter, Store};
+use claimd::provider::sandbox::{Sandbox, SandboxOptions};
+use claimd::store::{ClaimFilter, Store};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -188,7 +188,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         ),
     )
     .unwrap();
-    let store = claimd::internal::store::open(db_url, 4).await.unwrap();
+    let store = claimd::store::open(db_url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let mut fleet = Fleet {
         config,
@@ -426,7 +426,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             let (queue, ledger, via) = (queue.clone(), ledger.clone(), via.clone());
             let expected_dead = expected_dead.clone();
             tasks.push(tokio::spawn(async move {
-                let c = claimd::internal::tls::http_client_builder()
+                let c = claimd::provider::tls::http_client_builder()
                     .timeout(Duration::from_secs(10))
                     .build()
                     .unwrap();

@@ -1,0 +1,51 @@
+//! The fast integration suite: one test binary, so `cargo test` links it once instead of once
+//! per file. Each module was a test file of its own; a new test file goes here as a module,
+//! not at the top of `tests/` (every file there is a binary of its own, linked separately).
+//! The long suites (provider faults and trouble, slow clients, the browser, the reliability
+//! harness) stay binaries of their own behind the `long-tests` feature (Cargo.toml; README).
+//!
+//! Run one module with `cargo test --test suite edge::` (a filter on the test path).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod amqp;
+mod claim_search;
+mod cli_bulk;
+mod cli_friendly;
+mod crash;
+mod dashboard;
+mod edge;
+mod edge_headers;
+mod edge_hostile;
+mod edge_output;
+mod email;
+mod end_to_end;
+mod evidence_send;
+mod examples_local;
+mod hangups;
+mod hostile_input;
+mod intake;
+mod ledger;
+mod library;
+mod lifecycle;
+mod localstripe;
+mod localstripe_reconcile;
+mod memory_budget;
+mod metrics;
+mod metrics_format;
+mod openapi;
+mod operator;
+mod operator_api;
+mod outcomes;
+mod page_actions;
+mod properties;
+mod provider_events;
+mod providers;
+mod readiness;
+mod reconcile_by_value;
+mod sandbox;
+mod signin;
+mod store;
+mod walkthrough;
+mod webhook_signatures;
