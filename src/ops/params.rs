@@ -10,7 +10,7 @@
 //!   inside what PostgreSQL (4713 BC–294276 AD) and SQLite (64-bit milliseconds) hold.
 //! - A window back from now (`since=7d`) is at most [`MAX_WINDOW_DAYS`] days.
 //!
-//! Pure; [`ParamError::answer`] is the HTTP answer, the CLI prints the error and exits 2.
+//! Pure; `edge::http::problem::bad_parameter` is the HTTP answer, the CLI prints the error and exits 2.
 
 use crate::domain::duration::Dur;
 use crate::ops::report::Window;

@@ -8,7 +8,7 @@
 //!
 //! A retried `POST` (same key and body) after the claim settled answers `200` with the
 //! outcome and `Idempotent-Replayed: true`; `Prefer: wait=N` holds the answer until the claim
-//! settles or N seconds pass (see [`answer`](super::answer)).
+//! settles or N seconds pass (see [`super::answer`]).
 
 use crate::config::SourceConfig;
 use crate::domain::claim::{Claim, ClaimState};

@@ -1,7 +1,8 @@
 //! Paging through the provider's list ([`read_provider`]), each request through the
 //! consumer's [`Destination`] (its rate limit and breaker), and the spill file the objects go
-//! to ([`Spill`](super::spill::Spill)): providers list in creation order, the merge needs key order, so the compact
-//! objects are written to a temporary SQLite file and read back sorted by key, a page at a time.
+//! to (the [`super::spill::Spill`]): providers list in creation order, the merge needs key
+//! order, so the compact objects are written to a temporary SQLite file and read back sorted
+//! by key, a page at a time.
 
 use super::LedgerError;
 use super::describe::{ObjectReader, Skipped, first_url, next_url};

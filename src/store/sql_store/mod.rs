@@ -1,7 +1,7 @@
 //! The one body of both SQL drivers: [`SqlStore`] implements [`ClaimStore`] once, over a
-//! [`Dialect`](crate::store::dialect::Dialect) that supplies what really differs between
-//! PostgreSQL and SQLite — the SQL text of each named statement, how times are stored (`timestamptz` in
-//! one and integer milliseconds in the other), and the extras only one of them has
+//! [`Dialect`] that supplies what really differs between PostgreSQL and SQLite — the SQL text
+//! of each named statement, how times are stored (`timestamptz` in one and integer
+//! milliseconds in the other), and the extras only one of them has
 //! (PostgreSQL's advisory lock and multi-row statements, SQLite's percentiles). Concurrent
 //! claims and settles are committed together through the `batch` module.
 //!
