@@ -1,5 +1,5 @@
 //! The OpenAPI document (issue 15): served at `/openapi.json`, valid JSON naming OpenAPI 3.1,
-//! and in step with the router: every route `src/api.rs` assembles is documented, and every
+//! and in step with the router: every route `src/edge/api.rs` assembles is documented, and every
 //! documented path and method reaches a handler (not the "no such route" fallback, not 405).
 
 use crate::common;
@@ -7,9 +7,9 @@ use crate::common;
 use common::*;
 use std::collections::BTreeSet;
 
-/// The paths `src/api.rs` gives to `.route(...)`.
+/// The paths `src/edge/api.rs` gives to `.route(...)`.
 fn routed_paths() -> BTreeSet<String> {
-    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api.rs")).unwrap();
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/edge/api.rs")).unwrap();
     let mut paths = BTreeSet::new();
     let mut rest = src.as_str();
     while let Some(at) = rest.find(".route(") {
