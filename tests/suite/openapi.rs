@@ -9,7 +9,8 @@ use std::collections::BTreeSet;
 
 /// The paths `src/edge/api.rs` gives to `.route(...)`.
 fn routed_paths() -> BTreeSet<String> {
-    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/edge/api.rs")).unwrap();
+    let src =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/edge/api.rs")).unwrap();
     let mut paths = BTreeSet::new();
     let mut rest = src.as_str();
     while let Some(at) = rest.find(".route(") {
