@@ -89,6 +89,11 @@ impl Consumer {
             .expect("consumer semaphore closed")
     }
 
+    /// A free call slot, if one is free now.
+    pub fn try_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
+    }
+
     /// Waits for an intake place (one delivery being claimed or waiting for a call slot).
     pub(crate) async fn intake_place(&self) -> OwnedSemaphorePermit {
         self.intake
@@ -185,6 +190,9 @@ pub struct Hold {
     pub since: Instant,
     /// The claim's age (since it was received) at `since`.
     pub age: Duration,
+    /// The claim carries the "not called yet" marker whatever its consumer's policy (an
+    /// enqueued claim): it is cleared, fenced, before the first call.
+    pub not_called: bool,
 }
 
 impl Hold {
@@ -193,6 +201,17 @@ impl Hold {
         Hold {
             since: Instant::now(),
             age: Duration::ZERO,
+            not_called: false,
+        }
+    }
+
+    /// A hold on an enqueued claim whose lease began `since` (taken before the statement),
+    /// `age` after it was enqueued: it carries the "not called yet" marker.
+    pub fn enqueued(since: Instant, age: Duration) -> Self {
+        Hold {
+            since,
+            age,
+            not_called: true,
         }
     }
 

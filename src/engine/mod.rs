@@ -6,6 +6,7 @@
 pub mod claimer;
 pub mod consumer;
 pub mod destination;
+pub mod enqueued;
 pub mod metrics;
 pub mod policy;
 pub mod provider_event;

@@ -366,6 +366,7 @@ async fn handle(
     let hold = Hold {
         since: lease_start,
         age: t.age,
+        not_called: false,
     };
     claimer.metrics().sweep_action(action_name(&decision));
     let result = match &decision {

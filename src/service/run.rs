@@ -74,6 +74,14 @@ pub enum RunError {
         /// What the probe saw.
         why: String,
     },
+    /// A consumer could not be written to the registry producers' transactions read.
+    #[error("consumer {consumer}: cannot register it for transactional enqueue: {source}")]
+    Register {
+        /// The consumer.
+        consumer: String,
+        /// The store's error.
+        source: crate::store::StoreError,
+    },
     /// The scheduler refused a job.
     #[error("scheduler: {0}")]
     Scheduler(String),
@@ -198,6 +206,31 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             }
         }
     }
+
+    // The registry producers' transactions check enqueued messages against, before the
+    // pickup takes any (docs/producers.md).
+    for consumer in app.claimer.consumers() {
+        let entry = crate::store::enqueue::Registration {
+            name: consumer.name().to_string(),
+            key_template: consumer.config.key.clone(),
+            max_key_length: consumer.config.effect.max_key_length(),
+            keys_tenant: consumer.template.mentions_tenant(),
+            max_payload_bytes: config.http.max_body_bytes,
+        };
+        if let Err(source) = app.store.register_consumer(&entry).await {
+            let _ = stop.send(true);
+            return Err(RunError::Register {
+                consumer: entry.name,
+                source,
+            });
+        }
+    }
+    let listen_url = (app.store.dialect() == "postgres").then(|| config.store.url.clone());
+    background.extend(crate::engine::enqueued::start(
+        app.claimer.clone(),
+        listen_url,
+        stopped.clone(),
+    ));
 
     // RabbitMQ intake: one task per `source = "amqp"` consumer; connects in the background.
     let amqp = Arc::new(AmqpIntake::start(app.claimer.clone(), &config));

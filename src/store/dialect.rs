@@ -140,6 +140,14 @@ pub struct Statements {
     /// returning them with payload and `age_ms` (time pending): consumer, limit, owner,
     /// lease ms.
     pub take_pending: &'static str,
+    /// Take enqueued claims no worker holds yet (`started`, attempt 1, no lease owner),
+    /// oldest first, leasing them to the taker (attempt and version unchanged), returning
+    /// them with payload and `age_ms` (time since enqueued): consumer, limit, owner, lease ms.
+    pub take_enqueued: &'static str,
+    /// Upsert a consumer's entry in the registry producers' transactions read
+    /// (`claimd_consumers`): name, key template, max key length, whether the key mentions
+    /// `{tenant}`, max payload bytes.
+    pub register_consumer: &'static str,
     /// Operator resolve, bumping the version, returning the claim: consumer, tenant, message
     /// id, to-state, two from-states the move is allowed from, the attempt and the version
     /// seen (each NULL: any). Run through [`Dialect::update_logged`].

@@ -23,6 +23,7 @@
 pub mod dialect;
 mod args;
 mod batch;
+pub mod enqueue;
 mod error;
 pub mod outbox;
 #[cfg(feature = "postgres")]

@@ -69,9 +69,10 @@ impl Claimer {
             ))
             .await;
         }
-        if claim.attempt == 1 && !consumer.claims_ahead() {
+        if claim.attempt == 1 && (hold.not_called || !consumer.claims_ahead()) {
             // The claim was committed with a "not called yet" marker (see
-            // NewClaim::mark_not_called): it goes now, fenced, before the first call.
+            // NewClaim::mark_not_called; an enqueued claim always carries it): it goes now,
+            // fenced, before the first call.
             match self.store.mark_called(claim.id, claim.attempt).await {
                 Ok(true) => {}
                 Ok(false) => {

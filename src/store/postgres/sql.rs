@@ -275,6 +275,29 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(pending_utc, received_utc)) * 1000)::bigint \
        AS age_ms, NULL::text AS held_by"
     ),
+    // Enqueued claims (a producer's committed transaction) no worker took yet, oldest first,
+    // chosen once in a materialised CTE with the predicate repeated on the UPDATE, as
+    // `take_stale`; `attempt = 1` leaves out operator redrives, which the sweeper takes.
+    take_enqueued: concat!(
+        "WITH queued AS MATERIALIZED ( \
+       SELECT id AS queued_id FROM claims \
+       WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
+       ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+     UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond', \
+       started_utc = now(), updated_utc = now() \
+     FROM queued WHERE id = queued_id \
+       AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
+     RETURNING ",
+        claim_cols!(),
+        ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
+       NULL::text AS held_by"
+    ),
+    register_consumer: "\
+    INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \
+      max_payload_bytes, updated_utc) VALUES ($1, $2, $3, $4, $5, now()) \
+    ON CONFLICT (name) DO UPDATE SET key_template = EXCLUDED.key_template, \
+      max_key_length = EXCLUDED.max_key_length, keys_tenant = EXCLUDED.keys_tenant, \
+      max_payload_bytes = EXCLUDED.max_payload_bytes, updated_utc = now()",
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),

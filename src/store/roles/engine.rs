@@ -2,6 +2,7 @@
 //! a call keeps on its claim, taking over stale and due pending claims, and pruning old ones.
 
 use crate::domain::claim::ClaimState;
+use crate::store::enqueue::Registration;
 use crate::store::{NewEvent, PruneResult, SettleItem, Settlement, StoreResult, TakenClaim};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -107,6 +108,21 @@ pub trait EngineStore: Send + Sync {
         owner: &str,
         lease: Duration,
     ) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Takes up to `limit` enqueued claims of `consumer` that no worker holds yet (a
+    /// producer's committed [`crate::store::enqueue`]: `started`, attempt 1, no lease owner),
+    /// oldest first: leases them to `owner` for `lease`, attempt unchanged, skipping rows
+    /// another instance is taking. [`TakenClaim::age`] is the time since each was enqueued.
+    async fn take_enqueued(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Writes (or rewrites) `consumer`'s entry in the registry producers' transactions read.
+    async fn register_consumer(&self, consumer: &Registration) -> StoreResult<()>;
 
     /// Stuck claims of `consumer` the sweeper would take (dry run), oldest lease first,
     /// shown with the attempt number a takeover would give them. Changes nothing.

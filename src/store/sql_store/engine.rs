@@ -5,6 +5,7 @@ use super::SqlStore;
 use crate::domain::claim::ClaimState;
 use crate::store::args::{ms, settle_args, settle_from_args};
 use crate::store::dialect::{Arg, Dialect, LoggedWrite, SqlRow, event_args};
+use crate::store::enqueue::Registration;
 use crate::store::outbox::emits;
 use crate::store::rows::taken_from_row;
 use crate::store::{
@@ -236,6 +237,44 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             )
             .await?;
         rows.iter().map(|r| taken_from_row(r, 0)).collect()
+    }
+
+    async fn take_enqueued(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let rows = self
+            .fetch(
+                "take_enqueued",
+                D::SQL.take_enqueued,
+                &[
+                    Arg::Text(consumer),
+                    Arg::I64(i64::from(limit)),
+                    Arg::Text(owner),
+                    Arg::I64(ms(lease)),
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| taken_from_row(r, 0)).collect()
+    }
+
+    async fn register_consumer(&self, c: &Registration) -> StoreResult<()> {
+        self.execute(
+            "register_consumer",
+            D::SQL.register_consumer,
+            &[
+                Arg::Text(&c.name),
+                Arg::Text(&c.key_template),
+                Arg::I32(i32::try_from(c.max_key_length).unwrap_or(i32::MAX)),
+                Arg::Bool(c.keys_tenant),
+                Arg::I64(i64::try_from(c.max_payload_bytes).unwrap_or(i64::MAX)),
+            ],
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>> {

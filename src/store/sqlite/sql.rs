@@ -222,6 +222,30 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         " - COALESCE(pending_utc, received_utc)) AS age_ms, NULL AS held_by"
     ),
+    // Enqueued claims no worker took yet, oldest first (see the PostgreSQL statement).
+    take_enqueued: concat!(
+        "UPDATE claims SET lease_owner = ?3, lease_until = ",
+        now_ms!(),
+        " + ?4, started_utc = ",
+        now_ms!(),
+        ", updated_utc = ",
+        now_ms!(),
+        " WHERE id IN (SELECT id FROM claims WHERE consumer = ?1 AND state = 'started' \
+       AND lease_owner IS NULL AND attempt = 1 ORDER BY id LIMIT ?2) \
+       AND state = 'started' AND lease_owner IS NULL AND attempt = 1 RETURNING ",
+        claim_cols!(),
+        ", payload, (",
+        now_ms!(),
+        " - received_utc) AS age_ms, NULL AS held_by"
+    ),
+    register_consumer: concat!(
+        "INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \
+      max_payload_bytes, updated_utc) VALUES (?1, ?2, ?3, ?4, ?5, ",
+        now_ms!(),
+        ") ON CONFLICT (name) DO UPDATE SET key_template = excluded.key_template, \
+      max_key_length = excluded.max_key_length, keys_tenant = excluded.keys_tenant, \
+      max_payload_bytes = excluded.max_payload_bytes, updated_utc = excluded.updated_utc"
+    ),
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),

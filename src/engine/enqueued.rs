@@ -1,0 +1,185 @@
+//! The pickup of enqueued claims: claims a producer committed in its own transaction
+//! ([`crate::store::enqueue`]) carry no lease owner until a worker takes them here. Each
+//! consumer has a task that takes as many as it has free call slots (one statement; several
+//! instances never take one claim twice: the statement's `lease_owner IS NULL` and, on
+//! PostgreSQL, `SKIP LOCKED`) and drives each like a fresh claim from intake, its "not called
+//! yet" marker cleared before the first call.
+//!
+//! Wake-ups: on PostgreSQL the enqueue's `pg_notify('claimd_enqueued', consumer)`, delivered
+//! on commit, through one listening connection, with a poll every [`PG_POLL`] in case a
+//! notification was lost (and one after each reconnect); on SQLite a poll every
+//! [`SQLITE_POLL`], one indexed statement on the enqueued claims' partial index.
+
+use crate::engine::claimer::Claimer;
+use crate::engine::consumer::{Consumer, Hold, Slot};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::warn;
+
+/// The notification channel the enqueue function signals on commit (payload: the consumer).
+pub const CHANNEL: &str = "claimd_enqueued";
+/// How often the pickup looks on PostgreSQL without a notification.
+pub const PG_POLL: Duration = Duration::from_secs(5);
+/// How often the pickup looks on SQLite: the bound on an enqueued claim's wait for a worker.
+pub const SQLITE_POLL: Duration = Duration::from_millis(200);
+/// Most claims one statement takes.
+const BATCH: usize = 64;
+
+/// Starts the pickup for every consumer of `claimer`. `listen_url`: the PostgreSQL store's
+/// URL, to listen for notifications on (`None`: poll only, every [`SQLITE_POLL`]). The tasks
+/// end when `stop` turns true.
+pub fn start(
+    claimer: Arc<Claimer>,
+    listen_url: Option<String>,
+    stop: watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let wakes: BTreeMap<String, Arc<Notify>> = claimer
+        .consumers()
+        .map(|c| (c.name().to_string(), Arc::new(Notify::new())))
+        .collect();
+    let poll = if listen_url.is_some() {
+        PG_POLL
+    } else {
+        SQLITE_POLL
+    };
+    let mut tasks = Vec::new();
+    for consumer in claimer.consumers() {
+        let wake = wakes[consumer.name()].clone();
+        tasks.push(tokio::spawn(take_loop(
+            claimer.clone(),
+            consumer.clone(),
+            wake,
+            poll,
+            stop.clone(),
+        )));
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(url) = listen_url {
+        tasks.push(tokio::spawn(listen(url, wakes, stop)));
+    }
+    #[cfg(not(feature = "postgres"))]
+    let _ = listen_url;
+    tasks
+}
+
+/// One consumer's pickup: take what is there, then wait for a wake-up or the poll.
+async fn take_loop(
+    claimer: Arc<Claimer>,
+    consumer: Arc<Consumer>,
+    wake: Arc<Notify>,
+    poll: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        while claimer.is_accepting() {
+            let first = tokio::select! {
+                permit = consumer.slot() => permit,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            let mut permits = vec![first];
+            while permits.len() < BATCH {
+                match consumer.try_slot() {
+                    Some(p) => permits.push(p),
+                    None => break,
+                }
+            }
+            // The local clock starts before the statement sets the lease (as intake's).
+            let since = Instant::now();
+            let taken = claimer
+                .store()
+                .take_enqueued(
+                    consumer.name(),
+                    permits.len() as u32,
+                    claimer.instance(),
+                    consumer.config.lease.0,
+                )
+                .await;
+            let taken = match taken {
+                Ok(taken) => taken,
+                Err(e) => {
+                    warn!(consumer = consumer.name(), error = %e, "could not take enqueued claims");
+                    break;
+                }
+            };
+            let all = taken.len() == permits.len();
+            for t in taken {
+                let Some(permit) = permits.pop() else { break };
+                let metrics = claimer.metrics();
+                metrics.received(consumer.name());
+                metrics.created(consumer.name());
+                let (claimer, consumer) = (claimer.clone(), consumer.clone());
+                tokio::spawn(async move {
+                    let slot = Slot::held(permit, &consumer);
+                    let hold = Hold::enqueued(since, t.age);
+                    Box::pin(claimer.drive(&consumer, &t.claim, hold, None, slot)).await;
+                });
+            }
+            if !all {
+                break;
+            }
+        }
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(poll) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// Listens for the enqueue's notifications and wakes the named consumer's pickup; wakes every
+/// pickup after a (re)connection, since notifications sent meanwhile are lost.
+#[cfg(feature = "postgres")]
+async fn listen(
+    url: String,
+    wakes: BTreeMap<String, Arc<Notify>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    use sqlx::postgres::PgListener;
+    let wake_all = || wakes.values().for_each(|w| w.notify_one());
+    loop {
+        let connected = async {
+            let mut l = PgListener::connect(&url).await?;
+            l.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        let connected = tokio::select! {
+            l = connected => l,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let mut listener = match connected {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(error = %e, "cannot listen for enqueued claims; polling until it can");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        };
+        wake_all();
+        loop {
+            let next = tokio::select! {
+                n = listener.try_recv() => n,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match next {
+                Ok(Some(n)) => {
+                    if let Some(w) = wakes.get(n.payload()) {
+                        w.notify_one();
+                    }
+                }
+                // The connection was lost; the next call reconnects and listens again.
+                Ok(None) => wake_all(),
+                Err(e) => {
+                    warn!(error = %e, "lost the enqueued claims' notifications; reconnecting");
+                    wake_all();
+                    break;
+                }
+            }
+        }
+    }
+}
