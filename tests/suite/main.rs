@@ -21,6 +21,7 @@ mod edge_hostile;
 mod edge_output;
 mod email;
 mod end_to_end;
+mod enqueue;
 mod evidence_send;
 mod examples_local;
 mod hangups;
