@@ -505,7 +505,7 @@ async fn thousand_producers(store: TestStore) {
     let taken_by_dead = dead.await.unwrap();
     let committed = committed.lock().unwrap().clone();
     let commits = committed.len() as i64;
-    assert!(commits >= 750 && commits <= 800, "{commits} commits");
+    assert!((750..=800).contains(&commits), "{commits} commits");
     assert_eq!(producer.count("SELECT count(*) FROM claims").await, commits);
     assert!(
         eventually(Duration::from_secs(60), || async {

@@ -7,12 +7,12 @@
 //! registry every worker writes at start ([`Registration`]): a producer's transaction knows the
 //! consumers only through it. On PostgreSQL the claim is written by the SQL function the
 //! migrations install (`claimd.enqueue_bytes`, the one producers in other languages call), so
-//! both ways in share one implementation; on SQLite by [`sql`]'s statements.
+//! both ways in share one implementation; on SQLite by the statements of `enqueue/sql.rs`.
 
 mod sql;
 
 use crate::domain::claim::{
-    IdError, KeyTemplate, fingerprint, validate_content_type, validate_message_id, validate_tenant,
+    IdError, KeyTemplate, validate_content_type, validate_message_id, validate_tenant,
 };
 use crate::domain::json_body::{self, NotJson};
 use async_trait::async_trait;
@@ -183,7 +183,6 @@ pub enum EnqueueError {
 struct Registered {
     template: String,
     max_key_length: i64,
-    keys_tenant: bool,
     max_payload_bytes: i64,
 }
 
@@ -213,7 +212,7 @@ fn check(e: &Enqueue<'_>, reg: &Registered) -> Result<Checked, EnqueueError> {
                     why: why.to_string(),
                 },
             )?;
-    if !tenant.is_empty() && !(reg.keys_tenant && template.mentions_tenant()) {
+    if !tenant.is_empty() && !template.mentions_tenant() {
         return Err(EnqueueError::TenantNotKeyed {
             consumer: e.consumer.to_string(),
             template: reg.template.clone(),
@@ -275,7 +274,6 @@ impl EnqueueConn for sqlx::PgConnection {
         let reg = Registered {
             template: row.try_get("key_template")?,
             max_key_length: i64::from(row.try_get::<i32, _>("max_key_length")?),
-            keys_tenant: row.try_get("keys_tenant")?,
             max_payload_bytes: row.try_get("max_payload_bytes")?,
         };
         let checked = check(e, &reg)?;
@@ -343,11 +341,10 @@ impl EnqueueConn for sqlx::SqliteConnection {
         let reg = Registered {
             template: row.try_get("key_template")?,
             max_key_length: row.try_get("max_key_length")?,
-            keys_tenant: row.try_get("keys_tenant")?,
             max_payload_bytes: row.try_get("max_payload_bytes")?,
         };
         let checked = check(e, &reg)?;
-        let print = fingerprint(e.payload);
+        let print = crate::domain::claim::fingerprint(e.payload);
         let inserted = sqlx::query(sql::SQLITE_INSERT)
             .bind(e.consumer)
             .bind(e.tenant)

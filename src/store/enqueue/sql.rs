@@ -4,7 +4,7 @@
 
 /// PostgreSQL: a consumer's registry entry: name.
 #[cfg(feature = "postgres")]
-pub(super) const PG_REGISTRY: &str = "SELECT key_template, max_key_length, keys_tenant, \
+pub(super) const PG_REGISTRY: &str = "SELECT key_template, max_key_length, \
     max_payload_bytes::bigint AS max_payload_bytes FROM claimd_consumers WHERE name = $1";
 
 /// PostgreSQL: the claim, through the installed function: consumer, message id, payload,
@@ -15,7 +15,7 @@ pub(super) const PG_ENQUEUE: &str =
 
 /// SQLite: a consumer's registry entry: name.
 #[cfg(feature = "sqlite")]
-pub(super) const SQLITE_REGISTRY: &str = "SELECT key_template, max_key_length, keys_tenant, \
+pub(super) const SQLITE_REGISTRY: &str = "SELECT key_template, max_key_length, \
     max_payload_bytes FROM claimd_consumers WHERE name = ?1";
 
 /// SQLite: the claim, not yet taken by any worker (no lease owner; a lease end 60 s away, when
