@@ -120,14 +120,16 @@ impl Producer {
     }
 }
 
-async fn worker(store: &TestStore, extra_consumers: &str) -> (Running, Sandbox) {
+/// A worker with the sandbox as its provider; its configuration, to start another like it.
+async fn worker(store: &TestStore, extra_consumers: &str) -> (Running, Sandbox, String) {
     let (sandbox, provider) = sandbox(SandboxOptions::default()).await;
     let consumers = format!(
         "{}{}",
         consumer_toml("payments", &provider, ""),
         extra_consumers.replace("PROVIDER", &provider)
     );
-    (start(&config_toml(&store.url(), &consumers)).await, sandbox)
+    let toml = config_toml(&store.url(), &consumers);
+    (start(&toml).await, sandbox, toml)
 }
 
 async fn completed(running: &Running, id: &str) -> Option<claimd::Claim> {
@@ -136,7 +138,7 @@ async fn completed(running: &Running, id: &str) -> Option<claimd::Claim> {
 }
 
 async fn rolled_back_never_committed_once(store: TestStore) {
-    let (running, sandbox) = worker(&store, "").await;
+    let (running, sandbox, _) = worker(&store, "").await;
     let producer = Producer::open(&store).await;
     let body = br#"{"amount":500}"#;
     let none = producer
@@ -234,7 +236,7 @@ url = "PROVIDER/v1/tenanted"
 "#;
 
 async fn refusals_as_http_intake(store: TestStore) {
-    let (running, _sandbox) = worker(&store, MORE).await;
+    let (running, _sandbox, _) = worker(&store, MORE).await;
     let producer = Producer::open(&store).await;
     let first = producer
         .run(
@@ -354,7 +356,7 @@ async fn the_sql_function_claims_refuses_and_names_the_key_postgres() {
     let Some(store) = TestStore::pg().await else {
         return;
     };
-    let (running, sandbox) = worker(&store, MORE).await;
+    let (running, sandbox, _) = worker(&store, MORE).await;
     let Producer::Pg(pool) = Producer::open(&store).await else {
         unreachable!()
     };
@@ -461,7 +463,7 @@ fn end_of(i: usize, pg: bool) -> End {
 }
 
 async fn thousand_producers(store: TestStore) {
-    let (running, sandbox) = worker(&store, "").await;
+    let (first, sandbox, toml) = worker(&store, "").await;
     let producer = Producer::open(&store).await;
     let pg = matches!(producer, Producer::Pg(_));
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -486,7 +488,7 @@ async fn thousand_producers(store: TestStore) {
     }
     // Meanwhile a worker takes a batch of enqueued claims and dies before calling: the
     // sweeper finds them when their lease ends and sends them, knowing they were never sent.
-    let store_of = running.app().store.clone();
+    let store_of = first.app().store.clone();
     let dead = tokio::spawn(async move {
         let mut taken = 0;
         for _ in 0..50 {
@@ -499,6 +501,13 @@ async fn thousand_producers(store: TestStore) {
         }
         taken
     });
+    // Halfway through, another instance starts and the first stops at once (no grace): the
+    // claims it left and those enqueued after are the second's.
+    while next.load(std::sync::atomic::Ordering::SeqCst) < PRODUCERS / 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let running = start(&toml).await;
+    first.shutdown(Duration::ZERO).await;
     for t in tasks {
         t.await.unwrap();
     }
@@ -542,4 +551,60 @@ async fn thousand_producers_with_rollbacks_and_kills_claim_exactly_the_commits_p
         return;
     };
     thousand_producers(store).await;
+}
+
+/// The worker's listening connection is cut: it listens again, and a claim enqueued meanwhile
+/// is still performed (the poll after the reconnect, or the slow poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_listening_connection_delays_no_claim_for_long_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let (running, sandbox, _) = worker(&store, "").await;
+    let producer = Producer::open(&store).await;
+    const LISTENING: &str = "SELECT count(*) FROM pg_stat_activity \
+        WHERE datname = current_database() AND query LIKE 'LISTEN%'";
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            producer.count(LISTENING).await == 1
+        })
+        .await,
+        "the worker listens"
+    );
+    let Producer::Pg(pool) = &producer else {
+        unreachable!()
+    };
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let enqueued = std::time::Instant::now();
+    producer
+        .run(&Enqueue::new("payments", "while-cut", b"{}"), End::Commit)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            completed(&running, "while-cut").await.is_some()
+        })
+        .await,
+        "the claim enqueued while the listener was cut completes"
+    );
+    println!(
+        "postgres: completed {:?} after its commit with the listener cut",
+        enqueued.elapsed()
+    );
+    assert_eq!(sandbox.effects().len(), 1);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            producer.count(LISTENING).await == 1
+        })
+        .await,
+        "the worker listens again"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
 }
