@@ -322,6 +322,35 @@ impl KeyTemplate {
     }
 }
 
+/// A tenant was given to a consumer whose key template does not contain `{tenant}`: two
+/// tenants' messages with one id would be sent under one provider key, and one of them would
+/// never happen. Refused by every way in (HTTP and AMQP intake, `submit`, `enqueue`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "consumer {consumer:?} does not key on tenants (key template {template:?} lacks {{tenant}}): send no tenant, or add {{tenant}} to its key"
+)]
+pub struct TenantNotKeyed {
+    /// The consumer.
+    pub consumer: String,
+    /// Its key template.
+    pub template: String,
+}
+
+/// The rendered idempotency key is longer than the provider accepts (`max_key_length`):
+/// acknowledged, the message could never be performed. Refused by every way in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the idempotency key for this message would be {len} characters (key template {template:?}); the provider's limit is {max} (effect.max_key_length): use a shorter message id or tenant"
+)]
+pub struct KeyTooLong {
+    /// Length of the rendered key.
+    pub len: usize,
+    /// The effect's limit.
+    pub max: usize,
+    /// The consumer's key template.
+    pub template: String,
+}
+
 /// How the previous holder of a claim let go of it, when it did so on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handoff {

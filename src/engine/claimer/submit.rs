@@ -3,6 +3,7 @@
 //! acknowledge), and drives the new claim with a call slot.
 
 use super::*;
+use crate::domain::claim::{KeyTooLong, TenantNotKeyed};
 use crate::provider::effect::Unusable;
 use tracing::Instrument;
 
@@ -82,31 +83,12 @@ pub enum SubmitError {
     /// A payload value would make a path segment of the effect's URL unsafe (`.`, `..`, empty).
     #[error("{0}")]
     UnsafeUrlValue(#[from] crate::provider::effect::http_template::url_segments::UrlValueError),
-    /// A tenant was given to a consumer whose key template does not contain `{tenant}`: two
-    /// tenants' messages with one id would be sent under one provider key, and one of them
-    /// would never happen.
-    #[error(
-        "consumer {consumer:?} does not key on tenants (key template {template:?} lacks {{tenant}}): send no tenant, or add {{tenant}} to its key"
-    )]
-    TenantNotKeyed {
-        /// The consumer.
-        consumer: String,
-        /// Its key template.
-        template: String,
-    },
-    /// The rendered idempotency key is longer than the provider accepts (`max_key_length`):
-    /// acknowledged, it could never be performed.
-    #[error(
-        "the idempotency key for this message would be {len} characters (key template {template:?}); the provider's limit is {max} (effect.max_key_length): use a shorter message id or tenant"
-    )]
-    KeyTooLong {
-        /// Length of the rendered key.
-        len: usize,
-        /// The effect's limit.
-        max: usize,
-        /// The consumer's key template.
-        template: String,
-    },
+    /// A tenant was given to a consumer whose key template does not contain `{tenant}`.
+    #[error(transparent)]
+    TenantNotKeyed(#[from] TenantNotKeyed),
+    /// The rendered idempotency key is longer than the provider accepts (`max_key_length`).
+    #[error(transparent)]
+    KeyTooLong(#[from] KeyTooLong),
     /// The claim was interrupted before its outcome was known (the worker's task failed):
     /// retry; a committed claim makes the retry a duplicate.
     #[error("the claim was interrupted before its outcome was known; retry")]
@@ -155,10 +137,11 @@ impl Claimer {
         };
         if !tenant.is_empty() && !consumer.template.mentions_tenant() {
             m.refused(&d.consumer, "bad_id");
-            return Err(SubmitError::TenantNotKeyed {
+            return Err(TenantNotKeyed {
                 consumer: d.consumer,
                 template: consumer.config.key.clone(),
-            });
+            }
+            .into());
         }
         let content_type = match validate_content_type(&d.content_type) {
             Ok(ct) => ct.to_string(),
@@ -196,11 +179,12 @@ impl Claimer {
         let max = consumer.config.effect.max_key_length();
         if idem_key.len() > max {
             m.refused(&d.consumer, "key_too_long");
-            return Err(SubmitError::KeyTooLong {
+            return Err(KeyTooLong {
                 len: idem_key.len(),
                 max,
                 template: consumer.config.key.clone(),
-            });
+            }
+            .into());
         }
         // Backpressure: a place first, so the backlog waits in the client or the broker, never
         // in memory here. Claiming ahead (policy::claims_ahead): an intake place now, the call

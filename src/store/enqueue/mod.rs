@@ -12,7 +12,8 @@
 mod sql;
 
 use crate::domain::claim::{
-    IdError, KeyTemplate, validate_content_type, validate_message_id, validate_tenant,
+    IdError, KeyTemplate, KeyTooLong, TenantNotKeyed, validate_content_type, validate_message_id,
+    validate_tenant,
 };
 use crate::domain::json_body::{self, NotJson};
 use async_trait::async_trait;
@@ -107,15 +108,8 @@ pub enum EnqueueError {
     #[error("{0}")]
     BadId(#[from] IdError),
     /// A tenant for a consumer whose key does not mention `{tenant}`.
-    #[error(
-        "consumer {consumer:?} does not key on tenants (key template {template:?} lacks {{tenant}}): send no tenant, or add {{tenant}} to its key"
-    )]
-    TenantNotKeyed {
-        /// The consumer.
-        consumer: String,
-        /// Its key template.
-        template: String,
-    },
+    #[error(transparent)]
+    TenantNotKeyed(#[from] TenantNotKeyed),
     /// The content type cannot be stored and sent to the provider.
     #[error("{0}")]
     BadContentType(String),
@@ -131,17 +125,8 @@ pub enum EnqueueError {
     #[error("{0}")]
     NotJson(#[from] NotJson),
     /// The rendered idempotency key is longer than the provider accepts.
-    #[error(
-        "the idempotency key for this message would be {len} characters (key template {template:?}); the provider's limit is {max} (effect.max_key_length): use a shorter message id or tenant"
-    )]
-    KeyTooLong {
-        /// Length of the rendered key.
-        len: usize,
-        /// The effect's limit.
-        max: usize,
-        /// The consumer's key template.
-        template: String,
-    },
+    #[error(transparent)]
+    KeyTooLong(#[from] KeyTooLong),
     /// The message id was already used with another payload (I5).
     #[error(
         "consumer {consumer:?}, tenant {tenant:?}, message id {message_id:?}: already used with a different payload (idempotency key {key:?})"
@@ -213,10 +198,11 @@ fn check(e: &Enqueue<'_>, reg: &Registered) -> Result<Checked, EnqueueError> {
                 },
             )?;
     if !tenant.is_empty() && !template.mentions_tenant() {
-        return Err(EnqueueError::TenantNotKeyed {
+        return Err(TenantNotKeyed {
             consumer: e.consumer.to_string(),
             template: reg.template.clone(),
-        });
+        }
+        .into());
     }
     let content_type =
         validate_content_type(e.content_type.as_bytes()).map_err(EnqueueError::BadContentType)?;
@@ -224,11 +210,12 @@ fn check(e: &Enqueue<'_>, reg: &Registered) -> Result<Checked, EnqueueError> {
     let key = template.render(e.consumer, tenant, message_id);
     let max = usize::try_from(reg.max_key_length).unwrap_or(0);
     if key.len() > max {
-        return Err(EnqueueError::KeyTooLong {
+        return Err(KeyTooLong {
             len: key.len(),
             max,
             template: reg.template.clone(),
-        });
+        }
+        .into());
     }
     Ok(Checked { key })
 }

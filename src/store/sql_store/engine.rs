@@ -29,6 +29,27 @@ impl<D: Dialect> SqlStore<D> {
         Ok(n == 1)
     }
 
+    /// A take that leases claims to `owner` without a takeover (pending polls, enqueued
+    /// claims): consumer, limit, owner, lease ms.
+    async fn take_leased(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let args = [
+            Arg::Text(consumer),
+            Arg::I64(i64::from(limit)),
+            Arg::Text(owner),
+            Arg::I64(ms(lease)),
+        ];
+        let rows = self.fetch(name, sql, &args).await?;
+        rows.iter().map(|r| taken_from_row(r, 0)).collect()
+    }
+
     /// One fenced settle with its history line (I2).
     pub(crate) async fn settle_one(
         &self,
@@ -224,19 +245,9 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         owner: &str,
         lease: Duration,
     ) -> StoreResult<Vec<TakenClaim>> {
-        let rows = self
-            .fetch(
-                "take_pending",
-                D::SQL.take_pending,
-                &[
-                    Arg::Text(consumer),
-                    Arg::I64(i64::from(limit)),
-                    Arg::Text(owner),
-                    Arg::I64(ms(lease)),
-                ],
-            )
-            .await?;
-        rows.iter().map(|r| taken_from_row(r, 0)).collect()
+        let sql = D::SQL.take_pending;
+        self.take_leased("take_pending", sql, consumer, limit, owner, lease)
+            .await
     }
 
     async fn take_enqueued(
@@ -246,19 +257,9 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         owner: &str,
         lease: Duration,
     ) -> StoreResult<Vec<TakenClaim>> {
-        let rows = self
-            .fetch(
-                "take_enqueued",
-                D::SQL.take_enqueued,
-                &[
-                    Arg::Text(consumer),
-                    Arg::I64(i64::from(limit)),
-                    Arg::Text(owner),
-                    Arg::I64(ms(lease)),
-                ],
-            )
-            .await?;
-        rows.iter().map(|r| taken_from_row(r, 0)).collect()
+        let sql = D::SQL.take_enqueued;
+        self.take_leased("take_enqueued", sql, consumer, limit, owner, lease)
+            .await
     }
 
     async fn register_consumer(&self, c: &Registration) -> StoreResult<()> {
