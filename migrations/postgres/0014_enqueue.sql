@@ -121,7 +121,16 @@ BEGIN
     RETURNING c.id INTO id;
     IF id IS NOT NULL THEN
         created := true;
-        PERFORM pg_notify('claimd_enqueued', reg.name);
+        -- The doorbell rings only when no earlier enqueued claim of this consumer waits to be
+        -- taken: a waiting one means a worker was woken and is taking, and keeps looking
+        -- for a while after (engine::enqueued). A notifying commit holds a lock every other
+        -- notifying commit of the cluster waits for, so ringing on every enqueue would
+        -- serialize busy producers' commits.
+        IF NOT EXISTS (SELECT 1 FROM claims w
+                       WHERE w.consumer = reg.name AND w.state = 'started'
+                         AND w.lease_owner IS NULL AND w.id < enqueue_bytes.id) THEN
+            PERFORM pg_notify('claimd_enqueued', reg.name);
+        END IF;
         RETURN;
     END IF;
     SELECT c.id, c.fingerprint INTO id, old_fp FROM claims c

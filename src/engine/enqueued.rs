@@ -9,6 +9,13 @@
 //! on commit, through one listening connection, with a poll every [`PG_POLL`] in case a
 //! notification was lost (and one after each reconnect); on SQLite a poll every
 //! [`SQLITE_POLL`], one indexed statement on the enqueued claims' partial index.
+//!
+//! The enqueue notifies only when no earlier enqueued claim of its consumer waits to be taken
+//! (every notifying commit of a PostgreSQL cluster queues behind one lock, so a notification
+//! per enqueue would serialize busy producers' commits). So after a take that found claims,
+//! the pickup keeps looking on its own, at [`TAIL`] growing intervals (about 1.3 s in all),
+//! before it waits for a notification again: a producer that saw waiting claims and
+//! commits within that time is taken at once, a later one by the next poll.
 
 use crate::engine::claimer::Claimer;
 use crate::engine::consumer::{Consumer, Hold, Slot};
@@ -23,11 +30,14 @@ use tracing::warn;
 /// The notification channel the enqueue function signals on commit (payload: the consumer).
 pub const CHANNEL: &str = "claimd_enqueued";
 /// How often the pickup looks on PostgreSQL without a notification.
-pub const PG_POLL: Duration = Duration::from_secs(5);
+pub const PG_POLL: Duration = Duration::from_secs(1);
 /// How often the pickup looks on SQLite: the bound on an enqueued claim's wait for a worker.
 pub const SQLITE_POLL: Duration = Duration::from_millis(200);
 /// Most claims one statement takes.
 const BATCH: usize = 64;
+/// After a take that found claims, the pickup looks again after these intervals (doubling)
+/// before it waits for a notification: 5 ms, 10 ms, … 640 ms.
+pub const TAIL: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(640));
 
 /// Starts the pickup for every consumer of `claimer`. `listen_url`: the PostgreSQL store's
 /// URL, to listen for notifications on (`None`: poll only, every [`SQLITE_POLL`]). The tasks
@@ -74,6 +84,8 @@ async fn take_loop(
     poll: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
+    // The next interval of the busy tail; `None`: idle, waiting for a notification.
+    let mut tail: Option<Duration> = None;
     loop {
         while claimer.is_accepting() {
             let first = tokio::select! {
@@ -106,6 +118,9 @@ async fn take_loop(
                 }
             };
             let all = taken.len() == permits.len();
+            if !taken.is_empty() {
+                tail = Some(TAIL.0);
+            }
             for t in taken {
                 let Some(permit) = permits.pop() else { break };
                 let metrics = claimer.metrics();
@@ -122,9 +137,16 @@ async fn take_loop(
                 break;
             }
         }
+        let wait = match tail {
+            Some(t) => {
+                tail = (t < TAIL.1).then_some(t * 2);
+                t
+            }
+            None => poll,
+        };
         tokio::select! {
             _ = wake.notified() => {}
-            _ = tokio::time::sleep(poll) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }

@@ -597,3 +597,64 @@ async fn a_cut_listening_connection_delays_no_claim_for_long_postgres() {
     assert!(listens(&producer).await, "the worker listens again");
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The doorbell: an enqueue that finds an earlier enqueued claim waiting sends no
+/// notification (the worker taking that one keeps looking for a while); a producer that
+/// commits long after is still taken by the pickup's poll, not left for the sweeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_behind_a_waiting_claim_rings_no_bell_and_is_still_taken_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    // A worker registers the consumer, then stops: what is enqueued now waits.
+    let (running, _sandbox, toml) = worker(&store, "").await;
+    running.shutdown(Duration::from_secs(5)).await;
+    let producer = Producer::open(&store).await;
+    let Producer::Pg(pool) = &producer else {
+        unreachable!()
+    };
+    let mut bell = sqlx::postgres::PgListener::connect_with(pool).await.unwrap();
+    bell.listen("claimd_enqueued").await.unwrap();
+    let body = br#"{"amount":700}"#;
+    producer
+        .run(&Enqueue::new("payments", "first", body), End::Commit)
+        .await
+        .unwrap()
+        .unwrap();
+    let rang = tokio::time::timeout(Duration::from_secs(5), bell.recv()).await;
+    assert!(rang.is_ok(), "the first enqueue rings the bell");
+    // The second producer enqueues while the first claim waits, and commits late.
+    let mut conn = pool.acquire().await.unwrap().detach();
+    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+    enqueue(&mut tx, &Enqueue::new("payments", "second", body))
+        .await
+        .unwrap();
+    let running = start(&toml).await;
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            completed(&running, "first").await.is_some()
+        })
+        .await,
+        "the waiting claim is taken when a worker starts"
+    );
+    // Past the pickup's busy tail: only its poll can find the second claim now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tx.commit().await.unwrap();
+    let committed = std::time::Instant::now();
+    let silent = tokio::time::timeout(Duration::from_millis(500), bell.recv()).await;
+    assert!(silent.is_err(), "the second enqueue rang no bell");
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            completed(&running, "second").await.is_some()
+        })
+        .await,
+        "the second claim is taken by the poll"
+    );
+    println!(
+        "an enqueue that rang no bell completed {:?} after its commit",
+        committed.elapsed()
+    );
+    let second = completed(&running, "second").await.unwrap();
+    assert_eq!(second.attempt, 1, "taken by the pickup, not the sweeper");
+    running.shutdown(Duration::from_secs(5)).await;
+}

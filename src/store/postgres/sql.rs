@@ -275,18 +275,19 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(pending_utc, received_utc)) * 1000)::bigint \
        AS age_ms, NULL::text AS held_by"
     ),
-    // Enqueued claims (a producer's committed transaction) no worker took yet, oldest first,
-    // chosen once in a materialised CTE with the predicate repeated on the UPDATE, as
-    // `take_stale`; `attempt = 1` leaves out operator redrives, which the sweeper takes.
+    // Enqueued claims (a producer's committed transaction) no worker took yet, oldest first;
+    // `attempt = 1` leaves out operator redrives, which the sweeper takes. The rows are
+    // chosen and locked by the inner SELECT (FOR UPDATE re-checks its predicate on the row's
+    // latest version, and the lock keeps it so until the UPDATE), so the UPDATE finds them
+    // by primary key alone: with the predicate repeated there, the planner walks the whole
+    // partial index (and its dead entries) once per statement: 0.7 s at 65,000 claims.
     take_enqueued: concat!(
-        "WITH queued AS MATERIALIZED ( \
-       SELECT id AS queued_id FROM claims \
-       WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
-       ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-     UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond', \
+        "UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond', \
        started_utc = now(), updated_utc = now() \
-     FROM queued WHERE id = queued_id \
-       AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
+     WHERE id = ANY (ARRAY( \
+       SELECT id FROM claims \
+       WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
+       ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)) \
      RETURNING ",
         claim_cols!(),
         ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
