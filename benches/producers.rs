@@ -169,7 +169,7 @@ async fn run_row(row: Row, n: usize, concurrency: usize, pool_size: u32) -> Stri
         row.consumer()
     );
     let http = reqwest::Client::new();
-    let before = xacts(&mut *producers.acquire().await.unwrap()).await;
+    let before = xacts(&mut producers.acquire().await.unwrap()).await;
     let started = Instant::now();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -329,12 +329,9 @@ async fn produce(
                 .execute(&mut *tx)
                 .await
                 .unwrap();
-            enqueue(
-                &mut tx,
-                &Enqueue::new(row.consumer(), id, body.as_bytes()),
-            )
-            .await
-            .unwrap();
+            enqueue(&mut tx, &Enqueue::new(row.consumer(), id, body.as_bytes()))
+                .await
+                .unwrap();
             tx.commit().await.unwrap();
         }
         Way::Txn => {
@@ -357,12 +354,14 @@ async fn produce(
                     .await
                     .unwrap();
                 if row.sql {
-                    sqlx::query("INSERT INTO bench_ledger (order_id, amount_cents) VALUES ($1, $2)")
-                        .bind(id)
-                        .bind(amount)
-                        .execute(&mut *tx)
-                        .await
-                        .unwrap();
+                    sqlx::query(
+                        "INSERT INTO bench_ledger (order_id, amount_cents) VALUES ($1, $2)",
+                    )
+                    .bind(id)
+                    .bind(amount)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
                 } else {
                     let answer = http
                         .post(provider)

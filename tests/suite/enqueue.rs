@@ -613,7 +613,9 @@ async fn an_enqueue_behind_a_waiting_claim_rings_no_bell_and_is_still_taken_post
     let Producer::Pg(pool) = &producer else {
         unreachable!()
     };
-    let mut bell = sqlx::postgres::PgListener::connect_with(pool).await.unwrap();
+    let mut bell = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
     bell.listen("claimd_enqueued").await.unwrap();
     let body = br#"{"amount":700}"#;
     producer
