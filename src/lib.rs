@@ -81,5 +81,6 @@ pub use domain::claim::{Claim, ClaimState, IdError};
 pub use engine::claimer::{Accepted, Delivery, SubmitError};
 pub use provider::effect::{Effect, Lookup, Outcome};
 pub use service::worker::{Error, Worker, WorkerBuilder};
+pub use store::db_effect::{DatabaseEffect, DbTx};
 pub use store::enqueue::{Enqueue, EnqueueConn, EnqueueError, Enqueued, enqueue};
 pub use store::{Store, StoreError, open as open_store};

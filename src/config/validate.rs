@@ -233,6 +233,12 @@ impl Config {
                 }
                 // Whether it can reconcile is known once the program gives the effect.
                 EffectConfig::Custom(_) => {}
+                // Atomic with its settle: nothing is ever unknown, whatever on_unknown says.
+                EffectConfig::Sql(q) => {
+                    if let Err(e) = crate::provider::effect::sql::parse_statement(&q.statement) {
+                        return Err((at("effect.statement"), e.to_string()));
+                    }
+                }
                 EffectConfig::Smtp(s) => {
                     if s.tls == SmtpTls::None && !s.username.is_empty() {
                         warnings.push(format!(

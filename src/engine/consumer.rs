@@ -54,7 +54,7 @@ impl Consumer {
         let ceiling = match &config.effect {
             crate::config::EffectConfig::Http(h) => h.rate_limit.map(|r| r.per_second),
             crate::config::EffectConfig::Custom(c) => c.rate_limit.map(|r| r.per_second),
-            crate::config::EffectConfig::Smtp(_) => None,
+            crate::config::EffectConfig::Smtp(_) | crate::config::EffectConfig::Sql(_) => None,
         };
         let provider_events = match &config.provider_events {
             Some(pe) => Some(Arc::new(ProviderEvents::new(pe.clone()).map_err(|e| {

@@ -112,6 +112,9 @@ pub struct TakeoverFacts {
     pub can_reconcile: bool,
     /// The consumer's `send_deadline`: how long a claim that was never sent may wait.
     pub send_deadline: Duration,
+    /// The effect commits with its settle (a database effect): an attempt that left the
+    /// claim `started` applied nothing, so it is performed again, never asked about.
+    pub atomic: bool,
     /// What the history says ([`read_sends`] is [`Sends::NeverSent`]), once read: `Some(true)` when no call may have
     /// reached the provider. `None`: not read yet.
     pub proven_unsent: Option<bool>,
@@ -139,6 +142,9 @@ pub fn on_takeover(f: TakeoverFacts) -> Takeover {
             counted - 1,
             f.max_attempts
         ));
+    }
+    if f.atomic {
+        return Takeover::Perform { resend: false };
     }
     let within = f.age <= f.redrive_within;
     let unsent = match f.handoff {
@@ -290,6 +296,7 @@ mod tests {
             on_unknown: OnUnknown::Park,
             handoff: Some(Handoff::NotCalled),
             can_reconcile: false,
+            atomic: false,
             waits: 0,
             send_deadline: Duration::from_secs(7 * 86_400),
             proven_unsent: None,
@@ -402,6 +409,7 @@ mod tests {
             on_unknown: OnUnknown::Reconcile,
             handoff: None,
             can_reconcile: true,
+            atomic: false,
             waits: 0,
             send_deadline: Duration::from_secs(86_400),
             proven_unsent: None,
@@ -423,6 +431,7 @@ mod tests {
         assert_eq!(on_takeover(late), Takeover::Reconcile);
         let late_no_status = TakeoverFacts {
             can_reconcile: false,
+            atomic: false,
             ..late
         };
         assert!(
@@ -570,5 +579,18 @@ mod tests {
             on_pending(Duration::from_secs(100), poll, week, false),
             PendingStep::Wait(week - Duration::from_secs(100))
         );
+    }
+
+    #[test]
+    fn a_database_effect_taken_over_is_performed_again_under_every_policy() {
+        for on_unknown in [OnUnknown::Park, OnUnknown::Reconcile, OnUnknown::Redrive] {
+            let f = TakeoverFacts {
+                atomic: true,
+                on_unknown,
+                age: Duration::from_secs(10 * 86_400),
+                ..facts()
+            };
+            assert_eq!(on_takeover(f), Takeover::Perform { resend: false });
+        }
     }
 }

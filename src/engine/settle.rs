@@ -5,6 +5,8 @@
 //! The claimer and the sweeper both settle through [`Settler`], so the transitions can be
 //! audited here against the invariants.
 
+mod db;
+
 use crate::config::ValueOutcomes;
 use crate::domain::claim::{Claim, ClaimState, Handoff};
 use crate::engine::consumer::Slot;

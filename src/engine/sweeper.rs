@@ -263,6 +263,7 @@ fn decide_knowing(consumer: &Consumer, t: &TakenClaim, proven_unsent: Option<boo
         on_unknown: cfg.on_unknown,
         handoff: t.handoff,
         can_reconcile: consumer.effect.can_reconcile(),
+        atomic: consumer.effect.database().is_some(),
         send_deadline: cfg.send_deadline.0,
         proven_unsent,
     })

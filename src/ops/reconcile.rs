@@ -248,7 +248,7 @@ fn lookup_needs_payload(effect: &EffectConfig) -> bool {
                     .and_then(|b| BodyTemplate::parse(b).ok())
                     .is_some_and(|b| b.templates().iter().any(|t| t.needs_payload()))
         }
-        EffectConfig::Smtp(_) => false,
+        EffectConfig::Smtp(_) | EffectConfig::Sql(_) => false,
         EffectConfig::Custom(_) => true,
     }
 }

@@ -78,6 +78,9 @@ pub fn build_effect(consumer: &str, effect: &EffectConfig) -> Result<Arc<dyn Eff
         // Refused at load without the `smtp` feature (config::features).
         #[cfg(not(feature = "smtp"))]
         EffectConfig::Smtp(_) => Err(bad(crate::domain::features::missing("smtp"))),
+        EffectConfig::Sql(q) => Ok(Arc::new(crate::provider::effect::sql::InTransaction(
+            crate::provider::effect::sql::SqlEffect::new(q).map_err(|e| bad(e.to_string()))?,
+        ))),
         EffectConfig::Custom(_) => Err(bad(
             "kind = \"custom\" needs the effect from the program that embeds claimd (WorkerBuilder::effect); `claimd run` has none".into(),
         )),

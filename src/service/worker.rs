@@ -87,6 +87,20 @@ impl WorkerBuilder {
         self
     }
 
+    /// Supplies the database effect of a `kind = "custom"` consumer: its
+    /// [`DatabaseEffect::apply`](crate::DatabaseEffect::apply) runs in the transaction that
+    /// settles each claim (docs/library.md, "Database effects").
+    pub fn database_effect(
+        self,
+        consumer: impl Into<String>,
+        effect: impl crate::DatabaseEffect + 'static,
+    ) -> Self {
+        self.effect(
+            consumer,
+            crate::provider::effect::sql::InTransaction(effect),
+        )
+    }
+
     /// Whether [`WorkerBuilder::start`] applies the store's migrations first (default `true`).
     pub fn migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;

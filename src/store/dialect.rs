@@ -255,6 +255,16 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// the event as that row's history line, both or neither.
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<Self::Row>>;
 
+    /// Runs `effect`'s write for `claim`, then `w` (the settle and its history line), in one
+    /// transaction: committed when the settle changed the row, rolled back when the fence
+    /// left it alone (`Ok(false)`: another worker holds the claim) or anything failed.
+    async fn update_logged_after(
+        &self,
+        effect: &dyn super::db_effect::DatabaseEffect,
+        claim: &crate::domain::claim::Claim,
+        w: LoggedWrite<'_>,
+    ) -> Result<bool, super::db_effect::DbEffectError>;
+
     /// Takes the lock that lets one instance prune at a time, or `None` when another holds
     /// it. [`RetentionLock::release`] gives it back; dropping it releases it too (later),
     /// whatever happens to the pruning task.

@@ -10,6 +10,7 @@
 //! - `dialect`: what a database supplies (statement texts, how a time is stored, the extras
 //!   only it has) and the binding and row reading shared by all.
 //! - `args`: what each statement binds, and what a key already taken means for a claim.
+//! - `db_effect`: [`db_effect::DatabaseEffect`], a write that commits with its claim's settle.
 //! - `error`: [`StoreError`]; `url`: store URLs redacted for display and checked at load.
 //! - `rows`: claims from rows. `postgres` (`sql`, `many`) and `sqlite` (`sql`, `many`): the
 //!   dialects.
@@ -19,6 +20,7 @@
 //! provider event, a poll, an operator's form) is fenced on that version too. Every time is
 //! the database's clock, never the worker's.
 
+pub mod db_effect;
 #[macro_use]
 pub mod dialect;
 mod args;

@@ -15,6 +15,7 @@ mod cli_bulk;
 mod cli_friendly;
 mod crash;
 mod dashboard;
+mod db_effect;
 mod edge;
 mod edge_headers;
 mod edge_hostile;

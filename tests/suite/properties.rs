@@ -132,7 +132,7 @@ proptest! {
         let waits = waits.min(attempt - 1);
         let t = on_takeover(TakeoverFacts {
             attempt, waits, max_attempts: max, age: Duration::from_secs(age_s),
-            redrive_within: Duration::from_secs(window_s), on_unknown: policy, handoff, can_reconcile: can,
+            redrive_within: Duration::from_secs(window_s), on_unknown: policy, handoff, can_reconcile: can, atomic: false,
             send_deadline: Duration::from_secs(deadline_s), proven_unsent: unsent,
         });
         if age_s > window_s && matches!(t, Takeover::Perform { .. }) {

@@ -69,6 +69,15 @@ impl Claimer {
             ))
             .await;
         }
+        if let Some(effect) = consumer.effect.database() {
+            // A database effect commits with its settle: no marker to clear, no call to
+            // classify, nothing to look up (settle::db).
+            return Box::pin(
+                self.settler
+                    .apply_and_settle(&mut slot, claim, effect, deadline),
+            )
+            .await;
+        }
         if claim.attempt == 1 && (hold.not_called || !consumer.claims_ahead()) {
             // The claim was committed with a "not called yet" marker (see
             // NewClaim::mark_not_called; an enqueued claim always carries it): it goes now,

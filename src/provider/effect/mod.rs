@@ -9,6 +9,7 @@ pub mod http_template;
 pub mod settings;
 #[cfg(feature = "smtp")]
 pub mod smtp;
+pub mod sql;
 
 use crate::domain::claim::Claim;
 use async_trait::async_trait;
@@ -286,6 +287,13 @@ pub trait Effect: Send + Sync + 'static {
     fn validate(&self, payload: &[u8], content_type: &str) -> Result<(), String> {
         let _ = (payload, content_type);
         Ok(())
+    }
+
+    /// The write this effect makes in the transaction that settles its claim, when it is a
+    /// database effect (`kind = "sql"`, `WorkerBuilder::database_effect`): the claimer then
+    /// runs it there instead of calling [`Effect::perform`]. Default: none.
+    fn database(&self) -> Option<&dyn crate::store::db_effect::DatabaseEffect> {
+        None
     }
 
     /// Checks a whole message before anything is claimed: its payload

@@ -10,7 +10,8 @@ mod many;
 
 pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
 
-use crate::domain::claim::NewClaim;
+use crate::domain::claim::{Claim, NewClaim};
+use crate::store::db_effect::{DatabaseEffect, DbEffectError, DbTx};
 use crate::store::dialect::{
     Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, SqlPool, Statements, event_args,
 };
@@ -124,18 +125,35 @@ impl Dialect for PgDialect {
     }
 
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<PgRow>> {
-        let mut all = w.args.to_vec();
-        // The event's columns after the claim's id and attempt, which the statement takes
-        // from the row it changed; then the consumers that get outcome events, when the
-        // statement writes them.
-        all.extend_from_slice(&event_args(0, 0, w.event)[2..]);
-        if let Some(outcomes) = w.outcomes {
-            all.push(Arg::Text(outcomes));
+        logged_args(&w, |all| {
+            SqlPool::<Postgres>::query(w.sql, all).fetch_optional(&self.sql.pool)
+        })
+        .await
+        .map_err(err(w.name))
+    }
+
+    async fn update_logged_after(
+        &self,
+        effect: &dyn DatabaseEffect,
+        claim: &Claim,
+        w: LoggedWrite<'_>,
+    ) -> Result<bool, DbEffectError> {
+        let mut tx = self.sql.pool.begin().await.map_err(err("begin"))?;
+        if let Err(e) = effect.apply(DbTx::Postgres(&mut tx), claim).await {
+            // Dropping the transaction rolls it back.
+            return Err(DbEffectError::Effect(e));
         }
-        SqlPool::<Postgres>::query(w.sql, &all)
-            .fetch_optional(&self.sql.pool)
-            .await
-            .map_err(err(w.name))
+        let row = logged_args(&w, |all| {
+            SqlPool::<Postgres>::query(w.sql, all).fetch_optional(&mut *tx)
+        })
+        .await
+        .map_err(err(w.name))?;
+        if row.is_none() {
+            tx.rollback().await.map_err(err("rollback"))?;
+            return Ok(false);
+        }
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(true)
     }
 
     /// A session advisory lock, on a connection taken out of the pool: it can never go back
@@ -176,4 +194,20 @@ impl Dialect for PgDialect {
     async fn mark_called_many(&self, marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {
         Some(many::mark_called_batch(&self.sql.pool, marks).await)
     }
+}
+
+/// Binds a logged write's arguments as PostgreSQL's statement takes them and runs `run`:
+/// the event's columns after the claim's id and attempt (which the statement takes from the
+/// row it changed), then the consumers that get outcome events, when it writes them.
+async fn logged_args<'a, F, Fut>(w: &LoggedWrite<'a>, run: F) -> Result<Option<PgRow>, sqlx::Error>
+where
+    F: FnOnce(&[Arg<'a>]) -> Fut,
+    Fut: Future<Output = Result<Option<PgRow>, sqlx::Error>>,
+{
+    let mut all = w.args.to_vec();
+    all.extend_from_slice(&event_args(0, 0, w.event)[2..]);
+    if let Some(outcomes) = w.outcomes {
+        all.push(Arg::Text(outcomes));
+    }
+    run(&all).await
 }

@@ -25,6 +25,17 @@ pub trait EngineStore: Send + Sync {
         event: &NewEvent<'_>,
     ) -> StoreResult<bool>;
 
+    /// Runs a database effect's write for `claim` and settles it as `settlement` says, in one
+    /// transaction fenced like [`settle`](EngineStore::settle): `Ok(true)` committed both,
+    /// `Ok(false)` the claim was taken over and nothing was applied; an error rolled both back.
+    async fn settle_applied(
+        &self,
+        effect: &dyn crate::store::db_effect::DatabaseEffect,
+        claim: &crate::domain::claim::Claim,
+        settlement: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> Result<bool, crate::store::db_effect::DbEffectError>;
+
     /// Settles many claims in one round trip where the driver can, each fenced on its own
     /// `attempt` and `state = 'started'` exactly like [`settle`] (I2), each with its history
     /// line. Ids must be distinct. Returns, per item in order, whether it changed anything.

@@ -113,6 +113,23 @@ impl<D: Dialect> SqlStore<D> {
 
 #[async_trait]
 impl<D: Dialect> EngineStore for SqlStore<D> {
+    async fn settle_applied(
+        &self,
+        effect: &dyn crate::store::db_effect::DatabaseEffect,
+        claim: &crate::domain::claim::Claim,
+        s: &Settlement,
+        event: &NewEvent<'_>,
+    ) -> Result<bool, crate::store::db_effect::DbEffectError> {
+        let args = settle_args(claim.id, claim.attempt, s);
+        let write = self.settle_write(
+            "settle_applied",
+            &args,
+            event,
+            emits(ClaimState::Started, s.state),
+        );
+        self.dialect.update_logged_after(effect, claim, write).await
+    }
+
     #[instrument(skip_all, fields(claim_id = id, attempt))]
     async fn settle(
         &self,

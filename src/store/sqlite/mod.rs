@@ -9,7 +9,8 @@
 mod many;
 mod sql;
 
-use crate::domain::claim::NewClaim;
+use crate::domain::claim::{Claim, NewClaim};
+use crate::store::db_effect::{DatabaseEffect, DbEffectError, DbTx};
 use crate::store::dialect::{
     Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, Runner, SqlPool, SqlRow, Statements,
 };
@@ -165,6 +166,29 @@ impl Dialect for SqliteDialect {
             tx.commit().await.map_err(err("commit"))?;
         }
         Ok(row)
+    }
+
+    async fn update_logged_after(
+        &self,
+        effect: &dyn DatabaseEffect,
+        claim: &Claim,
+        w: LoggedWrite<'_>,
+    ) -> Result<bool, DbEffectError> {
+        // A write transaction from the start: a deferred one would be refused its upgrade
+        // to a writer when another connection wrote meanwhile.
+        let mut conn = self.sql.pool.acquire().await.map_err(err("acquire"))?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
+            .await
+            .map_err(err("begin"))?;
+        if let Err(e) = effect.apply(DbTx::Sqlite(&mut tx), claim).await {
+            return Err(DbEffectError::Effect(e));
+        }
+        if many::logged(&mut tx, w).await?.is_none() {
+            tx.rollback().await.map_err(err("rollback"))?;
+            return Ok(false);
+        }
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(true)
     }
 
     async fn insert_many(

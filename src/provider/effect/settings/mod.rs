@@ -24,6 +24,8 @@ pub enum EffectConfig {
     Smtp(SmtpEffectConfig),
     /// An effect the program embedding claimd supplies (`WorkerBuilder::effect`).
     Custom(CustomEffectConfig),
+    /// A SQL statement run in the transaction that settles the claim.
+    Sql(SqlEffectConfig),
 }
 
 impl<'de> Deserialize<'de> for EffectConfig {
@@ -34,7 +36,7 @@ impl<'de> Deserialize<'de> for EffectConfig {
             Some(toml::Value::String(k)) => k,
             Some(other) => {
                 return Err(D::Error::custom(format!(
-                    "kind = {other}: expected \"http\", \"smtp\" or \"custom\""
+                    "kind = {other}: expected \"http\", \"smtp\", \"sql\" or \"custom\""
                 )));
             }
             None => return Err(D::Error::missing_field("kind")),
@@ -54,9 +56,10 @@ impl<'de> Deserialize<'de> for EffectConfig {
             "http" => variant(table).map(EffectConfig::Http),
             "smtp" => variant(table).map(EffectConfig::Smtp),
             "custom" => variant(table).map(EffectConfig::Custom),
+            "sql" => variant(table).map(EffectConfig::Sql),
             other => Err(D::Error::unknown_variant(
                 other,
-                &["http", "smtp", "custom"],
+                &["http", "smtp", "sql", "custom"],
             )),
         }
     }
@@ -69,6 +72,7 @@ impl EffectConfig {
             EffectConfig::Http(h) => h.timeout.0,
             EffectConfig::Smtp(s) => s.timeout.0,
             EffectConfig::Custom(c) => c.timeout.0,
+            EffectConfig::Sql(q) => q.timeout.0,
         }
     }
 
@@ -78,6 +82,7 @@ impl EffectConfig {
             EffectConfig::Http(h) => h.max_key_length,
             EffectConfig::Smtp(s) => s.max_key_length,
             EffectConfig::Custom(c) => c.max_key_length,
+            EffectConfig::Sql(_) => default_max_key_length(),
         }
     }
 }
@@ -195,6 +200,21 @@ impl Default for CustomEffectConfig {
             rate_limit: None,
         }
     }
+}
+
+/// `kind = "sql"`: a statement run against claimd's own database in the transaction that
+/// settles the claim, so the write and the settle commit together or not at all. Named
+/// parameters (`:order_id`) are the payload's top-level JSON fields, or `:message_id`,
+/// `:tenant`, `:idem_key`, `:consumer`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlEffectConfig {
+    /// The statement, e.g. `INSERT INTO invoices (order_id, amount_cents) VALUES (:order_id,
+    /// :amount_cents)`.
+    pub statement: String,
+    /// The longest the transaction may take: leases and sweeps leave this much room for it.
+    #[serde(default = "default_timeout")]
+    pub timeout: Dur,
 }
 
 /// `kind = "smtp"`
