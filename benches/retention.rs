@@ -71,6 +71,8 @@ async fn main() {
                     lease: Duration::from_secs(60),
                     claim_token: claimd::domain::claim::new_claim_token(),
                     mark_not_called: false,
+                    order_key: None,
+                    not_before: None,
                 };
                 let t = Instant::now();
                 store.claim(&n).await.unwrap();

@@ -361,6 +361,8 @@ async fn a_park_claim_that_was_never_called_is_performed_not_parked() {
     for (id, never_called) in [("never-called", true), ("maybe-called", false)] {
         let n = claimd::domain::claim::NewClaim {
             mark_not_called: never_called,
+            order_key: None,
+            not_before: None,
             ..orphan_claim("payments", "", id, &format!("payments::{id}"))
         };
         assert!(matches!(

@@ -21,6 +21,8 @@ pub(crate) fn new_claim(i: usize) -> NewClaim {
         lease: Duration::from_secs(60),
         claim_token: claimd::domain::claim::new_claim_token(),
         mark_not_called: false,
+        order_key: None,
+        not_before: None,
     }
 }
 

@@ -421,7 +421,18 @@ pub struct NewClaim {
     /// knows was never sent. Set for consumers whose orphans would otherwise wait for a person
     /// (`on_unknown = "park"`); it costs them one more write per message.
     pub mark_not_called: bool,
+    /// The claim's order key (`order_key` rendered from the payload): claims of one consumer,
+    /// tenant and order key run one at a time. A claim with one is committed waiting (no lease
+    /// owner) and started by the pickup when its line lets it.
+    pub order_key: Option<String>,
+    /// A scheduled send: the claim is committed held by [`SCHEDULE_OWNER`] at attempt 0 with
+    /// its lease ending at this time, and the sweeper's takeover sends it as attempt 1.
+    pub not_before: Option<DateTime<Utc>>,
 }
+
+/// The lease owner of a scheduled claim until its time ([`NewClaim::not_before`]); no instance
+/// may be named so (`[run] instance`).
+pub const SCHEDULE_OWNER: &str = "schedule";
 
 /// A fresh [`NewClaim::claim_token`]: 128 random bits, hex.
 pub fn new_claim_token() -> String {
@@ -493,9 +504,37 @@ pub struct Claim {
     /// is fenced on it, so a claim that left a state and came back to it at the same attempt
     /// is not mistaken for the one that was read.
     pub version: i64,
+    /// The claim's order key, when its consumer orders claims ([`NewClaim::order_key`]).
+    pub order_key: Option<String>,
+    /// When a scheduled claim may be sent ([`NewClaim::not_before`]).
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 impl NewClaim {
+    /// Who holds the claim as it is committed: the scheduler for a scheduled send, nobody for
+    /// a claim that waits for its order key's line, else the claiming worker.
+    pub fn lease_owner(&self) -> Option<&str> {
+        if self.not_before.is_some() {
+            Some(SCHEDULE_OWNER)
+        } else if self.order_key.is_some() {
+            None
+        } else {
+            Some(&self.worker)
+        }
+    }
+
+    /// The attempt the claim is committed at: 0 for a scheduled send (its takeover at its
+    /// time makes it attempt 1), else 1.
+    pub fn first_attempt(&self) -> i32 {
+        if self.not_before.is_some() { 0 } else { 1 }
+    }
+
+    /// Whether the claim is committed with the "not called yet" marker: asked for, or a claim
+    /// that waits (for its line or its time) before anything is sent.
+    pub fn not_called(&self) -> bool {
+        self.mark_not_called || self.order_key.is_some() || self.not_before.is_some()
+    }
+
     /// Whether `claim` is the row this very intake call inserted (its commit's reply may have
     /// been lost), as opposed to a claim another delivery of the same message made.
     pub fn inserted(&self, claim: &Claim) -> bool {

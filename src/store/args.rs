@@ -26,8 +26,11 @@ pub(crate) fn key_args<'a>(
     ]
 }
 
+/// How many parameters `insert_claim` binds ([`insert_args`]).
+pub(crate) const INSERT_PARAMS: usize = 14;
+
 /// The arguments of the `insert_claim` statement.
-pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; 11] {
+pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; INSERT_PARAMS] {
     [
         Arg::Text(&new.consumer),
         Arg::Text(&new.tenant),
@@ -36,10 +39,13 @@ pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; 11] {
         Arg::Text(&new.fingerprint),
         Arg::Bytes(&new.payload),
         Arg::Text(&new.content_type),
-        Arg::Text(&new.worker),
+        Arg::OptText(new.lease_owner()),
         Arg::I64(ms(new.lease)),
         Arg::Text(&new.claim_token),
-        Arg::Bool(new.mark_not_called),
+        Arg::Bool(new.not_called()),
+        Arg::OptText(new.order_key.as_deref()),
+        Arg::OptTime(new.not_before),
+        Arg::I32(new.first_attempt()),
     ]
 }
 

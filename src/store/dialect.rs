@@ -12,7 +12,7 @@ macro_rules! claim_cols {
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
          resent_count, handoff, handoff_attempt, claim_token, waits, provider_id, pending_utc, \
-         version"
+         version, order_key, not_before"
     };
 }
 

@@ -38,6 +38,8 @@ pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
         provider_id: row.opt_text("provider_id")?,
         pending_utc: row.opt_time("pending_utc")?,
         version: row.i64("version")?,
+        order_key: row.opt_text("order_key")?,
+        not_before: row.opt_time("not_before")?,
     })
 }
 

@@ -214,6 +214,8 @@ pub fn orphan_claim(
         lease: Duration::ZERO,
         claim_token: claimd::domain::claim::new_claim_token(),
         mark_not_called: false,
+        order_key: None,
+        not_before: None,
     }
 }
 

@@ -50,6 +50,8 @@ fn new_claim(consumer: &str, tenant: &str, id: &str, lease: Duration) -> NewClai
         lease,
         claim_token: claimd::domain::claim::new_claim_token(),
         mark_not_called: false,
+        order_key: None,
+        not_before: None,
     }
 }
 

@@ -63,6 +63,8 @@ fn claim(key: &str, payload: &str) -> Claim {
         provider_id: None,
         pending_utc: None,
         version: 1,
+        order_key: None,
+        not_before: None,
     }
 }
 

@@ -75,6 +75,8 @@ async fn claim_in(store: &Store, message_id: &str, payload: &Value, state: Claim
         lease: Duration::from_secs(60),
         claim_token: claimd::domain::claim::new_claim_token(),
         mark_not_called: false,
+        order_key: None,
+        not_before: None,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
         panic!("new claim {message_id}")

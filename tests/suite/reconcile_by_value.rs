@@ -98,6 +98,8 @@ async fn claim_in(store: &Store, id: &str, payload: &Value, state: ClaimState) {
         lease: Duration::from_secs(60),
         claim_token: claimd::domain::claim::new_claim_token(),
         mark_not_called: false,
+        order_key: None,
+        not_before: None,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
         panic!("new claim {id}")

@@ -32,6 +32,8 @@ fn new_claim(id: &str, lease: Duration) -> NewClaim {
         lease,
         claim_token: claimd::domain::claim::new_claim_token(),
         mark_not_called: false,
+        order_key: None,
+        not_before: None,
     }
 }
 

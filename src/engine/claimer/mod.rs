@@ -183,6 +183,8 @@ mod tests {
             lease: Duration::from_secs(60),
             claim_token: new_claim_token(),
             mark_not_called: false,
+            order_key: None,
+            not_before: None,
         };
         let ClaimOutcome::Created(claim) = claimer.store.claim(&new).await.unwrap() else {
             panic!("not created")

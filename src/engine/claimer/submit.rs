@@ -216,6 +216,8 @@ impl Claimer {
             lease: consumer.config.lease.0,
             claim_token: new_claim_token(),
             mark_not_called: !consumer.claims_ahead(),
+            order_key: None,
+            not_before: None,
         };
         // From the claim statement on, the work must not be cancellable: the statement may
         // commit whatever happens to this caller, and a committed claim must be performed by

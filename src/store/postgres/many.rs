@@ -16,12 +16,16 @@ use std::collections::HashMap;
 /// conflict are skipped here and looked at one by one afterwards.
 pub(super) const INSERT_CLAIMS: &str = concat!(
     "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt) \
-     SELECT c, t, m, k, f, p, ct, w, now() + l * interval '1 millisecond', NULLIF(tok, ''), \
-            CASE WHEN nc THEN 'not_called' END, CASE WHEN nc THEN 1 END \
+     content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt, \
+     order_key, not_before, attempt) \
+     SELECT c, t, m, k, f, p, ct, w, \
+            COALESCE(nb, CASE WHEN w IS NOT NULL THEN now() + l * interval '1 millisecond' END), \
+            NULLIF(tok, ''), CASE WHEN nc THEN 'not_called' END, CASE WHEN nc THEN a END, \
+            ok, nb, a \
      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], \
-                 $7::text[], $8::text[], $9::bigint[], $10::text[], $11::bool[]) \
-       AS u(c, t, m, k, f, p, ct, w, l, tok, nc) \
+                 $7::text[], $8::text[], $9::bigint[], $10::text[], $11::bool[], $12::text[], \
+                 $13::timestamptz[], $14::int[]) \
+       AS u(c, t, m, k, f, p, ct, w, l, tok, nc, ok, nb, a) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
     claim_cols!()
 );
@@ -145,10 +149,21 @@ pub(super) async fn insert_batch(
                 .collect::<Vec<&[u8]>>(),
         )
         .bind(col(|n| &n.content_type))
-        .bind(col(|n| &n.worker))
+        .bind(
+            new.iter()
+                .map(|n| n.lease_owner())
+                .collect::<Vec<Option<&str>>>(),
+        )
         .bind(new.iter().map(|n| ms(n.lease)).collect::<Vec<i64>>())
         .bind(col(|n| &n.claim_token))
-        .bind(new.iter().map(|n| n.mark_not_called).collect::<Vec<bool>>())
+        .bind(new.iter().map(|n| n.not_called()).collect::<Vec<bool>>())
+        .bind(
+            new.iter()
+                .map(|n| n.order_key.as_deref())
+                .collect::<Vec<Option<&str>>>(),
+        )
+        .bind(new.iter().map(|n| n.not_before).collect::<Vec<_>>())
+        .bind(new.iter().map(|n| n.first_attempt()).collect::<Vec<i32>>())
         .fetch_all(pool)
         .await
         .map_err(err("insert_claims"))?;

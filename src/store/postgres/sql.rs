@@ -108,12 +108,17 @@ macro_rules! pg_settle_event {
 
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
+    // A claim that waits is written with its lease owner NULL (its line) or 'schedule' and
+    // its lease ending at its time (`$13`), at attempt `$14` (NewClaim::lease_owner, ...).
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + $9 * interval '1 millisecond', \
+     content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt, \
+     order_key, not_before, attempt) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+             COALESCE($13::timestamptz, CASE WHEN $8::text IS NOT NULL \
+               THEN now() + $9 * interval '1 millisecond' END), \
              NULLIF($10, ''), CASE WHEN $11 THEN 'not_called' END, \
-             CASE WHEN $11 THEN 1 END) \
+             CASE WHEN $11 THEN $14::int END, $12, $13, $14) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
         claim_cols!()
     ),

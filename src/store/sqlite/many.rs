@@ -17,7 +17,7 @@ use super::{SqliteDialect, sql};
 use crate::domain::claim::ClaimState;
 use crate::domain::claim::NewClaim;
 use crate::store::args::{
-    SETTLE_PARAMS, created, insert_args, repeat_args, repeat_outcome, settle_args,
+    INSERT_PARAMS, SETTLE_PARAMS, created, insert_args, repeat_args, repeat_outcome, settle_args,
 };
 use crate::store::dialect::{Arg, LoggedWrite, SqlPool, SqlRow, event_args};
 use crate::store::outbox::{OutcomeConsumers, emits};
@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 const CHUNKS: [usize; 7] = [64, 32, 16, 8, 4, 2, 1];
 
 // The largest statement (64 claims of 11 parameters) stays within SQLite's parameter limit.
-const _: () = assert!(CHUNKS[0] * 11 <= 32_766);
+const _: () = assert!(CHUNKS[0] * INSERT_PARAMS <= 32_766);
 
 /// `items` cut into [`CHUNKS`]-sized runs, in order.
 fn chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
@@ -144,7 +144,7 @@ fn insert_claims_text(rows: usize) -> &'static str {
     static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
     text(
         &TEXTS,
-        |n| insert_rows(sql::STATEMENTS.insert_claim, 11, n),
+        |n| insert_rows(sql::STATEMENTS.insert_claim, INSERT_PARAMS, n),
         rows,
     )
 }

@@ -76,11 +76,12 @@ const SETTLE: &str = concat!(
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
-     content_type, lease_owner, claim_token, handoff, handoff_attempt, lease_until, \
-     received_utc, started_utc, updated_utc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
-     NULLIF(?10, ''), CASE WHEN ?11 THEN 'not_called' END, CASE WHEN ?11 THEN 1 END, ",
+     content_type, lease_owner, claim_token, handoff, handoff_attempt, order_key, not_before, \
+     attempt, lease_until, received_utc, started_utc, updated_utc) VALUES (?1, ?2, ?3, ?4, \
+     ?5, ?6, ?7, ?8, NULLIF(?10, ''), CASE WHEN ?11 THEN 'not_called' END, \
+     CASE WHEN ?11 THEN ?14 END, ?12, ?13, ?14, COALESCE(?13, CASE WHEN ?8 IS NOT NULL THEN ",
         now_ms!(),
-        " + ?9, ",
+        " + ?9 END), ",
         now_ms!(),
         ", ",
         now_ms!(),
