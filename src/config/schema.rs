@@ -5,6 +5,7 @@ use crate::domain::duration::Dur;
 use crate::provider::effect::settings::EffectConfig;
 use crate::provider::provider_events::settings::ProviderEventsConfig;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The whole configuration file.
@@ -299,6 +300,48 @@ pub struct ConsumerConfig {
     pub provider_events: Option<ProviderEventsConfig>,
     /// Where this consumer's outcome events go (`[consumers.outcomes]`); `None`: no events.
     pub outcomes: Option<super::OutcomesConfig>,
+    /// Order keys and fair taking (docs/flow-control.md): `order_key`, `order_hold`,
+    /// `fairness`, `[consumers.tenant_weights]`.
+    #[serde(flatten)]
+    pub flow: FlowConfig,
+}
+
+/// A consumer's flow control, read from its flat keys.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FlowConfig {
+    /// `order_key`: the template naming the entity a message is about (`{order_id}`); claims
+    /// with equal keys (and tenant) run one at a time, in the order they were claimed.
+    pub order_key: Option<String>,
+    /// `order_hold`: what a claim of a line that is `pending` or `needs_attention` does to
+    /// the claims behind it.
+    pub order_hold: OrderHold,
+    /// `fairness`: the order waiting claims are taken in.
+    pub fairness: Fairness,
+    /// `[consumers.tenant_weights]`: with `fairness = "tenant"`, claims a tenant gets per
+    /// round (default 1).
+    pub tenant_weights: BTreeMap<String, u32>,
+}
+
+/// `order_hold`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderHold {
+    /// A pending or parked claim holds the claims behind it until it is settled or resolved.
+    #[default]
+    Hold,
+    /// The claims behind it go ahead; each says whom it went past in its history.
+    Skip,
+}
+
+/// `fairness`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fairness {
+    /// Oldest first, whatever the tenant.
+    #[default]
+    Oldest,
+    /// Round-robin over the tenants with waiting claims, weighted by `tenant_weights`.
+    Tenant,
 }
 
 impl ConsumerConfig {
@@ -383,6 +426,13 @@ pub struct ConsumerEntry {
     effect: EffectConfig,
     provider_events: Option<ProviderEventsConfig>,
     outcomes: Option<super::OutcomesConfig>,
+    order_key: Option<String>,
+    #[serde(default)]
+    order_hold: OrderHold,
+    #[serde(default)]
+    fairness: Fairness,
+    #[serde(default)]
+    tenant_weights: BTreeMap<String, u32>,
 }
 
 impl TryFrom<ConsumerEntry> for ConsumerConfig {
@@ -438,6 +488,12 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
             },
             provider_events: e.provider_events,
             outcomes: e.outcomes,
+            flow: FlowConfig {
+                order_key: e.order_key,
+                order_hold: e.order_hold,
+                fairness: e.fairness,
+                tenant_weights: e.tenant_weights,
+            },
         })
     }
 }

@@ -69,6 +69,7 @@ impl Config {
                 ));
             }
             let template: KeyTemplate = c.key.parse().map_err(|e| (at("key"), format!("{e}")))?;
+            check_flow(&c.flow).map_err(|(k, why)| (at(k), why))?;
             let timeout = c.effect.timeout();
             if c.lease.0 <= timeout {
                 return Err((
@@ -371,6 +372,31 @@ fn check_tokens(admin: &str, intake: &str) -> Result<(), (String, String)> {
         return Err((
             "http.intake_token".into(),
             "is the same as http.admin_token: every intake client could act as an operator; use two different tokens".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A consumer's `order_key`, `fairness` and `tenant_weights`.
+fn check_flow(flow: &super::FlowConfig) -> Result<(), (&'static str, String)> {
+    if let Some(key) = &flow.order_key {
+        key.parse::<crate::domain::order_key::OrderKeyTemplate>()
+            .map_err(|e| ("order_key", e.to_string()))?;
+    }
+    if flow.fairness != super::Fairness::Tenant && !flow.tenant_weights.is_empty() {
+        return Err((
+            "tenant_weights",
+            "read only with fairness = \"tenant\"".into(),
+        ));
+    }
+    if let Some((tenant, w)) = flow
+        .tenant_weights
+        .iter()
+        .find(|(_, w)| !(1..=1000).contains(*w))
+    {
+        return Err((
+            "tenant_weights",
+            format!("{tenant:?} = {w}: a weight is a whole number from 1 to 1000"),
         ));
     }
     Ok(())

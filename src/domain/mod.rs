@@ -6,4 +6,5 @@ pub mod constant_time;
 pub mod duration;
 pub mod features;
 pub mod json_body;
+pub mod order_key;
 pub mod table;

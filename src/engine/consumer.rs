@@ -4,6 +4,7 @@
 
 use crate::config::ConsumerConfig;
 use crate::domain::claim::KeyTemplate;
+use crate::domain::order_key::OrderKeyTemplate;
 use crate::engine::destination::Destination;
 use crate::engine::policy;
 use crate::provider::effect::Effect;
@@ -11,7 +12,7 @@ use crate::provider::provider_events::ProviderEvents;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// A consumer at run time: its configuration, key template, effect and in-flight limit.
@@ -26,6 +27,11 @@ pub struct Consumer {
     pub destination: Arc<Destination>,
     /// The provider's signed events, when the consumer takes them.
     pub provider_events: Option<Arc<ProviderEvents>>,
+    /// Parsed `order_key`, when the consumer orders its claims (docs/flow-control.md).
+    pub order_key: Option<OrderKeyTemplate>,
+    /// Wakes the consumer's pickup ([`crate::engine::enqueued`]): a claim joined a line, or
+    /// one left the head of its line.
+    pickup: Arc<Notify>,
     /// Provider calls in flight (`concurrency`).
     slots: Arc<Semaphore>,
     /// Deliveries being claimed, or claimed and waiting for a call slot (also `concurrency`):
@@ -62,9 +68,18 @@ impl Consumer {
             })?)),
             None => None,
         };
+        let order_key = match &config.flow.order_key {
+            Some(t) => Some(
+                t.parse()
+                    .map_err(|e| format!("consumer {}: order_key: {e}", config.name))?,
+            ),
+            None => None,
+        };
         Ok(Consumer {
             destination: Arc::new(Destination::new(ceiling)),
             provider_events,
+            order_key,
+            pickup: Arc::new(Notify::new()),
             config,
             template,
             effect,
@@ -77,6 +92,22 @@ impl Consumer {
     /// The consumer's name.
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// Wakes the consumer's pickup now (or its next wait, when it is taking).
+    pub fn wake_pickup(&self) {
+        self.pickup.notify_one();
+    }
+
+    /// What wakes the consumer's pickup.
+    pub(crate) fn pickup_bell(&self) -> Arc<Notify> {
+        self.pickup.clone()
+    }
+
+    /// Whether its pickup takes waiting claims in another order than oldest first: by their
+    /// order keys' lines, or fairly across tenants.
+    pub fn takes_in_order(&self) -> bool {
+        self.order_key.is_some() || self.config.flow.fairness == crate::config::Fairness::Tenant
     }
 
     /// Waits for an in-flight slot (one provider call).

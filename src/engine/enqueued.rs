@@ -17,8 +17,10 @@
 //! before it waits for a notification again: a producer that saw waiting claims and
 //! commits within that time is taken at once, a later one by the next poll.
 
+use crate::config::{Fairness, OrderHold};
 use crate::engine::claimer::Claimer;
 use crate::engine::consumer::{Consumer, Hold, Slot};
+use crate::store::WaitingOrder;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +51,7 @@ pub fn start(
 ) -> Vec<JoinHandle<()>> {
     let wakes: BTreeMap<String, Arc<Notify>> = claimer
         .consumers()
-        .map(|c| (c.name().to_string(), Arc::new(Notify::new())))
+        .map(|c| (c.name().to_string(), c.pickup_bell()))
         .collect();
     let poll = if listen_url.is_some() {
         PG_POLL
@@ -101,15 +103,7 @@ async fn take_loop(
             }
             // The local clock starts before the statement sets the lease (as intake's).
             let since = Instant::now();
-            let taken = claimer
-                .store()
-                .take_enqueued(
-                    consumer.name(),
-                    permits.len() as u32,
-                    claimer.instance(),
-                    consumer.config.lease.0,
-                )
-                .await;
+            let taken = take(&claimer, &consumer, permits.len() as u32).await;
             let taken = match taken {
                 Ok(taken) => taken,
                 Err(e) => {
@@ -130,6 +124,9 @@ async fn take_loop(
                 tokio::spawn(async move {
                     let slot = Slot::held(permit, &consumer);
                     let hold = Hold::enqueued(since, t.age);
+                    if let Some(ahead) = &t.went_ahead_of {
+                        note_went_ahead(&claimer, &t.claim, ahead).await;
+                    }
                     Box::pin(claimer.drive(&consumer, &t.claim, hold, None, slot)).await;
                 });
             }
@@ -149,6 +146,55 @@ async fn take_loop(
             _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+/// Takes up to `limit` waiting claims of `consumer`: oldest first, or by its order keys'
+/// lines and fairly across tenants when it is so configured (docs/flow-control.md).
+async fn take(
+    claimer: &Claimer,
+    consumer: &Consumer,
+    limit: u32,
+) -> crate::store::StoreResult<Vec<crate::store::TakenClaim>> {
+    let (store, owner, lease) = (claimer.store(), claimer.instance(), consumer.config.lease.0);
+    if !consumer.takes_in_order() {
+        return store
+            .take_enqueued(consumer.name(), limit, owner, lease)
+            .await;
+    }
+    let flow = &consumer.config.flow;
+    let order = WaitingOrder {
+        lines: consumer
+            .order_key
+            .is_some()
+            .then_some(flow.order_hold == OrderHold::Hold),
+        fair: (flow.fairness == Fairness::Tenant).then(|| flow.tenant_weights.clone()),
+    };
+    store
+        .take_waiting(consumer.name(), limit, owner, lease, &order)
+        .await
+}
+
+/// A history line on a claim that went ahead of a pending or parked claim of its line
+/// (`order_hold = "skip"`).
+async fn note_went_ahead(claimer: &Claimer, claim: &crate::domain::claim::Claim, ahead: &str) {
+    let detail = format!(
+        "went ahead of message {ahead} of its line (order key {:?}), which is pending or needs attention (order_hold = \"skip\")",
+        claim.order_key.as_deref().unwrap_or_default()
+    );
+    let event = crate::store::NewEvent {
+        actor: claimer.instance(),
+        action: "order",
+        outcome: "went_ahead",
+        provider_status: None,
+        detail: Some(&detail),
+    };
+    if let Err(e) = claimer
+        .store()
+        .record_event(claim.id, claim.attempt, &event)
+        .await
+    {
+        warn!(message_id = %claim.message_id, error = %e, "could not record that the claim went ahead in its line");
     }
 }
 

@@ -191,10 +191,21 @@ async fn sweep_consumer(
         // Before the statement that sets the leases: the local deadline must not fall after
         // the one the database recorded.
         let lease_start = Instant::now();
-        let taken = claimer
-            .store()
-            .take_stale(&cfg.name, chunk, claimer.instance(), cfg.lease.0, cutoff)
-            .await?;
+        let store = claimer.store();
+        let taken = if cfg.flow.fairness == crate::config::Fairness::Tenant {
+            let order = crate::store::WaitingOrder {
+                lines: None,
+                fair: Some(cfg.flow.tenant_weights.clone()),
+            };
+            let owner = claimer.instance();
+            store
+                .take_stale_fair(&cfg.name, chunk, owner, cfg.lease.0, cutoff, &order)
+                .await?
+        } else {
+            store
+                .take_stale(&cfg.name, chunk, claimer.instance(), cfg.lease.0, cutoff)
+                .await?
+        };
         if taken.is_empty() {
             break;
         }

@@ -144,6 +144,18 @@ pub struct Statements {
     /// oldest first, leasing them to the taker (attempt and version unchanged), returning
     /// them with payload and `age_ms` (time since enqueued): consumer, limit, owner, lease ms.
     pub take_enqueued: &'static str,
+    /// [`take_enqueued`](Statements::take_enqueued) by order keys' lines: a claim with an
+    /// order key only when no other unfinished claim of its consumer, tenant and key is
+    /// earlier or in flight (a `pending` or `needs_attention` one only when `hold`), oldest
+    /// first, also returning `went_ahead_of`: consumer, limit, owner, lease ms, hold, lines.
+    pub take_ordered: &'static str,
+    /// [`take_ordered`](Statements::take_ordered) round-robin across tenants (a tenant's
+    /// n-th oldest waiting claim goes at turn n / weight): consumer, limit, owner, lease ms,
+    /// hold, lines, weights (a JSON object of tenant to weight).
+    pub take_fair: &'static str,
+    /// [`take_stale`](Statements::take_stale) round-robin across tenants by lease end:
+    /// consumer, limit, owner, lease ms, expired before, weights (JSON object).
+    pub take_stale_fair: &'static str,
     /// Upsert a consumer's entry in the registry producers' transactions read
     /// (`claimd_consumers`): name, key template, max key length, whether the key mentions
     /// `{tenant}`, max payload bytes.
@@ -264,6 +276,21 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         claim: &crate::domain::claim::Claim,
         w: LoggedWrite<'_>,
     ) -> Result<bool, super::db_effect::DbEffectError>;
+
+    /// Runs a take of waiting claims by order keys' lines (`sql`, returning rows) alone for
+    /// its consumer (`consumer`) across instances: on PostgreSQL in a transaction that first
+    /// takes the consumer's line lock, so a take sees every claim the one before took;
+    /// SQLite's one writer already runs each statement alone.
+    async fn fetch_alone(
+        &self,
+        consumer: &str,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<Vec<Self::Row>> {
+        let _ = consumer;
+        self.runner().fetch(name, sql, args).await
+    }
 
     /// Takes the lock that lets one instance prune at a time, or `None` when another holds
     /// it. [`RetentionLock::release`] gives it back; dropping it releases it too (later),

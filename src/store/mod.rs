@@ -242,6 +242,29 @@ pub struct TakenClaim {
     pub age: Duration,
     /// Who held the lease it was taken from (an instance name), when one was recorded.
     pub held_by: Option<String>,
+    /// The message id of a `pending` or `needs_attention` claim of its order key's line that
+    /// it went ahead of (`order_hold = "skip"`); `None` for every other take.
+    pub went_ahead_of: Option<String>,
+}
+
+/// How [`EngineStore::take_waiting`] chooses among waiting claims (docs/flow-control.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WaitingOrder {
+    /// `Some(hold)`: claims with an order key are taken only at the head of their line (no
+    /// earlier unfinished claim of the key, none of it in flight); `hold`: a `pending` or
+    /// `needs_attention` claim holds the claims behind it. `None`: order keys are ignored.
+    pub lines: Option<bool>,
+    /// `Some(weights)`: round-robin over the tenants with waiting claims, a tenant taking
+    /// its weight (default 1) per round. `None`: oldest first.
+    pub fair: Option<std::collections::BTreeMap<String, u32>>,
+}
+
+impl WaitingOrder {
+    /// The tenants' weights as the statements read them: a JSON object.
+    pub(crate) fn weights_json(&self) -> String {
+        serde_json::to_string(self.fair.as_ref().unwrap_or(&Default::default()))
+            .unwrap_or_else(|_| "{}".into())
+    }
 }
 
 /// A provider event as it is recorded ([`IntakeStore::record_provider_event`]).

@@ -61,5 +61,6 @@ pub(crate) fn taken_from_row(
         handoff,
         age: Duration::from_millis(age_ms as u64),
         held_by: row.opt_text("held_by")?,
+        went_ahead_of: None,
     })
 }

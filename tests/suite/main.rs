@@ -25,6 +25,7 @@ mod end_to_end;
 mod enqueue;
 mod evidence_send;
 mod examples_local;
+mod flow;
 mod hangups;
 mod hostile_input;
 mod intake;

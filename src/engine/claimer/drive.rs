@@ -31,8 +31,16 @@ impl Claimer {
             message_id = %claim.message_id,
             attempt = claim.attempt
         );
-        self.attempt(consumer, claim, hold, resend, slot)
-            .instrument(span)
+        let attempt = self.attempt(consumer, claim, hold, resend, slot);
+        async move {
+            let end = attempt.await;
+            // Whatever the attempt did, the line behind an ordered claim may move now.
+            if claim.order_key.is_some() {
+                consumer.wake_pickup();
+            }
+            end
+        }
+        .instrument(span)
     }
 
     /// [`Claimer::drive`]'s attempt, outside its span.

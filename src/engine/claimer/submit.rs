@@ -176,6 +176,16 @@ impl Claimer {
                 return Err(e.into());
             }
         }
+        let order_key = match &consumer.order_key {
+            Some(t) => match t.render(&d.payload, &tenant, &message_id) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    m.refused(&d.consumer, "bad_payload");
+                    return Err(SubmitError::BadPayload(e.to_string()));
+                }
+            },
+            None => None,
+        };
         let max = consumer.config.effect.max_key_length();
         if idem_key.len() > max {
             m.refused(&d.consumer, "key_too_long");
@@ -216,7 +226,7 @@ impl Claimer {
             lease: consumer.config.lease.0,
             claim_token: new_claim_token(),
             mark_not_called: !consumer.claims_ahead(),
-            order_key: None,
+            order_key,
             not_before: None,
         };
         // From the claim statement on, the work must not be cancellable: the statement may
@@ -265,6 +275,14 @@ impl Claimer {
             let Some(claim) = commit.await else {
                 return;
             };
+            if claim.lease_owner.as_deref() != Some(self.instance()) {
+                // It waits: for its line (the pickup takes it when its turn comes) or for
+                // its time (the sweeper does).
+                if claim.order_key.is_some() {
+                    consumer.wake_pickup();
+                }
+                return;
+            }
             let permit = match admission {
                 Admission::Place(place) => {
                     let slot = consumer.slot().await;

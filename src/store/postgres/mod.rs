@@ -156,6 +156,27 @@ impl Dialect for PgDialect {
         Ok(true)
     }
 
+    async fn fetch_alone(
+        &self,
+        consumer: &str,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<Vec<PgRow>> {
+        let mut tx = self.sql.pool.begin().await.map_err(err("begin"))?;
+        sqlx::query(sql::LINE_LOCK)
+            .bind(format!("claimd:line:{consumer}"))
+            .execute(&mut *tx)
+            .await
+            .map_err(err("line_lock"))?;
+        let rows = SqlPool::<Postgres>::query(sql, args)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err(name))?;
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(rows)
+    }
+
     /// A session advisory lock, on a connection taken out of the pool: it can never go back
     /// to the pool still holding the lock (an unlock that failed, a task dropped mid-prune),
     /// because dropping a detached connection closes it, and PostgreSQL frees a session's

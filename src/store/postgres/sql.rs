@@ -7,6 +7,10 @@ use crate::store::dialect::Statements;
 pub(super) const PRUNE_LOCK_KEY: i64 = 0x636c_6169_6d64_7072;
 
 pub(super) const TRY_PRUNE_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
+/// The lock a take of waiting claims by order keys' lines holds until its commit, one per
+/// consumer (`$1`: `claimd:line:` and the consumer's name): such takes of one consumer run one
+/// at a time across instances, each seeing what the one before took.
+pub(super) const LINE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
 
 pub(super) const PRUNE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
 
@@ -103,6 +107,47 @@ macro_rules! pg_settle_event {
       INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, \
                                 detail) \
       SELECT id, attempt, $13, $14, $15, $16, $17 FROM s)"
+    };
+}
+
+/// Whether the waiting claim `w` must wait for another claim of its order key's line: an
+/// unfinished one earlier in the line, or one in flight whatever its place (it was taken before
+/// `w` committed); a `pending` or `needs_attention` one only when `$5` (`order_hold = "hold"`).
+/// A scheduled claim (held by 'schedule') holds only the claims after it. `$6`: lines apply.
+macro_rules! pg_behind_in_line {
+    () => {
+        "($6 AND w.order_key IS NOT NULL AND EXISTS (SELECT 1 FROM claims o \
+           WHERE o.consumer = w.consumer AND o.tenant = w.tenant AND o.order_key = w.order_key \
+             AND o.id <> w.id AND o.state IN ('started', 'pending', 'needs_attention') \
+             AND (o.state = 'started' OR $5) \
+             AND (o.id < w.id OR o.state <> 'started' \
+                  OR (o.lease_owner IS NOT NULL AND o.lease_owner <> 'schedule'))))"
+    };
+}
+
+/// What a take of waiting claims sets: the lease to the taker, attempt unchanged.
+macro_rules! pg_take_waiting_set {
+    () => {
+        "UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond', \
+           started_utc = now(), updated_utc = now() "
+    };
+}
+
+/// What a take of waiting claims returns: the claim, its payload and age, and the earliest
+/// `pending` or `needs_attention` claim of its line it went ahead of (`order_hold = "skip"`).
+macro_rules! pg_take_waiting_returning {
+    () => {
+        concat!(
+            " RETURNING ",
+            claim_cols!(),
+            ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
+             NULL::text AS held_by, \
+             (SELECT o.message_id FROM claims o WHERE claims.order_key IS NOT NULL \
+                AND o.consumer = claims.consumer AND o.tenant = claims.tenant \
+                AND o.order_key = claims.order_key AND o.id < claims.id \
+                AND o.state IN ('pending', 'needs_attention') ORDER BY o.id LIMIT 1) \
+             AS went_ahead_of"
+        )
     };
 }
 
@@ -297,6 +342,73 @@ pub(super) const STATEMENTS: Statements = Statements {
         claim_cols!(),
         ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
        NULL::text AS held_by"
+    ),
+    // As take_enqueued, the rows locked by the inner SELECT are updated by primary key.
+    take_ordered: concat!(
+        pg_take_waiting_set!(),
+        "WHERE id = ANY (ARRAY( \
+       SELECT w.id FROM claims w \
+       WHERE w.consumer = $1 AND w.state = 'started' AND w.lease_owner IS NULL \
+         AND w.attempt = 1 AND NOT ",
+        pg_behind_in_line!(),
+        " ORDER BY w.id LIMIT $2 FOR UPDATE OF w SKIP LOCKED))",
+        pg_take_waiting_returning!()
+    ),
+    // The tenants with waiting claims, walked in the partial index claims_waiting_tenant one
+    // step each (a loose index scan: the cost grows with tenants, not with claims), then each
+    // tenant's oldest takeable claims (at most the limit), interleaved by turn; the chosen ids
+    // are computed once (an InitPlan) and locked by primary key. The tenant is matched as a
+    // range and the rows ordered by (tenant, id) so that only claims_waiting_tenant serves
+    // them: with `tenant = t` the planner may walk the primary key instead, filtering, which
+    // reads a whole backlog of one tenant to reach another's first claim.
+    take_fair: concat!(
+        pg_take_waiting_set!(),
+        "WHERE id = ANY (ARRAY( \
+       SELECT c.id FROM claims c WHERE c.id = ANY (ARRAY( \
+         WITH RECURSIVE tenants(t) AS ( \
+           (SELECT tenant FROM claims WHERE consumer = $1 AND state = 'started' \
+              AND lease_owner IS NULL ORDER BY tenant LIMIT 1) \
+           UNION ALL \
+           SELECT (SELECT c.tenant FROM claims c WHERE c.consumer = $1 \
+                     AND c.state = 'started' AND c.lease_owner IS NULL AND c.tenant > tenants.t \
+                   ORDER BY c.tenant LIMIT 1) \
+           FROM tenants WHERE tenants.t IS NOT NULL) \
+         SELECT x.id FROM tenants \
+         CROSS JOIN LATERAL ( \
+           SELECT w.id, row_number() OVER (ORDER BY w.tenant, w.id) AS rn FROM claims w \
+           WHERE w.consumer = $1 AND w.tenant >= tenants.t AND w.tenant <= tenants.t \
+             AND w.state = 'started' AND w.lease_owner IS NULL AND w.attempt = 1 AND NOT ",
+        pg_behind_in_line!(),
+        " ORDER BY w.tenant, w.id LIMIT $2) x \
+         LEFT JOIN jsonb_each_text($7::jsonb) AS wt(tenant, weight) ON wt.tenant = tenants.t \
+         WHERE tenants.t IS NOT NULL \
+         ORDER BY x.rn::float8 / COALESCE(wt.weight::float8, 1), x.id LIMIT $2)) \
+       AND c.state = 'started' AND c.lease_owner IS NULL FOR UPDATE SKIP LOCKED))",
+        pg_take_waiting_returning!()
+    ),
+    // take_stale, with the batch chosen round-robin across tenants: every stale claim of the
+    // consumer is ranked (the cost grows with the stale claims, only when fairness is on).
+    take_stale_fair: concat!(
+        "WITH stale AS MATERIALIZED ( \
+       SELECT id AS stale_id, lease_owner AS held_by FROM claims \
+       WHERE id = ANY (ARRAY( \
+         SELECT r.id FROM ( \
+           SELECT id, tenant, row_number() OVER (PARTITION BY tenant ORDER BY lease_until, id) AS rn \
+           FROM claims WHERE consumer = $1 AND state = 'started' \
+             AND lease_until < LEAST(now(), $5)) r \
+         LEFT JOIN jsonb_each_text($6::jsonb) AS wt(tenant, weight) ON wt.tenant = r.tenant \
+         ORDER BY r.rn::float8 / COALESCE(wt.weight::float8, 1), r.id LIMIT $2)) \
+         AND state = 'started' AND lease_until < LEAST(now(), $5) \
+       FOR UPDATE SKIP LOCKED) \
+     UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
+       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
+       version = version + 1, updated_utc = now() \
+     FROM stale WHERE id = stale_id \
+       AND state = 'started' AND lease_until < LEAST(now(), $5) \
+     RETURNING ",
+        claim_cols!(),
+        ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
+       stale.held_by"
     ),
     register_consumer: "\
     INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \

@@ -3,7 +3,9 @@
 
 use crate::domain::claim::ClaimState;
 use crate::store::enqueue::Registration;
-use crate::store::{NewEvent, PruneResult, SettleItem, Settlement, StoreResult, TakenClaim};
+use crate::store::{
+    NewEvent, PruneResult, SettleItem, Settlement, StoreResult, TakenClaim, WaitingOrder,
+};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
@@ -130,6 +132,33 @@ pub trait EngineStore: Send + Sync {
         limit: u32,
         owner: &str,
         lease: Duration,
+    ) -> StoreResult<Vec<TakenClaim>>;
+
+    /// Takes up to `limit` waiting claims of `consumer` (`started`, attempt 1, no lease owner:
+    /// enqueued, or waiting for their order key's line) in `order`: a claim with an order key
+    /// only at the head of its line, and round-robin across tenants when `order.fair` is set.
+    /// Leases them to `owner` for `lease`, attempt unchanged. Takes of one consumer's lines
+    /// run one at a time across instances (PostgreSQL: a transaction-scoped advisory lock), so
+    /// two claims of one line are never taken together.
+    async fn take_waiting(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        order: &WaitingOrder,
+    ) -> StoreResult<Vec<TakenClaim>>;
+
+    /// [`take_stale`](EngineStore::take_stale), round-robin across tenants by lease end
+    /// (`fairness = "tenant"`), a tenant taking its weight in `weights` (default 1) per round.
+    async fn take_stale_fair(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        expired_before: DateTime<Utc>,
+        order: &WaitingOrder,
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Writes (or rewrites) `consumer`'s entry in the registry producers' transactions read.

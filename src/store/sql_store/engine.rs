@@ -10,6 +10,7 @@ use crate::store::outbox::emits;
 use crate::store::rows::taken_from_row;
 use crate::store::{
     EngineStore, NewEvent, PruneResult, SettleItem, Settlement, StoreResult, TakenClaim,
+    WaitingOrder,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -277,6 +278,72 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         let sql = D::SQL.take_enqueued;
         self.take_leased("take_enqueued", sql, consumer, limit, owner, lease)
             .await
+    }
+
+    #[instrument(skip(self))]
+    async fn take_waiting(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        order: &WaitingOrder,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let weights = order.weights_json();
+        let mut args = vec![
+            Arg::Text(consumer),
+            Arg::I64(i64::from(limit)),
+            Arg::Text(owner),
+            Arg::I64(ms(lease)),
+            Arg::Bool(order.lines.unwrap_or(true)),
+            Arg::Bool(order.lines.is_some()),
+        ];
+        let (name, sql) = if order.fair.is_some() {
+            args.push(Arg::Text(&weights));
+            ("take_fair", D::SQL.take_fair)
+        } else {
+            ("take_ordered", D::SQL.take_ordered)
+        };
+        let rows = if order.lines.is_some() {
+            self.dialect.fetch_alone(consumer, name, sql, &args).await?
+        } else {
+            self.fetch(name, sql, &args).await?
+        };
+        rows.iter()
+            .map(|r| {
+                let mut taken = taken_from_row(r, 0)?;
+                taken.went_ahead_of = r.opt_text("went_ahead_of")?;
+                Ok(taken)
+            })
+            .collect()
+    }
+
+    #[instrument(skip(self))]
+    async fn take_stale_fair(
+        &self,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        expired_before: DateTime<Utc>,
+        order: &WaitingOrder,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let weights = order.weights_json();
+        let rows = self
+            .fetch(
+                "take_stale_fair",
+                D::SQL.take_stale_fair,
+                &[
+                    Arg::Text(consumer),
+                    Arg::I64(i64::from(limit)),
+                    Arg::Text(owner),
+                    Arg::I64(ms(lease)),
+                    Arg::Time(expired_before),
+                    Arg::Text(&weights),
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| taken_from_row(r, 0)).collect()
     }
 
     async fn register_consumer(&self, c: &Registration) -> StoreResult<()> {

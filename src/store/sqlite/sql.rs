@@ -10,6 +10,52 @@ macro_rules! now_ms {
     };
 }
 
+/// Whether the waiting claim `w` must wait for another claim of its order key's line (see
+/// the PostgreSQL statement): `?5` hold, `?6` lines apply.
+macro_rules! sqlite_behind_in_line {
+    () => {
+        "(?6 AND w.order_key IS NOT NULL AND EXISTS (SELECT 1 FROM claims o \
+           WHERE o.consumer = w.consumer AND o.tenant = w.tenant AND o.order_key = w.order_key \
+             AND o.id <> w.id AND o.state IN ('started', 'pending', 'needs_attention') \
+             AND (o.state = 'started' OR ?5) \
+             AND (o.id < w.id OR o.state <> 'started' \
+                  OR (o.lease_owner IS NOT NULL AND o.lease_owner <> 'schedule'))))"
+    };
+}
+
+/// What a take of waiting claims sets: the lease to the taker, attempt unchanged.
+macro_rules! sqlite_take_waiting_set {
+    () => {
+        concat!(
+            "UPDATE claims SET lease_owner = ?3, lease_until = ",
+            now_ms!(),
+            " + ?4, started_utc = ",
+            now_ms!(),
+            ", updated_utc = ",
+            now_ms!(),
+            " "
+        )
+    };
+}
+
+/// What a take of waiting claims returns (see the PostgreSQL statement).
+macro_rules! sqlite_take_waiting_returning {
+    () => {
+        concat!(
+            " RETURNING ",
+            claim_cols!(),
+            ", payload, (",
+            now_ms!(),
+            " - received_utc) AS age_ms, NULL AS held_by, \
+             (SELECT o.message_id FROM claims o WHERE claims.order_key IS NOT NULL \
+                AND o.consumer = claims.consumer AND o.tenant = claims.tenant \
+                AND o.order_key = claims.order_key AND o.id < claims.id \
+                AND o.state IN ('pending', 'needs_attention') ORDER BY o.id LIMIT 1) \
+             AS went_ahead_of"
+        )
+    };
+}
+
 /// The k-th smallest receive-to-complete time (SQLite has no percentile function), leaving
 /// out claims an operator resolved (as `count_window`'s `timed` does).
 pub(super) const COMPLETE_TIME_AT: &str = "\
@@ -238,6 +284,51 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload, (",
         now_ms!(),
         " - received_utc) AS age_ms, NULL AS held_by"
+    ),
+    // One writer at a time: the statement alone is atomic, no lock needed.
+    take_ordered: concat!(
+        sqlite_take_waiting_set!(),
+        "WHERE id IN (SELECT w.id FROM claims w \
+       WHERE w.consumer = ?1 AND w.state = 'started' AND w.lease_owner IS NULL \
+         AND w.attempt = 1 AND NOT ",
+        sqlite_behind_in_line!(),
+        " ORDER BY w.id LIMIT ?2)",
+        sqlite_take_waiting_returning!()
+    ),
+    // SQLite has no LATERAL: every waiting claim of the consumer is ranked within its tenant
+    // (the cost grows with the waiting claims, only when fairness is on).
+    take_fair: concat!(
+        sqlite_take_waiting_set!(),
+        "WHERE id IN (SELECT r.id FROM ( \
+         SELECT w.id, w.tenant, row_number() OVER (PARTITION BY w.tenant ORDER BY w.id) AS rn \
+         FROM claims w \
+         WHERE w.consumer = ?1 AND w.state = 'started' AND w.lease_owner IS NULL \
+           AND w.attempt = 1 AND NOT ",
+        sqlite_behind_in_line!(),
+        ") r LEFT JOIN json_each(?7) wt ON wt.key = r.tenant \
+       ORDER BY r.rn * 1.0 / COALESCE(wt.value, 1), r.id LIMIT ?2)",
+        sqlite_take_waiting_returning!()
+    ),
+    take_stale_fair: concat!(
+        "WITH stale AS MATERIALIZED (SELECT r.id AS stale_id, r.lease_owner AS held_by FROM ( \
+         SELECT id, tenant, lease_owner, \
+           row_number() OVER (PARTITION BY tenant ORDER BY lease_until, id) AS rn \
+         FROM claims WHERE consumer = ?1 AND state = 'started' AND lease_until < MIN(?5, ",
+        now_ms!(),
+        ")) r LEFT JOIN json_each(?6) wt ON wt.key = r.tenant \
+       ORDER BY r.rn * 1.0 / COALESCE(wt.value, 1), r.id LIMIT ?2) \
+       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, \
+       lease_until = ",
+        now_ms!(),
+        " + ?4, started_utc = ",
+        now_ms!(),
+        ", updated_utc = ",
+        now_ms!(),
+        " WHERE id IN (SELECT stale_id FROM stale) RETURNING ",
+        claim_cols!(),
+        ", payload, (",
+        now_ms!(),
+        " - received_utc) AS age_ms, (SELECT held_by FROM stale WHERE stale_id = claims.id) AS held_by"
     ),
     register_consumer: concat!(
         "INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \

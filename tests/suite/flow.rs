@@ -1,0 +1,7 @@
+//! Flow control per key (docs/flow-control.md), on PostgreSQL and SQLite: order keys' lines
+//! across a flapping provider and SIGKILLs (`order`), fair taking across tenants (`fairness`).
+
+#[path = "flow/fairness.rs"]
+mod fairness;
+#[path = "flow/order.rs"]
+mod order;
