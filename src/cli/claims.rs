@@ -120,13 +120,20 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 Err(e) => return Output::store(app, &e),
             };
             let now = store.now().await;
+            let behind = match claim.waits_in_line() {
+                true => match store.line_head(&claim).await {
+                    Ok(head) => head,
+                    Err(e) => return Output::store(app, &e),
+                },
+                false => None,
+            };
             if format == Format::Json {
-                return Output::ok(to_json(
-                    &serde_json::json!({ "claim": claim, "history": history }),
-                ));
+                return Output::ok(to_json(&serde_json::json!({
+                    "claim": claim, "history": history, "waiting_behind": behind
+                })));
             }
             let mut s = String::new();
-            let fields: Vec<(&str, String)> = vec![
+            let mut fields: Vec<(&str, String)> = vec![
                 ("consumer", claim.consumer.clone()),
                 ("tenant", claim.tenant.clone()),
                 ("message_id", claim.message_id.clone()),
@@ -175,6 +182,13 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                     claim.last_error.clone().unwrap_or_else(|| "-".into()),
                 ),
             ];
+            if let Some(key) = &claim.order_key {
+                fields.insert(7, ("order key", key.clone()));
+            }
+            if let Some(head) = &behind {
+                let why = format!("{} ({}, attempt {})", head.message_id, head.state, head.attempt);
+                fields.insert(8, ("waiting behind", why));
+            }
             // Values from clients and providers: one line each, nothing a terminal would act on.
             for (k, v) in fields {
                 let _ = writeln!(s, "{k:<16} {}", escape_controls(&v));

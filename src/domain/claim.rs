@@ -545,7 +545,18 @@ impl NewClaim {
 impl Claim {
     /// A `started` claim whose lease has expired at `now` (database time).
     pub fn is_stuck(&self, now: DateTime<Utc>) -> bool {
-        self.state == ClaimState::Started && self.lease_until.is_none_or(|until| until < now)
+        self.state == ClaimState::Started
+            && !self.waits_in_line()
+            && self.lease_until.is_none_or(|until| until < now)
+    }
+
+    /// A claim waiting for its order key's line: `started`, nobody holds it, and the pickup
+    /// takes it when no claim ahead of it in its line is unfinished.
+    pub fn waits_in_line(&self) -> bool {
+        self.state == ClaimState::Started
+            && self.order_key.is_some()
+            && self.lease_owner.is_none()
+            && self.not_before.is_none()
     }
 }
 

@@ -157,6 +157,9 @@ pub struct AttentionItem {
     pub age_s: i64,
     /// The idempotency key sent to the provider: what to look the claim up by there.
     pub key: String,
+    /// Claims waiting behind it in its order key's line (0 without a key): what settling it
+    /// lets go.
+    pub behind_in_line: i64,
 }
 
 /// `report --format json` and `GET /v1/report`.
@@ -178,6 +181,8 @@ pub struct Report {
     pub ledger: Vec<crate::ops::ledger::LedgerView>,
     /// The outcome relay's backlog, per consumer with an outcome destination.
     pub outcome_events: Vec<crate::store::outbox::OutboxBacklog>,
+    /// Claims waiting in order keys' lines, per consumer that has some.
+    pub in_line: std::collections::BTreeMap<String, i64>,
 }
 
 /// How long after its last write an instance's view of a provider is taken as gone (each
@@ -298,7 +303,12 @@ pub async fn build(
                 ..Default::default()
             })
             .await?;
-        attention.extend(claims.into_iter().map(|c| AttentionItem {
+        let mut behind = Vec::with_capacity(claims.len());
+        for c in &claims {
+            behind.push(store.behind_in_line(c).await?);
+        }
+        attention.extend(claims.into_iter().zip(behind).map(|(c, behind)| AttentionItem {
+            behind_in_line: behind,
             reason: c.last_error.clone().unwrap_or_else(|| {
                 if stuck {
                     "lease expired; waiting for the sweeper".into()
@@ -325,7 +335,10 @@ pub async fn build(
         .filter_map(|r| ProviderView::from_record(r, now))
         .collect();
     let outcome_events = outbox_backlog(store, only).await?;
+    let mut in_line = store.in_line().await?;
+    in_line.retain(|c, _| only.is_none_or(|o| o == c));
     Ok(Report {
+        in_line,
         generated_utc: now,
         sweeper: sweeper_health(last, now, sweep_period, None),
         consumers: counts,
@@ -449,6 +462,14 @@ pub fn render_table(r: &Report) -> String {
         }
         out.push_str(&outbox.text());
     }
+    if !r.in_line.is_empty() {
+        out.push_str("\nwaiting in order keys' lines:\n");
+        let mut lines = Table::new(&["consumer", "waiting"]);
+        for (consumer, n) in &r.in_line {
+            lines.row(vec![consumer.clone(), n.to_string()]);
+        }
+        out.push_str(&lines.text());
+    }
     if !r.attention.is_empty() {
         out.push_str("\nneeds a look:\n");
         out.push_str(&attention_table(&r.attention, false).text());
@@ -481,7 +502,10 @@ fn attention_table(items: &[AttentionItem], with_key: bool) -> Table {
             a.state.clone(),
             a.attempt.to_string(),
             a.age_s.to_string(),
-            a.reason.clone(),
+            match a.behind_in_line {
+                0 => a.reason.clone(),
+                n => format!("{} (holds {n} claims behind it in its line)", a.reason),
+            },
         ];
         if with_key {
             row.push(a.key.clone());

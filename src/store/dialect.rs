@@ -153,6 +153,13 @@ pub struct Statements {
     /// n-th oldest waiting claim goes at turn n / weight): consumer, limit, owner, lease ms,
     /// hold, lines, weights (a JSON object of tenant to weight).
     pub take_fair: &'static str,
+    /// The earliest unfinished claim of a line that holds a claim (see `take_ordered`):
+    /// consumer, tenant, order key, the claim's id.
+    pub line_head: &'static str,
+    /// Claims waiting in a line after a claim: consumer, tenant, order key, the claim's id.
+    pub behind_in_line: &'static str,
+    /// Claims waiting in lines per consumer: consumer, n.
+    pub in_line: &'static str,
     /// [`take_stale`](Statements::take_stale) round-robin across tenants by lease end:
     /// consumer, limit, owner, lease ms, expired before, weights (JSON object).
     pub take_stale_fair: &'static str,

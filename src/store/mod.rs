@@ -39,7 +39,10 @@ mod url;
 pub mod writes;
 
 pub use error::{StoreError, StoreResult};
-pub use roles::{EngineStore, IntakeStore, LedgerStore, OperatorStore, OutboxStore, ReportStore};
+pub use roles::{
+    EngineStore, IntakeStore, LedgerStore, LineHead, LineStore, OperatorStore, OutboxStore,
+    ReportStore,
+};
 pub use url::{check_url, redact_url};
 
 pub use crate::domain::claim::Handoff;
@@ -447,6 +450,7 @@ pub trait ClaimStore:
     + OperatorStore
     + OutboxStore
     + LedgerStore
+    + LineStore
     + ReportStore
     + Send
     + Sync

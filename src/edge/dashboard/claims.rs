@@ -174,10 +174,24 @@ pub async fn claim(
     let session = page_session(&state, session);
     let commands = OperatorCommands::for_config(&state.config);
     match (found, now) {
-        (Ok(Some((claim, history))), Ok(now)) => html_page(
-            StatusCode::OK,
-            render_claim(&claim, &history, now, &commands, session.as_ref()),
-        ),
+        (Ok(Some((claim, history))), Ok(now)) => {
+            let behind = match claim.waits_in_line() {
+                true => match store.line_head(&claim).await {
+                    Ok(head) => head,
+                    Err(e) => return store_down(e),
+                },
+                false => None,
+            };
+            let page = ClaimPage {
+                claim: &claim,
+                history: &history,
+                behind: behind.as_ref(),
+            };
+            html_page(
+                StatusCode::OK,
+                render_claim(&page, now, &commands, session.as_ref()),
+            )
+        }
         (Ok(None), _) => html_page(
             StatusCode::NOT_FOUND,
             shell(
@@ -197,14 +211,24 @@ pub async fn claim(
     }
 }
 
+/// What one claim's page shows.
+pub struct ClaimPage<'a> {
+    /// The claim.
+    pub claim: &'a Claim,
+    /// Its history.
+    pub history: &'a [ClaimEvent],
+    /// Whom it waits behind in its order key's line, when it waits in one.
+    pub behind: Option<&'a crate::store::LineHead>,
+}
+
 /// One claim's page.
 pub fn render_claim(
-    c: &Claim,
-    history: &[ClaimEvent],
+    page: &ClaimPage<'_>,
     now: DateTime<Utc>,
     commands: &OperatorCommands,
     session: Option<&PageSession>,
 ) -> String {
+    let (c, history) = (page.claim, page.history);
     let state = shown_state(c, now);
     let lease = match (&c.lease_owner, c.lease_until) {
         (_, None) => "-".to_string(),
@@ -216,7 +240,7 @@ pub fn render_claim(
         ),
     };
     let payload = PayloadView::of(c);
-    let facts: Vec<(&str, String)> = vec![
+    let mut facts: Vec<(&str, String)> = vec![
         ("consumer", c.consumer.clone()),
         (
             "tenant",
@@ -263,6 +287,13 @@ pub fn render_claim(
             },
         ),
     ];
+    if let Some(key) = &c.order_key {
+        facts.insert(8, ("order key", key.clone()));
+    }
+    if let Some(h) = page.behind {
+        let why = format!("{} ({}, attempt {})", h.message_id, h.state, h.attempt);
+        facts.insert(9, ("waiting behind", why));
+    }
     let claim_ref = ClaimRef {
         consumer: &c.consumer,
         tenant: &c.tenant,

@@ -210,6 +210,7 @@ mod tests {
             reason: reason.into(),
             age_s: 4000,
             key: format!("{consumer}:{tenant}:{id}"),
+            behind_in_line: 0,
         }
     }
 
@@ -227,6 +228,7 @@ mod tests {
                 providers: vec![],
                 ledger: vec![],
                 outcome_events: vec![],
+                in_line: Default::default(),
                 consumers: vec![
                     ConsumerCounts {
                         consumer: "payments".into(),

@@ -652,6 +652,7 @@ mod tests {
             providers: vec![],
             ledger: vec![],
             outcome_events: vec![],
+            in_line: Default::default(),
             generated_utc: Utc::now(),
             sweeper: SweeperHealth::default(),
             consumers: vec![ConsumerCounts {
@@ -669,6 +670,7 @@ mod tests {
                 reason: hostile.into(),
                 age_s: 5,
                 key: "payments:acme:m-1".into(),
+                behind_in_line: 0,
             }],
             since_utc: None,
         };

@@ -388,6 +388,21 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     // take_stale, with the batch chosen round-robin across tenants: every stale claim of the
     // consumer is ranked (the cost grows with the stale claims, only when fairness is on).
+    line_head: "\
+    SELECT o.message_id, o.state, o.attempt FROM claims o \
+    WHERE o.consumer = $1 AND o.tenant = $2 AND o.order_key = $3 AND o.id <> $4 \
+      AND o.state IN ('started', 'pending', 'needs_attention') \
+      AND (o.id < $4 OR o.state <> 'started' \
+           OR (o.lease_owner IS NOT NULL AND o.lease_owner <> 'schedule')) \
+    ORDER BY o.id LIMIT 1",
+    behind_in_line: "\
+    SELECT COUNT(*) AS n FROM claims w \
+    WHERE w.consumer = $1 AND w.tenant = $2 AND w.order_key = $3 AND w.id > $4 \
+      AND w.state = 'started' AND w.lease_owner IS NULL",
+    in_line: "\
+    SELECT consumer, COUNT(*) AS n FROM claims \
+    WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
+    GROUP BY consumer",
     take_stale_fair: concat!(
         "WITH stale AS MATERIALIZED ( \
        SELECT id AS stale_id, lease_owner AS held_by FROM claims \

@@ -4,6 +4,7 @@
 mod engine;
 mod intake;
 mod ledger;
+mod lines;
 mod operator;
 mod outbox;
 mod reports;
@@ -11,6 +12,7 @@ mod reports;
 pub use engine::EngineStore;
 pub use intake::IntakeStore;
 pub use ledger::LedgerStore;
+pub use lines::{LineHead, LineStore};
 pub use operator::OperatorStore;
 pub use outbox::OutboxStore;
 pub use reports::ReportStore;

@@ -16,6 +16,7 @@
 mod engine;
 mod intake;
 mod ledger;
+mod lines;
 mod operator;
 mod outbox;
 mod reports;

@@ -1,0 +1,35 @@
+//! What the reports, the CLI and the operator page read of order keys' lines
+//! (docs/flow-control.md): whom a waiting claim waits behind, how many wait behind a claim,
+//! how many claims of each consumer wait in lines.
+
+use crate::domain::claim::Claim;
+use crate::store::StoreResult;
+use async_trait::async_trait;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The claim a waiting claim waits behind: the earliest unfinished claim of its line that
+/// holds it (earlier in the line, or in flight, pending or parked).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LineHead {
+    /// Its message id.
+    pub message_id: String,
+    /// Its state.
+    pub state: String,
+    /// Its attempt.
+    pub attempt: i32,
+}
+
+/// The lines' part of the store.
+#[async_trait]
+pub trait LineStore: Send + Sync {
+    /// Whom `claim` waits behind in its order key's line; `None` when it waits for nobody
+    /// (or has no order key).
+    async fn line_head(&self, claim: &Claim) -> StoreResult<Option<LineHead>>;
+
+    /// How many claims wait behind `claim` in its order key's line (0 without a key).
+    async fn behind_in_line(&self, claim: &Claim) -> StoreResult<i64>;
+
+    /// Claims waiting in order keys' lines, per consumer (consumers with none are left out).
+    async fn in_line(&self) -> StoreResult<BTreeMap<String, i64>>;
+}
