@@ -186,7 +186,10 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 fields.insert(7, ("order key", key.clone()));
             }
             if let Some(head) = &behind {
-                let why = format!("{} ({}, attempt {})", head.message_id, head.state, head.attempt);
+                let why = format!(
+                    "{} ({}, attempt {})",
+                    head.message_id, head.state, head.attempt
+                );
                 fields.insert(8, ("waiting behind", why));
             }
             // Values from clients and providers: one line each, nothing a terminal would act on.

@@ -307,24 +307,29 @@ pub async fn build(
         for c in &claims {
             behind.push(store.behind_in_line(c).await?);
         }
-        attention.extend(claims.into_iter().zip(behind).map(|(c, behind)| AttentionItem {
-            behind_in_line: behind,
-            reason: c.last_error.clone().unwrap_or_else(|| {
-                if stuck {
-                    "lease expired; waiting for the sweeper".into()
-                } else {
-                    String::new()
-                }
-            }),
-            age_s: (now - c.received_utc).num_seconds(),
-            consumer: c.consumer,
-            tenant: c.tenant,
-            message_id: c.message_id,
-            state: c.state.as_str().to_string(),
-            attempt: c.attempt,
-            version: c.version,
-            key: c.idem_key,
-        }));
+        attention.extend(
+            claims
+                .into_iter()
+                .zip(behind)
+                .map(|(c, behind)| AttentionItem {
+                    behind_in_line: behind,
+                    reason: c.last_error.clone().unwrap_or_else(|| {
+                        if stuck {
+                            "lease expired; waiting for the sweeper".into()
+                        } else {
+                            String::new()
+                        }
+                    }),
+                    age_s: (now - c.received_utc).num_seconds(),
+                    consumer: c.consumer,
+                    tenant: c.tenant,
+                    message_id: c.message_id,
+                    state: c.state.as_str().to_string(),
+                    attempt: c.attempt,
+                    version: c.version,
+                    key: c.idem_key,
+                }),
+        );
     }
     let last = store.last_sweep().await?;
     let providers = store

@@ -3,5 +3,7 @@
 
 #[path = "flow/fairness.rs"]
 mod fairness;
+#[path = "flow/lines.rs"]
+mod lines;
 #[path = "flow/order.rs"]
 mod order;

@@ -104,6 +104,13 @@ pub async fn get_claim(
     let now = store.now().await;
     match (found, now) {
         (Ok(Some((claim, history))), Ok(now)) => {
+            let behind = match claim.waits_in_line() {
+                true => match store.line_head(&claim).await {
+                    Ok(head) => head,
+                    Err(e) => return store_down(e),
+                },
+                false => None,
+            };
             let view = ClaimView {
                 stuck: claim.is_stuck(now),
                 claim: &claim,
@@ -112,6 +119,7 @@ pub async fn get_claim(
                 "claim": view,
                 "payload": PayloadView::of(&claim),
                 "history": history,
+                "waiting_behind": behind,
             }))
             .into_response()
         }
