@@ -182,6 +182,13 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                     claim.last_error.clone().unwrap_or_else(|| "-".into()),
                 ),
             ];
+            if let Some(at) = claim.not_before {
+                let when = match claim.is_scheduled() {
+                    true => format!("{} (scheduled: not sent before then)", at.to_rfc3339()),
+                    false => at.to_rfc3339(),
+                };
+                fields.insert(7, ("not before", when));
+            }
             if let Some(key) = &claim.order_key {
                 fields.insert(7, ("order key", key.clone()));
             }
@@ -256,6 +263,38 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                     format!("no claim {consumer}/{message_id} (tenant {tenant:?})"),
                 ),
                 Err(e) => Output::store(app, &e),
+            }
+        }
+        ClaimsCommand::Cancel {
+            consumer,
+            message_id,
+            reason,
+            tenant,
+        } => {
+            if reason.trim().is_empty() {
+                return Output::fail(2, "--reason must say why");
+            }
+            let actor = match operator_name() {
+                Ok(a) => a,
+                Err(why) => return Output::fail(2, why),
+            };
+            let reason = reason.trim();
+            match crate::ops::schedule::cancel(
+                store,
+                &consumer,
+                &tenant,
+                &message_id,
+                &actor,
+                reason,
+            )
+            .await
+            {
+                Ok(c) => Output::ok(format!(
+                    "{}/{} is cancelled: {} (never sent)\n",
+                    c.consumer, c.message_id, c.state
+                )),
+                Err(crate::ops::schedule::CancelError::Store(e)) => Output::store(app, &e),
+                Err(e) => Output::fail(1, e.to_string()),
             }
         }
         ClaimsCommand::Redrive {

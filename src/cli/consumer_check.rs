@@ -31,7 +31,9 @@ pub fn named_consumer(command: &Command) -> Option<(&str, ConsumerUse)> {
         Command::Reconcile { consumer, .. } => consumer.as_deref().map(|c| (c, Configured)),
         Command::Claims { command } => match command {
             ClaimsCommand::List { consumer, .. } => consumer.as_deref().map(|c| (c, StoredClaims)),
-            ClaimsCommand::Show { consumer, .. } => Some((consumer.as_str(), StoredClaims)),
+            ClaimsCommand::Show { consumer, .. } | ClaimsCommand::Cancel { consumer, .. } => {
+                Some((consumer.as_str(), StoredClaims))
+            }
             ClaimsCommand::Resolve { consumer, bulk, .. } => consumer
                 .as_deref()
                 .or(bulk.consumer.as_deref())

@@ -263,6 +263,20 @@ pub enum ClaimsCommand {
         #[command(flatten)]
         bulk: BulkArgs,
     },
+    /// Cancel a scheduled send (sent with Not-Before) before its time: it ends failed and is
+    /// never sent. Refused once its time came and the sweeper took it.
+    Cancel {
+        /// Consumer.
+        consumer: String,
+        /// Message id.
+        message_id: String,
+        /// Why (kept in the claim's history and its reason).
+        #[arg(long)]
+        reason: String,
+        /// Tenant.
+        #[arg(long, default_value = "")]
+        tenant: String,
+    },
 }
 
 /// The bulk form of `claims resolve|redrive`: which parked claims, and whether to act.

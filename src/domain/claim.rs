@@ -550,13 +550,17 @@ impl Claim {
             && self.lease_until.is_none_or(|until| until < now)
     }
 
+    /// A scheduled send before its time: `started` at attempt 0, held by [`SCHEDULE_OWNER`].
+    pub fn is_scheduled(&self) -> bool {
+        self.state == ClaimState::Started
+            && self.attempt == 0
+            && self.lease_owner.as_deref() == Some(SCHEDULE_OWNER)
+    }
+
     /// A claim waiting for its order key's line: `started`, nobody holds it, and the pickup
     /// takes it when no claim ahead of it in its line is unfinished.
     pub fn waits_in_line(&self) -> bool {
-        self.state == ClaimState::Started
-            && self.order_key.is_some()
-            && self.lease_owner.is_none()
-            && self.not_before.is_none()
+        self.state == ClaimState::Started && self.order_key.is_some() && self.lease_owner.is_none()
     }
 }
 

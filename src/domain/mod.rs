@@ -7,4 +7,5 @@ pub mod duration;
 pub mod features;
 pub mod json_body;
 pub mod order_key;
+pub mod schedule;
 pub mod table;

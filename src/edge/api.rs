@@ -46,6 +46,10 @@ pub fn router(state: AppState) -> Router {
             .route(
                 "/v1/claims/{consumer}/{message_id}/redrive",
                 post(actions::redrive),
+            )
+            .route(
+                "/v1/claims/{consumer}/{message_id}/cancel",
+                post(crate::edge::http::cancel::cancel),
             ),
     )
     .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));

@@ -4,6 +4,7 @@
 
 pub mod pending_poller;
 
+use crate::domain::claim::SCHEDULE_OWNER;
 use crate::domain::claim::{Claim, Handoff};
 use crate::engine::claimer::drive;
 use crate::engine::claimer::{AttemptEnd, Claimer, Consumer, Hold, Slot};
@@ -311,6 +312,31 @@ fn end_name(end: &AttemptEnd) -> String {
     }
 }
 
+/// A scheduled claim of an ordered consumer whose time came: it joins its order key's line
+/// (where its place is its arrival) instead of being sent out of turn.
+async fn join_line(claimer: &Claimer, consumer: &Consumer, claim: &Claim) -> SweepItem {
+    let result = match claimer
+        .store()
+        .release_to_line(claim.id, claim.attempt)
+        .await
+    {
+        Ok(true) => {
+            consumer.wake_pickup();
+            "joined its order key's line".to_string()
+        }
+        Ok(false) => "taken by another worker meanwhile".to_string(),
+        Err(e) => format!("could not join its line ({e}); the next pass takes it again"),
+    };
+    SweepItem {
+        consumer: claim.consumer.clone(),
+        tenant: claim.tenant.clone(),
+        message_id: claim.message_id.clone(),
+        attempt: claim.attempt,
+        action: "schedule".into(),
+        result,
+    }
+}
+
 /// Carries out the decision for one taken claim.
 #[instrument(skip_all, fields(consumer = %t.claim.consumer, tenant = %t.claim.tenant, message_id = %t.claim.message_id, attempt = t.claim.attempt))]
 async fn handle(
@@ -319,8 +345,21 @@ async fn handle(
     t: TakenClaim,
     lease_start: Instant,
 ) -> SweepItem {
-    let mut decision = decide(consumer, &t);
     let claim = &t.claim;
+    if t.held_by.as_deref() == Some(SCHEDULE_OWNER) {
+        let detail = format!(
+            "its scheduled time {} came",
+            claim.not_before.map(|t| t.to_rfc3339()).unwrap_or_default()
+        );
+        claimer
+            .settler()
+            .note(claim, "schedule", "due", None, Some(&detail))
+            .await;
+        if claim.order_key.is_some() {
+            return join_line(claimer, consumer, claim).await;
+        }
+    }
+    let mut decision = decide(consumer, &t);
     if t.handoff.is_none()
         && let Some(holder) = &t.held_by
     {

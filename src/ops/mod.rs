@@ -9,3 +9,4 @@ pub mod operator_command;
 pub mod params;
 pub mod reconcile;
 pub mod report;
+pub mod schedule;

@@ -179,6 +179,7 @@ impl Worker {
             message_id: message_id.as_bytes().to_vec(),
             payload: payload.into(),
             content_type: b"application/json".to_vec(),
+            not_before: None,
         })
         .await
     }

@@ -160,6 +160,8 @@ pub struct Statements {
     pub behind_in_line: &'static str,
     /// Claims waiting in lines per consumer: consumer, n.
     pub in_line: &'static str,
+    /// A scheduled claim whose time came into its line (no lease owner), fenced: id, attempt.
+    pub release_to_line: &'static str,
     /// [`take_stale`](Statements::take_stale) round-robin across tenants by lease end:
     /// consumer, limit, owner, lease ms, expired before, weights (JSON object).
     pub take_stale_fair: &'static str,

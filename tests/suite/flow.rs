@@ -7,3 +7,5 @@ mod fairness;
 mod lines;
 #[path = "flow/order.rs"]
 mod order;
+#[path = "flow/schedule.rs"]
+mod schedule;

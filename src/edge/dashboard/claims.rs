@@ -41,6 +41,10 @@ fn fmt_time(t: DateTime<Utc>) -> String {
 pub fn shown_state(c: &Claim, now: DateTime<Utc>) -> &'static str {
     if c.is_stuck(now) {
         "stuck"
+    } else if c.is_scheduled() {
+        "scheduled"
+    } else if c.waits_in_line() {
+        "waiting in line"
     } else {
         c.state.as_str()
     }
@@ -287,6 +291,9 @@ pub fn render_claim(
             },
         ),
     ];
+    if let Some(at) = c.not_before {
+        facts.insert(8, ("not before", fmt_time(at)));
+    }
     if let Some(key) = &c.order_key {
         facts.insert(8, ("order key", key.clone()));
     }

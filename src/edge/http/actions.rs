@@ -54,13 +54,13 @@ pub struct RedriveRequest {
 }
 
 /// `actor` as recorded: `api:` and the name, when it is 1-64 printable ASCII characters.
-fn actor_of(actor: &str) -> Option<String> {
+pub(super) fn actor_of(actor: &str) -> Option<String> {
     let actor = actor.trim();
     let printable = actor.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
     (!actor.is_empty() && actor.len() <= 64 && printable).then(|| format!("api:{actor}"))
 }
 
-fn bad_actor() -> Response {
+pub(super) fn bad_actor() -> Response {
     problem(
         StatusCode::BAD_REQUEST,
         "bad actor",
@@ -68,7 +68,7 @@ fn bad_actor() -> Response {
     )
 }
 
-fn bad_body(e: JsonRejection) -> Response {
+pub(super) fn bad_body(e: JsonRejection) -> Response {
     problem(StatusCode::BAD_REQUEST, "bad request body", &e.body_text())
 }
 

@@ -5,6 +5,7 @@
 
 pub mod actions;
 pub mod auth;
+pub mod cancel;
 pub mod claims;
 pub mod guard;
 pub mod ops;

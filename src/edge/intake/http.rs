@@ -59,6 +59,12 @@ pub struct MessageView<'a> {
     /// Why a settled claim did not complete.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'a str>,
+    /// A scheduled send's time (`Not-Before`): not sent before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<DateTime<Utc>>,
+    /// The claim's order key, when its consumer orders claims.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_key: Option<&'a str>,
 }
 
 impl<'a> MessageView<'a> {
@@ -75,6 +81,8 @@ impl<'a> MessageView<'a> {
             received_utc: claim.received_utc,
             processed_utc: claim.processed_utc,
             provider_status: claim.provider_status,
+            not_before: claim.not_before,
+            order_key: claim.order_key.as_deref(),
             provider_id: claim.provider_id.as_deref(),
             provider_answer: claim
                 .provider_response
@@ -182,6 +190,7 @@ pub async fn post_message(
         "Idempotency-Key",
         tenant_name,
         header::CONTENT_TYPE.as_str(),
+        NOT_BEFORE,
     ] {
         if let Some(refused) = repeated(&headers, name) {
             return refused;
@@ -193,6 +202,10 @@ pub async fn post_message(
             "missing idempotency key",
             "the Idempotency-Key header is required: 1-255 visible ASCII characters",
         );
+    };
+    let not_before = match not_before(&headers) {
+        Ok(at) => at,
+        Err(refused) => return refused,
     };
     // `share` (of the body budget) goes with the claim until its call starts: the body is in
     // memory till then, whether or not this client is still waiting.
@@ -211,6 +224,7 @@ pub async fn post_message(
         message_id: key.as_bytes().to_vec(),
         payload: body.into(),
         content_type,
+        not_before,
     };
     let wait = wait_asked(&state, &headers);
     match state.claimer.submit_held(delivery, share).await {
@@ -222,6 +236,23 @@ pub async fn post_message(
         }
         Err(e) => submit_error(e),
     }
+}
+
+/// The header asking for a scheduled send (docs/flow-control.md).
+const NOT_BEFORE: &str = "Not-Before";
+
+/// The time `Not-Before` names (an RFC 3339 time, or a duration from now); `None` without
+/// one or for a time already past; `400` naming the header and its forms otherwise.
+fn not_before(headers: &HeaderMap) -> Result<Option<chrono::DateTime<chrono::Utc>>, Response> {
+    let Some(value) = headers.get(NOT_BEFORE) else {
+        return Ok(None);
+    };
+    let bad = |detail: &str| problem(StatusCode::BAD_REQUEST, "bad Not-Before", detail);
+    let text = value
+        .to_str()
+        .map_err(|_| bad("Not-Before must be visible ASCII: an RFC 3339 time or a duration"))?;
+    crate::domain::schedule::parse_not_before(NOT_BEFORE, text, chrono::Utc::now())
+        .map_err(|e| bad(&e.to_string()))
 }
 
 fn too_large(limit: usize) -> Response {

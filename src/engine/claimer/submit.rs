@@ -20,6 +20,8 @@ pub struct Delivery {
     pub payload: bytes::Bytes,
     /// Content type bytes, verbatim (checked before claiming).
     pub content_type: Vec<u8>,
+    /// Send no earlier than this (a scheduled send, docs/flow-control.md); `None`: at once.
+    pub not_before: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The claim was accepted: acknowledge.
@@ -227,7 +229,7 @@ impl Claimer {
             claim_token: new_claim_token(),
             mark_not_called: !consumer.claims_ahead(),
             order_key,
-            not_before: None,
+            not_before: d.not_before,
         };
         // From the claim statement on, the work must not be cancellable: the statement may
         // commit whatever happens to this caller, and a committed claim must be performed by

@@ -23,6 +23,7 @@ pub const DEAD_LETTERED: &[&str] = &[
     "invalid_content_type",
     "key_too_long",
     "headers_too_deep",
+    "invalid_not_before",
 ];
 /// `claimd_reconcile_outcomes_total{reason}`.
 pub const LOOKUPS: &[&str] = &["found", "not_found", "unknown"];

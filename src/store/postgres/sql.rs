@@ -307,7 +307,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",
         claim_cols!(),
-        ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
+        ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(not_before, received_utc)) * 1000)::bigint AS age_ms, \
        stale.held_by"
     ),
     // Pending claims whose next poll is due, leased to this poller for `$4` ms (others skip
@@ -403,6 +403,10 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT consumer, COUNT(*) AS n FROM claims \
     WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
     GROUP BY consumer",
+    release_to_line: "\
+    UPDATE claims SET lease_owner = NULL, lease_until = NULL, version = version + 1, \
+      updated_utc = now() \
+    WHERE id = $1 AND attempt = $2 AND state = 'started' AND order_key IS NOT NULL",
     take_stale_fair: concat!(
         "WITH stale AS MATERIALIZED ( \
        SELECT id AS stale_id, lease_owner AS held_by FROM claims \
@@ -422,7 +426,7 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",
         claim_cols!(),
-        ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
+        ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(not_before, received_utc)) * 1000)::bigint AS age_ms, \
        stale.held_by"
     ),
     register_consumer: "\
@@ -434,7 +438,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),
-        ", (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
+        ", (EXTRACT(EPOCH FROM now() - COALESCE(not_before, received_utc)) * 1000)::bigint AS age_ms, \
        lease_owner AS held_by \
      FROM claims WHERE consumer = $1 AND state = 'started' AND lease_until < now() \
      ORDER BY lease_until LIMIT $2"

@@ -32,4 +32,9 @@ pub trait LineStore: Send + Sync {
 
     /// Claims waiting in order keys' lines, per consumer (consumers with none are left out).
     async fn in_line(&self) -> StoreResult<BTreeMap<String, i64>>;
+
+    /// Puts a scheduled claim whose time came (taken by the sweeper at `attempt`) into its
+    /// order key's line: no lease owner, so the pickup takes it at its turn. Fenced on the
+    /// attempt; `false` when another worker holds it now.
+    async fn release_to_line(&self, id: i64, attempt: i32) -> StoreResult<bool>;
 }

@@ -56,6 +56,14 @@ impl<D: Dialect> LineStore for SqlStore<D> {
         rows.first().map(|r| r.i64("n")).unwrap_or(Ok(0))
     }
 
+    async fn release_to_line(&self, id: i64, attempt: i32) -> StoreResult<bool> {
+        let args = [Arg::I64(id), Arg::I32(attempt)];
+        let n = self
+            .execute("release_to_line", D::SQL.release_to_line, &args)
+            .await?;
+        Ok(n == 1)
+    }
+
     async fn in_line(&self) -> StoreResult<BTreeMap<String, i64>> {
         let rows = self.fetch("in_line", D::SQL.in_line, &[]).await?;
         rows.iter()

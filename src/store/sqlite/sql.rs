@@ -255,7 +255,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         claim_cols!(),
         ", payload, (",
         now_ms!(),
-        " - received_utc) AS age_ms, (SELECT held_by FROM stale WHERE stale_id = claims.id) AS held_by"
+        " - COALESCE(not_before, received_utc)) AS age_ms, (SELECT held_by FROM stale WHERE stale_id = claims.id) AS held_by"
     ),
     take_pending: concat!(
         "UPDATE claims SET lease_owner = ?3, lease_until = ",
@@ -324,6 +324,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT consumer, COUNT(*) AS n FROM claims \
     WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
     GROUP BY consumer",
+    release_to_line: concat!(
+        "UPDATE claims SET lease_owner = NULL, lease_until = NULL, version = version + 1, \
+      updated_utc = ",
+        now_ms!(),
+        " WHERE id = ?1 AND attempt = ?2 AND state = 'started' AND order_key IS NOT NULL"
+    ),
     take_stale_fair: concat!(
         "WITH stale AS MATERIALIZED (SELECT r.id AS stale_id, r.lease_owner AS held_by FROM ( \
          SELECT id, tenant, lease_owner, \
@@ -343,7 +349,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         claim_cols!(),
         ", payload, (",
         now_ms!(),
-        " - received_utc) AS age_ms, (SELECT held_by FROM stale WHERE stale_id = claims.id) AS held_by"
+        " - COALESCE(not_before, received_utc)) AS age_ms, (SELECT held_by FROM stale WHERE stale_id = claims.id) AS held_by"
     ),
     register_consumer: concat!(
         "INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \
@@ -358,7 +364,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         claim_cols!(),
         ", (",
         now_ms!(),
-        " - received_utc) AS age_ms, lease_owner AS held_by FROM claims \
+        " - COALESCE(not_before, received_utc)) AS age_ms, lease_owner AS held_by FROM claims \
        WHERE consumer = ?1 AND state = 'started' AND lease_until < ",
         now_ms!(),
         " ORDER BY lease_until LIMIT ?2"

@@ -102,6 +102,8 @@ pub enum DeadLetterReason {
     KeyTooLong,
     /// A header nests tables or arrays more than [`MAX_HEADER_DEPTH`] levels deep.
     HeadersTooDeep,
+    /// The `not-before` header is neither an RFC 3339 time nor a duration, or too far ahead.
+    InvalidNotBefore,
 }
 
 impl DeadLetterReason {
@@ -117,6 +119,7 @@ impl DeadLetterReason {
             DeadLetterReason::InvalidContentType => "invalid_content_type",
             DeadLetterReason::KeyTooLong => "key_too_long",
             DeadLetterReason::HeadersTooDeep => "headers_too_deep",
+            DeadLetterReason::InvalidNotBefore => "invalid_not_before",
         }
     }
 }

@@ -3,8 +3,12 @@
 
 use super::*;
 use crate::domain::claim::{IdError, validate_message_id, validate_tenant};
+use crate::domain::schedule::parse_not_before;
 use crate::provider::effect::http_template::Field;
 use crate::provider::effect::http_template::url_segments::UrlValueError;
+
+/// The message header asking for a scheduled send (docs/flow-control.md).
+pub const NOT_BEFORE_HEADER: &str = "not-before";
 
 /// What to do with one delivery.
 pub(super) enum Verdict {
@@ -232,12 +236,36 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
         .as_ref()
         .map(|s| s.as_str().as_bytes().to_vec())
         .unwrap_or_default();
+    let not_before = match header_bytes(props, NOT_BEFORE_HEADER) {
+        Ok(None) => None,
+        Ok(Some(v)) => {
+            let text = String::from_utf8_lossy(&v);
+            match parse_not_before("the not-before header", &text, chrono::Utc::now()) {
+                Ok(at) => at,
+                Err(e) => {
+                    return Verdict::DeadLetter {
+                        reason: DeadLetterReason::InvalidNotBefore,
+                        sentence: e.to_string(),
+                        message_id: shown_id,
+                    };
+                }
+            }
+        }
+        Err(why) => {
+            return Verdict::DeadLetter {
+                reason: DeadLetterReason::InvalidNotBefore,
+                sentence: format!("the not-before header cannot be read: {why}"),
+                message_id: shown_id,
+            };
+        }
+    };
     let delivery = Delivery {
         consumer: c.name.clone(),
         tenant,
         message_id: raw_id,
         payload: d.data.clone().into(),
         content_type,
+        not_before,
     };
     match ctx.claimer.submit(delivery).await {
         Ok(Accepted::New(_)) => Verdict::Ack,
