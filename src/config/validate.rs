@@ -70,6 +70,7 @@ impl Config {
             }
             let template: KeyTemplate = c.key.parse().map_err(|e| (at("key"), format!("{e}")))?;
             check_flow(&c.flow).map_err(|(k, why)| (at(k), why))?;
+            check_rate_key(&c.effect).map_err(|(k, why)| (at(k), why))?;
             let timeout = c.effect.timeout();
             if c.lease.0 <= timeout {
                 return Err((
@@ -372,6 +373,31 @@ fn check_tokens(admin: &str, intake: &str) -> Result<(), (String, String)> {
         return Err((
             "http.intake_token".into(),
             "is the same as http.admin_token: every intake client could act as an operator; use two different tokens".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A consumer's `effect.rate_limit_key` and `effect.rate_limit_keys`.
+fn check_rate_key(effect: &super::EffectConfig) -> Result<(), (&'static str, String)> {
+    let (ceiling, key, keys) = effect.rate_limits();
+    if let Some(key) = key {
+        key.parse::<crate::domain::order_key::OrderKeyTemplate>()
+            .map_err(|e| ("effect.rate_limit_key", e.to_string()))?;
+        if ceiling.is_none() {
+            return Err((
+                "effect.rate_limit_key",
+                "needs effect.rate_limit: the ceiling each key is paced to".into(),
+            ));
+        }
+    }
+    if keys == Some(0) {
+        return Err(("effect.rate_limit_keys", "must be at least 1".into()));
+    }
+    if keys.is_some() && key.is_none() {
+        return Err((
+            "effect.rate_limit_keys",
+            "read only with effect.rate_limit_key".into(),
         ));
     }
     Ok(())

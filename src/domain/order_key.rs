@@ -15,6 +15,8 @@ pub const MAX_ORDER_KEY_BYTES: usize = 512;
 pub struct OrderKeyTemplate {
     text: String,
     parts: Vec<Part>,
+    /// The setting it came from, for messages (`order_key`, `effect.rate_limit_key`).
+    setting: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,14 +32,14 @@ enum Part {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
     /// A `{` without its `}`, or a `}` without its `{`.
-    #[error("order_key {0:?}: unbalanced braces (write a field as {{field}})")]
+    #[error("{0:?}: unbalanced braces (write a field as {{field}})")]
     Braces(String),
     /// `{}`.
-    #[error("order_key {0:?}: an empty {{}} names no field")]
+    #[error("{0:?}: an empty {{}} names no field")]
     EmptyField(String),
     /// No placeholder: every claim of the consumer would wait for every other.
     #[error(
-        "order_key {0:?} names no field: every claim of the consumer would run one at a time; name the entity, e.g. \"{{order_id}}\""
+        "{0:?} names no field: every message would share one key; name the entity, e.g. \"{{order_id}}\""
     )]
     Constant(String),
 }
@@ -46,16 +48,20 @@ pub enum TemplateError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenderError {
     /// The payload is not a JSON object.
-    #[error("order_key {template:?} needs a JSON object payload to read {{{field}}} from")]
+    #[error("{setting} {template:?} needs a JSON object payload to read {{{field}}} from")]
     NotJson {
+        /// The setting.
+        setting: &'static str,
         /// The template.
         template: String,
         /// The first field it reads.
         field: String,
     },
     /// The field is missing or null.
-    #[error("order_key {template:?}: the payload has no field {field:?}")]
+    #[error("{setting} {template:?}: the payload has no field {field:?}")]
     Missing {
+        /// The setting.
+        setting: &'static str,
         /// The template.
         template: String,
         /// The field.
@@ -63,17 +69,21 @@ pub enum RenderError {
     },
     /// The field is an object or an array.
     #[error(
-        "order_key {template:?}: field {field:?} is an object or array; it must be a string, number or boolean"
+        "{setting} {template:?}: field {field:?} is an object or array; it must be a string, number or boolean"
     )]
     NotScalar {
+        /// The setting.
+        setting: &'static str,
         /// The template.
         template: String,
         /// The field.
         field: String,
     },
     /// The rendered key is too long.
-    #[error("the order key is {len} bytes; the limit is {MAX_ORDER_KEY_BYTES}")]
+    #[error("the {setting} of this message is {len} bytes; the limit is {MAX_ORDER_KEY_BYTES}")]
     TooLong {
+        /// The setting.
+        setting: &'static str,
         /// Its length.
         len: usize,
     },
@@ -120,6 +130,7 @@ impl FromStr for OrderKeyTemplate {
         Ok(OrderKeyTemplate {
             text: text.to_string(),
             parts,
+            setting: "order_key",
         })
     }
 }
@@ -131,6 +142,12 @@ impl fmt::Display for OrderKeyTemplate {
 }
 
 impl OrderKeyTemplate {
+    /// The same template, named `setting` in its messages (it is `order_key` by default).
+    pub fn for_setting(mut self, setting: &'static str) -> Self {
+        self.setting = setting;
+        self
+    }
+
     /// The payload fields it reads, in order.
     pub fn fields(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
@@ -152,6 +169,7 @@ impl OrderKeyTemplate {
             Some(first) => Some(
                 serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(payload)
                     .map_err(|_| RenderError::NotJson {
+                        setting: self.setting,
                         template: self.text.clone(),
                         field: first.to_string(),
                     })?,
@@ -168,6 +186,7 @@ impl OrderKeyTemplate {
                     match value {
                         None | Some(serde_json::Value::Null) => {
                             return Err(RenderError::Missing {
+                                setting: self.setting,
                                 template: self.text.clone(),
                                 field: f.clone(),
                             });
@@ -178,6 +197,7 @@ impl OrderKeyTemplate {
                         }
                         Some(_) => {
                             return Err(RenderError::NotScalar {
+                                setting: self.setting,
                                 template: self.text.clone(),
                                 field: f.clone(),
                             });
@@ -187,7 +207,10 @@ impl OrderKeyTemplate {
             }
         }
         if key.len() > MAX_ORDER_KEY_BYTES {
-            return Err(RenderError::TooLong { len: key.len() });
+            return Err(RenderError::TooLong {
+                setting: self.setting,
+                len: key.len(),
+            });
         }
         Ok(key)
     }
@@ -239,7 +262,7 @@ mod tests {
         let long = format!(r#"{{"k": "{}"}}"#, "x".repeat(600));
         assert!(matches!(
             t("{k}").render(long.as_bytes(), "", "m"),
-            Err(RenderError::TooLong { len: 600 })
+            Err(RenderError::TooLong { len: 600, .. })
         ));
         let msg = t("{customer}")
             .render(body, "", "m")

@@ -6,6 +6,7 @@ use crate::config::ConsumerConfig;
 use crate::domain::claim::KeyTemplate;
 use crate::domain::order_key::OrderKeyTemplate;
 use crate::engine::destination::Destination;
+use crate::engine::key_pace::{DEFAULT_KEYS, KeyPaces};
 use crate::engine::policy;
 use crate::provider::effect::Effect;
 use crate::provider::provider_events::ProviderEvents;
@@ -29,6 +30,8 @@ pub struct Consumer {
     pub provider_events: Option<Arc<ProviderEvents>>,
     /// Parsed `order_key`, when the consumer orders its claims (docs/flow-control.md).
     pub order_key: Option<OrderKeyTemplate>,
+    /// `effect.rate_limit_key`: each key's own pace (docs/flow-control.md).
+    pub rate_key: Option<RateKey>,
     /// Wakes the consumer's pickup ([`crate::engine::enqueued`]): a claim joined a line, or
     /// one left the head of its line.
     pickup: Arc<Notify>,
@@ -38,6 +41,15 @@ pub struct Consumer {
     /// intake's bound, so the next claims commit while the current calls run.
     intake: Arc<Semaphore>,
     settling: Arc<AtomicUsize>,
+}
+
+/// A consumer's `effect.rate_limit_key`: the template and each key's pace.
+#[derive(Debug)]
+pub struct RateKey {
+    /// The key template.
+    pub template: OrderKeyTemplate,
+    /// The keys' paces.
+    pub paces: KeyPaces,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -57,11 +69,23 @@ impl Consumer {
             .map_err(|e| format!("consumer {}: key: {e}", config.name))?;
         let slots = Arc::new(Semaphore::new(config.concurrency as usize));
         let intake = Arc::new(Semaphore::new(config.concurrency as usize));
-        let ceiling = match &config.effect {
-            crate::config::EffectConfig::Http(h) => h.rate_limit.map(|r| r.per_second),
-            crate::config::EffectConfig::Custom(c) => c.rate_limit.map(|r| r.per_second),
-            crate::config::EffectConfig::Smtp(_) | crate::config::EffectConfig::Sql(_) => None,
+        let (ceiling, rate_key, rate_keys) = config.effect.rate_limits();
+        // With a key template the ceiling is each key's, and the consumer's own pace only
+        // learns from outages (a key's 429 slows that key alone).
+        let rate_key = match (rate_key, ceiling) {
+            (Some(t), Some(per_key)) => {
+                let template: OrderKeyTemplate = t
+                    .parse()
+                    .map_err(|e| format!("consumer {}: effect.rate_limit_key: {e}", config.name))?;
+                let paces = KeyPaces::new(per_key, rate_keys.unwrap_or(DEFAULT_KEYS));
+                Some(RateKey {
+                    template: template.for_setting("effect.rate_limit_key"),
+                    paces,
+                })
+            }
+            _ => None,
         };
+        let ceiling = ceiling.filter(|_| rate_key.is_none());
         let provider_events = match &config.provider_events {
             Some(pe) => Some(Arc::new(ProviderEvents::new(pe.clone()).map_err(|e| {
                 format!("consumer {}: provider_events.secrets: {e}", config.name)
@@ -79,6 +103,7 @@ impl Consumer {
             destination: Arc::new(Destination::new(ceiling)),
             provider_events,
             order_key,
+            rate_key,
             pickup: Arc::new(Notify::new()),
             config,
             template,

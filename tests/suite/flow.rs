@@ -7,5 +7,7 @@ mod fairness;
 mod lines;
 #[path = "flow/order.rs"]
 mod order;
+#[path = "flow/rate_key.rs"]
+mod rate_key;
 #[path = "flow/schedule.rs"]
 mod schedule;

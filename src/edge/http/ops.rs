@@ -81,6 +81,16 @@ pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderM
         .map(|c| (c.name().to_string(), c.destination.status()))
         .collect();
     state.claimer.metrics().destinations(&destinations);
+    let keys: Vec<_> = state
+        .claimer
+        .consumers()
+        .filter_map(|c| {
+            let rk = c.rate_key.as_ref()?;
+            let top = rk.paces.top(crate::engine::key_pace::TOP_KEYS);
+            Some((c.name().to_string(), rk.paces.len(), top))
+        })
+        .collect();
+    state.claimer.metrics().rate_keys(&keys);
     match state
         .claimer
         .metrics()

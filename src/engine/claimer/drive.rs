@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::domain::claim::Handoff;
-use crate::engine::destination::Verdict;
+use crate::engine::destination::{HeldBy, Verdict};
 use tracing::Instrument;
 
 impl Claimer {
@@ -120,6 +120,27 @@ impl Claimer {
             // The destination's breaker and pace: wait in place while that ends before the
             // deadline, else hand the claim back with a lease that ends when it may go. Either
             // way no attempt is spent and nothing is sent.
+            // The key's own pace first (`effect.rate_limit_key`), then the destination's.
+            let key = match Box::pin(key_turn(consumer, claim, deadline)).await {
+                Ok(key) => key,
+                Err(until) => {
+                    self.metrics.held(&claim.consumer, HeldBy::Pace.as_str());
+                    let how = if pending_unknown {
+                        Handoff::Undecided
+                    } else {
+                        Handoff::NotApplied
+                    };
+                    return Box::pin(self.settler.hand_off(
+                        &mut slot,
+                        claim,
+                        HeldBy::Pace.describe(),
+                        None,
+                        Some(how),
+                        spread(until.saturating_duration_since(Instant::now())),
+                    ))
+                    .await;
+                }
+            };
             let pass = match consumer.destination.admit(deadline).await {
                 Ok(pass) => pass,
                 Err(held) => {
@@ -159,9 +180,15 @@ impl Claimer {
             }
             let called = Instant::now();
             let outcome = consumer.effect.perform(claim).await;
-            consumer
-                .destination
-                .record(pass, Verdict::of_outcome(&outcome));
+            let verdict = match (Verdict::of_outcome(&outcome), &key, &consumer.rate_key) {
+                // A key's 429 slows that key alone.
+                (Verdict::RateLimited { retry_after }, Some(k), Some(rk)) => {
+                    rk.paces.throttled(k, retry_after);
+                    Verdict::Answered
+                }
+                (v, _, _) => v,
+            };
+            consumer.destination.record(pass, verdict);
             // A re-send the provider provably did not apply (refused, a not-applied status)
             // sent nothing: it is taken back, so weather never brings a claim to max_sends.
             // The next call, if any, is then still a re-send, counted when it goes.
@@ -500,4 +527,25 @@ fn retry_delays() -> backon::ExponentialBackoff {
         .with_jitter()
         .without_max_times()
         .build()
+}
+
+/// Waits for the claim's key's turn (`effect.rate_limit_key`) while it comes by `deadline`:
+/// `Ok(Some(key))` when it may go, `Ok(None)` without a key pace (or a payload without the
+/// key's fields: only the consumer's pace applies), `Err(until)` when its turn comes later.
+async fn key_turn(
+    consumer: &Consumer,
+    claim: &Claim,
+    deadline: Instant,
+) -> Result<Option<String>, Instant> {
+    let Some(rk) = &consumer.rate_key else {
+        return Ok(None);
+    };
+    let Ok(key) = rk
+        .template
+        .render(&claim.payload, &claim.tenant, &claim.message_id)
+    else {
+        return Ok(None);
+    };
+    rk.paces.admit(&key, deadline).await?;
+    Ok(Some(key))
 }

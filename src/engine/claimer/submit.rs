@@ -188,6 +188,12 @@ impl Claimer {
             },
             None => None,
         };
+        if let Some(rk) = &consumer.rate_key
+            && let Err(e) = rk.template.render(&d.payload, &tenant, &message_id)
+        {
+            m.refused(&d.consumer, "bad_payload");
+            return Err(SubmitError::BadPayload(e.to_string()));
+        }
         let max = consumer.config.effect.max_key_length();
         if idem_key.len() > max {
             m.refused(&d.consumer, "key_too_long");

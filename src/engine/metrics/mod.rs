@@ -42,6 +42,12 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KeyLabels {
+    consumer: String,
+    key: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     consumer: String,
     kind: String,
@@ -84,6 +90,9 @@ pub struct Metrics {
     destination_rate: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_resumes: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_held: Family<ReasonLabels, Counter>,
+    rate_keys: Family<ConsumerLabel, Gauge>,
+    rate_key_throttled: Family<KeyLabels, Gauge>,
+    rate_key_waits: Family<KeyLabels, Gauge>,
     provider_events: Family<ReasonLabels, Counter>,
     ledger_mismatches: Family<KindLabels, Gauge>,
     ledger_last_run: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
@@ -155,6 +164,9 @@ impl Metrics {
             waiting: Family::default(),
             destination_state: Family::default(),
             destination_rate: Family::default(),
+            rate_keys: Family::default(),
+            rate_key_throttled: Family::default(),
+            rate_key_waits: Family::default(),
             destination_resumes: Family::default(),
             destination_held: Family::default(),
             provider_events: Family::default(),
@@ -293,6 +305,21 @@ impl Metrics {
             m.destination_state.clone(),
         );
         registry.register(
+            "rate_limit_keys",
+            "Keys whose pace this instance keeps for the consumer (effect.rate_limit_key)",
+            m.rate_keys.clone(),
+        );
+        registry.register(
+            "rate_limit_key_throttled",
+            "429 answers for a key since this instance began pacing it, for the 10 keys with the most (effect.rate_limit_key)",
+            m.rate_key_throttled.clone(),
+        );
+        registry.register(
+            "rate_limit_key_waits",
+            "Calls a key's pace held back since this instance began pacing it, for the 10 keys with the most 429s, then waits",
+            m.rate_key_waits.clone(),
+        );
+        registry.register(
             "destination_rate_per_second",
             "Requests per second this instance may send the consumer's provider now (0: no limit)",
             m.destination_rate.clone(),
@@ -365,6 +392,32 @@ impl Metrics {
             self.destination_resumes
                 .get_or_create(&consumer(c))
                 .set(s.resumes_in.map_or(0.0, |d| d.as_secs_f64()));
+        }
+    }
+
+    /// Sets the per-key pace gauges: per consumer with `effect.rate_limit_key`, how many keys
+    /// it keeps and its top keys ([`crate::engine::key_pace::TOP_KEYS`]); the series of keys
+    /// that left the top are dropped.
+    pub fn rate_keys(
+        &self,
+        consumers: &[(String, usize, Vec<crate::engine::key_pace::KeyCounts>)],
+    ) {
+        self.rate_key_throttled.clear();
+        self.rate_key_waits.clear();
+        for (c, kept, top) in consumers {
+            self.rate_keys.get_or_create(&consumer(c)).set(*kept as i64);
+            for k in top {
+                let labels = KeyLabels {
+                    consumer: c.clone(),
+                    key: k.key.clone(),
+                };
+                self.rate_key_throttled
+                    .get_or_create(&labels)
+                    .set(k.throttled as i64);
+                self.rate_key_waits
+                    .get_or_create(&labels)
+                    .set(k.waits as i64);
+            }
         }
     }
 

@@ -155,6 +155,10 @@ struct Inner {
     bucket: Mutex<(f64, std::time::Instant)>,
     /// `POST`s answered `429` by the rate limit.
     limited: AtomicU64,
+    /// The per-account buckets (`SandboxModes::per_key_limit`): tokens and when last filled.
+    key_buckets: Mutex<HashMap<String, (f64, std::time::Instant)>>,
+    /// `POST`s answered `429` by the per-account limit.
+    limited_per_key: AtomicU64,
     /// Where applied effects are kept across restarts, if anywhere.
     journal: Option<journal::Journal>,
 }
@@ -236,6 +240,8 @@ impl Sandbox {
                     std::time::Instant::now(),
                 )),
                 limited: AtomicU64::new(0),
+                key_buckets: Mutex::new(HashMap::new()),
+                limited_per_key: AtomicU64::new(0),
                 journal,
             }),
         }
@@ -330,6 +336,11 @@ impl Sandbox {
     pub fn rate_limited(&self) -> u64 {
         self.inner.limited.load(Ordering::Relaxed)
     }
+
+    /// `POST`s answered `429` by the per-account limit (`SandboxModes::per_key_limit`).
+    pub fn rate_limited_per_key(&self) -> u64 {
+        self.inner.limited_per_key.load(Ordering::Relaxed)
+    }
 }
 
 impl Inner {
@@ -342,6 +353,25 @@ impl Inner {
         let rate = f64::from(rate);
         let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
+        b.0 = (b.0 + (now - b.1).as_secs_f64() * rate).min(rate);
+        b.1 = now;
+        if b.0 >= 1.0 {
+            b.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// [`Inner::take_token`] for the account the body names, under the per-account limit.
+    fn take_key_token(&self, body: &[u8]) -> bool {
+        let Some((key, rate)) = self.modes.limited_key(body).filter(|(_, r)| *r > 0) else {
+            return true;
+        };
+        let rate = f64::from(rate);
+        let mut buckets = self.key_buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let b = buckets.entry(key).or_insert((rate, now));
         b.0 = (b.0 + (now - b.1).as_secs_f64() * rate).min(rate);
         b.1 = now;
         if b.0 >= 1.0 {
@@ -603,8 +633,14 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
         }
     };
 
-    if !inner.take_token() {
-        inner.limited.fetch_add(1, Ordering::Relaxed);
+    let per_key = inner.take_key_token(&body);
+    if !per_key {
+        inner.limited_per_key.fetch_add(1, Ordering::Relaxed);
+    }
+    if !per_key || !inner.take_token() {
+        if per_key {
+            inner.limited.fetch_add(1, Ordering::Relaxed);
+        }
         let mut r = problem(
             StatusCode::TOO_MANY_REQUESTS,
             "Too Many Requests",

@@ -18,6 +18,11 @@ pub struct SandboxModes {
     pub lookup_delay: Duration,
     /// Every lookup answers `404` as if the route did not exist.
     pub lookup_missing: bool,
+    /// A rate limit per account: `(field, n)` takes at most `n` `POST`s a second for each
+    /// value of the JSON body's top-level `field` (a token bucket per value holding one
+    /// second's worth), answering `429` with `Retry-After: 1` beyond it. A body without the
+    /// field is not limited.
+    pub per_key_limit: Option<(String, u32)>,
 }
 
 impl SandboxModes {
@@ -27,6 +32,17 @@ impl SandboxModes {
             .to_std()
             .unwrap_or_default();
         age >= self.lookup_delay
+    }
+
+    /// The account a body's `POST` counts against under [`SandboxModes::per_key_limit`].
+    pub(super) fn limited_key(&self, body: &[u8]) -> Option<(String, u32)> {
+        let (field, n) = self.per_key_limit.as_ref()?;
+        let v = serde_json::from_slice::<Value>(body).ok()?;
+        let key = match v.get(field)? {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        Some((key, *n))
     }
 
     /// The key from the body field, when that is where this provider reads it.

@@ -85,6 +85,24 @@ impl EffectConfig {
             EffectConfig::Sql(_) => default_max_key_length(),
         }
     }
+
+    /// The calls' ceiling per second (`rate_limit`), its key template (`rate_limit_key`) and
+    /// how many keys' paces are kept (`rate_limit_keys`).
+    pub fn rate_limits(&self) -> (Option<f64>, Option<&str>, Option<usize>) {
+        match self {
+            EffectConfig::Http(h) => (
+                h.rate_limit.map(|r| r.per_second),
+                h.rate_limit_key.as_deref(),
+                h.rate_limit_keys,
+            ),
+            EffectConfig::Custom(c) => (
+                c.rate_limit.map(|r| r.per_second),
+                c.rate_limit_key.as_deref(),
+                c.rate_limit_keys,
+            ),
+            EffectConfig::Smtp(_) | EffectConfig::Sql(_) => (None, None, None),
+        }
+    }
 }
 
 /// `kind = "http"`
@@ -135,6 +153,14 @@ pub struct HttpEffectConfig {
     /// `"50/s"` or `"3000/m"`. Unset: no ceiling, but a `429` still slows the destination down.
     #[serde(default)]
     pub rate_limit: Option<RateLimit>,
+    /// A template over the payload's fields, the tenant and the message id (`"{account}"`):
+    /// `rate_limit` is then the ceiling of each key's calls, each key paced (and slowed by its
+    /// `429`s) on its own (docs/flow-control.md).
+    #[serde(default)]
+    pub rate_limit_key: Option<String>,
+    /// Keys whose pace is kept, at most (the least recently used is dropped); default 100,000.
+    #[serde(default)]
+    pub rate_limit_keys: Option<usize>,
     /// Statuses that prove the provider applied nothing (retried with the same key, not
     /// counted as attempts). Default `[408, 425, 429, 503]`; without `503` when the consumer
     /// has `max_sends = 1` (see docs/decisions.md). `2xx` and `409` keep their meaning.
@@ -190,6 +216,12 @@ pub struct CustomEffectConfig {
     /// The most calls a second this instance makes (`"50/s"`, `"3000/m"`); unset: no ceiling.
     #[serde(default)]
     pub rate_limit: Option<RateLimit>,
+    /// As the HTTP effect's: `rate_limit` per key of this template.
+    #[serde(default)]
+    pub rate_limit_key: Option<String>,
+    /// As the HTTP effect's: keys kept at most.
+    #[serde(default)]
+    pub rate_limit_keys: Option<usize>,
 }
 
 impl Default for CustomEffectConfig {
@@ -198,6 +230,8 @@ impl Default for CustomEffectConfig {
             timeout: default_timeout(),
             max_key_length: default_max_key_length(),
             rate_limit: None,
+            rate_limit_key: None,
+            rate_limit_keys: None,
         }
     }
 }
