@@ -90,7 +90,7 @@ pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderM
             Some((c.name().to_string(), rk.paces.len(), top))
         })
         .collect();
-    state.claimer.metrics().rate_keys(&keys);
+    state.claimer.metrics().rate_keys.set(&keys);
     match state
         .claimer
         .metrics()

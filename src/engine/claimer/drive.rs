@@ -31,16 +31,8 @@ impl Claimer {
             message_id = %claim.message_id,
             attempt = claim.attempt
         );
-        let attempt = self.attempt(consumer, claim, hold, resend, slot);
-        async move {
-            let end = attempt.await;
-            // Whatever the attempt did, the line behind an ordered claim may move now.
-            if claim.order_key.is_some() {
-                consumer.wake_pickup();
-            }
-            end
-        }
-        .instrument(span)
+        self.attempt(consumer, claim, hold, resend, slot)
+            .instrument(span)
     }
 
     /// [`Claimer::drive`]'s attempt, outside its span.
@@ -52,6 +44,8 @@ impl Claimer {
         resend: Option<Resend>,
         mut slot: Slot,
     ) -> AttemptEnd {
+        // However the attempt ends, the line behind an ordered claim may move then.
+        let _line = claim.order_key.is_some().then_some(LineWake(consumer));
         let cfg = &consumer.config;
         let deadline = hold.call_deadline(cfg);
         // A settle that meets a store error is retried a while past the last call's start: the
@@ -548,4 +542,14 @@ async fn key_turn(
     };
     rk.paces.admit(&key, deadline).await?;
     Ok(Some(key))
+}
+
+/// Wakes the consumer's pickup when dropped: an ordered claim's attempt ended (settled, handed
+/// back or lost), so the claims behind it in its line may be takeable now.
+struct LineWake<'a>(&'a Consumer);
+
+impl Drop for LineWake<'_> {
+    fn drop(&mut self) {
+        self.0.wake_pickup();
+    }
 }

@@ -7,6 +7,7 @@
 //! from the same cheap queries `report` uses for open work.
 
 pub mod outbox;
+pub mod rate_keys;
 
 use crate::store::{Store, StoreResult};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -39,12 +40,6 @@ struct StateLabels {
 struct ReasonLabels {
     consumer: String,
     reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KeyLabels {
-    consumer: String,
-    key: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -90,14 +85,13 @@ pub struct Metrics {
     destination_rate: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_resumes: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_held: Family<ReasonLabels, Counter>,
-    rate_keys: Family<ConsumerLabel, Gauge>,
-    rate_key_throttled: Family<KeyLabels, Gauge>,
-    rate_key_waits: Family<KeyLabels, Gauge>,
     provider_events: Family<ReasonLabels, Counter>,
     ledger_mismatches: Family<KindLabels, Gauge>,
     ledger_last_run: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     /// The outcome relay's series.
     pub outbox: outbox::OutboxMetrics,
+    /// The per-key paces' series (`effect.rate_limit_key`).
+    pub rate_keys: rate_keys::RateKeyMetrics,
     /// The `Prefer: wait` waiters' series.
     pub waiters: crate::engine::waiters::WaiterMetrics,
 }
@@ -164,19 +158,18 @@ impl Metrics {
             waiting: Family::default(),
             destination_state: Family::default(),
             destination_rate: Family::default(),
-            rate_keys: Family::default(),
-            rate_key_throttled: Family::default(),
-            rate_key_waits: Family::default(),
             destination_resumes: Family::default(),
             destination_held: Family::default(),
             provider_events: Family::default(),
             ledger_mismatches: Family::default(),
             ledger_last_run: Family::default(),
             outbox: Default::default(),
+            rate_keys: Default::default(),
             waiters: Default::default(),
             registry: Registry::default(),
         };
         m.outbox.register(&mut registry);
+        m.rate_keys.register(&mut registry);
         m.waiters.register(&mut registry);
         registry.register(
             "messages_received",
@@ -305,21 +298,6 @@ impl Metrics {
             m.destination_state.clone(),
         );
         registry.register(
-            "rate_limit_keys",
-            "Keys whose pace this instance keeps for the consumer (effect.rate_limit_key)",
-            m.rate_keys.clone(),
-        );
-        registry.register(
-            "rate_limit_key_throttled",
-            "429 answers for a key since this instance began pacing it, for the 10 keys with the most (effect.rate_limit_key)",
-            m.rate_key_throttled.clone(),
-        );
-        registry.register(
-            "rate_limit_key_waits",
-            "Calls a key's pace held back since this instance began pacing it, for the 10 keys with the most 429s, then waits",
-            m.rate_key_waits.clone(),
-        );
-        registry.register(
             "destination_rate_per_second",
             "Requests per second this instance may send the consumer's provider now (0: no limit)",
             m.destination_rate.clone(),
@@ -392,32 +370,6 @@ impl Metrics {
             self.destination_resumes
                 .get_or_create(&consumer(c))
                 .set(s.resumes_in.map_or(0.0, |d| d.as_secs_f64()));
-        }
-    }
-
-    /// Sets the per-key pace gauges: per consumer with `effect.rate_limit_key`, how many keys
-    /// it keeps and its top keys ([`crate::engine::key_pace::TOP_KEYS`]); the series of keys
-    /// that left the top are dropped.
-    pub fn rate_keys(
-        &self,
-        consumers: &[(String, usize, Vec<crate::engine::key_pace::KeyCounts>)],
-    ) {
-        self.rate_key_throttled.clear();
-        self.rate_key_waits.clear();
-        for (c, kept, top) in consumers {
-            self.rate_keys.get_or_create(&consumer(c)).set(*kept as i64);
-            for k in top {
-                let labels = KeyLabels {
-                    consumer: c.clone(),
-                    key: k.key.clone(),
-                };
-                self.rate_key_throttled
-                    .get_or_create(&labels)
-                    .set(k.throttled as i64);
-                self.rate_key_waits
-                    .get_or_create(&labels)
-                    .set(k.waits as i64);
-            }
         }
     }
 

@@ -39,6 +39,7 @@
 //! restarts.
 
 mod journal;
+mod limits;
 mod modes;
 mod responses;
 
@@ -155,10 +156,8 @@ struct Inner {
     bucket: Mutex<(f64, std::time::Instant)>,
     /// `POST`s answered `429` by the rate limit.
     limited: AtomicU64,
-    /// The per-account buckets (`SandboxModes::per_key_limit`): tokens and when last filled.
-    key_buckets: Mutex<HashMap<String, (f64, std::time::Instant)>>,
-    /// `POST`s answered `429` by the per-account limit.
-    limited_per_key: AtomicU64,
+    /// The per-account limit's buckets (`SandboxModes::per_key_limit`).
+    key_buckets: limits::KeyBuckets,
     /// Where applied effects are kept across restarts, if anywhere.
     journal: Option<journal::Journal>,
 }
@@ -240,8 +239,7 @@ impl Sandbox {
                     std::time::Instant::now(),
                 )),
                 limited: AtomicU64::new(0),
-                key_buckets: Mutex::new(HashMap::new()),
-                limited_per_key: AtomicU64::new(0),
+                key_buckets: limits::KeyBuckets::default(),
                 journal,
             }),
         }
@@ -339,7 +337,7 @@ impl Sandbox {
 
     /// `POST`s answered `429` by the per-account limit (`SandboxModes::per_key_limit`).
     pub fn rate_limited_per_key(&self) -> u64 {
-        self.inner.limited_per_key.load(Ordering::Relaxed)
+        self.inner.key_buckets.refused()
     }
 }
 
@@ -353,25 +351,6 @@ impl Inner {
         let rate = f64::from(rate);
         let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
-        b.0 = (b.0 + (now - b.1).as_secs_f64() * rate).min(rate);
-        b.1 = now;
-        if b.0 >= 1.0 {
-            b.0 -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// [`Inner::take_token`] for the account the body names, under the per-account limit.
-    fn take_key_token(&self, body: &[u8]) -> bool {
-        let Some((key, rate)) = self.modes.limited_key(body).filter(|(_, r)| *r > 0) else {
-            return true;
-        };
-        let rate = f64::from(rate);
-        let mut buckets = self.key_buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let now = std::time::Instant::now();
-        let b = buckets.entry(key).or_insert((rate, now));
         b.0 = (b.0 + (now - b.1).as_secs_f64() * rate).min(rate);
         b.1 = now;
         if b.0 >= 1.0 {
@@ -633,10 +612,7 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
         }
     };
 
-    let per_key = inner.take_key_token(&body);
-    if !per_key {
-        inner.limited_per_key.fetch_add(1, Ordering::Relaxed);
-    }
+    let per_key = inner.key_buckets.take(inner.modes.limited_key(&body));
     if !per_key || !inner.take_token() {
         if per_key {
             inner.limited.fetch_add(1, Ordering::Relaxed);
