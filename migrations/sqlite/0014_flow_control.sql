@@ -10,3 +10,7 @@ CREATE INDEX IF NOT EXISTS claims_order_line ON claims (consumer, tenant, order_
 -- tenants that have some, and each one's oldest.
 CREATE INDEX IF NOT EXISTS claims_waiting_tenant ON claims (consumer, tenant, id)
     WHERE state = 'started' AND lease_owner IS NULL;
+
+-- Whether a consumer orders its claims by an order key: an enqueued claim, which carries none,
+-- is refused for such a consumer (claimd::enqueue, and on PostgreSQL claimd.enqueue: CD010).
+ALTER TABLE claimd_consumers ADD COLUMN ordered INTEGER NOT NULL DEFAULT 0;

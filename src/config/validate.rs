@@ -12,6 +12,13 @@ impl Config {
         if self.store.max_connections == 0 {
             return Err(("store.max_connections".into(), "must be at least 1".into()));
         }
+        if self.run.instance == crate::domain::claim::SCHEDULE_OWNER {
+            return Err((
+                "run.instance".into(),
+                "\"schedule\" is the lease owner of scheduled sends; name the instance otherwise"
+                    .into(),
+            ));
+        }
         for (key, p) in [
             ("sandbox.fail_rate", self.sandbox.fail_rate),
             ("sandbox.ambiguous_rate", self.sandbox.ambiguous_rate),

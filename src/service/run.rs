@@ -216,6 +216,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             max_key_length: consumer.config.effect.max_key_length(),
             keys_tenant: consumer.template.mentions_tenant(),
             max_payload_bytes: config.http.max_body_bytes,
+            ordered: consumer.order_key.is_some(),
         };
         if let Err(source) = app.store.register_consumer(&entry).await {
             let _ = stop.send(true);

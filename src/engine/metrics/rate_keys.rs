@@ -62,7 +62,9 @@ impl RateKeyMetrics {
                     consumer: c.clone(),
                     key: k.key.clone(),
                 };
-                self.throttled.get_or_create(&labels).set(k.throttled as i64);
+                self.throttled
+                    .get_or_create(&labels)
+                    .set(k.throttled as i64);
                 self.waits.get_or_create(&labels).set(k.waits as i64);
             }
         }

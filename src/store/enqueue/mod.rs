@@ -32,6 +32,9 @@ pub struct Registration {
     pub keys_tenant: bool,
     /// The largest payload HTTP intake takes (`[http] max_body_bytes`).
     pub max_payload_bytes: usize,
+    /// Whether it orders its claims by an `order_key` (an enqueued claim, which has none, is
+    /// refused then).
+    pub ordered: bool,
 }
 
 /// One message to enqueue. [`Enqueue::new`] takes no tenant and `application/json`.
@@ -151,6 +154,11 @@ pub enum EnqueueError {
         /// Why it was not read.
         why: String,
     },
+    /// The consumer orders its claims by an `order_key`, which an enqueued claim cannot carry.
+    #[error(
+        "consumer {0:?} orders its claims by order_key, which an enqueued claim cannot carry: send the message through HTTP or AMQP intake"
+    )]
+    Ordered(String),
     /// The SQL function refused the message (its SQLSTATE, `CD0xx`, and message).
     #[error("claimd.enqueue refused the message ({code}): {message}")]
     Refused {
@@ -169,6 +177,7 @@ struct Registered {
     template: String,
     max_key_length: i64,
     max_payload_bytes: i64,
+    ordered: bool,
 }
 
 /// What [`check`] passes on to the insert.
@@ -178,6 +187,9 @@ struct Checked {
 
 /// HTTP intake's refusals, in its order, against the registry entry.
 fn check(e: &Enqueue<'_>, reg: &Registered) -> Result<Checked, EnqueueError> {
+    if reg.ordered {
+        return Err(EnqueueError::Ordered(e.consumer.to_string()));
+    }
     let max_payload = usize::try_from(reg.max_payload_bytes).unwrap_or(usize::MAX);
     if e.payload.len() > max_payload {
         return Err(EnqueueError::TooLarge {
@@ -262,6 +274,7 @@ impl EnqueueConn for sqlx::PgConnection {
             template: row.try_get("key_template")?,
             max_key_length: i64::from(row.try_get::<i32, _>("max_key_length")?),
             max_payload_bytes: row.try_get("max_payload_bytes")?,
+            ordered: row.try_get("ordered")?,
         };
         let checked = check(e, &reg)?;
         let answer = sqlx::query(sql::PG_ENQUEUE)
@@ -299,6 +312,7 @@ fn refusal(err: sqlx::Error, e: &Enqueue<'_>, key: String) -> EnqueueError {
             message_id: e.message_id.to_string(),
             key,
         },
+        Some("CD010") => EnqueueError::Ordered(e.consumer.to_string()),
         Some(code) if code.starts_with("CD") => EnqueueError::Refused {
             code: code.to_string(),
             message: db.message().to_string(),
@@ -329,6 +343,7 @@ impl EnqueueConn for sqlx::SqliteConnection {
             template: row.try_get("key_template")?,
             max_key_length: row.try_get("max_key_length")?,
             max_payload_bytes: row.try_get("max_payload_bytes")?,
+            ordered: row.try_get("ordered")?,
         };
         let checked = check(e, &reg)?;
         let print = crate::domain::claim::fingerprint(e.payload);

@@ -356,6 +356,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
                 Arg::I32(i32::try_from(c.max_key_length).unwrap_or(i32::MAX)),
                 Arg::Bool(c.keys_tenant),
                 Arg::I64(i64::try_from(c.max_payload_bytes).unwrap_or(i64::MAX)),
+                Arg::Bool(c.ordered),
             ],
         )
         .await

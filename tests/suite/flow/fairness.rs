@@ -146,3 +146,123 @@ async fn ten_tenants_pass_a_backlog_postgres() {
     };
     ten_tenants_pass_a_backlog(store).await;
 }
+
+/// The sweeper's takeovers interleave tenants too: 2,000 claims of one tenant and one each of
+/// ten others, all orphaned (their worker died), are taken 100 a pass: each of the ten is in
+/// the first pass.
+async fn takeovers_interleave_tenants(store: TestStore) {
+    let (_sandbox, provider) = sandbox(SandboxOptions {
+        latency: Duration::from_millis(5),
+        ..Default::default()
+    })
+    .await;
+    let toml = config_toml(
+        &store.url(),
+        &consumer_toml(
+            "payments",
+            &provider,
+            "fairness = \"tenant\"\nconcurrency = 16",
+        ),
+    )
+    .replace("batch_size = 500", "batch_size = 100");
+    let app = claimd::service::app::App::open(load(&toml), true)
+        .await
+        .unwrap();
+    let s = app.store.clone();
+    let mut orphans = Vec::new();
+    for i in 0..2000 {
+        orphans.push(orphan_claim(
+            "payments",
+            "big",
+            &format!("big-{i}"),
+            &format!("big-{i}"),
+        ));
+    }
+    for t in 0..OTHERS {
+        orphans.push(orphan_claim(
+            "payments",
+            &format!("t{t}"),
+            "one",
+            &format!("t{t}-one"),
+        ));
+    }
+    let claimed = futures_claims(&s, orphans).await;
+    assert_eq!(claimed, 2000 + OTHERS);
+    let started = Instant::now();
+    let running = claimd::service::run::start(app).await.unwrap();
+    let mut worst = Duration::ZERO;
+    for t in 0..OTHERS {
+        let tenant = format!("t{t}");
+        let done = eventually(Duration::from_secs(20), || async {
+            s.get("payments", &tenant, "one")
+                .await
+                .unwrap()
+                .unwrap()
+                .state
+                == ClaimState::Completed
+        })
+        .await;
+        assert!(done, "tenant {tenant} was never taken over");
+        worst = worst.max(started.elapsed());
+    }
+    let big_done = s
+        .counts(None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.completed)
+        .sum::<i64>()
+        - OTHERS as i64;
+    running.shutdown(Duration::from_secs(5)).await;
+    println!(
+        "sweeper fairness ({}): 2000 orphaned claims of one tenant and one of each of {OTHERS} \
+         others, 100 a pass: all {OTHERS} settled within {} ms of the start, while {big_done} of \
+         the big tenant's had",
+        if matches!(store, TestStore::Pg(_)) {
+            "postgres"
+        } else {
+            "sqlite"
+        },
+        worst.as_millis()
+    );
+    assert!(
+        big_done < 1000,
+        "the ten were not taken ahead of the backlog ({big_done} of it done first)"
+    );
+}
+
+/// Claims `orphans` through the store, many at a time.
+async fn futures_claims(
+    s: &claimd::store::Store,
+    orphans: Vec<claimd::domain::claim::NewClaim>,
+) -> usize {
+    let mut done = 0;
+    for chunk in orphans.chunks(200) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .cloned()
+            .map(|n| {
+                let s = s.clone();
+                tokio::spawn(async move { s.claim(&n).await.unwrap() })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+            done += 1;
+        }
+    }
+    done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn takeovers_interleave_tenants_sqlite() {
+    takeovers_interleave_tenants(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn takeovers_interleave_tenants_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    takeovers_interleave_tenants(store).await;
+}

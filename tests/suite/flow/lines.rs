@@ -37,6 +37,7 @@ async fn parked_head_holds_or_is_skipped(store: TestStore) {
     }
     let running = run::start(app).await.unwrap();
     let base = format!("http://{}", running.http_addr);
+    refuses_enqueue(&store).await;
     let c = client();
     let post = |consumer: &'static str, id: &'static str, order: &'static str| {
         c.post(format!("{base}/v1/messages/{consumer}"))
@@ -141,6 +142,38 @@ async fn parked_head_holds_or_is_skipped(store: TestStore) {
     .await;
     assert!(went, "the line did not go on after its head was resolved");
     running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// An enqueued claim carries no order key: a producer's enqueue into an ordered consumer is
+/// refused, through Rust and (PostgreSQL) through the SQL function, and nothing is written.
+async fn refuses_enqueue(store: &TestStore) {
+    use claimd::{Enqueue, EnqueueError, enqueue};
+    use sqlx::Connection;
+    let e = Enqueue::new("payments", "enqueued", br#"{"order_id": "o9"}"#);
+    match store {
+        TestStore::Pg(db) => {
+            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            let refused = enqueue(&mut conn, &e).await.unwrap_err();
+            assert!(matches!(refused, EnqueueError::Ordered(_)), "{refused}");
+            let raw = sqlx::query(
+                "SELECT * FROM claimd.enqueue('payments', 'raw', '{\"order_id\": \"o9\"}'::jsonb)",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap_err();
+            let code = raw
+                .as_database_error()
+                .and_then(|d| d.code())
+                .unwrap_or_default();
+            assert_eq!(code, "CD010", "{raw}");
+        }
+        TestStore::Sqlite(_) => {
+            let mut conn = sqlx::SqliteConnection::connect(&store.url()).await.unwrap();
+            let refused = enqueue(&mut conn, &e).await.unwrap_err();
+            assert!(matches!(refused, EnqueueError::Ordered(_)), "{refused}");
+            assert!(refused.to_string().contains("order_key"), "{refused}");
+        }
+    }
 }
 
 #[tokio::test]
