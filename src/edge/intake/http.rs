@@ -205,7 +205,7 @@ pub async fn post_message(
     };
     let not_before = match not_before(&headers) {
         Ok(at) => at,
-        Err(refused) => return refused,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "bad Not-Before", &detail),
     };
     // `share` (of the body budget) goes with the claim until its call starts: the body is in
     // memory till then, whether or not this client is still waiting.
@@ -242,17 +242,16 @@ pub async fn post_message(
 const NOT_BEFORE: &str = "Not-Before";
 
 /// The time `Not-Before` names (an RFC 3339 time, or a duration from now); `None` without
-/// one or for a time already past; `400` naming the header and its forms otherwise.
-fn not_before(headers: &HeaderMap) -> Result<Option<chrono::DateTime<chrono::Utc>>, Response> {
+/// one or for a time already past; why not (naming the header and its forms) otherwise.
+fn not_before(headers: &HeaderMap) -> Result<Option<chrono::DateTime<chrono::Utc>>, String> {
     let Some(value) = headers.get(NOT_BEFORE) else {
         return Ok(None);
     };
-    let bad = |detail: &str| problem(StatusCode::BAD_REQUEST, "bad Not-Before", detail);
-    let text = value
-        .to_str()
-        .map_err(|_| bad("Not-Before must be visible ASCII: an RFC 3339 time or a duration"))?;
+    let text = value.to_str().map_err(|_| {
+        "Not-Before must be visible ASCII: an RFC 3339 time or a duration".to_string()
+    })?;
     crate::domain::schedule::parse_not_before(NOT_BEFORE, text, chrono::Utc::now())
-        .map_err(|e| bad(&e.to_string()))
+        .map_err(|e| e.to_string())
 }
 
 fn too_large(limit: usize) -> Response {

@@ -17,6 +17,8 @@ use std::time::Duration;
 /// invalid duration`); this one names it (`consumers[0].effect: timeout: invalid duration`).
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
+// Read once per consumer at load and kept beside it: boxing the HTTP variant buys nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum EffectConfig {
     /// An HTTP call to the provider.
     Http(HttpEffectConfig),
