@@ -120,12 +120,9 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 Err(e) => return Output::store(app, &e),
             };
             let now = store.now().await;
-            let behind = match claim.waits_in_line() {
-                true => match store.line_head(&claim).await {
-                    Ok(head) => head,
-                    Err(e) => return Output::store(app, &e),
-                },
-                false => None,
+            let behind = match store.waiting_behind(&claim).await {
+                Ok(head) => head,
+                Err(e) => return Output::store(app, &e),
             };
             if format == Format::Json {
                 return Output::ok(to_json(&serde_json::json!({

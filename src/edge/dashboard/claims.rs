@@ -179,12 +179,9 @@ pub async fn claim(
     let commands = OperatorCommands::for_config(&state.config);
     match (found, now) {
         (Ok(Some((claim, history))), Ok(now)) => {
-            let behind = match claim.waits_in_line() {
-                true => match store.line_head(&claim).await {
-                    Ok(head) => head,
-                    Err(e) => return store_down(e),
-                },
-                false => None,
+            let behind = match store.waiting_behind(&claim).await {
+                Ok(head) => head,
+                Err(e) => return store_down(e),
             };
             let page = ClaimPage {
                 claim: &claim,

@@ -104,12 +104,9 @@ pub async fn get_claim(
     let now = store.now().await;
     match (found, now) {
         (Ok(Some((claim, history))), Ok(now)) => {
-            let behind = match claim.waits_in_line() {
-                true => match store.line_head(&claim).await {
-                    Ok(head) => head,
-                    Err(e) => return store_down(e),
-                },
-                false => None,
+            let behind = match store.waiting_behind(&claim).await {
+                Ok(head) => head,
+                Err(e) => return store_down(e),
             };
             let view = ClaimView {
                 stuck: claim.is_stuck(now),

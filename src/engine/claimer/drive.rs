@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::domain::claim::Handoff;
-use crate::engine::destination::{HeldBy, Verdict};
+use crate::engine::destination::{Held, HeldBy, Verdict};
 use tracing::Instrument;
 
 impl Claimer {
@@ -115,28 +115,15 @@ impl Claimer {
             // deadline, else hand the claim back with a lease that ends when it may go. Either
             // way no attempt is spent and nothing is sent.
             // The key's own pace first (`effect.rate_limit_key`), then the destination's.
-            let key = match Box::pin(key_turn(consumer, claim, deadline)).await {
-                Ok(key) => key,
-                Err(until) => {
-                    self.metrics.held(&claim.consumer, HeldBy::Pace.as_str());
-                    let how = if pending_unknown {
-                        Handoff::Undecided
-                    } else {
-                        Handoff::NotApplied
-                    };
-                    return Box::pin(self.settler.hand_off(
-                        &mut slot,
-                        claim,
-                        HeldBy::Pace.describe(),
-                        None,
-                        Some(how),
-                        spread(until.saturating_duration_since(Instant::now())),
-                    ))
-                    .await;
-                }
+            let admitted = match Box::pin(key_turn(consumer, claim, deadline)).await {
+                Ok(key) => consumer.destination.admit(deadline).await.map(|p| (p, key)),
+                Err(until) => Err(Held {
+                    until,
+                    by: HeldBy::Pace,
+                }),
             };
-            let pass = match consumer.destination.admit(deadline).await {
-                Ok(pass) => pass,
+            let (pass, key) = match admitted {
+                Ok(admitted) => admitted,
                 Err(held) => {
                     self.metrics.held(&claim.consumer, held.by.as_str());
                     let how = if pending_unknown {

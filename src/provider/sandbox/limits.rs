@@ -22,21 +22,30 @@ impl KeyBuckets {
         };
         let rate = f64::from(rate);
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        let b = buckets.entry(key).or_insert((rate, now));
-        b.0 = (b.0 + (now - b.1).as_secs_f64() * rate).min(rate);
-        b.1 = now;
-        if b.0 >= 1.0 {
-            b.0 -= 1.0;
-            true
-        } else {
+        let bucket = buckets.entry(key).or_insert((rate, Instant::now()));
+        let taken = take_token(bucket, rate);
+        if !taken {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            false
         }
+        taken
     }
 
     /// `POST`s refused so far.
     pub(super) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// Takes a token of `bucket` (tokens, when last filled), refilled at `rate` a second and
+/// holding one second's worth; `false` when it is empty.
+pub(super) fn take_token(bucket: &mut (f64, Instant), rate: f64) -> bool {
+    let now = Instant::now();
+    bucket.0 = (bucket.0 + (now - bucket.1).as_secs_f64() * rate).min(rate);
+    bucket.1 = now;
+    if bucket.0 >= 1.0 {
+        bucket.0 -= 1.0;
+        true
+    } else {
+        false
     }
 }

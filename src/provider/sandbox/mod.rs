@@ -348,17 +348,8 @@ impl Inner {
         let Some(rate) = self.options.rate_limit.filter(|r| *r > 0) else {
             return true;
         };
-        let rate = f64::from(rate);
         let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        let now = std::time::Instant::now();
-        b.0 = (b.0 + (now - b.1).as_secs_f64() * rate).min(rate);
-        b.1 = now;
-        if b.0 >= 1.0 {
-            b.0 -= 1.0;
-            true
-        } else {
-            false
-        }
+        limits::take_token(&mut b, f64::from(rate))
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Slot>> {

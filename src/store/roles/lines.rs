@@ -27,6 +27,15 @@ pub trait LineStore: Send + Sync {
     /// (or has no order key).
     async fn line_head(&self, claim: &Claim) -> StoreResult<Option<LineHead>>;
 
+    /// [`line_head`](LineStore::line_head) of a claim that waits in its line, else `None`
+    /// without asking.
+    async fn waiting_behind(&self, claim: &Claim) -> StoreResult<Option<LineHead>> {
+        if !claim.waits_in_line() {
+            return Ok(None);
+        }
+        self.line_head(claim).await
+    }
+
     /// How many claims wait behind `claim` in its order key's line (0 without a key).
     async fn behind_in_line(&self, claim: &Claim) -> StoreResult<i64>;
 
