@@ -188,3 +188,86 @@ async fn parked_head_holds_or_is_skipped_postgres() {
     };
     parked_head_holds_or_is_skipped(store).await;
 }
+
+/// A scheduled claim holds the claims after it in its line, joins the line at its time, and
+/// the line then runs in order.
+async fn a_scheduled_claim_keeps_its_place(store: TestStore) {
+    let (sandbox, provider) = sandbox(Default::default()).await;
+    let running = start(&config_toml(
+        &store.url(),
+        &consumer_toml("payments", &provider, "order_key = \"{order_id}\""),
+    ))
+    .await;
+    let base = format!("http://{}", running.http_addr);
+    let s = running.app().store.clone();
+    let c = client();
+    let r = c
+        .post(format!("{base}/v1/messages/payments"))
+        .header("Idempotency-Key", "o1-charge")
+        .header("Not-Before", "2s")
+        .json(&json!({ "order_id": "o1", "amount_cents": 100 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let r = c
+        .post(format!("{base}/v1/messages/payments"))
+        .header("Idempotency-Key", "o1-refund")
+        .json(&json!({ "order_id": "o1", "amount_cents": -100 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        sandbox.effects().is_empty(),
+        "the refund waits behind the scheduled charge"
+    );
+    let both = eventually(Duration::from_secs(10), || async {
+        let mut done = 0;
+        for id in ["o1-charge", "o1-refund"] {
+            let c = s.get("payments", "", id).await.unwrap().unwrap();
+            done += usize::from(c.state == ClaimState::Completed);
+        }
+        done == 2
+    })
+    .await;
+    assert!(both, "the line ran once the charge's time came");
+    let charge = s.get("payments", "", "o1-charge").await.unwrap().unwrap();
+    let refund = s.get("payments", "", "o1-refund").await.unwrap().unwrap();
+    let applied = |key: &str| {
+        sandbox
+            .effects()
+            .into_iter()
+            .find(|e| e.key == key)
+            .unwrap()
+            .first_applied_utc
+    };
+    assert!(applied(&charge.idem_key) >= charge.not_before.unwrap());
+    assert!(
+        applied(&refund.idem_key) >= charge.processed_utc.unwrap(),
+        "the refund went after the charge settled"
+    );
+    let history = s.events(charge.id).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| e.action == "schedule" && e.outcome == "due"),
+        "{:?}",
+        lines(&history)
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_scheduled_claim_keeps_its_place_sqlite() {
+    a_scheduled_claim_keeps_its_place(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn a_scheduled_claim_keeps_its_place_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    a_scheduled_claim_keeps_its_place(store).await;
+}
