@@ -27,6 +27,7 @@ mod dead_letters;
 mod delivery;
 mod email;
 mod poison;
+mod schedule;
 
 fn http_effect(provider: &str) -> String {
     format!(
