@@ -159,6 +159,11 @@ impl Consumer {
             .expect("consumer semaphore closed")
     }
 
+    /// A free intake place, if one is free now (the pickup's claims taken ahead of a slot).
+    pub(crate) fn try_intake_place(&self) -> Option<OwnedSemaphorePermit> {
+        self.intake.clone().try_acquire_owned().ok()
+    }
+
     /// Whether intake claims ahead of a free call slot ([`policy::claims_ahead`]).
     pub fn claims_ahead(&self) -> bool {
         policy::claims_ahead(self.config.on_unknown, self.effect.can_reconcile())

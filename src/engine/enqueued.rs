@@ -1,8 +1,11 @@
-//! The pickup of enqueued claims: claims a producer committed in its own transaction
-//! ([`crate::store::enqueue`]) carry no lease owner until a worker takes them here. Each
-//! consumer has a task that takes as many as it has free call slots (one statement; several
-//! instances never take one claim twice: the statement's `lease_owner IS NULL` and, on
-//! PostgreSQL, `SKIP LOCKED`) and drives each like a fresh claim from intake, its "not called
+//! The pickup of waiting claims: claims a producer committed in its own transaction
+//! ([`crate::store::enqueue`]) and claims waiting for their order key's line
+//! (docs/flow-control.md) carry no lease owner until a worker takes them here. Each consumer
+//! has a task that takes as many as it has free call slots and, unless the consumer takes
+//! fairly across tenants, free intake places besides (claims taken ahead wait for a slot, as
+//! intake's do), in one statement (several instances never take one claim twice: the
+//! statement's `lease_owner IS NULL` and, on PostgreSQL, `SKIP LOCKED`; lines are taken under
+//! the consumer's line lock), and drives each like a fresh claim from intake, its "not called
 //! yet" marker cleared before the first call.
 //!
 //! Wake-ups: on PostgreSQL the enqueue's `pg_notify('claimd_enqueued', consumer)`, delivered
@@ -101,9 +104,22 @@ async fn take_loop(
                     None => break,
                 }
             }
+            // Claims ahead of the free slots, as intake claims ahead (one intake place each):
+            // with a provider that answers at once, slots free one or two at a time, and a
+            // take per slot would bound the pickup by its statements. Not under fairness,
+            // where each take's choice should be made as late as it can.
+            let mut places = Vec::new();
+            let ahead = consumer.config.flow.fairness == Fairness::Oldest;
+            while ahead && permits.len() + places.len() < BATCH {
+                match consumer.try_intake_place() {
+                    Some(p) => places.push(p),
+                    None => break,
+                }
+            }
+            let wanted = permits.len() + places.len();
             // The local clock starts before the statement sets the lease (as intake's).
             let since = Instant::now();
-            let taken = take(&claimer, &consumer, permits.len() as u32).await;
+            let taken = take(&claimer, &consumer, wanted as u32).await;
             let taken = match taken {
                 Ok(taken) => taken,
                 Err(e) => {
@@ -111,17 +127,32 @@ async fn take_loop(
                     break;
                 }
             };
-            let all = taken.len() == permits.len();
+            let all = taken.len() == wanted;
             if !taken.is_empty() {
                 tail = Some(TAIL.0);
             }
             for t in taken {
-                let Some(permit) = permits.pop() else { break };
+                let admitted = match permits.pop() {
+                    Some(permit) => Ok(permit),
+                    None => match places.pop() {
+                        Some(place) => Err(place),
+                        None => break,
+                    },
+                };
                 let metrics = claimer.metrics();
                 metrics.received(consumer.name());
                 metrics.created(consumer.name());
                 let (claimer, consumer) = (claimer.clone(), consumer.clone());
                 tokio::spawn(async move {
+                    let permit = match admitted {
+                        Ok(permit) => permit,
+                        // Taken ahead: its call waits for a slot, then frees its place.
+                        Err(place) => {
+                            let permit = consumer.slot().await;
+                            drop(place);
+                            permit
+                        }
+                    };
                     let slot = Slot::held(permit, &consumer);
                     let hold = Hold::enqueued(since, t.age);
                     if let Some(ahead) = &t.went_ahead_of {

@@ -88,20 +88,23 @@ async fn ten_tenants_pass_a_backlog(store: TestStore) {
     enqueue_backlog(&store).await;
     let loaded = loaded.elapsed();
     let tenants: Vec<String> = (0..OTHERS).map(|t| format!("t{t}")).collect();
-    let mut waits = Vec::new();
-    let started = Instant::now();
     for t in &tenants {
         enqueue_one(&store, t).await;
     }
+    // Each claim's wait is its own, from its enqueue to its settle (the database's times): the
+    // ten producers' commits queue for the store's writer one after the other.
+    let mut waits = Vec::new();
     let mut pending: Vec<&String> = tenants.iter().collect();
+    let started = Instant::now();
     while !pending.is_empty() && started.elapsed() < Duration::from_secs(30) {
         let mut still = Vec::new();
         for t in pending {
             let c = db.get("payments", t, "one").await.unwrap().unwrap();
-            if c.state == ClaimState::Completed {
-                waits.push(started.elapsed());
-            } else {
-                still.push(t);
+            match (c.state, c.processed_utc) {
+                (ClaimState::Completed, Some(done)) => {
+                    waits.push((done - c.received_utc).to_std().unwrap_or_default())
+                }
+                _ => still.push(t),
             }
         }
         pending = still;
