@@ -6,16 +6,7 @@ use crate::engine::claimer::Claimer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Why a message was dead-lettered; none without the AMQP intake.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum DeadLetterReason {}
-
-impl DeadLetterReason {
-    /// The reason's label.
-    pub fn as_str(self) -> &'static str {
-        match self {}
-    }
-}
+pub use super::refusal::DeadLetterReason;
 
 /// One AMQP consumer's state; none exist without the AMQP intake.
 #[derive(Debug)]

@@ -10,3 +10,4 @@ pub mod amqp_off;
 pub use amqp_off as amqp;
 pub mod answer;
 pub mod http;
+pub mod refusal;

@@ -27,7 +27,7 @@
 //! performed again).
 
 use crate::config::{AmqpSourceConfig, Config, ConsumerConfig};
-use crate::engine::claimer::{Accepted, Claimer, Delivery, SubmitError};
+use crate::engine::claimer::Claimer;
 use backon::BackoffBuilder;
 use futures_util::StreamExt;
 use lapin::message::Delivery as AmqpDelivery;
@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
-use tracing::{Instrument, debug, error, info, info_span, instrument, warn};
+use tracing::{Instrument, debug, info, info_span, instrument, warn};
 
 #[cfg(test)]
 mod decode_fuzz;
@@ -52,9 +52,11 @@ mod disposition;
 mod session;
 mod verdict;
 
+pub use crate::edge::intake::refusal::{DeadLetterReason, LOGGED_ID_CHARS, id_for_log};
+use crate::edge::intake::refusal::{STORE_RETRY_DELAY, Verdict};
 use disposition::handle;
 use session::run_consumer;
-use verdict::{Verdict, judge};
+use verdict::judge;
 
 /// The header a dead-lettered message carries, with a readable sentence saying why.
 pub const REASON_HEADER: &str = "claimd-reason";
@@ -65,64 +67,13 @@ pub const REASON_HEADER: &str = "claimd-reason";
 /// over this limit too.
 pub const MAX_HEADER_DEPTH: usize = 32;
 
-/// Log lines show at most this many characters of a message id (ids are refused over 255, but
-/// a header can carry any length: the rest is cut, with the full length noted).
-pub const LOGGED_ID_CHARS: usize = 128;
-
 /// How long a connection attempt (TCP, TLS, AMQP handshake) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Pause before requeueing after a store failure, so a down database is not hammered.
-const STORE_RETRY_DELAY: Duration = Duration::from_secs(1);
-/// Pause before requeueing when the consumer was busy (it already waited `intake_wait`).
-const BUSY_RETRY_DELAY: Duration = Duration::from_millis(200);
 /// Pause before requeueing when a dead-letter publish was not confirmed.
 const DEAD_LETTER_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// How long a stopping consumer waits for the deliveries it is handling (a submit waits at
 /// most `intake_wait` for a slot; a requeue pauses at most a second).
 const HANDLER_GRACE: Duration = Duration::from_secs(10);
-
-/// Why a broker message was dead-lettered (the reason class; the header carries a sentence).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum DeadLetterReason {
-    /// Neither the configured header nor the `message_id` property carried an id.
-    MissingMessageId,
-    /// The id is too long or contains a character outside visible ASCII.
-    InvalidMessageId,
-    /// The tenant header is too long or contains a character outside visible ASCII.
-    InvalidTenant,
-    /// The body is over `[http] max_body_bytes`.
-    BodyTooLarge,
-    /// The id was already used with a different payload.
-    PayloadMismatch,
-    /// The consumer's effect cannot use the payload (an email without a recipient).
-    UnusablePayload,
-    /// The `content_type` property cannot be stored and sent on (a control character).
-    InvalidContentType,
-    /// The rendered idempotency key is longer than the provider accepts.
-    KeyTooLong,
-    /// A header nests tables or arrays more than [`MAX_HEADER_DEPTH`] levels deep.
-    HeadersTooDeep,
-    /// The `not-before` header is neither an RFC 3339 time nor a duration, or too far ahead.
-    InvalidNotBefore,
-}
-
-impl DeadLetterReason {
-    /// The name used in counts and the `dead_letters` table.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeadLetterReason::MissingMessageId => "missing_message_id",
-            DeadLetterReason::InvalidMessageId => "invalid_message_id",
-            DeadLetterReason::InvalidTenant => "invalid_tenant",
-            DeadLetterReason::BodyTooLarge => "body_too_large",
-            DeadLetterReason::PayloadMismatch => "payload_mismatch",
-            DeadLetterReason::UnusablePayload => "unusable_payload",
-            DeadLetterReason::InvalidContentType => "invalid_content_type",
-            DeadLetterReason::KeyTooLong => "key_too_long",
-            DeadLetterReason::HeadersTooDeep => "headers_too_deep",
-            DeadLetterReason::InvalidNotBefore => "invalid_not_before",
-        }
-    }
-}
 
 /// What went wrong talking to the broker. Never carries the URL (it may hold a password).
 #[derive(Debug, thiserror::Error)]
@@ -149,15 +100,6 @@ pub enum AmqpError {
 fn broker(what: impl Into<String>) -> impl FnOnce(lapin::Error) -> AmqpError {
     let what = what.into();
     move |source| AmqpError::Broker { what, source }
-}
-
-/// A message id as log lines show it: whole up to [`LOGGED_ID_CHARS`] characters, else cut
-/// there with the full length noted (a header can carry an id of any length).
-pub fn id_for_log(id: &str) -> std::borrow::Cow<'_, str> {
-    match id.char_indices().nth(LOGGED_ID_CHARS) {
-        None => id.into(),
-        Some((end, _)) => format!("{}… ({} bytes in all)", &id[..end], id.len()).into(),
-    }
 }
 
 fn short(name: &str) -> Result<ShortString, AmqpError> {

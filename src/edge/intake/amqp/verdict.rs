@@ -2,35 +2,10 @@
 //! acknowledge, requeue after a pause, or dead-letter with a readable reason.
 
 use super::*;
-use crate::domain::claim::{IdError, validate_message_id, validate_tenant};
-use crate::domain::schedule::parse_not_before;
-use crate::provider::effect::http_template::Field;
-use crate::provider::effect::http_template::url_segments::UrlValueError;
+use crate::edge::intake::refusal::{Received, delivery_of, lossy, verdict_of};
 
 /// The message header asking for a scheduled send (docs/flow-control.md).
 pub const NOT_BEFORE_HEADER: &str = "not-before";
-
-/// What to do with one delivery.
-pub(super) enum Verdict {
-    /// The claim is committed or the message is a duplicate.
-    Ack,
-    /// Nothing was committed, for a reason that may pass.
-    Requeue {
-        /// Pause before requeueing.
-        delay: Duration,
-        /// Why, for the log.
-        why: String,
-    },
-    /// Bad input.
-    DeadLetter {
-        /// The class.
-        reason: DeadLetterReason,
-        /// The readable sentence for `claimd-reason`.
-        sentence: String,
-        /// The id as received, if any (for the record).
-        message_id: Option<String>,
-    },
-}
 
 /// A header's value as bytes, if it is a string (or a number, written in decimal).
 pub(super) fn header_bytes(props: &BasicProperties, name: &str) -> Result<Option<Vec<u8>>, String> {
@@ -130,24 +105,6 @@ pub(super) fn depth_sentence(deep: &[(String, usize)]) -> String {
     )
 }
 
-pub(super) fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A readable sentence for a refused id or tenant.
-pub(super) fn id_sentence(e: &IdError, field: &str) -> String {
-    match e {
-        IdError::Missing(_) => format!("the message has no {field}"),
-        IdError::TooLong { len, .. } => format!(
-            "the {field} is {len} characters long; the limit is {}",
-            crate::domain::claim::MAX_MESSAGE_ID_LEN
-        ),
-        IdError::NotVisibleAscii { position, .. } => format!(
-            "the {field} contains a space, control or non-ASCII character at position {position}; it must be 1-255 visible ASCII characters"
-        ),
-    }
-}
-
 /// Decides, claiming when the input is good.
 pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
     let c = &ctx.config;
@@ -172,193 +129,33 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
             message_id: id,
         };
     }
-    let raw_id = match message_id_of(props, &ctx.amqp.message_id_header) {
-        Ok(id) => id,
-        Err(why) => {
-            return Verdict::DeadLetter {
-                reason: DeadLetterReason::InvalidMessageId,
-                sentence: format!("the message id cannot be read: {why}"),
-                message_id: None,
-            };
-        }
-    };
-    let shown_id = (!raw_id.is_empty()).then(|| lossy(&raw_id));
-    tracing::Span::current().record(
-        "message_id",
-        shown_id.as_deref().map(id_for_log).as_deref().unwrap_or(""),
-    );
-    if let Err(e) = validate_message_id(&raw_id) {
-        let reason = if matches!(e, IdError::Missing(_)) {
-            DeadLetterReason::MissingMessageId
+    let received = Received {
+        consumer: c,
+        id: message_id_of(props, &ctx.amqp.message_id_header),
+        id_field,
+        tenant: if c.tenant_header.is_empty() {
+            Ok(Vec::new())
         } else {
-            DeadLetterReason::InvalidMessageId
-        };
-        return Verdict::DeadLetter {
-            reason,
-            sentence: id_sentence(&e, &id_field),
-            message_id: shown_id,
-        };
-    }
-    let tenant = if c.tenant_header.is_empty() {
-        Vec::new()
-    } else {
-        match header_bytes(props, &c.tenant_header) {
-            Ok(t) => t.unwrap_or_default(),
-            Err(why) => {
-                return Verdict::DeadLetter {
-                    reason: DeadLetterReason::InvalidTenant,
-                    sentence: format!("the tenant cannot be read: {why}"),
-                    message_id: shown_id,
-                };
-            }
-        }
+            header_bytes(props, &c.tenant_header).map(Option::unwrap_or_default)
+        },
+        body: d.data.clone().into(),
+        max_body_bytes: ctx.max_body_bytes,
+        content_type: props
+            .content_type()
+            .as_ref()
+            .map(|s| s.as_str().as_bytes().to_vec())
+            .unwrap_or_default(),
+        not_before: header_bytes(props, NOT_BEFORE_HEADER),
     };
-    if let Err(e) = validate_tenant(&tenant) {
-        return Verdict::DeadLetter {
-            reason: DeadLetterReason::InvalidTenant,
-            sentence: id_sentence(&e, &format!("tenant (header {:?})", c.tenant_header)),
-            message_id: shown_id,
-        };
-    }
-    if d.data.len() > ctx.max_body_bytes {
-        return Verdict::DeadLetter {
-            reason: DeadLetterReason::BodyTooLarge,
-            sentence: format!(
-                "the body is {} bytes, over the limit of {} bytes ([http] max_body_bytes)",
-                d.data.len(),
-                ctx.max_body_bytes
-            ),
-            message_id: shown_id,
-        };
-    }
-    let content_type = props
-        .content_type()
-        .as_ref()
-        .map(|s| s.as_str().as_bytes().to_vec())
-        .unwrap_or_default();
-    let not_before = match header_bytes(props, NOT_BEFORE_HEADER) {
-        Ok(None) => None,
-        Ok(Some(v)) => {
-            let text = String::from_utf8_lossy(&v);
-            match parse_not_before("the not-before header", &text, chrono::Utc::now()) {
-                Ok(at) => at,
-                Err(e) => {
-                    return Verdict::DeadLetter {
-                        reason: DeadLetterReason::InvalidNotBefore,
-                        sentence: e.to_string(),
-                        message_id: shown_id,
-                    };
-                }
-            }
-        }
-        Err(why) => {
-            return Verdict::DeadLetter {
-                reason: DeadLetterReason::InvalidNotBefore,
-                sentence: format!("the not-before header cannot be read: {why}"),
-                message_id: shown_id,
-            };
-        }
-    };
-    let delivery = Delivery {
-        consumer: c.name.clone(),
-        tenant,
-        message_id: raw_id,
-        payload: d.data.clone().into(),
-        content_type,
-        not_before,
-    };
-    match ctx.claimer.submit(delivery).await {
-        Ok(Accepted::New(_)) => Verdict::Ack,
-        Ok(Accepted::Duplicate(claim)) => {
-            debug!(state = %claim.state, "duplicate delivery; acknowledging");
-            Verdict::Ack
-        }
-        Err(SubmitError::BadId(e)) => Verdict::DeadLetter {
-            reason: DeadLetterReason::InvalidMessageId,
-            sentence: e.to_string(),
-            message_id: shown_id,
-        },
-        Err(SubmitError::Conflict { claim, message_id }) => Verdict::DeadLetter {
-            reason: DeadLetterReason::PayloadMismatch,
-            sentence: format!(
-                "message id {message_id:?} was already used with a different payload (claim received {}, now {}); publish a new message under a new message id",
-                claim.received_utc.to_rfc3339(),
-                claim.state
-            ),
-            message_id: shown_id,
-        },
-        Err(SubmitError::BadContentType(why)) => Verdict::DeadLetter {
-            reason: DeadLetterReason::InvalidContentType,
-            sentence: format!("the content_type property cannot be used: {why}"),
-            message_id: shown_id,
-        },
-        Err(e @ SubmitError::TenantNotKeyed { .. }) => Verdict::DeadLetter {
-            reason: DeadLetterReason::InvalidTenant,
-            sentence: e.to_string(),
-            message_id: shown_id,
-        },
-        Err(e @ SubmitError::KeyTooLong { .. }) => Verdict::DeadLetter {
-            reason: DeadLetterReason::KeyTooLong,
-            sentence: e.to_string(),
-            message_id: shown_id,
-        },
-        Err(SubmitError::NotJson(e)) => Verdict::DeadLetter {
-            reason: DeadLetterReason::UnusablePayload,
-            sentence: e.to_string(),
-            message_id: shown_id,
-        },
-        Err(SubmitError::UnsafeUrlValue(e)) => Verdict::DeadLetter {
-            reason: unsafe_url_reason(&e),
-            sentence: format!("the message cannot be sent by consumer {:?}: {e}", c.name),
-            message_id: shown_id,
-        },
-        Err(SubmitError::BadPayload(why)) => Verdict::DeadLetter {
-            reason: DeadLetterReason::UnusablePayload,
-            sentence: format!("the payload cannot be used by consumer {:?}: {why}", c.name),
-            message_id: shown_id,
-        },
-        // Input the store refused as data it cannot hold fails again on every redelivery.
-        Err(SubmitError::Store(e)) if e.is_bad_input() => Verdict::DeadLetter {
-            reason: DeadLetterReason::UnusablePayload,
-            sentence: format!("the claim store cannot hold this message: {e}"),
-            message_id: shown_id,
-        },
-        Err(SubmitError::Store(e)) => Verdict::Requeue {
-            delay: STORE_RETRY_DELAY,
-            why: format!("claim not committed: {e}"),
-        },
-        Err(e @ SubmitError::Busy(_)) => Verdict::Requeue {
-            delay: BUSY_RETRY_DELAY,
-            why: e.to_string(),
-        },
-        Err(e @ SubmitError::Interrupted) => Verdict::Requeue {
-            delay: STORE_RETRY_DELAY,
-            why: e.to_string(),
-        },
-        Err(e @ SubmitError::ShuttingDown) => Verdict::Requeue {
-            delay: Duration::ZERO,
-            why: e.to_string(),
-        },
-        Err(e @ SubmitError::UnknownConsumer(_)) => {
-            // Cannot happen: tasks exist only for configured consumers.
-            error!(error = %e, "delivery for a consumer the claimer does not know");
-            Verdict::Requeue {
-                delay: STORE_RETRY_DELAY,
-                why: e.to_string(),
-            }
-        }
-    }
-}
-
-/// The dead-letter class of a message refused for a URL value: the class of whatever holds
-/// it (a payload field, the tenant, else the message id, which the key is made of).
-fn unsafe_url_reason(e: &UrlValueError) -> DeadLetterReason {
-    if e.fields.iter().any(|f| matches!(f, Field::Payload(_))) {
-        DeadLetterReason::UnusablePayload
-    } else if e.fields.contains(&Field::Tenant) {
-        DeadLetterReason::InvalidTenant
-    } else {
-        DeadLetterReason::InvalidMessageId
+    let shown_id = received.shown_id();
+    match delivery_of(received) {
+        Ok(delivery) => verdict_of(
+            &c.name,
+            ctx.claimer.submit(delivery).await,
+            shown_id,
+            "content_type property",
+        ),
+        Err(refused) => refused,
     }
 }
 
@@ -432,31 +229,6 @@ mod tests {
         assert_eq!(
             depth_sentence(&deep),
             "headers nest tables or arrays deeper than 32 levels: \"cut\" (100 levels or more), \"deep\" (33 levels); they are left out of this copy"
-        );
-    }
-
-    #[test]
-    fn long_ids_are_cut_in_log_lines() {
-        assert_eq!(id_for_log("order-1"), "order-1");
-        let long = "k".repeat(100_000);
-        let shown = id_for_log(&long);
-        assert!(shown.starts_with(&"k".repeat(LOGGED_ID_CHARS)), "{shown}");
-        assert!(shown.ends_with("… (100000 bytes in all)"), "{shown}");
-        assert!(shown.len() < 200);
-    }
-
-    #[test]
-    fn sentences_say_what_is_wrong() {
-        let s = id_sentence(
-            &validate_message_id(&[b'k'; 300]).unwrap_err(),
-            "message id",
-        );
-        assert_eq!(s, "the message id is 300 characters long; the limit is 255");
-        let s = id_sentence(&validate_message_id(b"a b").unwrap_err(), "message id");
-        assert!(s.contains("position 1"), "{s}");
-        assert_eq!(
-            id_sentence(&validate_message_id(b"").unwrap_err(), "message id"),
-            "the message has no message id"
         );
     }
 }
