@@ -177,8 +177,9 @@ impl Connection {
         }
 
         if self.read_buf.starts_with(b"MSG ") {
-            let line = str::from_utf8(&self.read_buf[4..len])
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            // claimd patch: a subject that is not UTF-8 is read lossily rather than closing
+            // the connection (and the message coming back for ever).
+            let line = String::from_utf8_lossy(&self.read_buf[4..len]);
             let mut args = line.split(' ').filter(|s| !s.is_empty());
 
             // Parse the operation syntax: MSG <subject> <sid> [reply-to] <#bytes>
@@ -251,8 +252,8 @@ impl Connection {
 
         if self.read_buf.starts_with(b"HMSG ") {
             // Extract whitespace-delimited arguments that come after "HMSG".
-            let line = std::str::from_utf8(&self.read_buf[5..len])
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            // claimd patch: a subject that is not UTF-8 is read lossily (as for MSG).
+            let line = String::from_utf8_lossy(&self.read_buf[5..len]);
             let mut args = line.split_whitespace().filter(|s| !s.is_empty());
 
             // <subject> <sid> [reply-to] <# header bytes><# total bytes>
@@ -331,36 +332,38 @@ impl Connection {
             let payload = self.read_buf.split_to(total_len - header_len).freeze();
             self.read_buf.advance(2);
 
-            let mut lines = std::str::from_utf8(&header)
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8")
-                })?
-                .lines()
-                .peekable();
-            let version_line = lines.next().ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-            })?;
-
-            let version_line_suffix = version_line
-                .strip_prefix("NATS/1.0")
-                .map(str::trim)
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "header version line does not begin with `NATS/1.0`",
-                    )
-                })?;
+            // claimd patch: a header section that is not UTF-8, or has lines that are not
+            // `Name: value`, is decoded as far as it can be and the message delivered with
+            // the header `crate::header::UNREADABLE_HEADERS` saying what could not be read.
+            // Unpatched, the client closed the connection on it, and JetStream redelivered the
+            // message after every reconnect, for ever.
+            let text = String::from_utf8_lossy(&header);
+            let mut unreadable: Vec<&'static str> = Vec::new();
+            if matches!(text, std::borrow::Cow::Owned(_)) {
+                unreadable.push("bytes that are not UTF-8");
+            }
+            let mut lines = text.lines().peekable();
+            let version_line = lines.next().unwrap_or("");
+            let version_line_suffix = match version_line.strip_prefix("NATS/1.0") {
+                Some(suffix) => suffix.trim(),
+                None => {
+                    unreadable.push("no NATS/1.0 version line");
+                    ""
+                }
+            };
 
             let (status, description) = version_line_suffix
                 .split_once(' ')
                 .map(|(status, description)| (status.trim(), description.trim()))
                 .unwrap_or((version_line_suffix, ""));
             let status = if !status.is_empty() {
-                Some(
-                    status
-                        .parse::<StatusCode>()
-                        .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
-                )
+                match status.parse::<StatusCode>() {
+                    Ok(status) => Some(status),
+                    Err(_) => {
+                        unreadable.push("a status that is not a status code");
+                        None
+                    }
+                }
             } else {
                 None
             };
@@ -376,12 +379,15 @@ impl Connection {
                     continue;
                 }
 
-                let (name, value) = line.split_once(':').ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-                })?;
+                let Some((name, value)) = line.split_once(':') else {
+                    unreadable.push("a line without a colon");
+                    continue;
+                };
 
-                let name = HeaderName::from_str(name)
-                    .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+                let Ok(name) = HeaderName::from_str(name) else {
+                    unreadable.push("a name with characters a header name cannot have");
+                    continue;
+                };
 
                 // Read the header value, which might have been split into multiple lines
                 // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
@@ -392,6 +398,13 @@ impl Connection {
                 value.truncate(value.trim_end().len());
 
                 headers.append(name, value.into_header_value());
+            }
+            if !unreadable.is_empty() {
+                unreadable.dedup();
+                headers.insert(
+                    crate::header::UNREADABLE_HEADERS,
+                    unreadable.join("; ").into_header_value(),
+                );
             }
 
             trace!(

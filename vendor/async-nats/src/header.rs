@@ -49,6 +49,12 @@ pub struct HeaderMap {
     inner: HashMap<HeaderName, Vec<HeaderValue>>,
 }
 
+/// The header the client adds to a received message whose header section it could not read
+/// in full (bytes that are not UTF-8, lines that are not `Name: value`), saying what it could
+/// not read; the rest of the headers are as far as they could be read. (claimd patch: the
+/// unpatched client closed the connection on such a message.)
+pub const UNREADABLE_HEADERS: &str = "Nats-Unreadable-Headers";
+
 /// Helper enum for backward-compatible deserialization using serde's untagged feature
 /// This is required because of the bug #1470 where the client incorrectly serialized
 /// headers with an "inner" wrapper.
