@@ -1,4 +1,4 @@
-//! Settings that need a part of claimd this build left out (Cargo features `amqp`, `smtp`):
+//! Settings that need a part of claimd this build left out (Cargo features `amqp`, `nats`, `smtp`):
 //! refused when the file is loaded, naming the key and the feature, rather than failing later.
 
 use super::{Config, EffectConfig, OutcomeKind};
@@ -10,6 +10,12 @@ pub(super) fn check(config: &Config) -> Result<(), (String, String)> {
             return Err((
                 format!("consumers[{i}].source"),
                 needs("source = \"amqp\"", "amqp"),
+            ));
+        }
+        if c.nats().is_some() && !cfg!(feature = "nats") {
+            return Err((
+                format!("consumers[{i}].source"),
+                needs("source = \"nats\"", "nats"),
             ));
         }
         if matches!(c.effect, EffectConfig::Smtp(_)) && !cfg!(feature = "smtp") {

@@ -10,6 +10,7 @@ mod log;
 mod outcomes;
 mod provider_events;
 mod schema;
+mod sources;
 mod tenant_tokens;
 mod validate;
 
@@ -19,6 +20,7 @@ pub use log::{LogConfig, LogFormat};
 pub use outcomes::{OutcomeKind, OutcomesConfig, render_routing_key};
 pub use provider_events::MAX_EVENT_TOLERANCE;
 pub use schema::*;
+pub use sources::{AmqpSourceConfig, NatsSourceConfig, Source, SourceConfig};
 pub use tenant_tokens::TenantTokens;
 pub use validate::{parse_cron, validate_cron};
 

@@ -1,6 +1,7 @@
 //! The configuration's shape: one struct per section, with the defaults `config/default.toml`
 //! documents. Unknown keys are refused (`deny_unknown_fields`).
 
+use super::sources::{AmqpSourceConfig, NatsSourceConfig, Source, SourceConfig, source_name};
 use crate::domain::duration::Dur;
 use crate::provider::effect::settings::EffectConfig;
 use crate::provider::provider_events::settings::ProviderEventsConfig;
@@ -239,16 +240,6 @@ impl Default for RunConfig {
     }
 }
 
-/// Where a consumer's messages come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Source {
-    /// `POST /v1/messages/{consumer}`.
-    Http,
-    /// A RabbitMQ queue.
-    Amqp,
-}
-
 /// What the sweeper does with a claim whose outcome is unknown (invariant I6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -349,47 +340,17 @@ impl ConsumerConfig {
     pub fn amqp(&self) -> Option<&AmqpSourceConfig> {
         match &self.source {
             SourceConfig::Amqp(a) => Some(a),
-            SourceConfig::Http => None,
+            _ => None,
         }
     }
-}
 
-/// Where a consumer's messages come from (`source = "..."`), with that source's keys.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "source", rename_all = "lowercase")]
-pub enum SourceConfig {
-    /// `POST /v1/messages/{consumer}`.
-    Http,
-    /// A RabbitMQ queue.
-    Amqp(AmqpSourceConfig),
-}
-
-impl SourceConfig {
-    /// The `source` value that selects this variant.
-    pub fn kind(&self) -> Source {
-        match self {
-            SourceConfig::Http => Source::Http,
-            SourceConfig::Amqp(_) => Source::Amqp,
+    /// The NATS JetStream settings, when `source = "nats"`.
+    pub fn nats(&self) -> Option<&NatsSourceConfig> {
+        match &self.source {
+            SourceConfig::Nats(n) => Some(n),
+            _ => None,
         }
     }
-}
-
-/// The keys of a consumer with `source = "amqp"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AmqpSourceConfig {
-    /// RabbitMQ URL (`amqp_url`).
-    #[serde(rename = "amqp_url")]
-    pub url: String,
-    /// The work queue.
-    pub queue: String,
-    /// Unacknowledged deliveries at once.
-    pub prefetch: u16,
-    /// Where bad broker messages go.
-    pub dead_letter_exchange: String,
-    /// Declare exchange and queues at start.
-    pub declare: bool,
-    /// Header that overrides the AMQP `message_id` property (empty: the property).
-    pub message_id_header: String,
 }
 
 /// A `[[consumers]]` table as written in the file: every key of every source side by side.
@@ -421,6 +382,13 @@ pub struct ConsumerEntry {
     dead_letter_exchange: Option<String>,
     declare: Option<bool>,
     message_id_header: Option<String>,
+    nats_url: Option<String>,
+    stream: Option<String>,
+    subject: Option<String>,
+    durable: Option<String>,
+    dead_letter_subject: Option<String>,
+    max_deliver: Option<u32>,
+    ack_wait: Option<Dur>,
     #[serde(default)]
     tenant_header: String,
     effect: EffectConfig,
@@ -439,6 +407,56 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
     type Error = String;
 
     fn try_from(e: ConsumerEntry) -> Result<Self, String> {
+        // Which sources read each source-specific key; a key set for another source is refused.
+        let keys: [(&str, bool, &[Source]); 13] = [
+            ("amqp_url", e.amqp_url.is_some(), &[Source::Amqp]),
+            ("queue", e.queue.is_some(), &[Source::Amqp]),
+            (
+                "dead_letter_exchange",
+                e.dead_letter_exchange.is_some(),
+                &[Source::Amqp],
+            ),
+            (
+                "prefetch",
+                e.prefetch.is_some(),
+                &[Source::Amqp, Source::Nats],
+            ),
+            (
+                "declare",
+                e.declare.is_some(),
+                &[Source::Amqp, Source::Nats],
+            ),
+            (
+                "message_id_header",
+                e.message_id_header.is_some(),
+                &[Source::Amqp, Source::Nats],
+            ),
+            ("nats_url", e.nats_url.is_some(), &[Source::Nats]),
+            ("stream", e.stream.is_some(), &[Source::Nats]),
+            ("subject", e.subject.is_some(), &[Source::Nats]),
+            ("durable", e.durable.is_some(), &[Source::Nats]),
+            (
+                "dead_letter_subject",
+                e.dead_letter_subject.is_some(),
+                &[Source::Nats],
+            ),
+            ("max_deliver", e.max_deliver.is_some(), &[Source::Nats]),
+            ("ack_wait", e.ack_wait.is_some(), &[Source::Nats]),
+        ];
+        if let Some((key, _, readers)) = keys
+            .iter()
+            .find(|(_, set, readers)| *set && !readers.contains(&e.source))
+        {
+            let readers: Vec<String> = readers
+                .iter()
+                .map(|r| format!("source = \"{}\"", source_name(*r)))
+                .collect();
+            return Err(format!(
+                "{key}: only a consumer with {} reads it (this one has source = \"{}\")",
+                readers.join(" or "),
+                source_name(e.source)
+            ));
+        }
         let source = match e.source {
             Source::Amqp => SourceConfig::Amqp(AmqpSourceConfig {
                 url: e.amqp_url.unwrap_or_default(),
@@ -448,22 +466,21 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
                 declare: e.declare.unwrap_or(true),
                 message_id_header: e.message_id_header.unwrap_or_default(),
             }),
-            Source::Http => {
-                let amqp_keys = [
-                    ("amqp_url", e.amqp_url.is_some()),
-                    ("queue", e.queue.is_some()),
-                    ("prefetch", e.prefetch.is_some()),
-                    ("dead_letter_exchange", e.dead_letter_exchange.is_some()),
-                    ("declare", e.declare.is_some()),
-                    ("message_id_header", e.message_id_header.is_some()),
-                ];
-                if let Some((key, _)) = amqp_keys.iter().find(|(_, set)| *set) {
-                    return Err(format!(
-                        "{key}: only a consumer with source = \"amqp\" reads it (this one has source = \"http\")"
-                    ));
-                }
-                SourceConfig::Http
-            }
+            Source::Nats => SourceConfig::Nats(NatsSourceConfig {
+                url: e.nats_url.unwrap_or_default(),
+                stream: e.stream.unwrap_or_default(),
+                subject: e.subject.unwrap_or_default(),
+                durable: e.durable.unwrap_or_else(|| format!("claimd-{}", e.name)),
+                dead_letter_subject: e.dead_letter_subject.unwrap_or_default(),
+                max_deliver: e.max_deliver.unwrap_or(5),
+                ack_wait: e.ack_wait.unwrap_or(Dur(Duration::from_secs(30))),
+                prefetch: e.prefetch.unwrap_or(64),
+                declare: e.declare.unwrap_or(true),
+                message_id_header: e
+                    .message_id_header
+                    .unwrap_or_else(|| "Nats-Msg-Id".to_string()),
+            }),
+            Source::Http => SourceConfig::Http,
         };
         Ok(ConsumerConfig {
             name: e.name,

@@ -640,3 +640,62 @@ fn a_setting_whose_part_this_build_left_out_is_refused_naming_the_feature() {
         );
     }
 }
+
+#[test]
+fn nats_keys_belong_to_nats_consumers_and_are_checked() {
+    let nats = |extra: &str| {
+        BASE.replace(
+            "source = \"http\"",
+            &format!(
+                "source = \"nats\"\nnats_url = \"nats://127.0.0.1:4222\"\nstream = \"PAYMENTS\"\nsubject = \"payments.in\"\ndead_letter_subject = \"payments.dead\"\n{extra}"
+            ),
+        )
+    };
+    if !cfg!(feature = "nats") {
+        let e = error_of(&nats(""));
+        assert!(
+            e.contains("consumers[0].source") && e.contains("`nats`"),
+            "{e}"
+        );
+        return;
+    }
+    let l = load(&nats(""), &[]).unwrap();
+    let n = l.config.consumers[0].nats().expect("nats settings");
+    assert_eq!(n.durable, "claimd-payments");
+    assert_eq!(n.message_id_header, "Nats-Msg-Id");
+    assert_eq!((n.max_deliver, n.prefetch, n.declare), (5, 64, true));
+    assert!(l.config.consumers[0].amqp().is_none());
+    for (extra, key, words) in [
+        ("queue = \"q\"", "queue", "source = \"amqp\""),
+        ("max_deliver = 0", "max_deliver", "at least 1"),
+        ("prefetch = 0", "prefetch", "at least 1"),
+        ("ack_wait = \"500ms\"", "ack_wait", "under 1s"),
+        ("durable = \"a.b\"", "durable", "not allowed"),
+        (
+            "message_id_header = \"\"",
+            "message_id_header",
+            "must name a header",
+        ),
+    ] {
+        let e = error_of(&nats(extra));
+        assert!(e.contains(key) && e.contains(words), "{extra}: {e}");
+    }
+    let e = error_of(&nats("").replace("payments.dead", "payments.in"));
+    assert!(
+        e.contains("dead_letter_subject") && e.contains("come back"),
+        "{e}"
+    );
+    let e = error_of(
+        &nats("")
+            .replace("payments.in", "payments.>")
+            .replace("payments.dead", "payments.dead.x"),
+    );
+    assert!(e.contains("matched by subject"), "{e}");
+    let e = error_of(&nats("").replace("nats://127.0.0.1:4222", "http://x"));
+    assert!(e.contains("nats_url") && e.contains("nats://"), "{e}");
+    let e = error_of(&BASE.replace("source = \"http\"", "source = \"http\"\nstream = \"S\""));
+    assert!(
+        e.contains("stream") && e.contains("source = \"nats\""),
+        "{e}"
+    );
+}

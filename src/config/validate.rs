@@ -141,6 +141,9 @@ impl Config {
                     ));
                 }
             }
+            if let Some(n) = c.nats() {
+                n.check().map_err(|(k, why)| (at(k), why))?;
+            }
             if let Some(pe) = &c.provider_events {
                 let reads_by_value =
                     matches!(&c.effect, EffectConfig::Http(h) if h.outcome.is_some());

@@ -27,6 +27,8 @@ pub struct AppState {
     pub sweep_period: Duration,
     /// RabbitMQ intake, whose connection state readiness reports.
     pub amqp: Option<Arc<crate::edge::intake::amqp::AmqpIntake>>,
+    /// NATS JetStream intake, whose connection state readiness reports.
+    pub nats: Option<Arc<crate::edge::intake::nats::NatsIntake>>,
     /// This worker's sweeper passes (running or not) and its start, for readiness.
     pub sweeper: Arc<SweeperActivity>,
     /// Bytes of request bodies that may be in memory at once (`[http] body_budget_bytes`).

@@ -4,6 +4,7 @@
 
 use crate::edge::api::{self, AppState};
 use crate::edge::intake::amqp::AmqpIntake;
+use crate::edge::intake::nats::NatsIntake;
 use crate::engine::claimer::Claimer;
 use crate::engine::retention;
 use crate::engine::sweeper::Sweeper;
@@ -100,6 +101,8 @@ pub struct Running {
     pub sweeper: Sweeper,
     /// RabbitMQ intake (`source = "amqp"` consumers): connection state and dead-letter counts.
     pub amqp: Arc<AmqpIntake>,
+    /// NATS JetStream intake (`source = "nats"` consumers): connection state and dead-letter counts.
+    pub nats: Arc<NatsIntake>,
     app: App,
     stop: watch::Sender<bool>,
     http: JoinHandle<()>,
@@ -235,6 +238,8 @@ pub async fn start(app: App) -> Result<Running, RunError> {
 
     // RabbitMQ intake: one task per `source = "amqp"` consumer; connects in the background.
     let amqp = Arc::new(AmqpIntake::start(app.claimer.clone(), &config));
+    // NATS JetStream intake: one task per `source = "nats"` consumer, the same way.
+    let nats = Arc::new(NatsIntake::start(app.claimer.clone(), &config));
     let sweep_period = app.sweep_period();
     let activity = Arc::new(SweeperActivity::default());
     let state = AppState {
@@ -242,6 +247,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         config: config.clone(),
         sweep_period,
         amqp: Some(amqp.clone()),
+        nats: Some(nats.clone()),
         sweeper: activity.clone(),
         body_budget: Arc::new(crate::edge::http::server::BodyBudget::new(
             config.http.body_budget_bytes,
@@ -371,6 +377,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         sandbox_addr,
         sweeper,
         amqp,
+        nats,
         app,
         stop,
         http,
@@ -400,7 +407,7 @@ impl Running {
     /// were still in flight when the grace period ended.
     pub async fn shutdown(mut self, grace: Duration) -> usize {
         // Broker consumers first: no new deliveries; those in hand are acked or requeued.
-        self.amqp.stop().await;
+        tokio::join!(self.amqp.stop(), self.nats.stop());
         self.app.claimer.stop_accepting();
         let _ = self.scheduler.shutdown().await;
         let left = self.app.claimer.drain(grace).await;

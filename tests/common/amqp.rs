@@ -60,7 +60,7 @@ impl TestQueues {
     /// A consumer section reading this queue. Lines in `extra` (`key = value`) replace the
     /// defaults or add keys; `effect` is the `[consumers.effect]` table.
     pub fn consumer_toml(&self, name: &str, extra: &str, effect: &str) -> String {
-        let mut settings: Vec<(String, String)> = [
+        let defaults = vec![
             ("amqp_url", format!("{:?}", amqp_url())),
             ("queue", format!("{:?}", self.queue)),
             ("dead_letter_exchange", format!("{:?}", self.dlx)),
@@ -69,23 +69,8 @@ impl TestQueues {
             ("lease", "\"3s\"".into()),
             ("max_attempts", "5".into()),
             ("redrive_within", "\"1h\"".into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        for line in extra.lines().filter(|l| l.contains('=')) {
-            let (k, v) = line.split_once('=').unwrap();
-            let (k, v) = (k.trim().to_string(), v.trim().to_string());
-            match settings.iter_mut().find(|(n, _)| *n == k) {
-                Some(slot) => slot.1 = v,
-                None => settings.push((k, v)),
-            }
-        }
-        let settings: String = settings
-            .iter()
-            .map(|(k, v)| format!("{k} = {v}\n"))
-            .collect();
-        format!("\n[[consumers]]\nname = \"{name}\"\nsource = \"amqp\"\n{settings}{effect}\n")
+        ];
+        super::consumer_section(name, "amqp", defaults, extra, effect)
     }
 
     /// Publishes to the work queue (default exchange), waiting for the broker's confirm.

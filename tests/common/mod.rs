@@ -255,10 +255,107 @@ pub fn client() -> reqwest::Client {
         .build()
         .unwrap()
 }
+/// A consumer's claims (in `state`, or all), up to 100,000.
+pub async fn claims_in(
+    store: &claimd::store::Store,
+    consumer: &str,
+    state: Option<claimd::domain::claim::ClaimState>,
+) -> Vec<claimd::domain::claim::Claim> {
+    store
+        .list(&claimd::store::ClaimFilter {
+            consumer: Some(consumer.to_string()),
+            state,
+            limit: 100_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// A consumer's counts over all time (zeros when it has none).
+pub async fn counts_of(
+    store: &claimd::store::Store,
+    consumer: &str,
+) -> claimd::store::ConsumerCounts {
+    store
+        .counts(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.consumer == consumer)
+        .unwrap_or_default()
+}
+
+/// Renames a table of the store's database, as an administrator would (the store's statements
+/// on it fail until it is renamed back).
+pub async fn rename_table(store: &TestStore, from: &str, to: &str) {
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(&store.url()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {from} RENAME TO {to}"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+}
+
+/// A `[[consumers]]` section of `source`: the `defaults` (key, TOML value), replaced or added
+/// to by the `key = value` lines of `extra`, then `effect` (the `[consumers.effect]` table).
+pub fn consumer_section(
+    name: &str,
+    source: &str,
+    defaults: Vec<(&str, String)>,
+    extra: &str,
+    effect: &str,
+) -> String {
+    let mut settings: Vec<(String, String)> = defaults
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    for line in extra.lines().filter(|l| l.contains('=')) {
+        let (k, v) = line.split_once('=').unwrap();
+        let (k, v) = (k.trim().to_string(), v.trim().to_string());
+        match settings.iter_mut().find(|(n, _)| *n == k) {
+            Some(slot) => slot.1 = v,
+            None => settings.push((k, v)),
+        }
+    }
+    let settings: String = settings
+        .iter()
+        .map(|(k, v)| format!("{k} = {v}\n"))
+        .collect();
+    format!("\n[[consumers]]\nname = \"{name}\"\nsource = \"{source}\"\n{settings}{effect}\n")
+}
+
+/// A `claimd run` process for `toml` (its `127.0.0.1:0` listen address given a free port),
+/// its configuration and log as `<dir>/<name>.toml` and `<dir>/<name>.log`, once `/readyz`
+/// answers `200`.
+pub async fn ready_worker(toml: &str, dir: &Path, name: &str) -> Worker {
+    let port = free_port();
+    let toml = toml.replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(&config, toml).unwrap();
+    let w = Worker::spawn(&config, port, &dir.join(format!("{name}.log"))).await;
+    let ready = eventually(Duration::from_secs(15), || {
+        let url = format!("{}/readyz", w.base);
+        async move {
+            client()
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    })
+    .await;
+    assert!(ready, "the worker did not become ready");
+    w
+}
+
 pub mod amqp;
 pub mod amqp_raw;
 pub mod hangup;
 pub mod localstripe;
+pub mod nats;
 pub mod provider;
 pub mod smtp;
 

@@ -37,6 +37,7 @@ mod localstripe_reconcile;
 mod memory_budget;
 mod metrics;
 mod metrics_format;
+mod nats;
 mod openapi;
 mod operator;
 mod operator_api;

@@ -176,6 +176,20 @@ async fn write_health(state: &AppState) -> String {
     writes.failing().unwrap_or_else(|| "ok".into())
 }
 
+/// The broker intakes' lines as one: `ok` when none has a complaint, else theirs joined.
+fn joined<const N: usize>(checks: [Option<Result<(), String>>; N]) -> String {
+    let complaints: Vec<String> = checks
+        .into_iter()
+        .flatten()
+        .filter_map(Result::err)
+        .collect();
+    if complaints.is_empty() {
+        "ok".to_string()
+    } else {
+        complaints.join("; ")
+    }
+}
+
 /// How long readiness waits for the store before calling it unavailable.
 const READY_STORE_WAIT: Duration = Duration::from_secs(2);
 
@@ -194,14 +208,14 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         store: "ok".into(),
         writes: write_health(&state).await,
         accepting: state.claimer.is_accepting(),
-        broker: match state.amqp.as_ref().map(|a| a.check()) {
-            None | Some(Ok(())) => "ok".to_string(),
-            Some(Err(e)) => e,
-        },
-        dead_letters: match state.amqp.as_ref().map(|a| a.dead_letter_check()) {
-            None | Some(Ok(())) => "ok".to_string(),
-            Some(Err(e)) => e,
-        },
+        broker: joined([
+            state.amqp.as_ref().map(|a| a.check()),
+            state.nats.as_ref().map(|n| n.check()),
+        ]),
+        dead_letters: joined([
+            state.amqp.as_ref().map(|a| a.dead_letter_check()),
+            state.nats.as_ref().map(|n| n.dead_letter_check()),
+        ]),
         sweeper: "unknown (store unavailable)".into(),
         sweeper_health: None,
         sweeper_last_run_utc: None,

@@ -9,5 +9,12 @@ pub mod amqp_off;
 #[cfg(not(feature = "amqp"))]
 pub use amqp_off as amqp;
 pub mod answer;
+pub mod broker;
 pub mod http;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(not(feature = "nats"))]
+pub mod nats_off;
+#[cfg(not(feature = "nats"))]
+pub use nats_off as nats;
 pub mod refusal;

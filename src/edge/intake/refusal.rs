@@ -1,10 +1,10 @@
-//! What every broker intake (RabbitMQ today) decides the same way about one message:
+//! What every broker intake (RabbitMQ, NATS JetStream) decides the same way about one message:
 //! the checks before claiming (id, tenant, size, `not-before`) and the reading of the claimer's
 //! answer, as a `Verdict`: acknowledge, requeue after a pause, or dead-letter with a
 //! sentence a person can act on. Each intake carries the verdict out in its broker's terms.
-//! Without a broker intake in the build (no `amqp` feature) only [`DeadLetterReason`] is used.
+//! Without a broker intake in the build (neither `amqp` nor `nats`) only [`DeadLetterReason`] is used.
 
-#![cfg_attr(not(feature = "amqp"), allow(dead_code))]
+#![cfg_attr(not(any(feature = "amqp", feature = "nats")), allow(dead_code))]
 
 use crate::config::ConsumerConfig;
 use crate::domain::claim::{IdError, validate_message_id, validate_tenant};
@@ -47,6 +47,12 @@ pub enum DeadLetterReason {
     HeadersTooDeep,
     /// The `not-before` header is neither an RFC 3339 time nor a duration, or too far ahead.
     InvalidNotBefore,
+    /// Delivered more times than `max_deliver` without being acknowledged (NATS): claimd was
+    /// stopped or killed while holding it each time, and it has no claim.
+    DeliveryLimit,
+    /// The header section could not be read in full: bytes that are not UTF-8, lines that
+    /// are not `Name: value` (NATS).
+    UnreadableHeaders,
 }
 
 impl DeadLetterReason {
@@ -63,6 +69,8 @@ impl DeadLetterReason {
             DeadLetterReason::KeyTooLong => "key_too_long",
             DeadLetterReason::HeadersTooDeep => "headers_too_deep",
             DeadLetterReason::InvalidNotBefore => "invalid_not_before",
+            DeadLetterReason::DeliveryLimit => "delivery_limit",
+            DeadLetterReason::UnreadableHeaders => "unreadable_headers",
         }
     }
 }

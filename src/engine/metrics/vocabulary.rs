@@ -24,6 +24,8 @@ pub const DEAD_LETTERED: &[&str] = &[
     "key_too_long",
     "headers_too_deep",
     "invalid_not_before",
+    "delivery_limit",
+    "unreadable_headers",
 ];
 /// `claimd_reconcile_outcomes_total{reason}`.
 pub const LOOKUPS: &[&str] = &["found", "not_found", "unknown"];

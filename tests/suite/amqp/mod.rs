@@ -14,7 +14,6 @@ use crate::common;
 
 use claimd::domain::claim::ClaimState;
 use claimd::provider::sandbox::SandboxOptions;
-use claimd::store::{ClaimFilter, ConsumerCounts, Store};
 use common::amqp::{TestQueues, close_connections_named, header};
 use common::smtp::SmtpSink;
 use common::*;
@@ -56,32 +55,6 @@ timeout = "1s"
     )
 }
 
-async fn claims_in(
-    store: &Store,
-    consumer: &str,
-    state: Option<ClaimState>,
-) -> Vec<claimd::domain::claim::Claim> {
-    store
-        .list(&ClaimFilter {
-            consumer: Some(consumer.to_string()),
-            state,
-            limit: 100_000,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-}
-
-async fn counts_of(store: &Store, consumer: &str) -> ConsumerCounts {
-    store
-        .counts(None)
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|c| c.consumer == consumer)
-        .unwrap_or_default()
-}
-
 async fn wait_connected(running: &claimd::service::run::Running) {
     let ok = eventually(Duration::from_secs(15), || async {
         running.amqp.connected()
@@ -119,17 +92,4 @@ async fn payments_on_postgres(
     .await;
     wait_connected(&running).await;
     Some((q, store, sandbox, running))
-}
-
-/// Renames a table of the store's database, as an administrator would (the store's statements
-/// on it fail until it is renamed back).
-async fn rename_table(store: &TestStore, from: &str, to: &str) {
-    use sqlx::Connection;
-    let mut admin = sqlx::PgConnection::connect(&store.url()).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE {from} RENAME TO {to}"
-    )))
-    .execute(&mut admin)
-    .await
-    .unwrap();
 }

@@ -10,7 +10,6 @@ use std::path::Path;
 /// A `claimd run` process whose `payments` consumer reads `q` (its id from the header
 /// `x-message-id` or the property), calling `provider`; its log goes to `<dir>/worker.log`.
 async fn worker(q: &TestQueues, store: &TestStore, provider: &str, dir: &Path) -> Worker {
-    let port = free_port();
     let toml = config_toml(
         &store.url(),
         &q.consumer_toml(
@@ -18,24 +17,8 @@ async fn worker(q: &TestQueues, store: &TestStore, provider: &str, dir: &Path) -
             "message_id_header = \"x-message-id\"",
             &http_effect(provider),
         ),
-    )
-    .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
-    let config = dir.join("claimd.toml");
-    std::fs::write(&config, toml).unwrap();
-    let w = Worker::spawn(&config, port, &dir.join("worker.log")).await;
-    let ready = eventually(Duration::from_secs(15), || {
-        let url = format!("{}/readyz", w.base);
-        async move {
-            client()
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    })
-    .await;
-    assert!(ready, "the worker did not become ready");
-    w
+    );
+    ready_worker(&toml, dir, "worker").await
 }
 
 /// Still running, `/healthz` and `/readyz` answering 200.

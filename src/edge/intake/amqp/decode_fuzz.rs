@@ -189,7 +189,7 @@ proptest! {
     ) {
         let deepest = headers.iter().map(|(_, g)| 1 + depth_of(g)).max().unwrap_or(0);
         // A later entry with the same name replaces an earlier one (a table is a map).
-        let mut last: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
+        let mut last: std::collections::BTreeMap<Vec<u8>, usize> = std::collections::BTreeMap::new();
         for (name, g) in &headers {
             last.insert(String::from_utf8_lossy(name).into_owned().into_bytes(), 1 + depth_of(g));
         }

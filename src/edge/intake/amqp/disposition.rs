@@ -3,6 +3,7 @@
 //! succeed before the original is acknowledged.
 
 use super::*;
+use crate::edge::intake::broker::{AfterDeadLetter, after_dead_letter};
 
 /// Handles one delivery to the end: ack, requeue or dead-letter.
 #[instrument(skip_all, fields(consumer = %ctx.config.name, message_id = tracing::field::Empty, redelivered = d.redelivered))]
@@ -18,38 +19,20 @@ pub(super) async fn handle(ctx: Arc<Ctx>, publisher: Channel, d: AmqpDelivery) {
             sentence,
             message_id,
         } => {
-            if let Err(why) = dead_letter(&ctx.amqp, &publisher, &d, &sentence).await {
-                warn!(error = %why, "dead-letter publish not confirmed; requeueing the message");
-                // Counted and shown (metrics, /readyz body): a dead-letter queue that is gone
-                // otherwise shows only as the same message coming back for ever.
-                ctx.state.dead_letter_failed(&why);
-                ctx.claimer
-                    .metrics()
-                    .dead_letter_unconfirmed(&ctx.config.name);
-                requeue(&d, DEAD_LETTER_RETRY_DELAY, &why).await;
-                return;
-            }
-            ctx.state.dead_letter_confirmed();
-            // Counted before the ack: if the store cannot count it, the message comes back
-            // and is dead-lettered (and counted) again, so the store's count never falls short
-            // of the bad messages received; at worst the dead-letter queue holds a copy more.
-            if let Err(e) = ctx
-                .claimer
-                .store()
-                .record_dead_letter(&ctx.config.name, reason.as_str(), message_id.as_deref())
-                .await
+            let published = dead_letter(&ctx.amqp, &publisher, &d, &sentence).await;
+            match after_dead_letter(
+                &ctx.claimer,
+                &ctx.state,
+                published,
+                reason,
+                &sentence,
+                message_id.as_deref(),
+            )
+            .await
             {
-                let why = format!("cannot count the dead letter in the store: {e}");
-                warn!(error = %e, "store unavailable; requeueing the dead-lettered message");
-                requeue(&d, STORE_RETRY_DELAY, &why).await;
-                return;
+                AfterDeadLetter::Ack => ack(&d).await,
+                AfterDeadLetter::Retry { delay, why } => requeue(&d, delay, &why).await,
             }
-            warn!(reason = reason.as_str(), detail = %sentence, "dead-lettered a bad message");
-            ack(&d).await;
-            ctx.state.count(reason);
-            ctx.claimer
-                .metrics()
-                .dead_lettered(&ctx.config.name, reason.as_str());
         }
     }
 }

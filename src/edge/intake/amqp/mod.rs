@@ -27,8 +27,8 @@
 //! performed again).
 
 use crate::config::{AmqpSourceConfig, Config, ConsumerConfig};
+use crate::edge::intake::broker;
 use crate::engine::claimer::Claimer;
-use backon::BackoffBuilder;
 use futures_util::StreamExt;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{
@@ -38,8 +38,6 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -52,8 +50,9 @@ mod disposition;
 mod session;
 mod verdict;
 
+pub use crate::edge::intake::broker::{ConsumerState as AmqpConsumerState, DeadLetterFailing};
+use crate::edge::intake::refusal::Verdict;
 pub use crate::edge::intake::refusal::{DeadLetterReason, LOGGED_ID_CHARS, id_for_log};
-use crate::edge::intake::refusal::{STORE_RETRY_DELAY, Verdict};
 use disposition::handle;
 use session::run_consumer;
 use verdict::judge;
@@ -69,8 +68,6 @@ pub const MAX_HEADER_DEPTH: usize = 32;
 
 /// How long a connection attempt (TCP, TLS, AMQP handshake) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Pause before requeueing when a dead-letter publish was not confirmed.
-const DEAD_LETTER_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// How long a stopping consumer waits for the deliveries it is handling (a submit waits at
 /// most `intake_wait` for a slot; a requeue pauses at most a second).
 const HANDLER_GRACE: Duration = Duration::from_secs(10);
@@ -104,117 +101,6 @@ fn broker(what: impl Into<String>) -> impl FnOnce(lapin::Error) -> AmqpError {
 
 fn short(name: &str) -> Result<ShortString, AmqpError> {
     ShortString::try_new(name).map_err(|_| AmqpError::Name(name.to_string()))
-}
-
-/// The live state of one AMQP consumer: whether it is connected and consuming, the last
-/// connection error, and how many messages it dead-lettered, by reason, since start.
-#[derive(Debug)]
-pub struct AmqpConsumerState {
-    name: String,
-    connected: AtomicBool,
-    sessions: AtomicU64,
-    last_error: Mutex<Option<String>>,
-    dead_lettered: Mutex<BTreeMap<DeadLetterReason, u64>>,
-    dead_letter_failing: Mutex<Option<DeadLetterFailing>>,
-}
-
-/// Dead-letter publishes failing since the last one that was confirmed: each failure
-/// requeues its message, which comes back and fails again until the cause is fixed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetterFailing {
-    /// Failed publishes in a row.
-    pub failures: u64,
-    /// When the first of them failed.
-    pub since: chrono::DateTime<chrono::Utc>,
-    /// Why the last one failed.
-    pub last_error: String,
-}
-
-impl AmqpConsumerState {
-    fn new(name: &str) -> Self {
-        AmqpConsumerState {
-            name: name.to_string(),
-            connected: AtomicBool::new(false),
-            sessions: AtomicU64::new(0),
-            last_error: Mutex::new(None),
-            dead_lettered: Mutex::new(BTreeMap::new()),
-            dead_letter_failing: Mutex::new(None),
-        }
-    }
-
-    /// The consumer's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Connected to the broker and consuming.
-    pub fn connected(&self) -> bool {
-        self.connected.load(Ordering::SeqCst)
-    }
-
-    /// How many times it has started consuming (1 + reconnects).
-    pub fn sessions(&self) -> u64 {
-        self.sessions.load(Ordering::SeqCst)
-    }
-
-    /// Why the last connection failed or ended, if it did.
-    pub fn last_error(&self) -> Option<String> {
-        self.last_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Messages dead-lettered by this process since it started, by reason. The store keeps
-    /// the durable count (`report`'s `dead_lettered`).
-    pub fn dead_lettered(&self) -> BTreeMap<DeadLetterReason, u64> {
-        self.dead_lettered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Dead-letter publishes failing in a row now (none since the last confirmed one: `None`).
-    pub fn dead_letter_failing(&self) -> Option<DeadLetterFailing> {
-        self.dead_letter_failing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    fn dead_letter_failed(&self, why: &str) {
-        let mut f = self
-            .dead_letter_failing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let f = f.get_or_insert_with(|| DeadLetterFailing {
-            failures: 0,
-            since: chrono::Utc::now(),
-            last_error: String::new(),
-        });
-        f.failures += 1;
-        f.last_error = why.to_string();
-    }
-
-    fn dead_letter_confirmed(&self) {
-        *self
-            .dead_letter_failing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    fn set_error(&self, e: Option<String>) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = e;
-    }
-
-    fn count(&self, reason: DeadLetterReason) {
-        *self
-            .dead_lettered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(reason)
-            .or_default() += 1;
-    }
 }
 
 /// The RabbitMQ intake of a running worker: one task per `source = "amqp"` consumer.
@@ -275,7 +161,7 @@ impl AmqpIntake {
 
     /// One consumer's state.
     pub fn consumer(&self, name: &str) -> Option<&Arc<AmqpConsumerState>> {
-        self.states.iter().find(|s| s.name == name)
+        self.states.iter().find(|s| s.name() == name)
     }
 
     /// Whether every AMQP consumer is connected and consuming (true when there are none).
@@ -289,55 +175,21 @@ impl AmqpIntake {
         self.states
             .iter()
             .filter(|s| !s.connected())
-            .map(|s| s.name.clone())
+            .map(|s| s.name().to_string())
             .collect()
     }
 
     /// The readiness check: `Ok` when every AMQP consumer is consuming, else one line naming
     /// the disconnected consumers and why (for `/readyz`).
     pub fn check(&self) -> Result<(), String> {
-        let down: Vec<String> = self
-            .states
-            .iter()
-            .filter(|s| !s.connected())
-            .map(|s| match s.last_error() {
-                Some(e) => format!("{}: {e}", s.name),
-                None => format!("{}: connecting", s.name),
-            })
-            .collect();
-        if down.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "not consuming from the broker: {}",
-                down.join("; ")
-            ))
-        }
+        broker::consuming_check(&self.states, "the broker")
     }
 
     /// The dead-letter check for `/readyz`'s body: `Ok` unless a consumer's dead-letter
     /// publishes are failing (its bad messages are requeued and come back until they succeed),
     /// else one line naming those consumers, how many failed since when, and why.
     pub fn dead_letter_check(&self) -> Result<(), String> {
-        let failing: Vec<String> = self
-            .states
-            .iter()
-            .filter_map(|s| {
-                let f = s.dead_letter_failing()?;
-                Some(format!(
-                    "{}: {} dead-letter publishes not confirmed since {} (messages requeued): {}",
-                    s.name,
-                    f.failures,
-                    f.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    f.last_error
-                ))
-            })
-            .collect();
-        if failing.is_empty() {
-            Ok(())
-        } else {
-            Err(failing.join("; "))
-        }
+        broker::dead_letter_check(&self.states)
     }
 
     /// Stops consuming: cancels every consumer (no new deliveries), lets deliveries already
@@ -345,19 +197,8 @@ impl AmqpIntake {
     /// connections; anything unacknowledged goes back to the queue. Idempotent.
     pub async fn stop(&self) {
         let _ = self.stop.send(true);
-        let tasks: Vec<JoinHandle<()>> =
-            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
-        for t in tasks {
-            // Each task waits for its handlers itself; allow for closing too.
-            let abort = t.abort_handle();
-            if tokio::time::timeout(HANDLER_GRACE + Duration::from_secs(5), t)
-                .await
-                .is_err()
-            {
-                warn!("AMQP consumer task did not stop in time; aborting it");
-                abort.abort();
-            }
-        }
+        // Each task waits for its handlers itself; allow for closing too.
+        broker::join_stopping(&self.tasks, HANDLER_GRACE + Duration::from_secs(5)).await;
     }
 }
 

@@ -3,57 +3,20 @@
 //! backoff until stopped.
 
 use super::*;
-
-/// How a session with the broker ended.
-pub(super) enum SessionEnd {
-    /// Shutdown was asked for.
-    Stopped,
-    /// The connection or the consumer went away.
-    Lost(String),
-}
+use broker::SessionEnd;
 
 /// Connects, consumes, reconnects with backoff, until stopped.
-pub(super) async fn run_consumer(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
-    let new_backoff = || {
-        backon::ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(250))
-            .with_max_delay(Duration::from_secs(15))
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .build()
-    };
-    let mut delays = new_backoff();
-    loop {
-        if *stop.borrow() {
-            return;
+pub(super) async fn run_consumer(ctx: Arc<Ctx>, stop: watch::Receiver<bool>) {
+    let state = ctx.state.clone();
+    broker::run_sessions(&state, "RabbitMQ", stop, |mut stop| {
+        let ctx = ctx.clone();
+        async move {
+            let mut consumed = false;
+            let end = session(&ctx, &mut stop, &mut consumed).await;
+            (end, consumed)
         }
-        let mut consumed = false;
-        match session(&ctx, &mut stop, &mut consumed).await {
-            Ok(SessionEnd::Stopped) => {
-                info!("AMQP consumer stopped");
-                return;
-            }
-            Ok(SessionEnd::Lost(why)) => {
-                warn!(reason = %why, "lost the broker connection; reconnecting");
-                ctx.state.set_error(Some(why));
-            }
-            Err(e) => {
-                warn!(error = %e, "broker session failed; retrying");
-                ctx.state.set_error(Some(e.to_string()));
-            }
-        }
-        ctx.state.connected.store(false, Ordering::SeqCst);
-        if consumed {
-            // It worked for a while: start the backoff again from the shortest delay.
-            delays = new_backoff();
-        }
-        let delay = delays.next().unwrap_or(Duration::from_secs(15));
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-    }
+    })
+    .await
 }
 
 /// Declares the dead-letter exchange (durable fanout), `<queue>.dead` bound to it, and the
@@ -127,7 +90,7 @@ pub(super) async fn session(
         _ = stop.wait_for(|s| *s) => return Ok(SessionEnd::Stopped),
     };
     let result = consume(ctx, &conn, &instance, stop, consumed).await;
-    ctx.state.connected.store(false, Ordering::SeqCst);
+    ctx.state.disconnected();
     if conn.status().connected() {
         let _ = tokio::time::timeout(
             Duration::from_secs(2),
@@ -177,9 +140,7 @@ pub(super) async fn consume(
         )
         .await
         .map_err(broker(format!("consume from {:?}", a.queue)))?;
-    ctx.state.connected.store(true, Ordering::SeqCst);
-    ctx.state.sessions.fetch_add(1, Ordering::SeqCst);
-    ctx.state.set_error(None);
+    ctx.state.consuming();
     *consumed = true;
     info!(prefetch = a.prefetch, "consuming");
 
@@ -216,7 +177,7 @@ pub(super) async fn consume(
                 channel.basic_cancel(tag, BasicCancelOptions::default()),
             )
             .await;
-            ctx.state.connected.store(false, Ordering::SeqCst);
+            ctx.state.disconnected();
             if tokio::time::timeout(HANDLER_GRACE, async {
                 while handlers.join_next().await.is_some() {}
             })
