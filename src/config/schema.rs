@@ -284,6 +284,9 @@ pub struct ConsumerConfig {
     pub key: String,
     /// Header carrying the tenant (AMQP header, or HTTP header name for intake; default `Tenant-Id`).
     pub tenant_header: String,
+    /// The CloudEvents extension attribute carrying the tenant on `POST /v1/events/{consumer}`
+    /// (`cloudevents_tenant`); `None`: the tenant header, as on `/v1/messages`.
+    pub cloudevents_tenant: Option<String>,
     /// The side effect.
     pub effect: EffectConfig,
     /// The provider's signed events about this consumer's effects (webhooks), received at
@@ -391,6 +394,7 @@ pub struct ConsumerEntry {
     ack_wait: Option<Dur>,
     #[serde(default)]
     tenant_header: String,
+    cloudevents_tenant: Option<String>,
     effect: EffectConfig,
     provider_events: Option<ProviderEventsConfig>,
     outcomes: Option<super::OutcomesConfig>,
@@ -408,7 +412,12 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
 
     fn try_from(e: ConsumerEntry) -> Result<Self, String> {
         // Which sources read each source-specific key; a key set for another source is refused.
-        let keys: [(&str, bool, &[Source]); 13] = [
+        let keys: [(&str, bool, &[Source]); 14] = [
+            (
+                "cloudevents_tenant",
+                e.cloudevents_tenant.is_some(),
+                &[Source::Http],
+            ),
             ("amqp_url", e.amqp_url.is_some(), &[Source::Amqp]),
             ("queue", e.queue.is_some(), &[Source::Amqp]),
             (
@@ -494,6 +503,7 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
             on_unknown: e.on_unknown,
             key: e.key,
             tenant_header: e.tenant_header,
+            cloudevents_tenant: e.cloudevents_tenant,
             effect: match e.effect {
                 EffectConfig::Http(mut h) => {
                     if h.not_applied_status.is_none() {

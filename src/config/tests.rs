@@ -699,3 +699,35 @@ fn nats_keys_belong_to_nats_consumers_and_are_checked() {
         "{e}"
     );
 }
+
+#[test]
+fn the_cloudevents_tenant_attribute_is_a_cloudevents_name_on_an_http_consumer() {
+    let with = |v: &str| {
+        BASE.replace(
+            "source = \"http\"",
+            &format!("source = \"http\"\ncloudevents_tenant = \"{v}\""),
+        )
+    };
+    let l = load(&with("tenantid"), &[]).unwrap();
+    assert_eq!(
+        l.config.consumers[0].cloudevents_tenant.as_deref(),
+        Some("tenantid")
+    );
+    for bad in ["", "Tenant", "tenant-id", "abcdefghijklmnopqrstu"] {
+        let e = error_of(&with(bad));
+        assert!(
+            e.contains("cloudevents_tenant") && e.contains("lower-case"),
+            "{bad}: {e}"
+        );
+    }
+    let e = error_of(
+        &with("tenantid").replace(
+            "source = \"http\"",
+            "source = \"amqp\"\namqp_url = \"amqp://x\"\nqueue = \"q\"\ndead_letter_exchange = \"q.dlx\"",
+        ),
+    );
+    assert!(
+        e.contains("cloudevents_tenant") && e.contains("source = \"http\""),
+        "{e}"
+    );
+}

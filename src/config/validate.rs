@@ -141,6 +141,20 @@ impl Config {
                     ));
                 }
             }
+            if let Some(a) = &c.cloudevents_tenant
+                && (a.is_empty()
+                    || a.len() > 20
+                    || !a
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()))
+            {
+                return Err((
+                    at("cloudevents_tenant"),
+                    format!(
+                        "{a:?}: a CloudEvents attribute name is 1-20 lower-case letters and digits"
+                    ),
+                ));
+            }
             if let Some(n) = c.nats() {
                 n.check().map_err(|(k, why)| (at(k), why))?;
             }

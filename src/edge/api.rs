@@ -26,6 +26,10 @@ pub fn router(state: AppState) -> Router {
     let intake = Router::new()
         .route("/v1/messages/{consumer}", post(intake::http::post_message))
         .route(
+            "/v1/events/{consumer}",
+            post(intake::cloudevents::post_event),
+        )
+        .route(
             "/v1/messages/{consumer}/{message_id}",
             get(intake::http::get_message),
         )

@@ -145,7 +145,7 @@ async fn answer_with(
 }
 
 /// Tenant bytes for `consumer` (the first value; intake refuses repeated headers).
-fn tenant_of<'h>(state: &AppState, consumer: &str, headers: &'h HeaderMap) -> &'h [u8] {
+pub(super) fn tenant_of<'h>(state: &AppState, consumer: &str, headers: &'h HeaderMap) -> &'h [u8] {
     headers
         .get(tenant_header(state, consumer))
         .map(|v| v.as_bytes())
@@ -154,7 +154,7 @@ fn tenant_of<'h>(state: &AppState, consumer: &str, headers: &'h HeaderMap) -> &'
 
 /// A `400` when `name` appears more than once: which value is the message's identity would be
 /// a guess.
-fn repeated(headers: &HeaderMap, name: &str) -> Option<Response> {
+pub(super) fn repeated(headers: &HeaderMap, name: &str) -> Option<Response> {
     (headers.get_all(name).iter().count() > 1).then(|| {
         problem(
             StatusCode::BAD_REQUEST,
@@ -178,12 +178,8 @@ pub async fn post_message(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if !http_consumer_exists(&state, &consumer) {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "unknown consumer",
-            &format!("no consumer named {consumer:?} takes HTTP intake"),
-        );
+    if let Some(refused) = unknown_consumer(&state, &consumer) {
+        return refused;
     }
     let tenant_name = tenant_header(&state, &consumer);
     for name in [
@@ -226,13 +222,35 @@ pub async fn post_message(
         content_type,
         not_before,
     };
-    let wait = wait_asked(&state, &headers);
+    submit_and_answer(&state, delivery, share, &headers).await
+}
+
+/// `404` unless `consumer` takes HTTP intake.
+pub(super) fn unknown_consumer(state: &AppState, consumer: &str) -> Option<Response> {
+    (!http_consumer_exists(state, consumer)).then(|| {
+        problem(
+            StatusCode::NOT_FOUND,
+            "unknown consumer",
+            &format!("no consumer named {consumer:?} takes HTTP intake"),
+        )
+    })
+}
+
+/// Submits `delivery` (its body holding `share` of the budget) and answers: `202` new, `200`
+/// duplicate (both waited for under `Prefer: wait`), or the refusal.
+pub(super) async fn submit_and_answer(
+    state: &AppState,
+    delivery: Delivery,
+    share: BodyShare,
+    headers: &HeaderMap,
+) -> Response {
+    let wait = wait_asked(state, headers);
     match state.claimer.submit_held(delivery, share).await {
         Ok(Accepted::New(claim)) => {
-            answer_with(&state, claim, StatusCode::ACCEPTED, false, wait).await
+            answer_with(state, claim, StatusCode::ACCEPTED, false, wait).await
         }
         Ok(Accepted::Duplicate(claim)) => {
-            answer_with(&state, claim, StatusCode::OK, true, wait).await
+            answer_with(state, claim, StatusCode::OK, true, wait).await
         }
         Err(e) => submit_error(e),
     }
@@ -243,7 +261,9 @@ const NOT_BEFORE: &str = "Not-Before";
 
 /// The time `Not-Before` names (an RFC 3339 time, or a duration from now); `None` without
 /// one or for a time already past; why not (naming the header and its forms) otherwise.
-fn not_before(headers: &HeaderMap) -> Result<Option<chrono::DateTime<chrono::Utc>>, String> {
+pub(super) fn not_before(
+    headers: &HeaderMap,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, String> {
     let Some(value) = headers.get(NOT_BEFORE) else {
         return Ok(None);
     };
@@ -268,7 +288,7 @@ fn too_large(limit: usize) -> Response {
 /// declared length (the last step lands on it exactly, so a declared body is held once). `413`
 /// past `max_body_bytes` (a declared length is refused before reading), `408` when it does not
 /// arrive within `body_read_timeout`, `503` when the budget has no room for the rest.
-async fn read_body(
+pub(super) async fn read_body(
     state: &AppState,
     consumer: &str,
     headers: &HeaderMap,

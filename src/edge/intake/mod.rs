@@ -10,6 +10,7 @@ pub mod amqp_off;
 pub use amqp_off as amqp;
 pub mod answer;
 pub mod broker;
+pub mod cloudevents;
 pub mod http;
 #[cfg(feature = "nats")]
 pub mod nats;

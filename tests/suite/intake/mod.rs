@@ -10,6 +10,7 @@ use common::*;
 use std::time::Duration;
 
 mod bad_input;
+mod cloudevents;
 mod keys;
 mod saturation;
 
