@@ -117,11 +117,32 @@ impl TestStream {
 
     /// Messages in the work stream no consumer has acknowledged yet, per the durable
     /// consumer `durable`: waiting to be delivered plus delivered and unacknowledged.
+    /// Asked again for up to 15 s while the server does not answer (this client reconnects
+    /// on its own after a restart).
     pub async fn unacknowledged(&self, durable: &str) -> u64 {
-        let stream = self.js.get_stream(&self.stream).await.unwrap();
-        let mut c: consumer::PullConsumer = stream.get_consumer(durable).await.unwrap();
-        let info = c.info().await.unwrap();
-        info.num_pending + info.num_ack_pending as u64
+        let end = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            match self.consumer_info(durable).await {
+                Ok(info) => return info.num_pending + info.num_ack_pending as u64,
+                Err(e) if tokio::time::Instant::now() >= end => {
+                    panic!("no consumer info for {durable}: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    async fn consumer_info(&self, durable: &str) -> Result<consumer::Info, String> {
+        let stream = self
+            .js
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut c: consumer::PullConsumer = stream
+            .get_consumer(durable)
+            .await
+            .map_err(|e| e.to_string())?;
+        c.info().await.map(|i| i.clone()).map_err(|e| e.to_string())
     }
 
     /// Every message in the dead-letter stream (read with an ephemeral consumer; they stay).
