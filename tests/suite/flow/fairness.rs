@@ -131,9 +131,12 @@ async fn ten_tenants_pass_a_backlog(store: TestStore) {
         loaded.as_secs_f64(),
         worst.as_millis()
     );
+    // Without fairness each of them would wait for the whole backlog (first in, first out);
+    // with it they go past while most of it is still open. How long they waited is printed
+    // above, not asserted (a loaded machine only makes it longer).
     assert!(
-        worst < Duration::from_secs(2),
-        "a tenant waited {worst:?} behind the backlog"
+        behind > (BACKLOG / 2) as i64,
+        "the other tenants settled only after the backlog drained to {behind} of {BACKLOG} (worst wait {worst:?})"
     );
 }
 
