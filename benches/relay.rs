@@ -103,11 +103,14 @@ async fn main() {
     let relay = Arc::new(Relay {
         store: store.clone(),
         consumer: "payments".into(),
+        destination: "amqp".into(),
+        adopts: false,
         owner: "bench".into(),
         config: config.clone(),
         sink,
         metrics: Arc::new(Metrics::new()),
         held_until: std::sync::Mutex::new(None),
+        backed_off: std::sync::atomic::AtomicBool::new(false),
     });
 
     println!(
@@ -123,11 +126,12 @@ async fn main() {
         // Events like a payment's: a short provider answer, each of its own claim.
         sqlx::query(
             "INSERT INTO outcome_events (claim_id, consumer, tenant, message_id, idem_key, state, \
-               attempt, provider_status, provider_id, provider_response, actor, action) \
+               attempt, provider_status, provider_id, provider_response, actor, action, \
+               destination, claim_version) \
              SELECT g, 'payments', '', 'order-' || g, 'payments::order-' || g, 'completed', 1, \
                200, 'pi_' || g, \
                '{\"id\":\"pi_' || g || '\",\"status\":\"succeeded\",\"amount\":1250,\"currency\":\"eur\"}', \
-               'bench-1', 'perform' \
+               'bench-1', 'perform', 'amqp', 2 \
              FROM generate_series($1, $2) g",
         )
         .bind(run as i64 * n + 1)

@@ -24,15 +24,18 @@ pub(super) fn check(config: &Config) -> Result<(), (String, String)> {
                 needs("kind = \"smtp\"", "smtp"),
             ));
         }
-        let amqp_outcomes = c
-            .outcomes
-            .as_ref()
-            .is_some_and(|o| o.kind == OutcomeKind::Amqp);
-        if amqp_outcomes && !cfg!(feature = "amqp") {
-            return Err((
-                format!("consumers[{i}].outcomes.kind"),
-                needs("kind = \"amqp\"", "amqp"),
-            ));
+        for (j, o) in c.outcomes.iter().enumerate() {
+            let feature = match o.kind {
+                OutcomeKind::Amqp if !cfg!(feature = "amqp") => "amqp",
+                OutcomeKind::Nats if !cfg!(feature = "nats") => "nats",
+                _ => continue,
+            };
+            let key = if c.outcomes.len() == 1 {
+                format!("consumers[{i}].outcomes.kind")
+            } else {
+                format!("consumers[{i}].outcomes[{j}].kind")
+            };
+            return Err((key, needs(&format!("kind = \"{feature}\""), feature)));
         }
     }
     Ok(())

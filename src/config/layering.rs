@@ -142,7 +142,9 @@ pub(super) fn is_signing_secret(at: &str) -> bool {
         return false;
     };
     at.starts_with("consumers[")
-        && (rest.starts_with("provider_events.secrets[") || rest == "outcomes.secret")
+        && (rest.starts_with("provider_events.secrets[")
+            || rest == "outcomes.secret"
+            || (rest.starts_with("outcomes[") && rest.ends_with("].secret")))
 }
 
 /// What stands in for an unset signing secret in a command that uses none: valid for every
@@ -281,6 +283,7 @@ mod tests {
     fn signing_secrets_are_told_apart_from_other_values() {
         assert!(is_signing_secret("consumers[0].provider_events.secrets[1]"));
         assert!(is_signing_secret("consumers[2].outcomes.secret"));
+        assert!(is_signing_secret("consumers[2].outcomes[1].secret"));
         assert!(!is_signing_secret("http.admin_token"));
         assert!(!is_signing_secret("consumers[0].effect.url"));
         assert_ne!(

@@ -17,7 +17,9 @@ mod validate;
 pub use crate::provider::effect::settings::*;
 pub use crate::provider::provider_events::settings::ProviderEventsConfig;
 pub use log::{LogConfig, LogFormat};
-pub use outcomes::{OutcomeKind, OutcomesConfig, render_routing_key};
+pub use outcomes::{
+    MAX_DESTINATIONS, OutcomeKind, OutcomesConfig, check_destinations, render_routing_key,
+};
 pub use provider_events::MAX_EVENT_TOLERANCE;
 pub use schema::*;
 pub use sources::{AmqpSourceConfig, NatsSourceConfig, Source, SourceConfig};

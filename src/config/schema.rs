@@ -292,8 +292,9 @@ pub struct ConsumerConfig {
     /// The provider's signed events about this consumer's effects (webhooks), received at
     /// `POST /v1/provider-events/{consumer}` (`[consumers.provider_events]`).
     pub provider_events: Option<ProviderEventsConfig>,
-    /// Where this consumer's outcome events go (`[consumers.outcomes]`); `None`: no events.
-    pub outcomes: Option<super::OutcomesConfig>,
+    /// Where this consumer's outcome events go (`[consumers.outcomes]`, or several as
+    /// `[[consumers.outcomes]]`); empty: no events.
+    pub outcomes: Vec<super::OutcomesConfig>,
     /// Order keys and fair taking (docs/flow-control.md): `order_key`, `order_hold`,
     /// `fairness`, `[consumers.tenant_weights]`.
     #[serde(flatten)]
@@ -397,7 +398,8 @@ pub struct ConsumerEntry {
     cloudevents_tenant: Option<String>,
     effect: EffectConfig,
     provider_events: Option<ProviderEventsConfig>,
-    outcomes: Option<super::OutcomesConfig>,
+    #[serde(default)]
+    outcomes: super::outcomes::OutcomeDestinations,
     order_key: Option<String>,
     #[serde(default)]
     order_hold: OrderHold,
@@ -514,7 +516,7 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
                 other => other,
             },
             provider_events: e.provider_events,
-            outcomes: e.outcomes,
+            outcomes: e.outcomes.0,
             flow: FlowConfig {
                 order_key: e.order_key,
                 order_hold: e.order_hold,

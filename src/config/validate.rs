@@ -62,10 +62,7 @@ impl Config {
             if c.concurrency == 0 {
                 return Err((at("concurrency"), "must be at least 1".into()));
             }
-            if let Some(o) = &c.outcomes {
-                o.check()
-                    .map_err(|(k, why)| (at(&format!("outcomes.{k}")), why))?;
-            }
+            super::outcomes::check_destinations(&c.outcomes).map_err(|(k, why)| (at(&k), why))?;
             if c.max_attempts == 0 {
                 return Err((at("max_attempts"), "must be at least 1".into()));
             }

@@ -355,27 +355,30 @@ pub async fn build(
     })
 }
 
-/// The relay's backlog of every consumer with an outcome destination (`only`: that one),
-/// zero for those with none unsent.
+/// The relay's backlog of every outcome destination (`only`: that consumer's), zero for
+/// those with none unsent.
 async fn outbox_backlog(
     store: &Store,
     only: Option<&str>,
 ) -> StoreResult<Vec<crate::store::outbox::OutboxBacklog>> {
-    let names = store.outcome_consumers();
-    if names.is_empty() {
+    let destinations = store.outcome_destinations();
+    if destinations.is_empty() {
         return Ok(Vec::new());
     }
     let backlog = store.outbox_backlog().await?;
-    Ok(names
+    Ok(destinations
         .into_iter()
-        .filter(|n| only.is_none_or(|o| o == n))
-        .map(|n| {
-            backlog.iter().find(|b| b.consumer == n).cloned().unwrap_or(
-                crate::store::outbox::OutboxBacklog {
-                    consumer: n,
+        .filter(|(c, _)| only.is_none_or(|o| o == c))
+        .map(|(consumer, destination)| {
+            backlog
+                .iter()
+                .find(|b| b.consumer == consumer && b.destination == destination)
+                .cloned()
+                .unwrap_or(crate::store::outbox::OutboxBacklog {
+                    consumer,
+                    destination,
                     ..Default::default()
-                },
-            )
+                })
         })
         .collect())
 }
@@ -457,10 +460,11 @@ pub fn render_table(r: &Report) -> String {
     }
     if !r.outcome_events.is_empty() {
         out.push_str("\noutcome events (relay backlog):\n");
-        let mut outbox = Table::new(&["consumer", "unsent", "oldest_unsent_s"]);
+        let mut outbox = Table::new(&["consumer", "destination", "unsent", "oldest_unsent_s"]);
         for b in &r.outcome_events {
             outbox.row(vec![
                 b.consumer.clone(),
+                b.destination.clone(),
                 b.unsent.to_string(),
                 opt(b.oldest_unsent_age_s),
             ]);

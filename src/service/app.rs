@@ -135,12 +135,15 @@ impl App {
             store.migrate().await?;
         }
         // Settles of consumers with an outcome destination write outcome events.
-        store.set_outcome_consumers(
+        store.set_outcome_destinations(
             config
                 .consumers
                 .iter()
-                .filter(|c| c.outcomes.is_some())
-                .map(|c| c.name.clone())
+                .flat_map(|c| {
+                    c.outcomes
+                        .iter()
+                        .map(|o| (c.name.clone(), o.name().to_string()))
+                })
                 .collect(),
         );
         let mut consumers = Vec::new();

@@ -20,7 +20,8 @@ macro_rules! claim_cols {
 macro_rules! outcome_cols {
     () => {
         "id, claim_id, consumer, tenant, message_id, idem_key, state, attempt, provider_status, \
-         provider_id, provider_response, reason, actor, action, at_utc, tries"
+         provider_id, provider_response, reason, actor, action, at_utc, tries, destination, \
+         claim_version"
     };
 }
 
@@ -231,22 +232,29 @@ pub struct Statements {
     pub now: &'static str,
     /// A statement that only proves the store answers.
     pub ping: &'static str,
-    /// Holds (or renews) a consumer's outcome relay for an owner: consumer, owner, lease ms;
-    /// returns a row only when the owner holds it now (it was free, expired, or its own).
+    /// Holds (or renews) the outcome relay of a consumer's destination for an owner: consumer,
+    /// owner, lease ms, destination; returns a row only when the owner holds it now (it was
+    /// free, expired, or its own).
     pub hold_outcome_relay: &'static str,
-    /// Lets go of a consumer's outcome relay: consumer, owner.
+    /// Lets go of the outcome relay of a consumer's destination: consumer, owner, destination.
     pub release_outcome_relay: &'static str,
-    /// Outcome events due to be sent, in order: consumer, limit; returns `outcome_cols!()`.
-    /// None of a claim whose earlier event is held back after a failed send. Writes nothing:
-    /// the caller holds the consumer's relay.
+    /// Outcome events due to be sent to a destination, in order: consumer, limit,
+    /// destination; returns `outcome_cols!()`. None of a claim whose earlier event to that
+    /// destination is held back after a failed send. Writes nothing: the caller holds the
+    /// destination's relay.
     pub due_outcomes: &'static str,
     /// Marks the events named in the JSON array of ids `$1` sent.
     pub mark_outcomes_sent: &'static str,
     /// Gives back the events named in `$1` (JSON ids) to be tried again after `$2` ms, with
     /// the error `$3`.
     pub retry_outcomes: &'static str,
-    /// Unsent events per consumer: consumer, n, oldest_ms.
+    /// Makes a destination's events that wait out a backoff due now: consumer, destination.
+    pub wake_outcomes: &'static str,
+    /// Unsent events per consumer and destination: consumer, destination, n, oldest_ms.
     pub count_outcomes: &'static str,
+    /// Gives a consumer's unsent events written before destinations had names (destination
+    /// `''`) to the destination `$2`: consumer, destination.
+    pub adopt_outcomes: &'static str,
     /// One batch of retention of sent events: keep ms, batch.
     pub prune_outcomes: &'static str,
 }

@@ -13,10 +13,12 @@ use crate::domain::claim::ClaimState;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-/// The consumers whose settles write outcome events, as the statements bind them: a JSON
-/// array of names (`[]`: none).
+/// The destinations whose consumers' settles write outcome events, as the statements bind
+/// them: a JSON array of `[consumer, destination]` pairs (`[]`: none). A settle writes one
+/// event row per destination of its consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutcomeConsumers {
+    destinations: Vec<(String, String)>,
     names: Vec<String>,
     json: String,
 }
@@ -28,17 +30,28 @@ impl Default for OutcomeConsumers {
 }
 
 impl OutcomeConsumers {
-    /// The consumers named.
-    pub fn new(mut names: Vec<String>) -> Self {
-        names.sort();
+    /// The destinations named, as (consumer, destination) pairs.
+    pub fn new(mut destinations: Vec<(String, String)>) -> Self {
+        destinations.sort();
+        destinations.dedup();
+        let mut names: Vec<String> = destinations.iter().map(|(c, _)| c.clone()).collect();
         names.dedup();
-        let json = serde_json::to_string(&names).unwrap_or_else(|_| "[]".into());
-        OutcomeConsumers { names, json }
+        let json = serde_json::to_string(&destinations).unwrap_or_else(|_| "[]".into());
+        OutcomeConsumers {
+            destinations,
+            names,
+            json,
+        }
     }
 
-    /// The names, sorted.
+    /// The consumers, sorted.
     pub fn names(&self) -> &[String] {
         &self.names
+    }
+
+    /// The (consumer, destination) pairs, sorted.
+    pub fn destinations(&self) -> &[(String, String)] {
+        &self.destinations
     }
 
     /// What a statement binds for a write that `emits` an event: the JSON list, or `[]`.
@@ -72,8 +85,13 @@ pub fn emits(from: ClaimState, to: Option<ClaimState>) -> bool {
 /// One outcome event, as the relay reads it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OutcomeEvent {
-    /// The event's sequence number (unique in the store; the event id is made from it).
+    /// The row's sequence number (unique in the store; one per event and destination).
     pub seq: i64,
+    /// The destination the row is for.
+    pub destination: String,
+    /// The claim's version after the change (`None` for events written before destinations
+    /// had names): with the claim's id it makes the event id, the same at every destination.
+    pub claim_version: Option<i64>,
     /// The claim's id.
     pub claim_id: i64,
     /// Consumer.
@@ -117,11 +135,13 @@ pub fn first_per_claim(events: Vec<OutcomeEvent>) -> Vec<OutcomeEvent> {
         .collect()
 }
 
-/// The relay's backlog for one consumer.
+/// The relay's backlog for one destination of a consumer.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct OutboxBacklog {
     /// Consumer.
     pub consumer: String,
+    /// The destination's name.
+    pub destination: String,
     /// Events not sent yet.
     pub unsent: i64,
     /// Age of the oldest unsent event, in seconds.
@@ -153,6 +173,8 @@ mod tests {
     fn a_batch_keeps_the_first_event_of_each_claim() {
         let ev = |seq, claim_id| OutcomeEvent {
             seq,
+            destination: "hooks".into(),
+            claim_version: Some(seq),
             claim_id,
             consumer: "pay".into(),
             tenant: String::new(),
@@ -178,11 +200,14 @@ mod tests {
 
     #[test]
     fn the_bound_list_is_empty_unless_the_write_emits() {
-        let c = OutcomeConsumers::new(vec!["b".into(), "a".into(), "a".into()]);
-        assert_eq!(c.bound(true), r#"["a","b"]"#);
+        let pair = |c: &str, d: &str| (c.to_string(), d.to_string());
+        let c = OutcomeConsumers::new(vec![pair("b", "x"), pair("a", "y"), pair("a", "x")]);
+        let json = r#"[["a","x"],["a","y"],["b","x"]]"#;
+        assert_eq!(c.names(), ["a", "b"]);
+        assert_eq!(c.bound(true), json);
         assert_eq!(c.bound(false), "[]");
         assert_eq!(OutcomeConsumers::default().bound(true), "[]");
-        assert_eq!(c.writes(true), Some(r#"["a","b"]"#));
+        assert_eq!(c.writes(true), Some(json));
         assert_eq!(c.writes(false), None);
         assert_eq!(OutcomeConsumers::default().writes(true), None);
     }

@@ -142,12 +142,21 @@ impl TestStream {
             .get_consumer(durable)
             .await
             .map_err(|e| e.to_string())?;
-        c.info().await.map(|i| i.clone()).map_err(|e| e.to_string())
+        c.info().await.cloned().map_err(|e| e.to_string())
     }
 
     /// Every message in the dead-letter stream (read with an ephemeral consumer; they stay).
     pub async fn dead_letters(&self) -> Vec<async_nats::Message> {
-        let stream = self.js.get_stream(self.dead()).await.unwrap();
+        self.read_all(&self.dead()).await
+    }
+
+    /// Every message in the work stream (what a publisher to `subject` left there).
+    pub async fn stored(&self) -> Vec<async_nats::Message> {
+        self.read_all(&self.stream).await
+    }
+
+    async fn read_all(&self, name: &str) -> Vec<async_nats::Message> {
+        let stream = self.js.get_stream(name).await.unwrap();
         let c: consumer::PullConsumer = stream
             .create_consumer(consumer::pull::Config {
                 ack_policy: consumer::AckPolicy::None,

@@ -1,5 +1,5 @@
-//! The page's "Outcome events" section: the relay's backlog per consumer with an outcome
-//! destination (shown only when there is one).
+//! The page's "Outcome events" section: the relay's backlog per outcome destination of each
+//! consumer (shown only when there is one).
 
 use super::text::human_secs;
 use crate::ops::report::Report;
@@ -15,11 +15,12 @@ pub fn render_outcome_events(r: &Report) -> Markup {
             section {
                 h2 { "Outcome events" }
                 table {
-                    thead { tr { th { "consumer" } th { "unsent" } th { "oldest unsent" } } }
+                    thead { tr { th { "consumer" } th { "destination" } th { "unsent" } th { "oldest unsent" } } }
                     tbody {
                         @for b in &r.outcome_events {
                             tr {
                                 td { (b.consumer) }
+                                td { (b.destination) }
                                 td.num { (b.unsent) }
                                 @match b.oldest_unsent_age_s {
                                     Some(age) => {

@@ -5,7 +5,7 @@
 //! all within one `timeout`; a broken connection is opened again on the next round.
 
 use super::event::{event_id, write_body};
-use super::{SendError, Sink};
+use super::{SendError, Sink, join_until};
 use crate::config::{OutcomesConfig, render_routing_key};
 use crate::store::outbox::OutcomeEvent;
 use async_trait::async_trait;
@@ -16,7 +16,6 @@ use lapin::{
 };
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Poll;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -184,38 +183,6 @@ struct PerState<'a> {
     state: &'a str,
     key: Result<ShortString, String>,
     kind: ShortString,
-}
-
-/// Drives every future together until each is done or `deadline` passes: the outputs in
-/// order, `None` for one not done in time. Polled in order, so the publishes' frames are
-/// queued in the events' order; woken once for what completes together, not once a future.
-async fn join_until<F: Future + Unpin>(
-    futures: Vec<F>,
-    deadline: Instant,
-) -> Vec<Option<F::Output>> {
-    let mut futures: Vec<Option<F>> = futures.into_iter().map(Some).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    let mut left = futures.len();
-    let timer = tokio::time::sleep_until(deadline);
-    tokio::pin!(timer);
-    std::future::poll_fn(|cx| {
-        for (f, o) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if let Some(fut) = f
-                && let Poll::Ready(v) = Pin::new(fut).poll(cx)
-            {
-                *o = Some(v);
-                *f = None;
-                left -= 1;
-            }
-        }
-        if left == 0 || timer.as_mut().poll(cx).is_ready() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    outputs
 }
 
 #[async_trait]

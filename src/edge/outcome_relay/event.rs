@@ -9,10 +9,15 @@ use serde::Serialize;
 /// The body's `type` prefix: `claim.completed`, `claim.failed`, ...
 pub const TYPE_PREFIX: &str = "claim.";
 
-/// The event's id: unique in the store, the same on every send of the event (AMQP
-/// `message_id`, `webhook-id`, the body's `id`).
+/// The event's id: unique in the store, the same on every send of the event and at every
+/// destination (AMQP `message_id`, `webhook-id`, `Nats-Msg-Id`, the body's `id`): made from
+/// the claim's id and its version after the change, which every change bumps. An event
+/// written before destinations had names keeps the id made from its row.
 pub fn event_id(e: &OutcomeEvent) -> String {
-    format!("evt_{}", e.seq)
+    match e.claim_version {
+        Some(v) => format!("evt_{}_{v}", e.claim_id),
+        None => format!("evt_{}", e.seq),
+    }
 }
 
 /// The JSON body (see docs/outcome-events.md for its schema).
@@ -124,6 +129,8 @@ mod tests {
     fn event() -> OutcomeEvent {
         OutcomeEvent {
             seq: 42,
+            destination: "amqp".into(),
+            claim_version: Some(3),
             claim_id: 7,
             consumer: "payments".into(),
             tenant: "".into(),
@@ -146,7 +153,15 @@ mod tests {
     fn the_body_names_the_claim_and_bounds_the_answer() {
         let e = event();
         let v: serde_json::Value = serde_json::from_slice(&body_bytes(&e)).unwrap();
-        assert_eq!(v["id"], "evt_42");
+        assert_eq!(
+            v["id"], "evt_7_3",
+            "the claim and its version: one id at every destination"
+        );
+        let old = OutcomeEvent {
+            claim_version: None,
+            ..e.clone()
+        };
+        assert_eq!(event_id(&old), "evt_42", "a row from before keeps its id");
         assert_eq!(v["type"], "claim.completed");
         assert_eq!(v["message_id"], "order-1");
         assert_eq!(v["provider_id"], "pi_1");

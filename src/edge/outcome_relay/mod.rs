@@ -2,10 +2,13 @@
 //! outbox of [`crate::store::outbox`]) to each consumer's destination, and marks them sent
 //! only after the destination confirmed.
 //!
-//! One task per consumer with `[consumers.outcomes]`. One instance at a time relays a
-//! consumer: each round renews its hold on the consumer's relay for [`LEASE`] (one row write a
-//! round, not one an event), and another instance's round takes nothing until this one lets go
-//! (at shutdown) or stops renewing (a crash). A round takes up to `batch` unsent events in
+//! One task per outcome destination of each consumer (`[consumers.outcomes]`, or several as
+//! `[[consumers.outcomes]]`): a settle writes one event row per destination, and each
+//! destination's relay reads, sends and marks only its own rows, so a destination that is down
+//! holds back its own events and no other's. One instance at a time relays a destination: each
+//! round renews its hold on it for [`LEASE`] (one row write a round, not one an event), and
+//! another instance's round takes nothing until this one lets go (at shutdown) or stops
+//! renewing (a crash). A round takes up to `batch` unsent events in
 //! order, a claim's event only when its earlier ones were sent (order per claim); then, a
 //! [`CHUNK`] at a time, publishes them ([`amqp`]: persistent, publisher confirms awaited
 //! together; [`http`]: Standard Webhooks, through the destination's breaker and pace) and marks
@@ -15,13 +18,15 @@
 //! again with the same ids (at least once, never lost). Statements: the read, one mark a
 //! chunk, none per message.
 //!
-//! - `event`: the pure part, the event's id, body and signature headers; `metrics`: its
-//!   series in `/metrics`.
+//! - `event`: the pure part, the event's id, body and signature headers; `amqp`, `http`,
+//!   `nats`: the destinations' kinds.
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
 pub mod event;
 pub mod http;
+#[cfg(feature = "nats")]
+pub mod nats;
 
 use crate::config::{Config, OutcomeKind, OutcomesConfig};
 use crate::engine::metrics::Metrics;
@@ -29,6 +34,7 @@ use crate::store::Store;
 use crate::store::outbox::OutcomeEvent;
 use async_trait::async_trait;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -98,7 +104,26 @@ pub fn backoff(tries: i32, asked: Option<Duration>) -> Duration {
     asked.unwrap_or(doubling).min(MAX_BACKOFF)
 }
 
-/// Starts one relay task per consumer that has an outcome destination; they end when `stop`
+/// The destination `o` names, or why it cannot be used.
+#[cfg_attr(not(any(feature = "amqp", feature = "nats")), allow(unused_variables))]
+fn sink_of(o: &OutcomesConfig, instance: &str) -> Result<Arc<dyn Sink>, String> {
+    match o.kind {
+        #[cfg(feature = "amqp")]
+        OutcomeKind::Amqp => Ok(Arc::new(amqp::AmqpSink::new(o, instance))),
+        #[cfg(feature = "nats")]
+        OutcomeKind::Nats => Ok(Arc::new(nats::NatsSink::new(o, instance))),
+        // Refused at load without their features (config::features).
+        #[cfg(not(feature = "amqp"))]
+        OutcomeKind::Amqp => Err("built without the `amqp` feature".into()),
+        #[cfg(not(feature = "nats"))]
+        OutcomeKind::Nats => Err("built without the `nats` feature".into()),
+        OutcomeKind::Http => http::HttpSink::new(o)
+            .map(|s| Arc::new(s) as Arc<dyn Sink>)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// Starts one relay task per outcome destination of each consumer; they end when `stop`
 /// turns true.
 pub fn start(
     store: Store,
@@ -109,42 +134,44 @@ pub fn start(
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
     for c in &config.consumers {
-        let Some(o) = &c.outcomes else { continue };
-        let sink: Arc<dyn Sink> = match o.kind {
-            #[cfg(feature = "amqp")]
-            OutcomeKind::Amqp => Arc::new(amqp::AmqpSink::new(o, instance)),
-            // Refused at load without the `amqp` feature (config::features).
-            #[cfg(not(feature = "amqp"))]
-            OutcomeKind::Amqp => continue,
-            OutcomeKind::Http => match http::HttpSink::new(o) {
-                Ok(s) => Arc::new(s),
+        for (i, o) in c.outcomes.iter().enumerate() {
+            let sink = match sink_of(o, instance) {
+                Ok(sink) => sink,
                 Err(e) => {
-                    warn!(consumer = %c.name, error = %e, "outcome relay not started");
+                    warn!(consumer = %c.name, destination = o.name(), error = %e, "outcome relay not started");
                     continue;
                 }
-            },
-        };
-        let relay = Relay {
-            store: store.clone(),
-            consumer: c.name.clone(),
-            owner: instance.to_string(),
-            config: o.clone(),
-            sink,
-            metrics: metrics.clone(),
-            held_until: std::sync::Mutex::new(None),
-        };
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move { relay.run(stop).await }));
+            };
+            let relay = Relay {
+                store: store.clone(),
+                consumer: c.name.clone(),
+                destination: o.name().to_string(),
+                adopts: i == 0,
+                owner: instance.to_string(),
+                config: o.clone(),
+                sink,
+                metrics: metrics.clone(),
+                held_until: std::sync::Mutex::new(None),
+                backed_off: AtomicBool::new(true),
+            };
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(async move { relay.run(stop).await }));
+        }
     }
     tasks
 }
 
-/// One consumer's relay.
+/// The relay of one destination of a consumer.
 pub struct Relay {
     /// The store the events are in.
     pub store: Store,
     /// The consumer.
     pub consumer: String,
+    /// The destination's name.
+    pub destination: String,
+    /// Whether this is the consumer's first destination, which takes over the unsent events
+    /// written before destinations had names.
+    pub adopts: bool,
     /// This instance (the lease owner).
     pub owner: String,
     /// Its destination's settings.
@@ -156,11 +183,33 @@ pub struct Relay {
     /// Until when this instance surely holds the consumer's relay (measured from before the
     /// statement that renewed it, so never later than the store's own lease end).
     pub held_until: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Whether this destination's events may be waiting out a backoff after it looked down
+    /// (a round that confirmed nothing; true at start: an earlier process may have left
+    /// some). The next round whose sends all succeed makes them due at once: a destination
+    /// that is back takes its backlog now, not when each event's backoff (up to
+    /// [`MAX_BACKOFF`]) runs out. An event refused while others go through (unroutable, say)
+    /// keeps its backoff.
+    pub backed_off: AtomicBool,
 }
 
 impl Relay {
     /// Rounds until `stop`: at once after a full round, after `poll` otherwise.
     pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+        if self.adopts {
+            match self
+                .store
+                .adopt_outcomes(&self.consumer, &self.destination)
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => {
+                    debug!(consumer = %self.consumer, destination = %self.destination, events = n, "unsent outcome events from before named destinations taken over")
+                }
+                Err(e) => {
+                    warn!(consumer = %self.consumer, error = %e, "unsent outcome events from before named destinations not taken over; tried again at the next start")
+                }
+            }
+        }
         loop {
             let stopped = *stop.borrow();
             if stopped {
@@ -170,7 +219,7 @@ impl Relay {
             let full = match self.round().await {
                 Ok(n) => n >= self.config.batch as usize,
                 Err(e) => {
-                    warn!(consumer = %self.consumer, error = %e, "outcome relay round failed");
+                    warn!(consumer = %self.consumer, destination = %self.destination, error = %e, "outcome relay round failed");
                     false
                 }
             };
@@ -192,10 +241,10 @@ impl Relay {
         *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Err(e) = self
             .store
-            .release_outcome_relay(&self.consumer, &self.owner)
+            .release_outcome_relay(&self.consumer, &self.destination, &self.owner)
             .await
         {
-            debug!(consumer = %self.consumer, error = %e, "outcome relay not let go; another instance takes it when its lease runs out");
+            debug!(consumer = %self.consumer, destination = %self.destination, error = %e, "outcome relay not let go; another instance takes it when its lease runs out");
         }
     }
 
@@ -209,7 +258,7 @@ impl Relay {
         }
         let held = self
             .store
-            .hold_outcome_relay(&self.consumer, &self.owner, LEASE)
+            .hold_outcome_relay(&self.consumer, &self.destination, &self.owner, LEASE)
             .await?;
         *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = held.then(|| now + LEASE);
         Ok(held)
@@ -224,7 +273,7 @@ impl Relay {
         }
         let events = self
             .store
-            .due_outcomes(&self.consumer, self.config.batch)
+            .due_outcomes(&self.consumer, &self.destination, self.config.batch)
             .await?;
         if events.is_empty() {
             return Ok(0);
@@ -264,9 +313,11 @@ impl Relay {
                 held_back = Some(failed[failed_before].1.clone());
             }
         }
-        self.metrics.outbox.sent(&self.consumer, sent_total);
+        self.metrics
+            .outbox
+            .sent(&self.consumer, &self.destination, sent_total);
         if let Some((_, first)) = failed.first() {
-            warn!(consumer = %self.consumer, failed = failed.len(), error = %first, "outcome events not confirmed; tried again later");
+            warn!(consumer = %self.consumer, destination = %self.destination, failed = failed.len(), error = %first, "outcome events not confirmed; tried again later");
         }
         // One statement per distinct wait (a round's failures mostly share one).
         let mut by_wait: std::collections::BTreeMap<Duration, (Vec<i64>, &str)> =
@@ -282,10 +333,58 @@ impl Relay {
                 .retry_outcomes(&seqs, after, &crate::store::truncate(message, 1000))
                 .await?;
         }
-        self.metrics.outbox.failed(&self.consumer, failed.len());
-        debug!(consumer = %self.consumer, sent = sent_total, failed = failed.len(), "outcome relay round");
+        self.metrics
+            .outbox
+            .failed(&self.consumer, &self.destination, failed.len());
+        if !failed.is_empty() && sent_total == 0 {
+            // Nothing confirmed: the destination itself looks down.
+            self.backed_off.store(true, Ordering::Relaxed);
+        } else if failed.is_empty() && sent_total > 0 && self.backed_off.load(Ordering::Relaxed) {
+            let woken = self
+                .store
+                .wake_outcomes(&self.consumer, &self.destination)
+                .await?;
+            self.backed_off.store(false, Ordering::Relaxed);
+            if woken > 0 {
+                debug!(consumer = %self.consumer, destination = %self.destination, woken, "the destination confirms again: events waiting out a backoff are due now");
+            }
+        }
+        debug!(consumer = %self.consumer, destination = %self.destination, sent = sent_total, failed = failed.len(), "outcome relay round");
         Ok(events.len())
     }
+}
+
+/// Drives every future together until each is done or `deadline` passes: the outputs in
+/// order, `None` for one not done in time. Polled in order, so the publishes' frames are
+/// queued in the events' order; woken once for what completes together, not once a future.
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) async fn join_until<F: Future + Unpin>(
+    futures: Vec<F>,
+    deadline: Instant,
+) -> Vec<Option<F::Output>> {
+    let mut futures: Vec<Option<F>> = futures.into_iter().map(Some).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    let mut left = futures.len();
+    let timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(timer);
+    std::future::poll_fn(|cx| {
+        for (f, o) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(fut) = f
+                && let std::task::Poll::Ready(v) = std::pin::Pin::new(fut).poll(cx)
+            {
+                *o = Some(v);
+                *f = None;
+                left -= 1;
+            }
+        }
+        if left == 0 || timer.as_mut().poll(cx).is_ready() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs
 }
 
 #[cfg(test)]

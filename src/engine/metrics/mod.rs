@@ -566,7 +566,9 @@ impl Metrics {
                 .get_or_create(&consumer(name))
                 .set(c.oldest_started_age_s.unwrap_or(0.0));
         }
-        self.outbox.read(store, &store.outcome_consumers()).await?;
+        self.outbox
+            .read(store, &store.outcome_destinations())
+            .await?;
         if let Some(t) = store.last_sweep().await? {
             self.sweeper_last_run
                 .set(t.timestamp_millis() as f64 / 1000.0);

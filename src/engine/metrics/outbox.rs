@@ -10,23 +10,25 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ConsumerLabel {
+struct DestinationLabel {
     consumer: String,
+    destination: String,
 }
 
-fn label(c: &str) -> ConsumerLabel {
-    ConsumerLabel {
+fn label(c: &str, d: &str) -> DestinationLabel {
+    DestinationLabel {
         consumer: c.to_string(),
+        destination: d.to_string(),
     }
 }
 
 /// The outcome relay's series.
 #[derive(Debug, Default)]
 pub struct OutboxMetrics {
-    sent: Family<ConsumerLabel, Counter>,
-    failed: Family<ConsumerLabel, Counter>,
-    unsent: Family<ConsumerLabel, Gauge>,
-    oldest: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
+    sent: Family<DestinationLabel, Counter>,
+    failed: Family<DestinationLabel, Counter>,
+    unsent: Family<DestinationLabel, Gauge>,
+    oldest: Family<DestinationLabel, Gauge<f64, AtomicU64>>,
 }
 
 impl OutboxMetrics {
@@ -54,32 +56,33 @@ impl OutboxMetrics {
         );
     }
 
-    /// `n` events of `c` confirmed.
-    pub fn sent(&self, c: &str, n: usize) {
-        self.sent.get_or_create(&label(c)).inc_by(n as u64);
+    /// `n` events of consumer `c` confirmed by its destination `d`.
+    pub fn sent(&self, c: &str, d: &str, n: usize) {
+        self.sent.get_or_create(&label(c, d)).inc_by(n as u64);
     }
 
-    /// `n` sends of `c` not confirmed.
-    pub fn failed(&self, c: &str, n: usize) {
-        self.failed.get_or_create(&label(c)).inc_by(n as u64);
+    /// `n` sends of consumer `c` to its destination `d` not confirmed.
+    pub fn failed(&self, c: &str, d: &str, n: usize) {
+        self.failed.get_or_create(&label(c, d)).inc_by(n as u64);
     }
 
-    /// Reads the backlog of `consumers` (those with a destination) from the store.
-    pub async fn read(&self, store: &Store, consumers: &[String]) -> StoreResult<()> {
-        if consumers.is_empty() {
+    /// Reads the backlog of each (consumer, destination) in `destinations` from the store.
+    pub async fn read(&self, store: &Store, destinations: &[(String, String)]) -> StoreResult<()> {
+        if destinations.is_empty() {
             return Ok(());
         }
         let backlog = store.outbox_backlog().await?;
-        for c in consumers {
-            let b = backlog.iter().find(|b| &b.consumer == c);
-            self.unsent
-                .get_or_create(&label(c))
-                .set(b.map_or(0, |b| b.unsent));
+        for (c, d) in destinations {
+            let b = backlog
+                .iter()
+                .find(|b| &b.consumer == c && &b.destination == d);
+            let l = label(c, d);
+            self.unsent.get_or_create(&l).set(b.map_or(0, |b| b.unsent));
             self.oldest
-                .get_or_create(&label(c))
+                .get_or_create(&l)
                 .set(b.and_then(|b| b.oldest_unsent_age_s).unwrap_or(0.0));
-            let _ = self.sent.get_or_create(&label(c));
-            let _ = self.failed.get_or_create(&label(c));
+            let _ = self.sent.get_or_create(&l);
+            let _ = self.failed.get_or_create(&l);
         }
         Ok(())
     }

@@ -100,7 +100,7 @@ pub(super) const SETTLE_MANY: &str = concat!(
     ", outcomes)), s AS (",
     settle_many_update!(),
     ", u.outcomes, c.consumer, c.tenant, c.message_id, c.idem_key, c.state, \
-     c.provider_status, c.provider_id, c.provider_response, c.last_error), ",
+     c.provider_status, c.provider_id, c.provider_response, c.last_error, c.version), ",
     settle_many_events!(),
     ", ",
     outbox_insert!(

@@ -38,30 +38,31 @@ macro_rules! pg_list_order {
 macro_rules! outbox_returning {
     () => {
         "id, attempt, consumer, tenant, message_id, idem_key, state, provider_status, \
-         provider_id, provider_response, last_error"
+         provider_id, provider_response, last_error, version"
     };
 }
 
-/// The CTE `o` that writes the outcome event of each row of `$from` (a settle's or an
-/// operator move's `RETURNING`) whose consumer is in the JSON array `$consumers` (`[]`: none,
-/// and then it writes nothing): in the same statement, so it commits exactly with the change.
+/// The CTE `o` that writes the outcome events of each row of `$from` (a settle's or an
+/// operator move's `RETURNING`, with the claim's `version`): one per destination of its
+/// consumer in the JSON array `$consumers` of `[consumer, destination]` pairs (`[]`: none, and
+/// then it writes nothing). In the same statement, so they commit exactly with the change.
 macro_rules! outbox_insert {
     ($reason:literal, $actor:literal, $action:literal, $from:literal, $consumers:literal) => {
         concat!(
             "o AS (INSERT INTO outcome_events (claim_id, consumer, tenant, message_id, \
              idem_key, state, attempt, provider_status, provider_id, provider_response, reason, \
-             actor, action) SELECT id, consumer, tenant, message_id, idem_key, state, attempt, \
-             provider_status, provider_id, provider_response, ",
+             actor, action, destination, claim_version) SELECT id, consumer, tenant, message_id, \
+             idem_key, state, attempt, provider_status, provider_id, provider_response, ",
             $reason,
             ", ",
             $actor,
             ", ",
             $action,
-            " FROM ",
+            ", dst.dd, version FROM ",
             $from,
-            " WHERE consumer IN (SELECT jsonb_array_elements_text(",
+            " CROSS JOIN LATERAL (SELECT d->>0 AS dc, d->>1 AS dd FROM jsonb_array_elements(",
             $consumers,
-            "::jsonb)))"
+            "::jsonb) d) dst WHERE dst.dc = consumer)"
         )
     };
 }
@@ -590,36 +591,45 @@ pub(super) const STATEMENTS: Statements = Statements {
     // earlier one is held back after a failed send; a due earlier one is in the same batch
     // (the store keeps the first per claim).
     hold_outcome_relay: "\
-    INSERT INTO outbox_relays (consumer, owner, lease_until) \
-    VALUES ($1, $2, now() + $3 * interval '1 millisecond') \
-    ON CONFLICT (consumer) DO UPDATE SET owner = EXCLUDED.owner, \
+    INSERT INTO outbox_relays (consumer, destination, owner, lease_until) \
+    VALUES ($1, $4, $2, now() + $3 * interval '1 millisecond') \
+    ON CONFLICT (consumer, destination) DO UPDATE SET owner = EXCLUDED.owner, \
       lease_until = EXCLUDED.lease_until \
     WHERE outbox_relays.owner = EXCLUDED.owner OR outbox_relays.lease_until < now() \
     RETURNING owner",
-    release_outcome_relay: "DELETE FROM outbox_relays WHERE consumer = $1 AND owner = $2",
+    release_outcome_relay: "DELETE FROM outbox_relays WHERE consumer = $1 AND owner = $2 \
+      AND destination = $3",
     due_outcomes: concat!(
         "SELECT ",
         outcome_cols!(),
         " FROM outcome_events e \
-     WHERE e.consumer = $1 AND e.sent_utc IS NULL \
+     WHERE e.consumer = $1 AND e.destination = $3 AND e.sent_utc IS NULL \
        AND (e.lease_until IS NULL OR e.lease_until < now()) \
        AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \
-                       AND p.id < e.id AND p.sent_utc IS NULL AND p.tries > 0) \
+                       AND p.id < e.id AND p.sent_utc IS NULL AND p.tries > 0 \
+                       AND p.destination = e.destination) \
      ORDER BY e.id LIMIT $2"
     ),
     mark_outcomes_sent: "\
     UPDATE outcome_events SET sent_utc = now(), lease_owner = NULL, lease_until = NULL \
     WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb)) \
       AND sent_utc IS NULL",
+    wake_outcomes: "\
+    UPDATE outcome_events SET lease_until = NULL \
+    WHERE consumer = $1 AND destination = $2 AND sent_utc IS NULL AND tries > 0 \
+      AND lease_until > now()",
     retry_outcomes: "\
     UPDATE outcome_events SET lease_owner = NULL, \
       lease_until = now() + $2 * interval '1 millisecond', tries = tries + 1, last_error = $3 \
     WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb)) \
       AND sent_utc IS NULL",
     count_outcomes: "\
-    SELECT consumer, COUNT(*) AS n, \
+    SELECT consumer, destination, COUNT(*) AS n, \
       (EXTRACT(EPOCH FROM now() - MIN(at_utc)) * 1000)::bigint AS oldest_ms \
-    FROM outcome_events WHERE sent_utc IS NULL GROUP BY consumer",
+    FROM outcome_events WHERE sent_utc IS NULL GROUP BY consumer, destination",
+    adopt_outcomes: "\
+    UPDATE outcome_events SET destination = $2 \
+    WHERE consumer = $1 AND destination = '' AND sent_utc IS NULL",
     prune_outcomes: "\
     DELETE FROM outcome_events WHERE id IN ( \
       SELECT id FROM outcome_events \

@@ -11,17 +11,22 @@ use std::time::Duration;
 
 #[async_trait]
 impl<D: Dialect> OutboxStore for SqlStore<D> {
-    fn set_outcome_consumers(&self, consumers: Vec<String>) {
-        let _ = self.outcomes.set(OutcomeConsumers::new(consumers));
+    fn set_outcome_destinations(&self, destinations: Vec<(String, String)>) {
+        let _ = self.outcomes.set(OutcomeConsumers::new(destinations));
     }
 
     fn outcome_consumers(&self) -> Vec<String> {
         self.outcomes().names().to_vec()
     }
 
+    fn outcome_destinations(&self) -> Vec<(String, String)> {
+        self.outcomes().destinations().to_vec()
+    }
+
     async fn hold_outcome_relay(
         &self,
         consumer: &str,
+        destination: &str,
         owner: &str,
         lease: Duration,
     ) -> StoreResult<bool> {
@@ -29,18 +34,32 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
             .fetch(
                 "hold_outcome_relay",
                 D::SQL.hold_outcome_relay,
-                &[Arg::Text(consumer), Arg::Text(owner), Arg::I64(ms(lease))],
+                &[
+                    Arg::Text(consumer),
+                    Arg::Text(owner),
+                    Arg::I64(ms(lease)),
+                    Arg::Text(destination),
+                ],
             )
             .await?;
         Ok(!held.is_empty())
     }
 
-    async fn due_outcomes(&self, consumer: &str, limit: u32) -> StoreResult<Vec<OutcomeEvent>> {
+    async fn due_outcomes(
+        &self,
+        consumer: &str,
+        destination: &str,
+        limit: u32,
+    ) -> StoreResult<Vec<OutcomeEvent>> {
         let rows = self
             .fetch(
                 "due_outcomes",
                 D::SQL.due_outcomes,
-                &[Arg::Text(consumer), Arg::I64(i64::from(limit))],
+                &[
+                    Arg::Text(consumer),
+                    Arg::I64(i64::from(limit)),
+                    Arg::Text(destination),
+                ],
             )
             .await?;
         let mut events = rows
@@ -48,6 +67,8 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
             .map(|r| {
                 Ok(OutcomeEvent {
                     seq: r.i64("id")?,
+                    destination: r.text("destination")?,
+                    claim_version: r.opt_i64("claim_version")?,
                     claim_id: r.i64("claim_id")?,
                     consumer: r.text("consumer")?,
                     tenant: r.text("tenant")?,
@@ -70,14 +91,32 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
         Ok(first_per_claim(events))
     }
 
-    async fn release_outcome_relay(&self, consumer: &str, owner: &str) -> StoreResult<()> {
+    async fn release_outcome_relay(
+        &self,
+        consumer: &str,
+        destination: &str,
+        owner: &str,
+    ) -> StoreResult<()> {
         self.execute(
             "release_outcome_relay",
             D::SQL.release_outcome_relay,
-            &[Arg::Text(consumer), Arg::Text(owner)],
+            &[
+                Arg::Text(consumer),
+                Arg::Text(owner),
+                Arg::Text(destination),
+            ],
         )
         .await
         .map(|_| ())
+    }
+
+    async fn adopt_outcomes(&self, consumer: &str, destination: &str) -> StoreResult<u64> {
+        self.execute(
+            "adopt_outcomes",
+            D::SQL.adopt_outcomes,
+            &[Arg::Text(consumer), Arg::Text(destination)],
+        )
+        .await
     }
 
     async fn mark_outcomes_sent(&self, seqs: &[i64]) -> StoreResult<u64> {
@@ -89,6 +128,15 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
             "mark_outcomes_sent",
             D::SQL.mark_outcomes_sent,
             &[Arg::Text(&ids)],
+        )
+        .await
+    }
+
+    async fn wake_outcomes(&self, consumer: &str, destination: &str) -> StoreResult<u64> {
+        self.execute(
+            "wake_outcomes",
+            D::SQL.wake_outcomes,
+            &[Arg::Text(consumer), Arg::Text(destination)],
         )
         .await
     }

@@ -117,6 +117,7 @@ impl<D: Dialect> ReportStore for SqlStore<D> {
             .map(|r| {
                 Ok(OutboxBacklog {
                     consumer: r.text("consumer")?,
+                    destination: r.text("destination")?,
                     unsent: r.i64("n")?,
                     oldest_unsent_age_s: r.opt_i64("oldest_ms")?.map(|ms| ms as f64 / 1000.0),
                 })

@@ -439,7 +439,10 @@ mod tests {
             ),
             "{two}"
         );
-        assert!(two.ends_with("json_each(?9))"), "{two}");
+        assert!(
+            two.ends_with("JOIN json_each(?9) d ON json_extract(d.value, '$[0]') = c.consumer"),
+            "{two}"
+        );
     }
 
     #[test]

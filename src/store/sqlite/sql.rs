@@ -512,24 +512,27 @@ pub(super) const STATEMENTS: Statements = Statements {
     ping: "SELECT 1",
     // As PostgreSQL's: one relay per consumer holds it, the events are read without a write.
     hold_outcome_relay: concat!(
-        "INSERT INTO outbox_relays (consumer, owner, lease_until) VALUES (?1, ?2, ",
+        "INSERT INTO outbox_relays (consumer, destination, owner, lease_until) \
+         VALUES (?1, ?4, ?2, ",
         now_ms!(),
-        " + ?3) ON CONFLICT (consumer) DO UPDATE SET owner = excluded.owner, \
+        " + ?3) ON CONFLICT (consumer, destination) DO UPDATE SET owner = excluded.owner, \
          lease_until = excluded.lease_until \
          WHERE outbox_relays.owner = excluded.owner OR outbox_relays.lease_until < ",
         now_ms!(),
         " RETURNING owner"
     ),
-    release_outcome_relay: "DELETE FROM outbox_relays WHERE consumer = ?1 AND owner = ?2",
+    release_outcome_relay: "DELETE FROM outbox_relays WHERE consumer = ?1 AND owner = ?2 \
+                            AND destination = ?3",
     due_outcomes: concat!(
         "SELECT ",
         outcome_cols!(),
         " FROM outcome_events e \
-     WHERE e.consumer = ?1 AND e.sent_utc IS NULL \
+     WHERE e.consumer = ?1 AND e.destination = ?3 AND e.sent_utc IS NULL \
        AND (e.lease_until IS NULL OR e.lease_until < ",
         now_ms!(),
         ") AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \
-                       AND p.id < e.id AND p.sent_utc IS NULL AND p.tries > 0) \
+                       AND p.id < e.id AND p.sent_utc IS NULL AND p.tries > 0 \
+                       AND p.destination = e.destination) \
      ORDER BY e.id LIMIT ?2"
     ),
     mark_outcomes_sent: concat!(
@@ -538,6 +541,12 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", lease_owner = NULL, lease_until = NULL \
      WHERE id IN (SELECT value FROM json_each(?1)) AND sent_utc IS NULL"
     ),
+    wake_outcomes: concat!(
+        "UPDATE outcome_events SET lease_until = NULL \
+     WHERE consumer = ?1 AND destination = ?2 AND sent_utc IS NULL AND tries > 0 \
+       AND lease_until > ",
+        now_ms!()
+    ),
     retry_outcomes: concat!(
         "UPDATE outcome_events SET lease_owner = NULL, lease_until = ",
         now_ms!(),
@@ -545,11 +554,13 @@ pub(super) const STATEMENTS: Statements = Statements {
      WHERE id IN (SELECT value FROM json_each(?1)) AND sent_utc IS NULL"
     ),
     count_outcomes: concat!(
-        "SELECT consumer, COUNT(*) AS n, ",
+        "SELECT consumer, destination, COUNT(*) AS n, ",
         now_ms!(),
         " - MIN(at_utc) AS oldest_ms FROM outcome_events WHERE sent_utc IS NULL \
-     GROUP BY consumer"
+     GROUP BY consumer, destination"
     ),
+    adopt_outcomes: "UPDATE outcome_events SET destination = ?2 \
+     WHERE consumer = ?1 AND destination = '' AND sent_utc IS NULL",
     prune_outcomes: concat!(
         "DELETE FROM outcome_events WHERE id IN (SELECT id FROM outcome_events \
      WHERE sent_utc < ",
@@ -560,26 +571,31 @@ pub(super) const STATEMENTS: Statements = Statements {
 
 /// [`INSERT_OUTCOME`] for many claims at once: the rows of a `VALUES` list `v(p1, p2, p3, p4)`
 /// (claim id, actor, action, reason) joined to their claims, written after `WITH v(...) AS
-/// (VALUES ...)`; the consumers' JSON array is the statement's last parameter, `?{last}`.
+/// (VALUES ...)`; the JSON array of `[consumer, destination]` pairs is the statement's last
+/// parameter, `?{last}`.
 pub(super) const INSERT_OUTCOMES_FROM_V: &str = concat!(
     "INSERT INTO outcome_events (claim_id, consumer, tenant, message_id, idem_key, state, \
-     attempt, provider_status, provider_id, provider_response, reason, actor, action, at_utc) \
+     attempt, provider_status, provider_id, provider_response, reason, actor, action, at_utc, \
+     destination, claim_version) \
      SELECT c.id, c.consumer, c.tenant, c.message_id, c.idem_key, c.state, c.attempt, \
      c.provider_status, c.provider_id, c.provider_response, COALESCE(v.p4, c.last_error), \
      v.p2, v.p3, ",
     now_ms!(),
-    " FROM v JOIN claims c ON c.id = v.p1 \
-     WHERE c.consumer IN (SELECT value FROM json_each(?{last}))"
+    ", json_extract(d.value, '$[1]'), c.version FROM v JOIN claims c ON c.id = v.p1 \
+     JOIN json_each(?{last}) d ON json_extract(d.value, '$[0]') = c.consumer"
 );
 
-/// The outcome event of the claim `?1` as it is now (after the change, in the change's
-/// transaction), when its consumer is in the JSON array `?5`; `?2` actor, `?3` action, `?4`
-/// the reason when the history line gives one (an operator's note), else the last error.
+/// The outcome events of the claim `?1` as it is now (after the change, in the change's
+/// transaction), one per destination of its consumer in the JSON array `?5` of `[consumer,
+/// destination]` pairs; `?2` actor, `?3` action, `?4` the reason when the history line gives
+/// one (an operator's note), else the last error.
 pub(super) const INSERT_OUTCOME: &str = concat!(
     "INSERT INTO outcome_events (claim_id, consumer, tenant, message_id, idem_key, state, \
-     attempt, provider_status, provider_id, provider_response, reason, actor, action, at_utc) \
-     SELECT id, consumer, tenant, message_id, idem_key, state, attempt, provider_status, \
-     provider_id, provider_response, COALESCE(?4, last_error), ?2, ?3, ",
+     attempt, provider_status, provider_id, provider_response, reason, actor, action, at_utc, \
+     destination, claim_version) \
+     SELECT c.id, c.consumer, c.tenant, c.message_id, c.idem_key, c.state, c.attempt, \
+     c.provider_status, c.provider_id, c.provider_response, COALESCE(?4, c.last_error), ?2, ?3, ",
     now_ms!(),
-    " FROM claims WHERE id = ?1 AND consumer IN (SELECT value FROM json_each(?5))"
+    ", json_extract(d.value, '$[1]'), c.version FROM claims c \
+     JOIN json_each(?5) d ON json_extract(d.value, '$[0]') = c.consumer WHERE c.id = ?1"
 );

@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// The exchange (`q.dlx`, deleted with the queues) and a queue bound to all its events.
-async fn bind(q: &TestQueues) {
+pub(super) async fn bind(q: &TestQueues) {
     q.channel
         .exchange_declare(
             q.dlx.as_str().into(),
@@ -55,7 +55,7 @@ async fn bind(q: &TestQueues) {
 }
 
 /// Every message in the queue: (message id, routing key, delivery mode, body).
-async fn drain(q: &TestQueues) -> Vec<(String, String, u8, Value)> {
+pub(super) async fn drain(q: &TestQueues) -> Vec<(String, String, u8, Value)> {
     let mut out = Vec::new();
     while let Some(m) = q
         .channel
@@ -132,7 +132,7 @@ async fn every_settle_makes_exactly_one_message_and_a_closed_connection_loses_no
     let rows: HashSet<String> = event_rows(&ts.url())
         .await
         .iter()
-        .map(|r| format!("evt_{}", r.0))
+        .map(|r| r.0.clone())
         .collect();
     assert_eq!(ids, rows.iter().map(String::as_str).collect());
     for (id, key, mode, body) in &messages {
@@ -213,7 +213,7 @@ async fn a_relay_killed_again_and_again_loses_no_event() {
             "a repeat carries the same event id and body"
         );
     }
-    let expected: HashSet<String> = rows.iter().map(|r| format!("evt_{}", r.0)).collect();
+    let expected: HashSet<String> = rows.iter().map(|r| r.0.clone()).collect();
     let got: HashSet<String> = by_id.keys().map(|s| s.to_string()).collect();
     assert_eq!(got, expected, "none lost, none invented");
     let repeats: usize = by_id.values().map(|n| n - 1).sum();

@@ -7,12 +7,14 @@
 //! By role: `store` (an event exactly when a settle commits, in order per claim, relays that
 //! never take the same rows), `amqp` (RabbitMQ: every settle one event, a relay killed or its
 //! connection closed loses none), `webhooks` (Standard Webhooks to HTTP, a receiver that is
-//! down or failing loses none), `answers` (replay, `Prefer: wait`, a client that hangs up).
+//! down or failing loses none), `destinations` (RabbitMQ, a webhook and NATS on one consumer:
+//! one down and a SIGKILL delay only that one), `answers` (replay, `Prefer: wait`, a client that hangs up).
 
 use crate::common;
 
 mod amqp;
 mod answers;
+mod destinations;
 mod store;
 mod webhooks;
 
@@ -62,10 +64,13 @@ pub async fn all_completed(store: &claimd::store::Store, consumer: &str, n: i64)
 }
 
 /// Every outcome event row of the store: (seq, claim id, state, sent).
-pub async fn event_rows(url: &str) -> Vec<(i64, i64, String, bool)> {
+pub async fn event_rows(url: &str) -> Vec<(String, i64, String, bool)> {
     use sqlx::Row;
-    let sql =
-        "SELECT id, claim_id, state, sent_utc IS NOT NULL AS sent FROM outcome_events ORDER BY id";
+    // The event id as the relay makes it (`evt_<claim>_<version>`; `evt_<row>` for a row
+    // written before destinations had names).
+    let sql = "SELECT CASE WHEN claim_version IS NULL THEN 'evt_' || id \
+               ELSE 'evt_' || claim_id || '_' || claim_version END AS event_id, \
+               claim_id, state, sent_utc IS NOT NULL AS sent FROM outcome_events ORDER BY id";
     if url.starts_with("sqlite") {
         let pool = sqlx::SqlitePool::connect(url).await.unwrap();
         let rows = sqlx::query(sql).fetch_all(&pool).await.unwrap();

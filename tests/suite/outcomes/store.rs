@@ -25,7 +25,11 @@ fn event(action: &str) -> NewEvent<'_> {
 async fn open(ts: &TestStore) -> Store {
     let s = store::open(&ts.url(), 4).await.unwrap();
     s.migrate().await.unwrap();
-    s.set_outcome_consumers(vec!["pay".into()]);
+    // Two destinations: each settle writes a row for each, sent and retried apart.
+    s.set_outcome_destinations(vec![
+        ("pay".into(), HOOKS.into()),
+        ("pay".into(), BUS.into()),
+    ]);
     s
 }
 
@@ -36,12 +40,32 @@ async fn claim(s: &Store, consumer: &str, id: &str) -> Claim {
     }
 }
 
-/// What `owner`'s relay would send now: nothing unless it holds the consumer's relay.
+/// The destinations of `pay` in these tests.
+const HOOKS: &str = "hooks";
+const BUS: &str = "bus";
+
+/// What `owner`'s relay of the `hooks` destination would send now: nothing unless it holds
+/// that relay.
 async fn take(s: &Store, consumer: &str, limit: u32, owner: &str) -> Vec<OutcomeEvent> {
-    if !s.hold_outcome_relay(consumer, owner, LEASE).await.unwrap() {
+    take_for(s, consumer, HOOKS, limit, owner).await
+}
+
+/// The same for `destination`.
+async fn take_for(
+    s: &Store,
+    consumer: &str,
+    destination: &str,
+    limit: u32,
+    owner: &str,
+) -> Vec<OutcomeEvent> {
+    if !s
+        .hold_outcome_relay(consumer, destination, owner, LEASE)
+        .await
+        .unwrap()
+    {
         return Vec::new();
     }
-    s.due_outcomes(consumer, limit).await.unwrap()
+    s.due_outcomes(consumer, destination, limit).await.unwrap()
 }
 
 async fn unsent(s: &Store, owner: &str) -> Vec<(String, String)> {
@@ -221,8 +245,29 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].seq, again[0].tries), (b_resolved.seq, 1));
     let backlog = s.outbox_backlog().await.unwrap();
-    assert_eq!(backlog.len(), 1);
-    assert_eq!(backlog[0].unsent, 1);
+    let hooks = backlog.iter().find(|b| b.destination == HOOKS).unwrap();
+    assert_eq!(hooks.unsent, 1);
+    // The other destination's rows were neither sent nor held back by any of that: every
+    // event waits there, each claim's first one due now, with the same event ids.
+    let bus = backlog.iter().find(|b| b.destination == BUS).unwrap();
+    assert_eq!(bus.unsent, 6, "a, b twice, c, d twice");
+    let bus_first = take_for(&s, "pay", BUS, 100, "relay-1").await;
+    let mut ids: Vec<String> = bus_first
+        .iter()
+        .map(claimd::edge::outcome_relay::event::event_id)
+        .collect();
+    ids.sort();
+    let mut hook_ids: Vec<String> = events
+        .iter()
+        .map(claimd::edge::outcome_relay::event::event_id)
+        .collect();
+    hook_ids.sort();
+    assert_eq!(ids, hook_ids, "one change, one id at every destination");
+    assert!(
+        bus_first
+            .iter()
+            .all(|e| e.tries == 0 && e.destination == BUS)
+    );
     // A redrive is an event too (state started, the operator as actor).
     s.mark_outcomes_sent(&[again[0].seq]).await.unwrap();
     let e = claim(&s, "pay", "e").await;
@@ -240,7 +285,9 @@ async fn each_settle_that_ends_or_pauses_writes_one_event(ts: TestStore) {
         .unwrap()
         .unwrap();
     // Let go (a shutdown): another relay takes the consumer over at once.
-    s.release_outcome_relay("pay", "relay-1").await.unwrap();
+    s.release_outcome_relay("pay", HOOKS, "relay-1")
+        .await
+        .unwrap();
     let e_events = unsent(&s, "relay-4").await;
     assert_eq!(e_events, [("e".to_string(), "failed".to_string())]);
 }
@@ -414,7 +461,11 @@ async fn no_event_for_a_settle_that_did_not_commit(ts: TestStore, refuse: &str) 
         .await
         .unwrap()
     );
-    assert_eq!(super::event_rows(&url).await.len(), 1);
+    assert_eq!(
+        super::event_rows(&url).await.len(),
+        2,
+        "one row per destination"
+    );
 }
 
 #[tokio::test]
@@ -492,7 +543,7 @@ async fn two_relays_never_take_the_same_event() {
         s.mark_outcomes_sent(&seqs).await.unwrap();
         // Half-way, the holder shuts down (lets go): the other relay carries on at once.
         if round == 3 {
-            s.release_outcome_relay("pay", holder).await.unwrap();
+            s.release_outcome_relay("pay", HOOKS, holder).await.unwrap();
             shut_down = Some(holder);
         }
     }
