@@ -5,7 +5,7 @@
 //! all within one `timeout`; a broken connection is opened again on the next round.
 
 use super::event::{event_id, write_body};
-use super::{SendError, Sink, join_until};
+use super::{SendError, Sink, publish_and_confirm};
 use crate::config::{OutcomesConfig, render_routing_key};
 use crate::store::outbox::OutcomeEvent;
 use async_trait::async_trait;
@@ -139,38 +139,24 @@ impl AmqpSink {
                     .map_err(|err| SendError::new(format!("publish: {err}")))
             }));
         }
-        let mut out: Vec<Result<(), SendError>> = Vec::with_capacity(events.len());
-        let mut confirms = Vec::with_capacity(events.len());
-        for (i, p) in join_until(publishes, deadline)
-            .await
-            .into_iter()
-            .enumerate()
-        {
-            match p {
-                Some(Ok(confirm)) => {
-                    confirms.push((i, confirm));
-                    out.push(Ok(()));
-                }
-                Some(Err(e)) => out.push(Err(e)),
-                None => out.push(Err(SendError::new("publish: not written in time"))),
-            }
-        }
-        let (at, confirms): (Vec<usize>, Vec<_>) = confirms.into_iter().unzip();
-        for (i, c) in at.into_iter().zip(join_until(confirms, deadline).await) {
-            out[i] = match c {
+        let bound_to = &self.config.exchange;
+        publish_and_confirm(
+            publishes,
+            deadline,
+            |confirm| confirm,
+            |c| match c {
                 None => Err(SendError::new("no confirm from the broker in time")),
                 Some(Err(e)) => Err(SendError::new(format!("confirm: {e}"))),
                 Some(Ok(c)) if !c.is_ack() => Err(SendError::new("the broker refused it (nack)")),
                 Some(Ok(c)) => match c.take_message() {
                     Some(_) => Err(SendError::new(format!(
-                        "no queue is bound to exchange {:?} for its routing key: not delivered",
-                        self.config.exchange
+                        "no queue is bound to exchange {bound_to:?} for its routing key: not delivered"
                     ))),
                     None => Ok(()),
                 },
-            };
-        }
-        out
+            },
+        )
+        .await
     }
 }
 

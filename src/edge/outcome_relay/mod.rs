@@ -354,6 +354,44 @@ impl Relay {
     }
 }
 
+/// Sends a chunk in the two steps a broker confirms in, both within `deadline`: every publish
+/// together until it is written (`Err` stays that event's answer, `None` is "not written in
+/// time"), then the confirmation (`confirmation` of what the publish gave) of every written
+/// one together, read by `judge` (`None`: none in time). The answers in the events' order.
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) async fn publish_and_confirm<P, T, C>(
+    publishes: Vec<P>,
+    deadline: Instant,
+    confirmation: impl Fn(T) -> C,
+    judge: impl Fn(Option<C::Output>) -> Result<(), SendError>,
+) -> Vec<Result<(), SendError>>
+where
+    P: std::future::Future<Output = Result<T, SendError>> + Unpin,
+    C: std::future::Future + Unpin,
+{
+    let mut out = Vec::with_capacity(publishes.len());
+    let mut pending = Vec::with_capacity(publishes.len());
+    for (i, p) in join_until(publishes, deadline)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        match p {
+            Some(Ok(written)) => {
+                pending.push((i, confirmation(written)));
+                out.push(Ok(()));
+            }
+            Some(Err(e)) => out.push(Err(e)),
+            None => out.push(Err(SendError::new("publish: not written in time"))),
+        }
+    }
+    let (at, pending): (Vec<usize>, Vec<C>) = pending.into_iter().unzip();
+    for (i, c) in at.into_iter().zip(join_until(pending, deadline).await) {
+        out[i] = judge(c);
+    }
+    out
+}
+
 /// Drives every future together until each is done or `deadline` passes: the outputs in
 /// order, `None` for one not done in time. Polled in order, so the publishes' frames are
 /// queued in the events' order; woken once for what completes together, not once a future.

@@ -7,13 +7,13 @@
 //! connected again on the next round.
 
 use super::event::{event_id, write_body};
-use super::{SendError, Sink, join_until};
+use super::{SendError, Sink, publish_and_confirm};
 use crate::config::{OutcomesConfig, render_routing_key};
 use crate::store::outbox::OutcomeEvent;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, context::PublishAckFuture};
 use async_trait::async_trait;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -68,33 +68,19 @@ impl NatsSink {
                     .map_err(|err| SendError::new(format!("publish: {err}")))
             }));
         }
-        let mut out = Vec::with_capacity(events.len());
-        let mut acks = Vec::with_capacity(events.len());
-        for (i, p) in join_until(publishes, deadline)
-            .await
-            .into_iter()
-            .enumerate()
-        {
-            match p {
-                Some(Ok(ack)) => {
-                    acks.push((i, ack.into_future()));
-                    out.push(Ok(()));
-                }
-                Some(Err(e)) => out.push(Err(e)),
-                None => out.push(Err(SendError::new("publish: not written in time"))),
-            }
-        }
-        let (at, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
-        for (i, a) in at.into_iter().zip(join_until(acks, deadline).await) {
-            out[i] = match a {
+        publish_and_confirm(
+            publishes,
+            deadline,
+            IntoFuture::into_future,
+            |ack| match ack {
                 None => Err(SendError::new("no acknowledgement from a stream in time")),
                 Some(Err(e)) => Err(SendError::new(format!(
                     "not acknowledged by a stream (does a stream take the subject?): {e}"
                 ))),
                 Some(Ok(_)) => Ok(()),
-            };
-        }
-        out
+            },
+        )
+        .await
     }
 }
 
