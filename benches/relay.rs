@@ -110,7 +110,7 @@ async fn main() {
         sink,
         metrics: Arc::new(Metrics::new()),
         held_until: std::sync::Mutex::new(None),
-        backed_off: std::sync::atomic::AtomicBool::new(false),
+        recovery: std::sync::Mutex::new(Default::default()),
     });
 
     println!(

@@ -248,6 +248,9 @@ pub struct Statements {
     /// Gives back the events named in `$1` (JSON ids) to be tried again after `$2` ms, with
     /// the error `$3`.
     pub retry_outcomes: &'static str,
+    /// The oldest unsent event of a destination, due or not: consumer, destination; returns
+    /// `outcome_cols!()`.
+    pub oldest_unsent_outcome: &'static str,
     /// Makes a destination's events that wait out a backoff due now: consumer, destination.
     pub wake_outcomes: &'static str,
     /// Unsent events per consumer and destination: consumer, destination, n, oldest_ms.

@@ -34,7 +34,6 @@ use crate::store::Store;
 use crate::store::outbox::OutcomeEvent;
 use async_trait::async_trait;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -59,6 +58,10 @@ pub const ROUND_BUDGET: Duration = Duration::from_secs(5);
 pub const CHUNK: usize = 32;
 /// The longest wait before an event that failed is tried again.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// While a destination looks down (a round confirmed nothing), its oldest waiting event is
+/// tried this often (or after the destination's own `Retry-After`, when longer), whatever
+/// its backoff: once it goes through, every waiting event is due at once.
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// Why one event was not confirmed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -152,7 +155,7 @@ pub fn start(
                 sink,
                 metrics: metrics.clone(),
                 held_until: std::sync::Mutex::new(None),
-                backed_off: AtomicBool::new(true),
+                recovery: std::sync::Mutex::new(Recovery::default()),
             };
             let stop = stop.clone();
             tasks.push(tokio::spawn(async move { relay.run(stop).await }));
@@ -183,13 +186,33 @@ pub struct Relay {
     /// Until when this instance surely holds the consumer's relay (measured from before the
     /// statement that renewed it, so never later than the store's own lease end).
     pub held_until: std::sync::Mutex<Option<tokio::time::Instant>>,
-    /// Whether this destination's events may be waiting out a backoff after it looked down
-    /// (a round that confirmed nothing; true at start: an earlier process may have left
-    /// some). The next round whose sends all succeed makes them due at once: a destination
-    /// that is back takes its backlog now, not when each event's backoff (up to
-    /// [`MAX_BACKOFF`]) runs out. An event refused while others go through (unroutable, say)
-    /// keeps its backoff.
-    pub backed_off: AtomicBool,
+    /// Whether the destination looked down, and when to probe it.
+    pub recovery: std::sync::Mutex<Recovery>,
+}
+
+/// A destination's way back after it looked down (a round that confirmed nothing). While it
+/// looks down and nothing is due, its oldest waiting event is sent as a probe every
+/// [`PROBE_EVERY`]; the first round whose sends all succeed makes every waiting event due at
+/// once: a destination that is back takes its backlog within seconds, not as each event's
+/// backoff (up to [`MAX_BACKOFF`]) runs out. An event refused while others go through
+/// (unroutable, say) keeps its backoff.
+#[derive(Debug, Clone, Copy)]
+pub struct Recovery {
+    /// The destination looked down, or an earlier process may have left events waiting (at
+    /// start).
+    pub looks_down: bool,
+    /// Not before this is the next probe sent.
+    pub probe_at: Instant,
+}
+
+impl Default for Recovery {
+    /// At start: an earlier process may have left events in backoff; probe at once.
+    fn default() -> Self {
+        Recovery {
+            looks_down: true,
+            probe_at: Instant::now(),
+        }
+    }
 }
 
 impl Relay {
@@ -271,12 +294,30 @@ impl Relay {
         if !self.hold().await? {
             return Ok(0);
         }
-        let events = self
+        let mut events = self
             .store
             .due_outcomes(&self.consumer, &self.destination, self.config.batch)
             .await?;
         if events.is_empty() {
-            return Ok(0);
+            let recovery = *self.recovery.lock().unwrap_or_else(|p| p.into_inner());
+            if !recovery.looks_down || Instant::now() < recovery.probe_at {
+                return Ok(0);
+            }
+            match self
+                .store
+                .oldest_unsent_outcome(&self.consumer, &self.destination)
+                .await?
+            {
+                Some(oldest) => events.push(oldest),
+                None => {
+                    // Nothing waits: nothing to recover.
+                    self.recovery
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .looks_down = false;
+                    return Ok(0);
+                }
+            }
         }
         let mut sent = Vec::with_capacity(CHUNK);
         let mut sent_total = 0;
@@ -336,15 +377,27 @@ impl Relay {
         self.metrics
             .outbox
             .failed(&self.consumer, &self.destination, failed.len());
-        if !failed.is_empty() && sent_total == 0 {
+        let looks_down = self
+            .recovery
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .looks_down;
+        if let (Some((_, first)), 0) = (failed.first(), sent_total) {
             // Nothing confirmed: the destination itself looks down.
-            self.backed_off.store(true, Ordering::Relaxed);
-        } else if failed.is_empty() && sent_total > 0 && self.backed_off.load(Ordering::Relaxed) {
+            let wait = first.retry_after.unwrap_or_default().max(PROBE_EVERY);
+            *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = Recovery {
+                looks_down: true,
+                probe_at: Instant::now() + wait,
+            };
+        } else if failed.is_empty() && sent_total > 0 && looks_down {
             let woken = self
                 .store
                 .wake_outcomes(&self.consumer, &self.destination)
                 .await?;
-            self.backed_off.store(false, Ordering::Relaxed);
+            self.recovery
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .looks_down = false;
             if woken > 0 {
                 debug!(consumer = %self.consumer, destination = %self.destination, woken, "the destination confirms again: events waiting out a backoff are due now");
             }

@@ -614,6 +614,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     UPDATE outcome_events SET sent_utc = now(), lease_owner = NULL, lease_until = NULL \
     WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb)) \
       AND sent_utc IS NULL",
+    oldest_unsent_outcome: concat!(
+        "SELECT ",
+        outcome_cols!(),
+        " FROM outcome_events \
+     WHERE consumer = $1 AND destination = $2 AND sent_utc IS NULL ORDER BY id LIMIT 1"
+    ),
     wake_outcomes: "\
     UPDATE outcome_events SET lease_until = NULL \
     WHERE consumer = $1 AND destination = $2 AND sent_utc IS NULL AND tries > 0 \

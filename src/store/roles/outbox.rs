@@ -64,6 +64,15 @@ pub trait OutboxStore: Send + Sync {
     /// Gives these events back, to be tried again after `after`, recording `error`.
     async fn retry_outcomes(&self, seqs: &[i64], after: Duration, error: &str) -> StoreResult<()>;
 
+    /// The oldest unsent event of `consumer` for `destination`, due or not (a probe of a
+    /// destination that looked down; being the oldest, no earlier event of its claim is
+    /// unsent). Reads only.
+    async fn oldest_unsent_outcome(
+        &self,
+        consumer: &str,
+        destination: &str,
+    ) -> StoreResult<Option<OutcomeEvent>>;
+
     /// Makes `consumer`'s events for `destination` that wait out a backoff due now (the
     /// destination confirmed events again). Returns how many.
     async fn wake_outcomes(&self, consumer: &str, destination: &str) -> StoreResult<u64>;

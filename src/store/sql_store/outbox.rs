@@ -62,31 +62,7 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
                 ],
             )
             .await?;
-        let mut events = rows
-            .iter()
-            .map(|r| {
-                Ok(OutcomeEvent {
-                    seq: r.i64("id")?,
-                    destination: r.text("destination")?,
-                    claim_version: r.opt_i64("claim_version")?,
-                    claim_id: r.i64("claim_id")?,
-                    consumer: r.text("consumer")?,
-                    tenant: r.text("tenant")?,
-                    message_id: r.text("message_id")?,
-                    key: r.text("idem_key")?,
-                    state: r.text("state")?,
-                    attempt: r.i32("attempt")?,
-                    provider_status: r.opt_i32("provider_status")?,
-                    provider_id: r.opt_text("provider_id")?,
-                    provider_response: r.opt_text("provider_response")?,
-                    reason: r.opt_text("reason")?,
-                    actor: r.text("actor")?,
-                    action: r.text("action")?,
-                    at_utc: r.time("at_utc")?,
-                    tries: r.i32("tries")?,
-                })
-            })
-            .collect::<StoreResult<Vec<_>>>()?;
+        let mut events = rows.iter().map(event_of).collect::<StoreResult<Vec<_>>>()?;
         events.sort_by_key(|e| e.seq);
         Ok(first_per_claim(events))
     }
@@ -132,6 +108,21 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
         .await
     }
 
+    async fn oldest_unsent_outcome(
+        &self,
+        consumer: &str,
+        destination: &str,
+    ) -> StoreResult<Option<OutcomeEvent>> {
+        let rows = self
+            .fetch(
+                "oldest_unsent_outcome",
+                D::SQL.oldest_unsent_outcome,
+                &[Arg::Text(consumer), Arg::Text(destination)],
+            )
+            .await?;
+        rows.first().map(event_of).transpose()
+    }
+
     async fn wake_outcomes(&self, consumer: &str, destination: &str) -> StoreResult<u64> {
         self.execute(
             "wake_outcomes",
@@ -154,4 +145,28 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
         .await
         .map(|_| ())
     }
+}
+
+/// An event row as the relay reads it (`outcome_cols!()`).
+fn event_of<R: SqlRow>(r: &R) -> StoreResult<OutcomeEvent> {
+    Ok(OutcomeEvent {
+        seq: r.i64("id")?,
+        destination: r.text("destination")?,
+        claim_version: r.opt_i64("claim_version")?,
+        claim_id: r.i64("claim_id")?,
+        consumer: r.text("consumer")?,
+        tenant: r.text("tenant")?,
+        message_id: r.text("message_id")?,
+        key: r.text("idem_key")?,
+        state: r.text("state")?,
+        attempt: r.i32("attempt")?,
+        provider_status: r.opt_i32("provider_status")?,
+        provider_id: r.opt_text("provider_id")?,
+        provider_response: r.opt_text("provider_response")?,
+        reason: r.opt_text("reason")?,
+        actor: r.text("actor")?,
+        action: r.text("action")?,
+        at_utc: r.time("at_utc")?,
+        tries: r.i32("tries")?,
+    })
 }

@@ -541,6 +541,12 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", lease_owner = NULL, lease_until = NULL \
      WHERE id IN (SELECT value FROM json_each(?1)) AND sent_utc IS NULL"
     ),
+    oldest_unsent_outcome: concat!(
+        "SELECT ",
+        outcome_cols!(),
+        " FROM outcome_events \
+     WHERE consumer = ?1 AND destination = ?2 AND sent_utc IS NULL ORDER BY id LIMIT 1"
+    ),
     wake_outcomes: concat!(
         "UPDATE outcome_events SET lease_until = NULL \
      WHERE consumer = ?1 AND destination = ?2 AND sent_utc IS NULL AND tries > 0 \

@@ -212,3 +212,51 @@ poll = "50ms"
     w.kill();
     s.delete().await;
 }
+
+/// A RabbitMQ destination whose exchange is missing for 30 s (every publish refused, the
+/// events' backoffs growing to 16 s and more), then created: the relay's probe of the oldest
+/// waiting event (every 5 s while the destination looks down) finds it back, and every
+/// waiting event goes at once rather than as each backoff runs out. Prints how long that took.
+#[tokio::test]
+async fn a_destination_that_comes_back_takes_its_waiting_events_at_once() {
+    let Some(q) = TestQueues::new("outcomes-back").await else {
+        return;
+    };
+    let Some(ts) = TestStore::pg().await else {
+        return;
+    };
+    let (_sb, provider) = sandbox(SandboxOptions::default()).await;
+    // `declare = false`: claimd does not create the exchange; until the test does, RabbitMQ
+    // refuses every publish to it.
+    let outcomes = format!(
+        "kind = \"amqp\"\nurl = {:?}\nexchange = {:?}\ndeclare = false",
+        amqp_url(),
+        q.dlx
+    );
+    let consumer = super::consumer_with_outcomes("payments", &provider, "", &outcomes);
+    let w = crate::common::start(&config(&ts, &consumer)).await;
+    post_many(&format!("http://{}", w.http_addr), "payments", "m", 20).await;
+    assert!(all_completed(&w.app().store, "payments", 20).await);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let rows = event_rows(&ts.url()).await;
+    assert_eq!(rows.len(), 20);
+    assert!(
+        rows.iter().all(|r| !r.3),
+        "nothing sent while the exchange is missing"
+    );
+    let back = Instant::now();
+    bind(&q).await;
+    let all_sent = eventually(Duration::from_secs(120), || async {
+        event_rows(&ts.url()).await.iter().all(|r| r.3)
+    })
+    .await;
+    assert!(all_sent, "every event sent once the exchange exists");
+    eprintln!(
+        "RabbitMQ destination back after 30 s: all 20 waiting events sent {:?} later",
+        back.elapsed()
+    );
+    let got: HashSet<String> = drain(&q).await.into_iter().map(|m| m.0).collect();
+    let expected: HashSet<String> = rows.iter().map(|r| r.0.clone()).collect();
+    assert_eq!(got, expected, "none lost, none invented");
+    w.shutdown(Duration::from_secs(5)).await;
+}
