@@ -109,6 +109,7 @@ async fn main() {
         config: config.clone(),
         sink,
         metrics: Arc::new(Metrics::new()),
+        traces: claimd::engine::traces::Traces::off(),
         held_until: std::sync::Mutex::new(None),
         recovery: std::sync::Mutex::new(Default::default()),
     });

@@ -73,6 +73,7 @@ async fn main() {
                     mark_not_called: false,
                     order_key: None,
                     not_before: None,
+                    trace_parent: None,
                 };
                 let t = Instant::now();
                 store.claim(&n).await.unwrap();

@@ -363,6 +363,7 @@ async fn a_park_claim_that_was_never_called_is_performed_not_parked() {
             mark_not_called: never_called,
             order_key: None,
             not_before: None,
+            trace_parent: None,
             ..orphan_claim("payments", "", id, &format!("payments::{id}"))
         };
         assert!(matches!(

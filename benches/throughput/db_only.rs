@@ -23,6 +23,7 @@ pub(crate) fn new_claim(i: usize) -> NewClaim {
         mark_not_called: false,
         order_key: None,
         not_before: None,
+        trace_parent: None,
     }
 }
 

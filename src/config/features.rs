@@ -1,10 +1,13 @@
-//! Settings that need a part of claimd this build left out (Cargo features `amqp`, `nats`, `smtp`):
+//! Settings that need a part of claimd this build left out (Cargo features `amqp`, `nats`, `smtp`, `otlp`):
 //! refused when the file is loaded, naming the key and the feature, rather than failing later.
 
 use super::{Config, EffectConfig, OutcomeKind};
 
 /// The first setting of `config` that needs a feature this build does not have.
 pub(super) fn check(config: &Config) -> Result<(), (String, String)> {
+    if config.traces.is_on() && !cfg!(feature = "otlp") {
+        return Err(("traces.endpoint".into(), needs("[traces] endpoint", "otlp")));
+    }
     for (i, c) in config.consumers.iter().enumerate() {
         if c.amqp().is_some() && !cfg!(feature = "amqp") {
             return Err((

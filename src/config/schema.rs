@@ -33,6 +33,9 @@ pub struct Config {
     /// Log lines.
     #[serde(default)]
     pub log: super::LogConfig,
+    /// OpenTelemetry traces (off unless `endpoint` is set).
+    #[serde(default)]
+    pub traces: TracesConfig,
     /// The consumers: one per kind of side effect.
     #[serde(default)]
     pub consumers: Vec<ConsumerConfig>,
@@ -237,6 +240,38 @@ impl Default for RunConfig {
             shutdown_grace: Dur(Duration::from_secs(15)),
             instance: String::new(),
         }
+    }
+}
+
+/// `[traces]`: one trace per message, sent over OTLP/HTTP (docs/traces.md). Off unless
+/// `endpoint` is set.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TracesConfig {
+    /// The OTLP/HTTP traces URL, path included (`http://127.0.0.1:4318/v1/traces`); empty:
+    /// no traces.
+    pub endpoint: String,
+    /// The spans' `service.name` (default `claimd`).
+    pub service_name: String,
+    /// The longest a finished span waits before it is sent (default 2s; a full batch of 512
+    /// goes at once).
+    pub export_every: Dur,
+}
+
+impl Default for TracesConfig {
+    fn default() -> Self {
+        TracesConfig {
+            endpoint: String::new(),
+            service_name: "claimd".into(),
+            export_every: Dur(Duration::from_secs(2)),
+        }
+    }
+}
+
+impl TracesConfig {
+    /// Whether traces are on.
+    pub fn is_on(&self) -> bool {
+        !self.endpoint.is_empty()
     }
 }
 

@@ -731,3 +731,31 @@ fn the_cloudevents_tenant_attribute_is_a_cloudevents_name_on_an_http_consumer() 
         "{e}"
     );
 }
+
+#[test]
+fn traces_are_off_by_default_and_their_settings_are_checked() {
+    let off = load(BASE, &[]).unwrap().config;
+    assert!(!off.traces.is_on());
+    assert_eq!(off.traces.service_name, "claimd");
+    let on = load(
+        &format!("{BASE}\n[traces]\nendpoint = \"http://127.0.0.1:4318/v1/traces\"\n"),
+        &[],
+    )
+    .unwrap()
+    .config;
+    assert!(on.traces.is_on());
+    for (section, needle) in [
+        ("endpoint = \"localhost:4318\"", "traces.endpoint"),
+        ("endpoint = \"grpc://collector:4317\"", "traces.endpoint"),
+        ("endpoint = \"not a url\"", "traces.endpoint"),
+        ("service_name = \" \"", "traces.service_name"),
+        ("export_every = \"10ms\"", "traces.export_every"),
+        ("export_every = \"2m\"", "traces.export_every"),
+        ("endpoint = 1", "traces"),
+        ("sample = 0.5", "sample"),
+    ] {
+        let e = error_of(&format!("{BASE}\n[traces]\n{section}\n"));
+        assert!(e.contains(needle), "{section}: {needle:?} not in {e:?}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+}

@@ -19,6 +19,7 @@ impl Config {
                     .into(),
             ));
         }
+        self.traces.validate()?;
         for (key, p) in [
             ("sandbox.fail_rate", self.sandbox.fail_rate),
             ("sandbox.ambiguous_rate", self.sandbox.ambiguous_rate),
@@ -499,4 +500,41 @@ fn check_event_naming(
         ));
     }
     Ok(())
+}
+
+impl TracesConfig {
+    /// `[traces]`: an `http(s)://` endpoint with a host, a service name, an export period
+    /// between 100 ms and 1 minute.
+    fn validate(&self) -> Result<(), (String, String)> {
+        if self.is_on() {
+            let url = reqwest::Url::parse(&self.endpoint).map_err(|e| {
+                (
+                    "traces.endpoint".to_string(),
+                    format!("{:?} is not a URL: {e}", self.endpoint),
+                )
+            })?;
+            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                return Err((
+                    "traces.endpoint".into(),
+                    format!(
+                        "{:?}: give the OTLP/HTTP traces URL, as http://host:4318/v1/traces",
+                        self.endpoint
+                    ),
+                ));
+            }
+        }
+        if self.service_name.trim().is_empty() {
+            return Err(("traces.service_name".into(), "must not be empty".into()));
+        }
+        let every = self.export_every.0;
+        if every < std::time::Duration::from_millis(100)
+            || every > std::time::Duration::from_secs(60)
+        {
+            return Err((
+                "traces.export_every".into(),
+                format!("{every:?}: give between 100ms and 60s"),
+            ));
+        }
+        Ok(())
+    }
 }

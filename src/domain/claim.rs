@@ -428,6 +428,9 @@ pub struct NewClaim {
     /// A scheduled send: the claim is committed held by [`SCHEDULE_OWNER`] at attempt 0 with
     /// its lease ending at this time, and the sweeper's takeover sends it as attempt 1.
     pub not_before: Option<DateTime<Utc>>,
+    /// The W3C `traceparent` of the claim's intake span, when traces are on (`[traces]`): the
+    /// claim's later steps, in any instance, join that trace.
+    pub trace_parent: Option<String>,
 }
 
 /// The lease owner of a scheduled claim until its time ([`NewClaim::not_before`]); no instance
@@ -508,6 +511,9 @@ pub struct Claim {
     pub order_key: Option<String>,
     /// When a scheduled claim may be sent ([`NewClaim::not_before`]).
     pub not_before: Option<DateTime<Utc>>,
+    /// The W3C `traceparent` of the claim's intake span ([`NewClaim::trace_parent`]).
+    #[serde(skip)]
+    pub trace_parent: Option<String>,
 }
 
 impl NewClaim {

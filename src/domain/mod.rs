@@ -9,3 +9,4 @@ pub mod json_body;
 pub mod order_key;
 pub mod schedule;
 pub mod table;
+pub mod trace_context;

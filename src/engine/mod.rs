@@ -1,7 +1,7 @@
 //! The engine: claim -> call -> settle, and what finishes the rest: the sweeper and its
 //! pending poller, retention, the policy that classifies answers, destinations (breaker and
-//! pace), waiters of `Prefer: wait`, provider events applied to claims, and the metrics the
-//! engine keeps. Uses config, provider, store and domain.
+//! pace), waiters of `Prefer: wait`, provider events applied to claims, and the metrics and
+//! traces the engine keeps. Uses config, provider, store and domain.
 
 pub mod claimer;
 pub mod consumer;
@@ -15,4 +15,5 @@ pub mod retention;
 pub mod settle;
 pub mod sweep_activity;
 pub mod sweeper;
+pub mod traces;
 pub mod waiters;

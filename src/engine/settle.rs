@@ -11,6 +11,7 @@ use crate::config::ValueOutcomes;
 use crate::domain::claim::{Claim, ClaimState, Handoff};
 use crate::engine::consumer::Slot;
 use crate::engine::metrics::Metrics;
+use crate::engine::traces::{Step as TraceStep, Traces};
 use crate::engine::waiters::SettleSignals;
 use crate::provider::effect::Outcome;
 use crate::provider::effect::by_value::{self, Reading, Verdict};
@@ -89,6 +90,8 @@ pub struct Settler {
     metrics: Arc<Metrics>,
     /// Rung after each committed change, for the requests waiting on the claim.
     signals: Arc<SettleSignals>,
+    /// Where each committed change is traced.
+    traces: Traces,
 }
 
 impl std::fmt::Debug for Settler {
@@ -107,7 +110,19 @@ impl Settler {
             instance,
             metrics,
             signals: Arc::default(),
+            traces: Traces::off(),
         }
+    }
+
+    /// The same settler, tracing what it writes to `traces`.
+    pub fn with_traces(mut self, traces: Traces) -> Self {
+        self.traces = traces;
+        self
+    }
+
+    /// Where what it writes is traced.
+    pub fn traces(&self) -> &Traces {
+        &self.traces
     }
 
     /// The signals rung when a claim is settled here (`Prefer: wait` listens to them).
@@ -281,8 +296,14 @@ impl Settler {
             provider_status: status,
             detail: s.error.as_deref(),
         };
+        let started = std::time::SystemTime::now();
         match self.store.settle(claim.id, claim.attempt, &s, &event).await {
-            Ok(true) => AttemptEnd::LeftStarted(error.to_string()),
+            Ok(true) => {
+                if self.traces.is_on() {
+                    self.trace_wait(claim, &s, outcome, started);
+                }
+                AttemptEnd::LeftStarted(error.to_string())
+            }
             Ok(false) => {
                 info!("claim was taken over by another worker; left it alone");
                 self.fenced_out(claim, &s, "handoff", &event).await;
@@ -311,9 +332,13 @@ impl Settler {
         let event = self.event_of(&s, action, outcome);
         slot.release_for_settle();
         let mut delay = Duration::from_millis(100);
+        let started = std::time::SystemTime::now();
         loop {
             match self.store.settle(claim.id, claim.attempt, &s, &event).await {
                 Ok(true) => {
+                    if self.traces.is_on() {
+                        self.trace_settle(claim, &s, action, outcome, started);
+                    }
                     let state = s.state.unwrap_or(ClaimState::Started);
                     self.signals.settled(claim.id);
                     self.metrics.settled(&claim.consumer, state.as_str());
@@ -401,17 +426,74 @@ impl Settler {
     ) -> Result<bool, crate::store::StoreError> {
         make_storable(&mut s);
         let event = self.event_of(&s, action, outcome);
+        let started = std::time::SystemTime::now();
         let changed = self
             .store
             .settle_from(claim.id, claim.attempt, claim.version, from, &s, &event)
             .await?;
         if changed {
             self.signals.settled(claim.id);
+            if self.traces.is_on() {
+                self.trace_settle(claim, &s, action, outcome, started);
+            }
         }
         if changed && let Some(state) = s.state.filter(|st| *st != from) {
             self.metrics.settled(&claim.consumer, state.as_str());
         }
         Ok(changed)
+    }
+}
+
+impl Settler {
+    /// A committed settle in the claim's trace (`claimd.settle`): the state it set, who
+    /// decided (`action`: perform, reconcile, event, poll, ...) and how.
+    fn trace_settle(
+        &self,
+        claim: &Claim,
+        s: &Settlement,
+        action: &str,
+        outcome: &str,
+        started: std::time::SystemTime,
+    ) {
+        let state = s.state.map(|st| st.as_str()).unwrap_or("started");
+        let mut attributes = vec![
+            ("claimd.state", state.into()),
+            ("claimd.settle.by", action.into()),
+            ("claimd.settle.outcome", outcome.into()),
+        ];
+        if let Some(status) = s.provider_status {
+            attributes.push(("http.response.status_code", status.into()));
+        }
+        if let Some(why) = &s.error {
+            attributes.push(("claimd.reason", why.clone().into()));
+        }
+        let step = TraceStep::since("claimd.settle", started, attributes);
+        let step = match (s.state, &s.error) {
+            (Some(ClaimState::NeedsAttention), Some(why)) => step.failed(why.clone()),
+            _ => step,
+        };
+        self.traces.step(claim, step);
+    }
+
+    /// A hand-off to the sweeper in the claim's trace (`claimd.wait`): why it waits, how the
+    /// attempt let go (`not_applied`, `waiting`, `unknown`) and for how long at least.
+    fn trace_wait(&self, claim: &Claim, s: &Settlement, how: &str, started: std::time::SystemTime) {
+        let mut attributes = vec![
+            (
+                "claimd.wait.reason",
+                s.error.clone().unwrap_or_default().into(),
+            ),
+            ("claimd.wait.handoff", how.into()),
+            (
+                "claimd.wait.for_ms",
+                (s.lease_for.unwrap_or_default().as_millis() as i64).into(),
+            ),
+        ];
+        if let Some(status) = s.provider_status {
+            attributes.push(("http.response.status_code", status.into()));
+        }
+        self.traces
+            .step(claim, TraceStep::since("claimd.wait", started, attributes));
     }
 }
 

@@ -4,6 +4,7 @@
 use crate::config::{Config, EffectConfig};
 use crate::engine::claimer::{Claimer, Consumer};
 use crate::engine::sweeper::schedule_period;
+use crate::engine::traces::{Traces, TracesSettings};
 use crate::provider::effect::Effect;
 use crate::provider::effect::http::HttpEffect;
 #[cfg(feature = "smtp")]
@@ -27,6 +28,9 @@ pub enum AppError {
         /// What is wrong.
         message: String,
     },
+    /// `[traces]` could not be started.
+    #[error("{0}")]
+    Traces(String),
 }
 
 /// The assembled application.
@@ -146,6 +150,17 @@ impl App {
                 })
                 .collect(),
         );
+        let traces = if config.traces.is_on() {
+            Traces::start(&TracesSettings {
+                endpoint: config.traces.endpoint.clone(),
+                service_name: config.traces.service_name.clone(),
+                instance: instance_name(&config),
+                export_every: config.traces.export_every.0,
+            })
+            .map_err(|e| AppError::Traces(e.to_string()))?
+        } else {
+            Traces::off()
+        };
         let mut consumers = Vec::new();
         for c in &config.consumers {
             let effect = match supplied.effects.remove(&c.name) {
@@ -164,6 +179,7 @@ impl App {
             consumers,
             instance_name(&config),
             config.http.intake_wait.0,
+            traces,
         ));
         Ok(App {
             config: Arc::new(config),

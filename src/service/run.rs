@@ -369,6 +369,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         &config,
         app.claimer.instance(),
         app.claimer.metrics().clone(),
+        app.claimer.traces().clone(),
         stopped.clone(),
     ));
 
@@ -421,6 +422,12 @@ impl Running {
         let _ = self.http.await;
         for b in self.background {
             let _ = b.await;
+        }
+        // The spans still queued go now (blocking: the exporter's own thread sends them).
+        let traces = self.app.claimer.traces().clone();
+        if traces.is_on() {
+            let _ =
+                tokio::task::spawn_blocking(move || traces.shutdown(Duration::from_secs(5))).await;
         }
         left
     }

@@ -180,6 +180,7 @@ impl Worker {
             payload: payload.into(),
             content_type: b"application/json".to_vec(),
             not_before: None,
+            trace_parent: None,
         })
         .await
     }

@@ -27,7 +27,7 @@ pub(crate) fn key_args<'a>(
 }
 
 /// How many parameters `insert_claim` binds ([`insert_args`]).
-pub(crate) const INSERT_PARAMS: usize = 14;
+pub(crate) const INSERT_PARAMS: usize = 15;
 
 /// The arguments of the `insert_claim` statement.
 pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; INSERT_PARAMS] {
@@ -46,6 +46,7 @@ pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; INSERT_PARAMS] {
         Arg::OptText(new.order_key.as_deref()),
         Arg::OptTime(new.not_before),
         Arg::I32(new.first_attempt()),
+        Arg::OptText(new.trace_parent.as_deref()),
     ]
 }
 

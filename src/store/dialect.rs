@@ -12,7 +12,7 @@ macro_rules! claim_cols {
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
          resent_count, handoff, handoff_attempt, claim_token, waits, provider_id, pending_utc, \
-         version, order_key, not_before"
+         version, order_key, not_before, trace_parent"
     };
 }
 
@@ -253,6 +253,9 @@ pub struct Statements {
     pub oldest_unsent_outcome: &'static str,
     /// Makes a destination's events that wait out a backoff due now: consumer, destination.
     pub wake_outcomes: &'static str,
+    /// The stored `traceparent` of the claims named in the JSON array of ids `$1` that have
+    /// one: id, trace_parent.
+    pub trace_parents: &'static str,
     /// Unsent events per consumer and destination: consumer, destination, n, oldest_ms.
     pub count_outcomes: &'static str,
     /// Gives a consumer's unsent events written before destinations had names (destination

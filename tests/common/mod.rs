@@ -216,6 +216,7 @@ pub fn orphan_claim(
         mark_not_called: false,
         order_key: None,
         not_before: None,
+        trace_parent: None,
     }
 }
 

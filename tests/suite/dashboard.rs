@@ -52,6 +52,7 @@ fn new_claim(consumer: &str, tenant: &str, id: &str, lease: Duration) -> NewClai
         mark_not_called: false,
         order_key: None,
         not_before: None,
+        trace_parent: None,
     }
 }
 

@@ -65,6 +65,7 @@ fn claim(key: &str, payload: &str) -> Claim {
         version: 1,
         order_key: None,
         not_before: None,
+        trace_parent: None,
     }
 }
 

@@ -96,6 +96,7 @@ async fn completed_claim_with(
         mark_not_called: false,
         order_key: None,
         not_before: None,
+        trace_parent: None,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
         panic!("new claim {message_id}")

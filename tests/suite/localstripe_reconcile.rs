@@ -77,6 +77,7 @@ async fn claim_in(store: &Store, message_id: &str, payload: &Value, state: Claim
         mark_not_called: false,
         order_key: None,
         not_before: None,
+        trace_parent: None,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
         panic!("new claim {message_id}")

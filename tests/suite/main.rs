@@ -51,5 +51,6 @@ mod reconcile_by_value;
 mod sandbox;
 mod signin;
 mod store;
+mod traces;
 mod walkthrough;
 mod webhook_signatures;

@@ -100,6 +100,7 @@ async fn claim_in(store: &Store, id: &str, payload: &Value, state: ClaimState) {
         mark_not_called: false,
         order_key: None,
         not_before: None,
+        trace_parent: None,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
         panic!("new claim {id}")

@@ -34,6 +34,7 @@ fn new_claim(id: &str, lease: Duration) -> NewClaim {
         mark_not_called: false,
         order_key: None,
         not_before: None,
+        trace_parent: None,
     }
 }
 

@@ -12,6 +12,7 @@
 
 use crate::config::SourceConfig;
 use crate::domain::claim::{Claim, ClaimState};
+use crate::domain::trace_context::{TRACEPARENT, TraceParent};
 use crate::edge::AppState;
 use crate::edge::http::auth::tenant_header;
 use crate::edge::http::problem::problem;
@@ -221,6 +222,9 @@ pub async fn post_message(
         payload: body.into(),
         content_type,
         not_before,
+        trace_parent: headers
+            .get(TRACEPARENT)
+            .and_then(|v| TraceParent::parse(v.as_bytes())),
     };
     submit_and_answer(&state, delivery, share, &headers).await
 }

@@ -9,6 +9,7 @@
 use crate::config::ConsumerConfig;
 use crate::domain::claim::{IdError, validate_message_id, validate_tenant};
 use crate::domain::schedule::parse_not_before;
+use crate::domain::trace_context::TraceParent;
 use crate::engine::claimer::{Accepted, Delivery, SubmitError};
 use crate::provider::effect::http_template::Field;
 use crate::provider::effect::http_template::url_segments::UrlValueError;
@@ -154,6 +155,8 @@ pub(crate) struct Received<'a> {
     pub content_type: Vec<u8>,
     /// The `not-before` header's bytes, if present.
     pub not_before: Result<Option<Vec<u8>>, String>,
+    /// The producer's `traceparent` header, when valid (one that is not is ignored).
+    pub trace_parent: Option<TraceParent>,
 }
 
 impl Received<'_> {
@@ -247,6 +250,7 @@ pub(crate) fn delivery_of(r: Received<'_>) -> Result<Delivery, Verdict> {
         payload: r.body,
         content_type: r.content_type,
         not_before,
+        trace_parent: r.trace_parent,
     })
 }
 

@@ -30,6 +30,7 @@ pub mod nats;
 
 use crate::config::{Config, OutcomeKind, OutcomesConfig};
 use crate::engine::metrics::Metrics;
+use crate::engine::traces::{Step as TraceStep, Traces};
 use crate::store::Store;
 use crate::store::outbox::OutcomeEvent;
 use async_trait::async_trait;
@@ -133,6 +134,7 @@ pub fn start(
     config: &Config,
     instance: &str,
     metrics: Arc<Metrics>,
+    traces: Traces,
     stop: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
@@ -154,6 +156,7 @@ pub fn start(
                 config: o.clone(),
                 sink,
                 metrics: metrics.clone(),
+                traces: traces.clone(),
                 held_until: std::sync::Mutex::new(None),
                 recovery: std::sync::Mutex::new(Recovery::default()),
             };
@@ -183,6 +186,8 @@ pub struct Relay {
     pub sink: Arc<dyn Sink>,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Where each event the destination confirmed is traced (`claimd.outcome`).
+    pub traces: Traces,
     /// Until when this instance surely holds the consumer's relay (measured from before the
     /// statement that renewed it, so never later than the store's own lease end).
     pub held_until: std::sync::Mutex<Option<tokio::time::Instant>>,
@@ -211,6 +216,44 @@ impl Default for Recovery {
         Recovery {
             looks_down: true,
             probe_at: Instant::now(),
+        }
+    }
+}
+
+impl Relay {
+    /// The events of `chunk` named in `sent` (confirmed by the destination), each in its
+    /// claim's trace: one read of their claims' stored `traceparent`s. A failed read loses
+    /// only these spans.
+    async fn trace_sent(
+        &self,
+        chunk: &[OutcomeEvent],
+        sent: &[i64],
+        started: std::time::SystemTime,
+    ) {
+        let confirmed: Vec<&OutcomeEvent> =
+            chunk.iter().filter(|e| sent.contains(&e.seq)).collect();
+        let ids: Vec<i64> = confirmed.iter().map(|e| e.claim_id).collect();
+        let parents: std::collections::HashMap<i64, String> =
+            match self.store.trace_parents(&ids).await {
+                Ok(rows) => rows.into_iter().collect(),
+                Err(e) => {
+                    warn!(error = %e, "traces: could not read the claims' trace parents");
+                    return;
+                }
+            };
+        for e in confirmed {
+            let attributes = vec![
+                ("claimd.destination", self.destination.clone().into()),
+                ("claimd.outcome.kind", self.config.kind.as_str().into()),
+                ("claimd.outcome.event_id", event::event_id(e).into()),
+                ("claimd.state", e.state.clone().into()),
+                ("claimd.outcome.tries", (e.tries + 1).into()),
+            ];
+            self.traces.step_of(
+                Some(e.claim_id),
+                parents.get(&e.claim_id).map(String::as_str),
+                TraceStep::since("claimd.outcome", started, attributes),
+            );
         }
     }
 }
@@ -336,6 +379,7 @@ impl Relay {
                 // Out of time: the rest stay unsent, untouched, for the next round.
                 break;
             }
+            let started = std::time::SystemTime::now();
             let results = self.sink.send(chunk, deadline).await;
             sent.clear();
             let failed_before = failed.len();
@@ -349,6 +393,9 @@ impl Relay {
             // is published: a crash repeats this chunk at most. If this fails, the lease runs
             // out and the events go again with the same ids.
             self.store.mark_outcomes_sent(&sent).await?;
+            if self.traces.is_on() {
+                self.trace_sent(chunk, &sent, started).await;
+            }
             sent_total += sent.len();
             if self.sink.stops_at_failure() && failed.len() > failed_before {
                 held_back = Some(failed[failed_before].1.clone());

@@ -4,6 +4,7 @@
 use super::*;
 use crate::domain::claim::Handoff;
 use crate::engine::destination::{Held, HeldBy, Verdict};
+use futures_util::future::Either;
 use tracing::Instrument;
 
 impl Claimer {
@@ -31,8 +32,29 @@ impl Claimer {
             message_id = %claim.message_id,
             attempt = claim.attempt
         );
-        self.attempt(consumer, claim, hold, resend, slot)
-            .instrument(span)
+        let attempt = self.attempt(consumer, claim, hold, resend, slot);
+        if !self.traces.is_on() {
+            return Either::Left(attempt.instrument(span));
+        }
+        // Boxed: a future awaited inside another async block is kept twice in it, and every
+        // claim in a call holds this one.
+        let attempt = Box::pin(attempt);
+        let destination = consumer.config.effect.destination();
+        let open = self
+            .traces
+            .attempt(claim, vec![("claimd.destination", destination.into())]);
+        Either::Right(
+            async move {
+                let end = attempt.await;
+                match &end {
+                    AttemptEnd::Settled(state) => open.end(state.as_str(), None),
+                    AttemptEnd::LeftStarted(why) => open.end("left_started", Some(why)),
+                    AttemptEnd::Lost => open.end("lost", None),
+                }
+                end
+            }
+            .instrument(span),
+        )
     }
 
     /// [`Claimer::drive`]'s attempt, outside its span.
@@ -161,6 +183,9 @@ impl Claimer {
             }
             let called = Instant::now();
             let outcome = consumer.effect.perform(claim).await;
+            if self.traces.is_on() {
+                self.trace_call(claim, &outcome, called, as_resend);
+            }
             let verdict = match (Verdict::of_outcome(&outcome), &key, &consumer.rate_key) {
                 // A key's 429 slows that key alone.
                 (Verdict::RateLimited { retry_after }, Some(k), Some(rk)) => {
@@ -400,7 +425,17 @@ impl Claimer {
         if !noted {
             note_call().await;
         }
+        let waited = std::time::SystemTime::now();
         tokio::time::sleep(delay).await;
+        if self.traces.is_on() {
+            let attributes = vec![
+                ("claimd.wait.reason", format!("retry after: {error}").into()),
+                ("claimd.wait.handoff", "none".into()),
+                ("claimd.wait.for_ms", (delay.as_millis() as i64).into()),
+            ];
+            self.traces
+                .step(claim, TraceStep::since("claimd.wait", waited, attributes));
+        }
         if resend.is_some()
             && let Err(reason) = policy::resend_within_window(hold.age_now(), cfg.redrive_within.0)
         {
@@ -415,6 +450,31 @@ impl Claimer {
 }
 
 impl Claimer {
+    /// One call to the provider in the claim's trace (`claimd.call`): what it answered, its
+    /// status, and whether it was a re-send (and why).
+    fn trace_call(
+        &self,
+        claim: &Claim,
+        outcome: &Outcome,
+        called: Instant,
+        resend: Option<Resend>,
+    ) {
+        let start = std::time::SystemTime::now() - called.elapsed();
+        let mut attributes = vec![("claimd.call.outcome", outcome.name().into())];
+        if let Some(status) = outcome.status() {
+            attributes.push(("http.response.status_code", status.into()));
+        }
+        if let Some(why) = resend {
+            attributes.push(("claimd.call.resend", why.class().into()));
+        }
+        let step = TraceStep::since("claimd.call", start, attributes);
+        let step = match outcome {
+            Outcome::Applied { .. } => step,
+            other => step.failed(error_of(other)),
+        };
+        self.traces.step(claim, step);
+    }
+
     /// Ends an attempt whose call was not made and never can be as the claim stands (a value
     /// that would send it to another path; intake refuses such messages, a claim stored
     /// before it did may have one): `failed` "never sent" when no call of the claim may have

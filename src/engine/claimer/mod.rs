@@ -20,6 +20,7 @@ use crate::engine::metrics::Metrics;
 use crate::engine::policy::{self, Step};
 pub use crate::engine::settle::AttemptEnd;
 use crate::engine::settle::{Resend, Settler, by_answer, error_of, failed};
+use crate::engine::traces::{Step as TraceStep, Traces};
 use crate::provider::effect::{Lookup, Outcome};
 use crate::store::writes::WriteHealth;
 use crate::store::{ClaimOutcome, Store, StoreError};
@@ -48,6 +49,7 @@ pub struct Claimer {
     accepting: AtomicBool,
     metrics: Arc<Metrics>,
     writes: WriteHealth,
+    traces: Traces,
 }
 
 impl std::fmt::Debug for Claimer {
@@ -60,18 +62,21 @@ impl std::fmt::Debug for Claimer {
 }
 
 impl Claimer {
-    /// A claimer over `store` for `consumers`, named `instance` in leases and history.
+    /// A claimer over `store` for `consumers`, named `instance` in leases and history, its
+    /// messages' steps traced to `traces`.
     pub fn new(
         store: Store,
         consumers: Vec<Arc<Consumer>>,
         instance: String,
         intake_wait: Duration,
+        traces: Traces,
     ) -> Self {
         let metrics = Arc::new(Metrics::new());
         let names: Vec<String> = consumers.iter().map(|c| c.name().to_string()).collect();
         metrics.init_consumers(&names);
         Claimer {
-            settler: Settler::new(store.clone(), instance.clone(), metrics.clone()),
+            settler: Settler::new(store.clone(), instance.clone(), metrics.clone())
+                .with_traces(traces.clone()),
             store,
             consumers: consumers
                 .into_iter()
@@ -82,7 +87,13 @@ impl Claimer {
             accepting: AtomicBool::new(true),
             metrics,
             writes: WriteHealth::default(),
+            traces,
         }
+    }
+
+    /// Where this instance's messages are traced.
+    pub fn traces(&self) -> &Traces {
+        &self.traces
     }
 
     /// This instance's metrics.
@@ -185,6 +196,7 @@ mod tests {
             mark_not_called: false,
             order_key: None,
             not_before: None,
+            trace_parent: None,
         };
         let ClaimOutcome::Created(claim) = claimer.store.claim(&new).await.unwrap() else {
             panic!("not created")

@@ -22,6 +22,9 @@ pub struct Delivery {
     pub content_type: Vec<u8>,
     /// Send no earlier than this (a scheduled send, docs/flow-control.md); `None`: at once.
     pub not_before: Option<chrono::DateTime<chrono::Utc>>,
+    /// The producer's W3C `traceparent` (HTTP, AMQP or NATS header), when it sent a valid one:
+    /// with `[traces]` on, the message's trace continues the producer's.
+    pub trace_parent: Option<crate::domain::trace_context::TraceParent>,
 }
 
 /// The claim was accepted: acknowledge.
@@ -116,6 +119,34 @@ impl Claimer {
         self: &Arc<Self>,
         d: Delivery,
         held: H,
+    ) -> Result<Accepted, SubmitError> {
+        if !self.traces.is_on() {
+            return self.claim_delivery(d, held, None).await;
+        }
+        let intake = self.traces.intake(
+            d.trace_parent,
+            &d.consumer,
+            &String::from_utf8_lossy(&d.tenant),
+            &String::from_utf8_lossy(&d.message_id),
+        );
+        let result = self.claim_delivery(d, held, intake.trace_parent()).await;
+        match &result {
+            Ok(Accepted::New(c)) => intake.end("accepted", Some(c.id), None),
+            Ok(Accepted::Duplicate(c)) => intake.end("duplicate", Some(c.id), None),
+            Err(SubmitError::Conflict { claim, .. }) => {
+                intake.end("conflict", Some(claim.id), Some("same id, another payload"))
+            }
+            Err(e) => intake.end("refused", None, Some(&e.to_string())),
+        }
+        result
+    }
+
+    /// [`Claimer::submit_held`] after the intake span opened: `trace_parent` is that span's.
+    async fn claim_delivery<H: Send + 'static>(
+        self: &Arc<Self>,
+        d: Delivery,
+        held: H,
+        trace_parent: Option<String>,
     ) -> Result<Accepted, SubmitError> {
         if !self.is_accepting() {
             return Err(SubmitError::ShuttingDown);
@@ -236,6 +267,7 @@ impl Claimer {
             mark_not_called: !consumer.claims_ahead(),
             order_key,
             not_before: d.not_before,
+            trace_parent,
         };
         // From the claim statement on, the work must not be cancellable: the statement may
         // commit whatever happens to this caller, and a committed claim must be performed by
@@ -317,10 +349,14 @@ impl Claimer {
         hold: Hold,
     ) -> Option<Claim> {
         let m = &self.metrics;
+        let started = std::time::SystemTime::now();
         let outcome = self.store.claim(&new).await;
         match &outcome {
             Ok(_) => self.writes.succeeded(),
             Err(e) => self.writes.failed(e),
+        }
+        if self.traces.is_on() {
+            self.trace_claim(&new, &outcome, started);
         }
         match outcome {
             Ok(ClaimOutcome::Created(mut claim)) => {
@@ -353,6 +389,32 @@ impl Claimer {
                 Some(claim)
             }
         }
+    }
+
+    /// The claim's commit, in its message's trace.
+    fn trace_claim(
+        &self,
+        new: &NewClaim,
+        outcome: &Result<ClaimOutcome, StoreError>,
+        started: std::time::SystemTime,
+    ) {
+        let (result, id) = match outcome {
+            Ok(ClaimOutcome::Created(c)) => ("created", Some(c.id)),
+            Ok(ClaimOutcome::Duplicate(c)) => ("duplicate", Some(c.id)),
+            Ok(ClaimOutcome::Mismatch(c)) => ("mismatch", Some(c.id)),
+            Err(_) => ("store_error", None),
+        };
+        let mut step = TraceStep::since(
+            "claimd.claim",
+            started,
+            vec![("claimd.claim.result", result.into())],
+        );
+        if let Err(e) = outcome {
+            step = step.failed(e.to_string());
+        }
+        // A duplicate's id is the earlier claim's: its own trace is elsewhere.
+        let id = if result == "created" { id } else { None };
+        self.traces.step_of(id, new.trace_parent.as_deref(), step);
     }
 
     /// After a claim statement failed, it may still have committed (the connection was cut

@@ -17,15 +17,15 @@ use std::collections::HashMap;
 pub(super) const INSERT_CLAIMS: &str = concat!(
     "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
      content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt, \
-     order_key, not_before, attempt) \
+     order_key, not_before, attempt, trace_parent) \
      SELECT c, t, m, k, f, p, ct, w, \
             COALESCE(nb, CASE WHEN w IS NOT NULL THEN now() + l * interval '1 millisecond' END), \
             NULLIF(tok, ''), CASE WHEN nc THEN 'not_called' END, CASE WHEN nc THEN a END, \
-            ok, nb, a \
+            ok, nb, a, tp \
      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], \
                  $7::text[], $8::text[], $9::bigint[], $10::text[], $11::bool[], $12::text[], \
-                 $13::timestamptz[], $14::int[]) \
-       AS u(c, t, m, k, f, p, ct, w, l, tok, nc, ok, nb, a) \
+                 $13::timestamptz[], $14::int[], $15::text[]) \
+       AS u(c, t, m, k, f, p, ct, w, l, tok, nc, ok, nb, a, tp) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
     claim_cols!()
 );
@@ -164,6 +164,11 @@ pub(super) async fn insert_batch(
         )
         .bind(new.iter().map(|n| n.not_before).collect::<Vec<_>>())
         .bind(new.iter().map(|n| n.first_attempt()).collect::<Vec<i32>>())
+        .bind(
+            new.iter()
+                .map(|n| n.trace_parent.as_deref())
+                .collect::<Vec<Option<&str>>>(),
+        )
         .fetch_all(pool)
         .await
         .map_err(err("insert_claims"))?;

@@ -159,12 +159,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
      content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt, \
-     order_key, not_before, attempt) \
+     order_key, not_before, attempt, trace_parent) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
              COALESCE($13::timestamptz, CASE WHEN $8::text IS NOT NULL \
                THEN now() + $9 * interval '1 millisecond' END), \
              NULLIF($10, ''), CASE WHEN $11 THEN 'not_called' END, \
-             CASE WHEN $11 THEN $14::int END, $12, $13, $14) \
+             CASE WHEN $11 THEN $14::int END, $12, $13, $14, $15) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
         claim_cols!()
     ),
@@ -620,6 +620,10 @@ pub(super) const STATEMENTS: Statements = Statements {
         " FROM outcome_events \
      WHERE consumer = $1 AND destination = $2 AND sent_utc IS NULL ORDER BY id LIMIT 1"
     ),
+    trace_parents: "\
+    SELECT id, trace_parent FROM claims \
+    WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb)) \
+      AND trace_parent IS NOT NULL",
     wake_outcomes: "\
     UPDATE outcome_events SET lease_until = NULL \
     WHERE consumer = $1 AND destination = $2 AND sent_utc IS NULL AND tries > 0 \

@@ -73,6 +73,10 @@ pub trait OutboxStore: Send + Sync {
         destination: &str,
     ) -> StoreResult<Option<OutcomeEvent>>;
 
+    /// The stored `traceparent` of those of `claim_ids` that have one (traced outcome events
+    /// join their claim's trace). Reads only.
+    async fn trace_parents(&self, claim_ids: &[i64]) -> StoreResult<Vec<(i64, String)>>;
+
     /// Makes `consumer`'s events for `destination` that wait out a backoff due now (the
     /// destination confirmed events again). Returns how many.
     async fn wake_outcomes(&self, consumer: &str, destination: &str) -> StoreResult<u64>;

@@ -123,6 +123,19 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
         rows.first().map(event_of).transpose()
     }
 
+    async fn trace_parents(&self, claim_ids: &[i64]) -> StoreResult<Vec<(i64, String)>> {
+        if claim_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = serde_json::to_string(claim_ids).unwrap_or_else(|_| "[]".into());
+        let rows = self
+            .fetch("trace_parents", D::SQL.trace_parents, &[Arg::Text(&ids)])
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.i64("id")?, r.text("trace_parent")?)))
+            .collect()
+    }
+
     async fn wake_outcomes(&self, consumer: &str, destination: &str) -> StoreResult<u64> {
         self.execute(
             "wake_outcomes",

@@ -175,6 +175,7 @@ fn claim_of(id: &str, body: &'static str) -> claimd::engine::claimer::Delivery {
         payload: bytes::Bytes::from_static(body.as_bytes()),
         content_type: b"application/json".to_vec(),
         not_before: None,
+        trace_parent: None,
     }
 }
 

@@ -68,6 +68,18 @@ impl<'de> Deserialize<'de> for EffectConfig {
 }
 
 impl EffectConfig {
+    /// Where its calls go, as traces name it: `https://host:port` of an HTTP provider's URL
+    /// (its path, which may carry message values, left out), `smtp://host:port`, `sql` or
+    /// `custom`.
+    pub fn destination(&self) -> String {
+        match self {
+            EffectConfig::Http(h) => origin_of(&h.url),
+            EffectConfig::Smtp(s) => format!("smtp://{}:{}", s.host, s.port),
+            EffectConfig::Custom(_) => "custom".into(),
+            EffectConfig::Sql(_) => "sql".into(),
+        }
+    }
+
     /// The per-call timeout.
     pub fn timeout(&self) -> Duration {
         match self {
@@ -324,4 +336,35 @@ fn default_smtp_port() -> u16 {
 }
 fn default_msgid_domain() -> String {
     "claimd.local".into()
+}
+
+/// `scheme://host[:port]` of a URL: its path and query (which may carry message values)
+/// and any `user:password@` left out.
+fn origin_of(url: &str) -> String {
+    let after_scheme = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let end = url[after_scheme..]
+        .find(['/', '?', '#'])
+        .map(|i| after_scheme + i)
+        .unwrap_or(url.len());
+    let authority = &url[after_scheme..end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    format!("{}{host}", &url[..after_scheme])
+}
+
+#[cfg(test)]
+mod destination_tests {
+    use super::origin_of;
+
+    #[test]
+    fn the_destination_is_the_origin_without_path_or_credentials() {
+        assert_eq!(
+            origin_of("https://api.example.com:8443/v1/charges/{id}?x=1"),
+            "https://api.example.com:8443"
+        );
+        assert_eq!(
+            origin_of("http://user:secret@127.0.0.1:9000/pay"),
+            "http://127.0.0.1:9000"
+        );
+        assert_eq!(origin_of("http://host"), "http://host");
+    }
 }
