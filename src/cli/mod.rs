@@ -491,6 +491,8 @@ async fn execute_unescaped(cli: Cli) -> Output {
             Err((code, why)) => return never_migrated(Output::fail(code, why), &config_path),
         }
     }
+    // What a one-off command traced (a sweep's attempts) is sent before the process ends.
+    let traces = app.claimer.traces().clone();
     let out = match cli.command {
         Command::Run => run_worker(app).await,
         Command::Migrate => Output::ok(format!(
@@ -537,6 +539,9 @@ async fn execute_unescaped(cli: Cli) -> Output {
         }
         Command::Sandbox { .. } => unreachable!("handled above"),
     };
+    if traces.is_on() {
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown(Duration::from_secs(5))).await;
+    }
     let mut out = never_migrated(out, &config_path);
     out.stderr.insert_str(0, &note_only_in_store);
     out

@@ -27,6 +27,7 @@ pub(super) struct Exporter {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     attempts: Mutex<HashMap<i64, SpanContext>>,
+    shut: std::sync::Once,
 }
 
 impl Exporter {
@@ -64,13 +65,18 @@ impl Exporter {
             provider,
             tracer,
             attempts: Mutex::new(HashMap::new()),
+            shut: std::sync::Once::new(),
         })
     }
 
+    /// Sends what is queued and stops; once (the worker's shutdown and the command's end
+    /// both ask).
     pub(super) fn shutdown(&self, timeout: Duration) {
-        if let Err(e) = self.provider.shutdown_with_timeout(timeout) {
-            tracing::warn!(error = %e, "traces: not every span was sent at shutdown");
-        }
+        self.shut.call_once(|| {
+            if let Err(e) = self.provider.shutdown_with_timeout(timeout) {
+                tracing::warn!(error = %e, "traces: not every span was sent at shutdown");
+            }
+        });
     }
 
     pub(super) fn intake(
@@ -80,16 +86,7 @@ impl Exporter {
         tenant: &str,
         message_id: &str,
     ) -> OpenSpan {
-        let parent = match producer {
-            Some(p) => Context::new().with_remote_span_context(SpanContext::new(
-                TraceId::from_bytes(p.trace_id),
-                SpanId::from_bytes(p.span_id),
-                TraceFlags::new(p.flags),
-                true,
-                TraceState::default(),
-            )),
-            None => Context::new(),
-        };
+        let parent = producer.map(remote).unwrap_or_default();
         let span = self
             .tracer
             .span_builder("claimd.intake")
@@ -150,16 +147,10 @@ impl Exporter {
     }
 
     fn parent_of_claim(&self, trace_parent: Option<&str>) -> Context {
-        match trace_parent.and_then(|t| TraceParent::parse(t.as_bytes())) {
-            Some(p) => Context::new().with_remote_span_context(SpanContext::new(
-                TraceId::from_bytes(p.trace_id),
-                SpanId::from_bytes(p.span_id),
-                TraceFlags::new(p.flags),
-                true,
-                TraceState::default(),
-            )),
-            None => Context::new(),
-        }
+        trace_parent
+            .and_then(|t| TraceParent::parse(t.as_bytes()))
+            .map(remote)
+            .unwrap_or_default()
     }
 }
 
@@ -217,6 +208,17 @@ impl Drop for AttemptGuard {
             span.end();
         }
     }
+}
+
+/// A context whose parent is the span `p` names (another process's, or a stored one).
+fn remote(p: TraceParent) -> Context {
+    Context::new().with_remote_span_context(SpanContext::new(
+        TraceId::from_bytes(p.trace_id),
+        SpanId::from_bytes(p.span_id),
+        TraceFlags::new(p.flags),
+        true,
+        TraceState::default(),
+    ))
 }
 
 fn header_of(context: &SpanContext) -> String {
