@@ -581,3 +581,114 @@ async fn amqp_and_nats_headers_carry_the_producers_trace() {
     q.delete().await;
     st.delete().await;
 }
+
+/// A worker SIGKILLed in the middle of a call: the process that takes the claim over puts its
+/// attempt, call and settle in the same trace, under the intake span the first one made (the
+/// claim's stored `traceparent`). The killed attempt's own span is lost with its process.
+#[tokio::test]
+async fn a_takeover_after_a_sigkill_joins_the_messages_trace() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let (otlp, got) = otlp_receiver().await;
+    // Hangs every call while `hang`, else applies it.
+    let hang = Arc::new(AtomicBool::new(true));
+    let calls = {
+        let hang = hang.clone();
+        Router::new().route(
+            "/v1/{name}",
+            post(move |headers: HeaderMap| {
+                let hang = hang.clone();
+                async move {
+                    if hang.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                    let key = headers
+                        .get("Idempotency-Key")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    Json(json!({"id": format!("obj-{key}"), "status": "succeeded"}))
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, calls).await });
+    let consumer = format!(
+        "{}\n[consumers.effect.outcome]\npointer = \"/status\"\ncompleted = [\"succeeded\"]\n",
+        consumer_toml(
+            "cards",
+            &provider,
+            "on_unknown = \"redrive\"\nlease = \"2s\""
+        )
+        .replace("timeout = \"1s\"", "timeout = \"1500ms\"")
+    );
+    let toml = format!(
+        "{}\n[traces]\nendpoint = \"{otlp}\"\nexport_every = \"100ms\"\n",
+        config_toml(&store.url(), &consumer)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let first = ready_worker(&toml, dir.path(), "first").await;
+    let r = client()
+        .post(format!("{}/v1/messages/cards", first.base))
+        .header("Idempotency-Key", "killed-1")
+        .header("Content-Type", "application/json")
+        .header(
+            "traceparent",
+            format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01"),
+        )
+        .body(r#"{"amount": 7}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    // The intake and claim spans are sent (every 100 ms) while the call hangs; then the kill.
+    let intake_sent = eventually(Duration::from_secs(10), || async {
+        of_trace(&got).iter().any(|s| s.name == "claimd.claim")
+    })
+    .await;
+    assert!(intake_sent, "{:#?}", names(&of_trace(&got)));
+    first.kill();
+    hang.store(false, Ordering::SeqCst);
+
+    let second = ready_worker(&toml, dir.path(), "second").await;
+    let spans = trace_when(&got, |spans| {
+        spans.iter().any(|s| {
+            s.name == "claimd.settle"
+                && s.attributes.get("claimd.state").map(String::as_str) == Some("completed")
+        })
+    })
+    .await;
+    let shown = names(&spans);
+    let intake = named(&spans, "claimd.intake");
+    assert_eq!(intake.len(), 1, "{shown:#?}");
+    let intake = intake[0];
+    assert_eq!(intake.parent, PRODUCER_SPAN);
+    let attempts = named(&spans, "claimd.attempt");
+    assert!(
+        attempts
+            .iter()
+            .all(|a| a.attributes["claimd.attempt"] != "1"),
+        "the killed attempt never ended: {shown:#?}"
+    );
+    let takeover = attempts
+        .iter()
+        .find(|a| a.attributes["claimd.attempt.end"] == "completed")
+        .unwrap_or_else(|| panic!("no attempt completed it: {shown:#?}"));
+    assert_eq!(takeover.parent, intake.span_id, "{shown:#?}");
+    let settle = named(&spans, "claimd.settle")
+        .into_iter()
+        .find(|s| s.attributes["claimd.state"] == "completed")
+        .unwrap();
+    assert_eq!(settle.parent, takeover.span_id, "{shown:#?}");
+    assert!(
+        named(&spans, "claimd.call")
+            .iter()
+            .any(|c| c.parent == takeover.span_id
+                && c.attributes.get("claimd.call.resend").map(String::as_str) == Some("takeover")),
+        "the re-send after the kill is in the trace: {shown:#?}"
+    );
+    drop(second);
+}
