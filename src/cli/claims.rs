@@ -3,6 +3,7 @@
 
 use super::actor::operator_name;
 use super::*;
+use crate::domain::trace_context::TraceParent;
 use crate::ops::claim_query::{ClaimQuery, PageError};
 use crate::ops::operator_action::Action;
 
@@ -124,9 +125,16 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 Ok(head) => head,
                 Err(e) => return Output::store(app, &e),
             };
+            // The message's trace (`[traces]`), to look it up in the tracing backend.
+            let trace_id = claim
+                .trace_parent
+                .as_deref()
+                .and_then(|t| TraceParent::parse(t.as_bytes()))
+                .map(|t| t.trace_id_hex());
             if format == Format::Json {
                 return Output::ok(to_json(&serde_json::json!({
-                    "claim": claim, "history": history, "waiting_behind": behind
+                    "claim": claim, "history": history, "waiting_behind": behind,
+                    "trace_id": trace_id
                 })));
             }
             let mut s = String::new();
@@ -188,6 +196,9 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             }
             if let Some(key) = &claim.order_key {
                 fields.insert(7, ("order key", key.clone()));
+            }
+            if let Some(id) = trace_id {
+                fields.push(("trace", id));
             }
             if let Some(head) = &behind {
                 let why = format!(

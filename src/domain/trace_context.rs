@@ -54,6 +54,11 @@ impl TraceParent {
         })
     }
 
+    /// The trace id, as tracing backends show and search it (32 lowercase hex digits).
+    pub fn trace_id_hex(&self) -> String {
+        hex::encode(self.trace_id)
+    }
+
     /// The header's text, version 00.
     pub fn to_header(&self) -> String {
         format!(
@@ -82,6 +87,7 @@ mod tests {
         assert_eq!(hex::encode(tp.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(hex::encode(tp.span_id), "00f067aa0ba902b7");
         assert_eq!(tp.flags, 1);
+        assert_eq!(tp.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(tp.to_header(), GOOD);
     }
 

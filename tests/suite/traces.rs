@@ -691,4 +691,21 @@ async fn a_takeover_after_a_sigkill_joins_the_messages_trace() {
         "the re-send after the kill is in the trace: {shown:#?}"
     );
     drop(second);
+
+    // `claims show` names the trace, to look it up in the tracing backend.
+    let config = dir.path().join("second.toml");
+    let config = config.to_str().unwrap();
+    let (code, out, err) = cli(&["claims", "show", "cards", "killed-1", "--config", config]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("trace") && l.ends_with(PRODUCER_TRACE)),
+        "{out}"
+    );
+    let (code, out, err) = cli(&[
+        "claims", "show", "cards", "killed-1", "--config", config, "--format", "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["trace_id"], PRODUCER_TRACE);
 }
