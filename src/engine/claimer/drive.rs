@@ -137,13 +137,8 @@ impl Claimer {
             // deadline, else hand the claim back with a lease that ends when it may go. Either
             // way no attempt is spent and nothing is sent.
             // The key's own pace first (`effect.rate_limit_key`), then the destination's.
-            let admitted = match Box::pin(key_turn(consumer, claim, deadline)).await {
-                Ok(key) => consumer.destination.admit(deadline).await.map(|p| (p, key)),
-                Err(until) => Err(Held {
-                    until,
-                    by: HeldBy::Pace,
-                }),
-            };
+            // Boxed: its state is kept only while it waits, not through the call.
+            let admitted = Box::pin(self.admit(consumer, claim, deadline)).await;
             let (pass, key) = match admitted {
                 Ok(admitted) => admitted,
                 Err(held) => {
@@ -473,6 +468,48 @@ impl Claimer {
             other => step.failed(error_of(other)),
         };
         self.traces.step(claim, step);
+    }
+
+    /// Waits for the claim's key's turn, then the destination's, in place while they come by
+    /// `deadline` (and traces a wait of a millisecond or more); `Err` says until when the
+    /// claim is held.
+    async fn admit(
+        &self,
+        consumer: &Consumer,
+        claim: &Claim,
+        deadline: Instant,
+    ) -> Result<(crate::engine::destination::Pass, Option<String>), Held> {
+        let paced_from = self.traces.is_on().then(std::time::SystemTime::now);
+        let admitted = match key_turn(consumer, claim, deadline).await {
+            Ok(key) => consumer.destination.admit(deadline).await.map(|p| (p, key)),
+            Err(until) => Err(Held {
+                until,
+                by: HeldBy::Pace,
+            }),
+        };
+        if let (Ok(_), Some(from)) = (&admitted, paced_from) {
+            self.trace_paced(claim, from);
+        }
+        admitted
+    }
+
+    /// A wait in place before a call (the key's or the destination's pace, a probe's answer)
+    /// in the claim's trace, when it lasted a millisecond or more.
+    fn trace_paced(&self, claim: &Claim, from: std::time::SystemTime) {
+        let waited = from.elapsed().unwrap_or_default();
+        if waited < Duration::from_millis(1) {
+            return;
+        }
+        let attributes = vec![
+            (
+                "claimd.wait.reason",
+                "paced: the key's or the destination's rate, or a probe's answer".into(),
+            ),
+            ("claimd.wait.handoff", "none".into()),
+            ("claimd.wait.for_ms", (waited.as_millis() as i64).into()),
+        ];
+        self.traces
+            .step(claim, TraceStep::since("claimd.wait", from, attributes));
     }
 
     /// Ends an attempt whose call was not made and never can be as the claim stands (a value
