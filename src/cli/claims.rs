@@ -3,7 +3,6 @@
 
 use super::actor::operator_name;
 use super::*;
-use crate::domain::trace_context::TraceParent;
 use crate::ops::claim_query::{ClaimQuery, PageError};
 use crate::ops::operator_action::Action;
 
@@ -125,12 +124,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 Ok(head) => head,
                 Err(e) => return Output::store(app, &e),
             };
-            // The message's trace (`[traces]`), to look it up in the tracing backend.
-            let trace_id = claim
-                .trace_parent
-                .as_deref()
-                .and_then(|t| TraceParent::parse(t.as_bytes()))
-                .map(|t| t.trace_id_hex());
+            let trace_id = claim.trace_id();
             if format == Format::Json {
                 return Output::ok(to_json(&serde_json::json!({
                     "claim": claim, "history": history, "waiting_behind": behind,

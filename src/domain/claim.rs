@@ -549,6 +549,15 @@ impl NewClaim {
 }
 
 impl Claim {
+    /// The id of the message's trace (`[traces]`; 32 hex digits), to look it up in the
+    /// tracing backend; `None` when it was claimed with traces off.
+    pub fn trace_id(&self) -> Option<String> {
+        self.trace_parent
+            .as_deref()
+            .and_then(|t| crate::domain::trace_context::TraceParent::parse(t.as_bytes()))
+            .map(|t| t.trace_id_hex())
+    }
+
     /// A `started` claim whose lease has expired at `now` (database time).
     pub fn is_stuck(&self, now: DateTime<Utc>) -> bool {
         self.state == ClaimState::Started

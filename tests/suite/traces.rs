@@ -276,6 +276,16 @@ async fn a_message_that_waited_out_an_outage_and_was_settled_by_a_webhook_is_one
     assert_eq!(r.status(), 200);
     let r: Value = r.json().await.unwrap();
     assert_eq!(r["result"], "settled", "{r}");
+    // The claim names its trace.
+    let shown: Value = client()
+        .get(format!("{base}/v1/claims/cards/pay-1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(shown["trace_id"], PRODUCER_TRACE, "{shown}");
 
     // Read back: every step, in the producer's trace.
     let spans = trace_when(&got, |spans| {

@@ -117,6 +117,7 @@ pub async fn get_claim(
                 "payload": PayloadView::of(&claim),
                 "history": history,
                 "waiting_behind": behind,
+                "trace_id": claim.trace_id(),
             }))
             .into_response()
         }
