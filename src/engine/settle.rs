@@ -120,11 +120,6 @@ impl Settler {
         self
     }
 
-    /// Where what it writes is traced.
-    pub fn traces(&self) -> &Traces {
-        &self.traces
-    }
-
     /// The signals rung when a claim is settled here (`Prefer: wait` listens to them).
     pub fn signals(&self) -> &Arc<SettleSignals> {
         &self.signals
@@ -296,11 +291,10 @@ impl Settler {
             provider_status: status,
             detail: s.error.as_deref(),
         };
-        let started = std::time::SystemTime::now();
         match self.store.settle(claim.id, claim.attempt, &s, &event).await {
             Ok(true) => {
                 if self.traces.is_on() {
-                    self.trace_wait(claim, &s, outcome, started);
+                    self.trace_wait(claim, &s, outcome);
                 }
                 AttemptEnd::LeftStarted(error.to_string())
             }
@@ -332,12 +326,11 @@ impl Settler {
         let event = self.event_of(&s, action, outcome);
         slot.release_for_settle();
         let mut delay = Duration::from_millis(100);
-        let started = std::time::SystemTime::now();
         loop {
             match self.store.settle(claim.id, claim.attempt, &s, &event).await {
                 Ok(true) => {
                     if self.traces.is_on() {
-                        self.trace_settle(claim, &s, action, outcome, started);
+                        self.trace_settle(claim, &s, action, outcome);
                     }
                     let state = s.state.unwrap_or(ClaimState::Started);
                     self.signals.settled(claim.id);
@@ -426,7 +419,6 @@ impl Settler {
     ) -> Result<bool, crate::store::StoreError> {
         make_storable(&mut s);
         let event = self.event_of(&s, action, outcome);
-        let started = std::time::SystemTime::now();
         let changed = self
             .store
             .settle_from(claim.id, claim.attempt, claim.version, from, &s, &event)
@@ -434,7 +426,7 @@ impl Settler {
         if changed {
             self.signals.settled(claim.id);
             if self.traces.is_on() {
-                self.trace_settle(claim, &s, action, outcome, started);
+                self.trace_settle(claim, &s, action, outcome);
             }
         }
         if changed && let Some(state) = s.state.filter(|st| *st != from) {
@@ -445,16 +437,9 @@ impl Settler {
 }
 
 impl Settler {
-    /// A committed settle in the claim's trace (`claimd.settle`): the state it set, who
-    /// decided (`action`: perform, reconcile, event, poll, ...) and how.
-    fn trace_settle(
-        &self,
-        claim: &Claim,
-        s: &Settlement,
-        action: &str,
-        outcome: &str,
-        started: std::time::SystemTime,
-    ) {
+    /// A committed settle in the claim's trace (`claimd.settle`, at its commit): the state it
+    /// set, who decided (`action`: perform, reconcile, event, poll, ...) and how.
+    fn trace_settle(&self, claim: &Claim, s: &Settlement, action: &str, outcome: &str) {
         let state = s.state.map(|st| st.as_str()).unwrap_or("started");
         let mut attributes = vec![
             ("claimd.state", state.into()),
@@ -467,7 +452,7 @@ impl Settler {
         if let Some(why) = &s.error {
             attributes.push(("claimd.reason", why.clone().into()));
         }
-        let step = TraceStep::since("claimd.settle", started, attributes);
+        let step = TraceStep::now("claimd.settle", attributes);
         let step = match (s.state, &s.error) {
             (Some(ClaimState::NeedsAttention), Some(why)) => step.failed(why.clone()),
             _ => step,
@@ -475,9 +460,10 @@ impl Settler {
         self.traces.step(claim, step);
     }
 
-    /// A hand-off to the sweeper in the claim's trace (`claimd.wait`): why it waits, how the
-    /// attempt let go (`not_applied`, `waiting`, `unknown`) and for how long at least.
-    fn trace_wait(&self, claim: &Claim, s: &Settlement, how: &str, started: std::time::SystemTime) {
+    /// A hand-off to the sweeper in the claim's trace (`claimd.wait`, at its commit): why it
+    /// waits, how the attempt let go (`not_applied`, `waiting`, `unknown`) and for how long at
+    /// least.
+    fn trace_wait(&self, claim: &Claim, s: &Settlement, how: &str) {
         let mut attributes = vec![
             (
                 "claimd.wait.reason",
@@ -493,7 +479,7 @@ impl Settler {
             attributes.push(("http.response.status_code", status.into()));
         }
         self.traces
-            .step(claim, TraceStep::since("claimd.wait", started, attributes));
+            .step(claim, TraceStep::now("claimd.wait", attributes));
     }
 }
 

@@ -12,9 +12,8 @@
 //! `415`.
 
 use super::http::{
-    not_before, read_body, repeated, submit_and_answer, tenant_of, unknown_consumer,
+    not_before, read_body, repeated, submit_and_answer, tenant_of, trace_parent, unknown_consumer,
 };
-use crate::domain::trace_context::{TRACEPARENT, TraceParent};
 use crate::edge::AppState;
 use crate::edge::http::problem::problem;
 use crate::engine::claimer::Delivery;
@@ -345,9 +344,7 @@ pub async fn post_event(
         payload: event.data.into(),
         content_type: event.content_type,
         not_before,
-        trace_parent: headers
-            .get(TRACEPARENT)
-            .and_then(|v| TraceParent::parse(v.as_bytes())),
+        trace_parent: trace_parent(&headers),
     };
     submit_and_answer(&state, delivery, share, &headers).await
 }

@@ -222,11 +222,16 @@ pub async fn post_message(
         payload: body.into(),
         content_type,
         not_before,
-        trace_parent: headers
-            .get(TRACEPARENT)
-            .and_then(|v| TraceParent::parse(v.as_bytes())),
+        trace_parent: trace_parent(&headers),
     };
     submit_and_answer(&state, delivery, share, &headers).await
+}
+
+/// The producer's `traceparent` header, when it parses (one that does not is ignored).
+pub(super) fn trace_parent(headers: &HeaderMap) -> Option<TraceParent> {
+    headers
+        .get(TRACEPARENT)
+        .and_then(|v| TraceParent::parse(v.as_bytes()))
 }
 
 /// `404` unless `consumer` takes HTTP intake.

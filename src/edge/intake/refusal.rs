@@ -155,8 +155,9 @@ pub(crate) struct Received<'a> {
     pub content_type: Vec<u8>,
     /// The `not-before` header's bytes, if present.
     pub not_before: Result<Option<Vec<u8>>, String>,
-    /// The producer's `traceparent` header, when valid (one that is not is ignored).
-    pub trace_parent: Option<TraceParent>,
+    /// The producer's `traceparent` header's bytes, if present and readable (one that does
+    /// not parse is ignored).
+    pub trace_parent: Option<Vec<u8>>,
 }
 
 impl Received<'_> {
@@ -250,7 +251,7 @@ pub(crate) fn delivery_of(r: Received<'_>) -> Result<Delivery, Verdict> {
         payload: r.body,
         content_type: r.content_type,
         not_before,
-        trace_parent: r.trace_parent,
+        trace_parent: r.trace_parent.as_deref().and_then(TraceParent::parse),
     })
 }
 

@@ -420,9 +420,9 @@ impl Claimer {
         if !noted {
             note_call().await;
         }
-        let waited = std::time::SystemTime::now();
+        let waited = self.traces.is_on().then(std::time::SystemTime::now);
         tokio::time::sleep(delay).await;
-        if self.traces.is_on() {
+        if let Some(waited) = waited {
             let attributes = vec![
                 ("claimd.wait.reason", format!("retry after: {error}").into()),
                 ("claimd.wait.handoff", "none".into()),

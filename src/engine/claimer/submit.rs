@@ -349,13 +349,13 @@ impl Claimer {
         hold: Hold,
     ) -> Option<Claim> {
         let m = &self.metrics;
-        let started = std::time::SystemTime::now();
+        let started = self.traces.is_on().then(std::time::SystemTime::now);
         let outcome = self.store.claim(&new).await;
         match &outcome {
             Ok(_) => self.writes.succeeded(),
             Err(e) => self.writes.failed(e),
         }
-        if self.traces.is_on() {
+        if let Some(started) = started {
             self.trace_claim(&new, &outcome, started);
         }
         match outcome {
@@ -398,10 +398,12 @@ impl Claimer {
         outcome: &Result<ClaimOutcome, StoreError>,
         started: std::time::SystemTime,
     ) {
+        // Only a created claim is this message's: a duplicate's or a mismatch's is the earlier
+        // claim, whose trace is elsewhere.
         let (result, id) = match outcome {
             Ok(ClaimOutcome::Created(c)) => ("created", Some(c.id)),
-            Ok(ClaimOutcome::Duplicate(c)) => ("duplicate", Some(c.id)),
-            Ok(ClaimOutcome::Mismatch(c)) => ("mismatch", Some(c.id)),
+            Ok(ClaimOutcome::Duplicate(_)) => ("duplicate", None),
+            Ok(ClaimOutcome::Mismatch(_)) => ("mismatch", None),
             Err(_) => ("store_error", None),
         };
         let mut step = TraceStep::since(
@@ -412,8 +414,6 @@ impl Claimer {
         if let Err(e) = outcome {
             step = step.failed(e.to_string());
         }
-        // A duplicate's id is the earlier claim's: its own trace is elsewhere.
-        let id = if result == "created" { id } else { None };
         self.traces.step_of(id, new.trace_parent.as_deref(), step);
     }
 

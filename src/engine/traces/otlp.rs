@@ -222,12 +222,12 @@ fn remote(p: TraceParent) -> Context {
 }
 
 fn header_of(context: &SpanContext) -> String {
-    format!(
-        "00-{}-{}-{:02x}",
-        context.trace_id(),
-        context.span_id(),
-        context.trace_flags().to_u8()
-    )
+    TraceParent {
+        trace_id: context.trace_id().to_bytes(),
+        span_id: context.span_id().to_bytes(),
+        flags: context.trace_flags().to_u8(),
+    }
+    .to_header()
 }
 
 fn message_attributes(consumer: &str, tenant: &str, message_id: &str) -> Vec<KeyValue> {

@@ -2,7 +2,7 @@
 //! acknowledge, requeue after a pause, or dead-letter with a readable reason.
 
 use super::*;
-use crate::domain::trace_context::{TRACEPARENT, TraceParent};
+use crate::domain::trace_context::TRACEPARENT;
 use crate::edge::intake::refusal::{Received, delivery_of, lossy, verdict_of};
 
 /// The message header asking for a scheduled send (docs/flow-control.md).
@@ -147,10 +147,7 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
             .map(|s| s.as_str().as_bytes().to_vec())
             .unwrap_or_default(),
         not_before: header_bytes(props, NOT_BEFORE_HEADER),
-        trace_parent: header_bytes(props, TRACEPARENT)
-            .ok()
-            .flatten()
-            .and_then(|v| TraceParent::parse(&v)),
+        trace_parent: header_bytes(props, TRACEPARENT).ok().flatten(),
     };
     let shown_id = received.shown_id();
     match delivery_of(received) {

@@ -1,7 +1,7 @@
 //! Reading a NATS message's headers into a verdict, and writing a dead letter's headers.
 
 use super::Ctx;
-use crate::domain::trace_context::{TRACEPARENT, TraceParent};
+use crate::domain::trace_context::TRACEPARENT;
 use crate::edge::intake::refusal::{
     DeadLetterReason, Received, STORE_RETRY_DELAY, Verdict, delivery_of, verdict_of,
 };
@@ -96,10 +96,7 @@ pub(super) async fn judge(
         max_body_bytes: ctx.max_body_bytes,
         content_type,
         not_before: header_bytes(headers, NOT_BEFORE_HEADER),
-        trace_parent: header_bytes(headers, TRACEPARENT)
-            .ok()
-            .flatten()
-            .and_then(|v| TraceParent::parse(&v)),
+        trace_parent: header_bytes(headers, TRACEPARENT).ok().flatten(),
     };
     let shown_id = received.shown_id();
     let delivery = match delivery_of(received) {
