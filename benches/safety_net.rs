@@ -61,7 +61,8 @@ impl Binds {
                 .bind(1000i64)
                 .bind("bench-sweeper")
                 .bind(60_000i64)
-                .bind(chrono::Utc::now()),
+                .bind(chrono::Utc::now())
+                .bind(true),
             Binds::Window(since) => q.bind(since),
             Binds::None => q,
         }
@@ -168,6 +169,7 @@ async fn main() {
                     "bench-sweeper",
                     Duration::from_secs(60),
                     chrono::Utc::now(),
+                    true,
                 )
                 .await
                 .unwrap();

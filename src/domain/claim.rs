@@ -546,6 +546,20 @@ impl NewClaim {
     pub fn inserted(&self, claim: &Claim) -> bool {
         !self.claim_token.is_empty() && claim.claim_token.as_deref() == Some(&self.claim_token)
     }
+
+    /// Whether `found`, read back after this call's claim statement failed, is the row this
+    /// call inserted and still as that statement left it for this worker to perform: `started`
+    /// at attempt 1 and held by this worker. A claim committed waiting (for its line or its
+    /// time) never is: the pickup or the sweeper takes it, and this worker's own pickup may
+    /// already have (the same owner at the same attempt), so performing it here as well would
+    /// send it twice, both sends counted as first ones.
+    pub fn adoptable(&self, found: &Claim) -> bool {
+        self.inserted(found)
+            && found.state == ClaimState::Started
+            && found.attempt == 1
+            && self.lease_owner() == Some(self.worker.as_str())
+            && found.lease_owner.as_deref() == Some(self.worker.as_str())
+    }
 }
 
 impl Claim {
@@ -582,6 +596,96 @@ impl Claim {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn claim_as_inserted(new: &NewClaim) -> Claim {
+        Claim {
+            id: 1,
+            consumer: new.consumer.clone(),
+            tenant: new.tenant.clone(),
+            message_id: new.message_id.clone(),
+            idem_key: new.idem_key.clone(),
+            fingerprint: new.fingerprint.clone(),
+            payload: new.payload.clone(),
+            content_type: new.content_type.clone(),
+            state: ClaimState::Started,
+            attempt: new.first_attempt(),
+            lease_owner: new.lease_owner().map(str::to_string),
+            lease_until: None,
+            received_utc: Utc::now(),
+            started_utc: Utc::now(),
+            processed_utc: None,
+            last_error: None,
+            provider_status: None,
+            provider_response: None,
+            duplicate_count: 0,
+            mismatch_count: 0,
+            reconciled: false,
+            resent_count: 0,
+            waits: 0,
+            claim_token: Some(new.claim_token.clone()),
+            provider_id: None,
+            pending_utc: None,
+            version: 0,
+            order_key: new.order_key.clone(),
+            not_before: new.not_before,
+            trace_parent: None,
+        }
+    }
+
+    fn new_claim() -> NewClaim {
+        NewClaim {
+            consumer: "payments".into(),
+            tenant: String::new(),
+            message_id: "m1".into(),
+            idem_key: "payments:m1".into(),
+            fingerprint: fingerprint(b"{}"),
+            payload: bytes::Bytes::from_static(b"{}"),
+            content_type: "application/json".into(),
+            worker: "w1".into(),
+            lease: std::time::Duration::from_secs(30),
+            claim_token: new_claim_token(),
+            mark_not_called: false,
+            order_key: None,
+            not_before: None,
+            trace_parent: None,
+        }
+    }
+
+    #[test]
+    fn only_a_claim_as_its_own_statement_left_it_is_adopted() {
+        let new = new_claim();
+        let found = claim_as_inserted(&new);
+        assert!(
+            new.adoptable(&found),
+            "this call's claim, held by this worker"
+        );
+        let mut other = new.clone();
+        other.claim_token = new_claim_token();
+        assert!(!other.adoptable(&found), "another delivery's claim");
+        let mut taken_over = found.clone();
+        taken_over.attempt = 2;
+        assert!(!new.adoptable(&taken_over), "taken over by a sweeper");
+        let mut settled = found.clone();
+        settled.state = ClaimState::Completed;
+        assert!(!new.adoptable(&settled));
+    }
+
+    #[test]
+    fn a_claim_committed_waiting_is_never_adopted_even_once_this_worker_took_it() {
+        let mut new = new_claim();
+        new.order_key = Some("o1".into());
+        let waiting = claim_as_inserted(&new);
+        assert_eq!(waiting.lease_owner, None);
+        assert!(!new.adoptable(&waiting), "the pickup takes it at its turn");
+        // This process's own pickup took it meanwhile: same owner, same attempt. Adopting it
+        // too would drive it twice, both sends uncounted (two charges under max_sends = 1).
+        let mut picked_up = waiting.clone();
+        picked_up.lease_owner = Some("w1".into());
+        assert!(!new.adoptable(&picked_up));
+        let mut scheduled = new_claim();
+        scheduled.not_before = Some(Utc::now());
+        assert!(!scheduled.adoptable(&claim_as_inserted(&scheduled)));
+    }
 
     #[test]
     fn states_round_trip_through_their_names() {

@@ -182,6 +182,10 @@ async fn sweep_consumer(
     let cfg = &consumer.config;
     let wait = cfg.effect.timeout().min(cfg.lease.0);
     let mut items = Vec::new();
+    let hold = cfg.flow.order_hold == crate::config::OrderHold::Hold;
+    if consumer.order_key.is_some() {
+        items.extend(release_due(claimer, consumer, batch).await?);
+    }
     let mut remaining = batch;
     while remaining > 0 {
         if consumer.destination.open_until().is_some() {
@@ -195,7 +199,7 @@ async fn sweep_consumer(
         let store = claimer.store();
         let taken = if cfg.flow.fairness == crate::config::Fairness::Tenant {
             let order = crate::store::WaitingOrder {
-                lines: None,
+                lines: consumer.order_key.is_some().then_some(hold),
                 fair: Some(cfg.flow.tenant_weights.clone()),
             };
             let owner = claimer.instance();
@@ -204,7 +208,14 @@ async fn sweep_consumer(
                 .await?
         } else {
             store
-                .take_stale(&cfg.name, chunk, claimer.instance(), cfg.lease.0, cutoff)
+                .take_stale(
+                    &cfg.name,
+                    chunk,
+                    claimer.instance(),
+                    cfg.lease.0,
+                    cutoff,
+                    hold,
+                )
                 .await?
         };
         if taken.is_empty() {
@@ -312,29 +323,42 @@ fn end_name(end: &AttemptEnd) -> String {
     }
 }
 
-/// A scheduled claim of an ordered consumer whose time came: it joins its order key's line
-/// (where its place is its arrival) instead of being sent out of turn.
-async fn join_line(claimer: &Claimer, consumer: &Consumer, claim: &Claim) -> SweepItem {
-    let result = match claimer
+/// The scheduled claims of an ordered consumer whose time came join their order keys' lines
+/// (where their place is their arrival) instead of being sent out of turn: one statement, so
+/// no worker ever holds such a claim outside its line (I10). Their history says so.
+async fn release_due(
+    claimer: &Claimer,
+    consumer: &Consumer,
+    batch: u32,
+) -> Result<Vec<SweepItem>, StoreError> {
+    let released = claimer
         .store()
-        .release_to_line(claim.id, claim.attempt)
-        .await
-    {
-        Ok(true) => {
-            consumer.wake_pickup();
-            "joined its order key's line".to_string()
-        }
-        Ok(false) => "taken by another worker meanwhile".to_string(),
-        Err(e) => format!("could not join its line ({e}); the next pass takes it again"),
-    };
-    SweepItem {
-        consumer: claim.consumer.clone(),
-        tenant: claim.tenant.clone(),
-        message_id: claim.message_id.clone(),
-        attempt: claim.attempt,
-        action: "schedule".into(),
-        result,
+        .release_due_to_line(consumer.name(), batch)
+        .await?;
+    if released.is_empty() {
+        return Ok(Vec::new());
     }
+    consumer.wake_pickup();
+    let mut items = Vec::with_capacity(released.len());
+    for claim in released {
+        let detail = format!(
+            "its scheduled time {} came; joined its order key's line",
+            claim.not_before.map(|t| t.to_rfc3339()).unwrap_or_default()
+        );
+        claimer
+            .settler()
+            .note(&claim, "schedule", "due", None, Some(&detail))
+            .await;
+        items.push(SweepItem {
+            consumer: claim.consumer.clone(),
+            tenant: claim.tenant.clone(),
+            message_id: claim.message_id.clone(),
+            attempt: claim.attempt,
+            action: "schedule".into(),
+            result: "joined its order key's line".into(),
+        });
+    }
+    Ok(items)
 }
 
 /// Carries out the decision for one taken claim.
@@ -355,9 +379,6 @@ async fn handle(
             .settler()
             .note(claim, "schedule", "due", None, Some(&detail))
             .await;
-        if claim.order_key.is_some() {
-            return join_line(claimer, consumer, claim).await;
-        }
     }
     let mut decision = decide(consumer, &t);
     if t.handoff.is_none()
@@ -417,7 +438,9 @@ async fn handle(
     let hold = Hold {
         since: lease_start,
         age: t.age,
-        not_called: false,
+        // A scheduled claim's marker moved to this attempt with the take: it is cleared,
+        // fenced, just before the call, so a crash before then is a claim never sent (I11).
+        not_called: t.held_by.as_deref() == Some(SCHEDULE_OWNER),
     };
     claimer.metrics().sweep_action(action_name(&decision));
     let result = match &decision {

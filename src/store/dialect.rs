@@ -132,7 +132,11 @@ pub struct Statements {
     /// A claim's history, oldest first: claim id.
     pub list_events: &'static str,
     /// Take stale claims (attempt + 1, version + 1, new lease), returning them with payload, `age_ms`,
-    /// `handoff`, `handoff_attempt`: consumer, limit, owner, lease ms, expired before.
+    /// `handoff`, `handoff_attempt`: consumer, limit, owner, lease ms, expired before, hold
+    /// (`order_hold = "hold"`). Leaves out what belongs to a line: a scheduled claim with an
+    /// order key (`release_due_to_line` puts it into its line) and an ownerless claim (an
+    /// operator's redrive) while its line has another claim ahead of it or in flight. A
+    /// scheduled claim's "not called" marker moves to the attempt that takes it.
     pub take_stale: &'static str,
     /// Stale claims a take would return, changing nothing: consumer, limit.
     pub peek_stale: &'static str,
@@ -161,10 +165,12 @@ pub struct Statements {
     pub behind_in_line: &'static str,
     /// Claims waiting in lines per consumer: consumer, n.
     pub in_line: &'static str,
-    /// A scheduled claim whose time came into its line (no lease owner), fenced: id, attempt.
-    pub release_to_line: &'static str,
+    /// The scheduled claims of ordered consumers whose time came, put into their lines in one
+    /// statement (no lease owner, attempt 1, the "not called" marker kept), returning them:
+    /// consumer, limit.
+    pub release_due_to_line: &'static str,
     /// [`take_stale`](Statements::take_stale) round-robin across tenants by lease end:
-    /// consumer, limit, owner, lease ms, expired before, weights (JSON object).
+    /// consumer, limit, owner, lease ms, expired before, weights (JSON object), hold.
     pub take_stale_fair: &'static str,
     /// Upsert a consumer's entry in the registry producers' transactions read
     /// (`claimd_consumers`): name, key template, max key length, whether the key mentions

@@ -3,7 +3,7 @@
 
 use super::dialect::SqlRow;
 use super::{StoreError, StoreResult, TakenClaim};
-use crate::domain::claim::{Claim, ClaimState, Handoff};
+use crate::domain::claim::{Claim, ClaimState, Handoff, SCHEDULE_OWNER};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -53,15 +53,23 @@ pub(crate) fn taken_from_row(
     claim.attempt += shown_attempt_offset;
     let kind = row.opt_text("handoff")?;
     let at = row.opt_i32("handoff_attempt")?;
+    let held_by = row.opt_text("held_by")?;
+    // A take of a scheduled claim moved its "not called" marker to the attempt it made
+    // (`take_stale`): the marker is this attempt's, and still says nothing was sent.
+    let from_schedule = held_by.as_deref() == Some(SCHEDULE_OWNER);
     let handoff = kind
-        .filter(|_| at.is_some_and(|a| a == claim.attempt - 1))
+        .filter(|k| {
+            at.is_some_and(|a| {
+                a == claim.attempt - 1 || (from_schedule && k == "not_called" && a == claim.attempt)
+            })
+        })
         .and_then(|k| Handoff::parse(&k));
     let age_ms = row.opt_i64("age_ms")?.unwrap_or(0).max(0);
     Ok(TakenClaim {
         claim,
         handoff,
         age: Duration::from_millis(age_ms as u64),
-        held_by: row.opt_text("held_by")?,
+        held_by,
         went_ahead_of: None,
     })
 }

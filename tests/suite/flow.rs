@@ -11,3 +11,5 @@ mod order;
 mod rate_key;
 #[path = "flow/schedule.rs"]
 mod schedule;
+#[path = "flow/seams.rs"]
+mod seams;

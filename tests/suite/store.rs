@@ -67,7 +67,14 @@ async fn fencing(store: TestStore) {
     tokio::time::sleep(Duration::from_millis(20)).await;
     // A sweeper takes it over: attempt 2.
     let taken = s
-        .take_stale("payments", 10, "sweeper", Duration::from_secs(60), far())
+        .take_stale(
+            "payments",
+            10,
+            "sweeper",
+            Duration::from_secs(60),
+            far(),
+            true,
+        )
         .await
         .unwrap();
     assert_eq!(taken.len(), 1);
@@ -184,8 +191,8 @@ async fn two_sweepers_never_take_the_same_claim_postgres() {
     // Many small concurrent passes from two pools (two "processes").
     for _ in 0..20 {
         let (ra, rb) = tokio::join!(
-            a.take_stale("payments", 15, "A", Duration::from_secs(60), far()),
-            b.take_stale("payments", 15, "B", Duration::from_secs(60), far())
+            a.take_stale("payments", 15, "A", Duration::from_secs(60), far(), true),
+            b.take_stale("payments", 15, "B", Duration::from_secs(60), far(), true)
         );
         for t in ra.unwrap() {
             assert!(seen_a.insert(t.claim.message_id.clone()));
@@ -254,7 +261,7 @@ async fn operator_actions(store: TestStore) {
     assert_eq!(r.attempt, 2);
     tokio::time::sleep(Duration::from_millis(10)).await;
     let taken = s
-        .take_stale("payments", 10, "sw", Duration::from_secs(60), far())
+        .take_stale("payments", 10, "sw", Duration::from_secs(60), far(), true)
         .await
         .unwrap();
     assert_eq!(taken.len(), 1);

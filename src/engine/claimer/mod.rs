@@ -11,7 +11,7 @@
 //! [`crate::engine::consumer`].
 
 use crate::domain::claim::{
-    Claim, ClaimState, IdError, NewClaim, fingerprint, new_claim_token, validate_content_type,
+    Claim, IdError, NewClaim, fingerprint, new_claim_token, validate_content_type,
     validate_message_id, validate_tenant,
 };
 use crate::engine::consumer::Admission;

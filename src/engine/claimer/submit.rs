@@ -432,11 +432,17 @@ impl Claimer {
                 .get(&new.consumer, &new.tenant, &new.message_id)
                 .await
             {
-                Ok(Some(c))
-                    if new.inserted(&c) && c.state == ClaimState::Started && c.attempt == 1 =>
-                {
+                Ok(Some(c)) if new.adoptable(&c) => {
                     info!("the claim committed although its statement failed; performing it");
                     return Some(c);
+                }
+                Ok(Some(c)) if new.inserted(&c) && c.order_key.is_some() => {
+                    // It committed waiting in its line: the pickup takes it at its turn.
+                    info!(
+                        "the claim committed although its statement failed; it waits in its line"
+                    );
+                    consumer.wake_pickup();
+                    return None;
                 }
                 Ok(_) => return None,
                 Err(_) => delay = (delay * 2).min(Duration::from_secs(2)),

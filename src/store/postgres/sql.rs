@@ -152,6 +152,35 @@ macro_rules! pg_take_waiting_returning {
     };
 }
 
+/// Whether the stale claim `w` belongs to its order key's line rather than to a takeover
+/// (I10): a scheduled one (`release_due_to_line` puts it into its line at its time), or an
+/// ownerless one (an operator's redrive) while an earlier claim of its line is unfinished or
+/// another of its line is in flight, as `pg_behind_in_line`; the argument binds the hold.
+macro_rules! pg_stale_in_line {
+    ($hold:literal) => {
+        concat!(
+            "(w.order_key IS NOT NULL AND (COALESCE(w.lease_owner = 'schedule', false) \
+               OR (w.lease_owner IS NULL AND EXISTS (SELECT 1 FROM claims o \
+                 WHERE o.consumer = w.consumer AND o.tenant = w.tenant \
+                   AND o.order_key = w.order_key AND o.id <> w.id \
+                   AND o.state IN ('started', 'pending', 'needs_attention') \
+                   AND (o.state = 'started' OR ",
+            $hold,
+            ") AND (o.id < w.id OR o.state <> 'started' \
+                        OR (o.lease_owner IS NOT NULL AND o.lease_owner <> 'schedule'))))))"
+        )
+    };
+}
+
+/// A take of a scheduled claim carries its "not called" marker to the attempt that takes it:
+/// a crash before that attempt's call leaves a claim its takeover knows was never sent (I11).
+macro_rules! pg_schedule_marker {
+    () => {
+        "handoff_attempt = CASE WHEN lease_owner = 'schedule' AND handoff = 'not_called' \
+           THEN attempt + 1 ELSE handoff_attempt END, "
+    };
+}
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     // A claim that waits is written with its lease owner NULL (its line) or 'schedule' and
@@ -298,12 +327,14 @@ pub(super) const STATEMENTS: Statements = Statements {
     // lease ran out).
     take_stale: concat!(
         "WITH stale AS MATERIALIZED ( \
-       SELECT id AS stale_id, lease_owner AS held_by FROM claims \
-       WHERE consumer = $1 AND state = 'started' AND lease_until < LEAST(now(), $5) \
-       ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
+       SELECT id AS stale_id, lease_owner AS held_by FROM claims w \
+       WHERE consumer = $1 AND state = 'started' AND lease_until < LEAST(now(), $5) AND NOT ",
+        pg_stale_in_line!("$6"),
+        " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
      UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
-       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
-       version = version + 1, updated_utc = now() \
+       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), ",
+        pg_schedule_marker!(),
+        "version = version + 1, updated_utc = now() \
      FROM stale WHERE id = stale_id \
        AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",
@@ -404,25 +435,37 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT consumer, COUNT(*) AS n FROM claims \
     WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
     GROUP BY consumer",
-    release_to_line: "\
-    UPDATE claims SET lease_owner = NULL, lease_until = NULL, version = version + 1, \
-      updated_utc = now() \
-    WHERE id = $1 AND attempt = $2 AND state = 'started' AND order_key IS NOT NULL",
+    // One statement, so no crash or store error leaves a due claim taken and out of its line.
+    release_due_to_line: concat!(
+        "UPDATE claims SET lease_owner = NULL, lease_until = NULL, attempt = attempt + 1, \
+       handoff_attempt = CASE WHEN handoff = 'not_called' THEN attempt + 1 ELSE handoff_attempt END, \
+       version = version + 1, updated_utc = now() \
+     WHERE id = ANY (ARRAY( \
+       SELECT id FROM claims WHERE consumer = $1 AND state = 'started' \
+         AND lease_owner = 'schedule' AND order_key IS NOT NULL AND lease_until < now() \
+       ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+     RETURNING ",
+        claim_cols!(),
+        ", payload"
+    ),
     take_stale_fair: concat!(
         "WITH stale AS MATERIALIZED ( \
        SELECT id AS stale_id, lease_owner AS held_by FROM claims \
        WHERE id = ANY (ARRAY( \
          SELECT r.id FROM ( \
            SELECT id, tenant, row_number() OVER (PARTITION BY tenant ORDER BY lease_until, id) AS rn \
-           FROM claims WHERE consumer = $1 AND state = 'started' \
-             AND lease_until < LEAST(now(), $5)) r \
+           FROM claims w WHERE consumer = $1 AND state = 'started' \
+             AND lease_until < LEAST(now(), $5) AND NOT ",
+        pg_stale_in_line!("$7"),
+        ") r \
          LEFT JOIN jsonb_each_text($6::jsonb) AS wt(tenant, weight) ON wt.tenant = r.tenant \
          ORDER BY r.rn::float8 / COALESCE(wt.weight::float8, 1), r.id LIMIT $2)) \
          AND state = 'started' AND lease_until < LEAST(now(), $5) \
        FOR UPDATE SKIP LOCKED) \
      UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
-       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
-       version = version + 1, updated_utc = now() \
+       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), ",
+        pg_schedule_marker!(),
+        "version = version + 1, updated_utc = now() \
      FROM stale WHERE id = stale_id \
        AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",

@@ -101,7 +101,11 @@ pub trait EngineStore: Send + Sync {
     /// Takes up to `limit` claims of `consumer` still `started` whose lease ended before
     /// `expired_before` (database time; a pass passes its start so claims handed off during
     /// the pass wait for the next one): bumps `attempt`, sets the lease to `owner` for `lease`,
-    /// all in one statement, skipping rows other sweepers hold.
+    /// all in one statement, skipping rows other sweepers hold. What belongs to an order key's
+    /// line is left to it (I10): a scheduled claim with an order key
+    /// ([`release_due_to_line`](crate::store::LineStore::release_due_to_line)), and an
+    /// operator's redrive while its line has an earlier unfinished claim or another in flight
+    /// (`hold`: `order_hold = "hold"`, a `pending` or parked claim holds it too).
     async fn take_stale(
         &self,
         consumer: &str,
@@ -109,6 +113,7 @@ pub trait EngineStore: Send + Sync {
         owner: &str,
         lease: Duration,
         expired_before: DateTime<Utc>,
+        hold: bool,
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Takes up to `limit` `pending` claims of `consumer` whose next poll is due (their lease
@@ -150,7 +155,8 @@ pub trait EngineStore: Send + Sync {
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// [`take_stale`](EngineStore::take_stale), round-robin across tenants by lease end
-    /// (`fairness = "tenant"`), a tenant taking its weight in `weights` (default 1) per round.
+    /// (`fairness = "tenant"`), a tenant taking its weight in `weights` (default 1) per round;
+    /// lines as `take_stale`, held as [`WaitingOrder::lines`] says.
     async fn take_stale_fair(
         &self,
         consumer: &str,

@@ -42,8 +42,10 @@ pub trait LineStore: Send + Sync {
     /// Claims waiting in order keys' lines, per consumer (consumers with none are left out).
     async fn in_line(&self) -> StoreResult<BTreeMap<String, i64>>;
 
-    /// Puts a scheduled claim whose time came (taken by the sweeper at `attempt`) into its
-    /// order key's line: no lease owner, so the pickup takes it at its turn. Fenced on the
-    /// attempt; `false` when another worker holds it now.
-    async fn release_to_line(&self, id: i64, attempt: i32) -> StoreResult<bool>;
+    /// Puts up to `limit` scheduled claims of `consumer` whose time came into their order
+    /// keys' lines, in one statement: no lease owner, attempt 1 and the "not called" marker
+    /// with it, so the pickup takes each at its turn as a first send. No worker holds such a
+    /// claim in between, so no crash or store error can leave it taken and out of its line
+    /// (I10, I11). Returns the claims it released.
+    async fn release_due_to_line(&self, consumer: &str, limit: u32) -> StoreResult<Vec<Claim>>;
 }

@@ -239,6 +239,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         owner: &str,
         lease: Duration,
         expired_before: DateTime<Utc>,
+        hold: bool,
     ) -> StoreResult<Vec<TakenClaim>> {
         let rows = self
             .fetch(
@@ -250,6 +251,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
                     Arg::Text(owner),
                     Arg::I64(ms(lease)),
                     Arg::Time(expired_before),
+                    Arg::Bool(hold),
                 ],
             )
             .await?;
@@ -340,6 +342,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
                     Arg::I64(ms(lease)),
                     Arg::Time(expired_before),
                     Arg::Text(&weights),
+                    Arg::Bool(order.lines.unwrap_or(true)),
                 ],
             )
             .await?;

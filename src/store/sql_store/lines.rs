@@ -3,6 +3,7 @@
 use super::SqlStore;
 use crate::domain::claim::Claim;
 use crate::store::dialect::{Arg, Dialect, SqlRow};
+use crate::store::rows::claim_from_row;
 use crate::store::{LineHead, LineStore, StoreResult};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -56,12 +57,12 @@ impl<D: Dialect> LineStore for SqlStore<D> {
         rows.first().map(|r| r.i64("n")).unwrap_or(Ok(0))
     }
 
-    async fn release_to_line(&self, id: i64, attempt: i32) -> StoreResult<bool> {
-        let args = [Arg::I64(id), Arg::I32(attempt)];
-        let n = self
-            .execute("release_to_line", D::SQL.release_to_line, &args)
+    async fn release_due_to_line(&self, consumer: &str, limit: u32) -> StoreResult<Vec<Claim>> {
+        let args = [Arg::Text(consumer), Arg::I64(i64::from(limit))];
+        let rows = self
+            .fetch("release_due_to_line", D::SQL.release_due_to_line, &args)
             .await?;
-        Ok(n == 1)
+        rows.iter().map(claim_from_row).collect()
     }
 
     async fn in_line(&self) -> StoreResult<BTreeMap<String, i64>> {

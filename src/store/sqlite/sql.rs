@@ -23,6 +23,33 @@ macro_rules! sqlite_behind_in_line {
     };
 }
 
+/// Whether the stale claim `w` belongs to its order key's line rather than to a takeover (see
+/// the PostgreSQL statement); the argument binds the hold.
+macro_rules! sqlite_stale_in_line {
+    ($hold:literal) => {
+        concat!(
+            "(w.order_key IS NOT NULL AND (COALESCE(w.lease_owner = 'schedule', false) \
+               OR (w.lease_owner IS NULL AND EXISTS (SELECT 1 FROM claims o \
+                 WHERE o.consumer = w.consumer AND o.tenant = w.tenant \
+                   AND o.order_key = w.order_key AND o.id <> w.id \
+                   AND o.state IN ('started', 'pending', 'needs_attention') \
+                   AND (o.state = 'started' OR ",
+            $hold,
+            ") AND (o.id < w.id OR o.state <> 'started' \
+                        OR (o.lease_owner IS NOT NULL AND o.lease_owner <> 'schedule'))))))"
+        )
+    };
+}
+
+/// A take of a scheduled claim carries its "not called" marker to the attempt that takes it
+/// (see the PostgreSQL statement).
+macro_rules! sqlite_schedule_marker {
+    () => {
+        "handoff_attempt = CASE WHEN lease_owner = 'schedule' AND handoff = 'not_called' \
+           THEN attempt + 1 ELSE handoff_attempt END, "
+    };
+}
+
 /// What a take of waiting claims sets: the lease to the taker, attempt unchanged.
 macro_rules! sqlite_take_waiting_set {
     () => {
@@ -240,12 +267,15 @@ pub(super) const STATEMENTS: Statements = Statements {
     // `held_by`: the lease holder the claim is taken from, read from the materialised CTE
     // (RETURNING sees only new values; an UPDATE ... FROM table is not allowed in RETURNING).
     take_stale: concat!(
-        "WITH stale AS MATERIALIZED (SELECT id AS stale_id, lease_owner AS held_by FROM claims \
+        "WITH stale AS MATERIALIZED (SELECT id AS stale_id, lease_owner AS held_by FROM claims w \
        WHERE consumer = ?1 AND state = 'started' AND lease_until < MIN(?5, ",
         now_ms!(),
-        ") ORDER BY lease_until LIMIT ?2) \
-       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, \
-       lease_until = ",
+        ") AND NOT ",
+        sqlite_stale_in_line!("?6"),
+        " ORDER BY lease_until LIMIT ?2) \
+       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, ",
+        sqlite_schedule_marker!(),
+        "lease_until = ",
         now_ms!(),
         " + ?4, started_utc = ",
         now_ms!(),
@@ -324,22 +354,32 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT consumer, COUNT(*) AS n FROM claims \
     WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
     GROUP BY consumer",
-    release_to_line: concat!(
-        "UPDATE claims SET lease_owner = NULL, lease_until = NULL, version = version + 1, \
-      updated_utc = ",
+    // One statement, so no crash or store error leaves a due claim taken and out of its line.
+    release_due_to_line: concat!(
+        "UPDATE claims SET lease_owner = NULL, lease_until = NULL, attempt = attempt + 1, \
+       handoff_attempt = CASE WHEN handoff = 'not_called' THEN attempt + 1 ELSE handoff_attempt END, \
+       version = version + 1, updated_utc = ",
         now_ms!(),
-        " WHERE id = ?1 AND attempt = ?2 AND state = 'started' AND order_key IS NOT NULL"
+        " WHERE id IN (SELECT id FROM claims WHERE consumer = ?1 AND state = 'started' \
+         AND lease_owner = 'schedule' AND order_key IS NOT NULL AND lease_until < ",
+        now_ms!(),
+        " ORDER BY lease_until LIMIT ?2) RETURNING ",
+        claim_cols!(),
+        ", payload"
     ),
     take_stale_fair: concat!(
         "WITH stale AS MATERIALIZED (SELECT r.id AS stale_id, r.lease_owner AS held_by FROM ( \
          SELECT id, tenant, lease_owner, \
            row_number() OVER (PARTITION BY tenant ORDER BY lease_until, id) AS rn \
-         FROM claims WHERE consumer = ?1 AND state = 'started' AND lease_until < MIN(?5, ",
+         FROM claims w WHERE consumer = ?1 AND state = 'started' AND lease_until < MIN(?5, ",
         now_ms!(),
-        ")) r LEFT JOIN json_each(?6) wt ON wt.key = r.tenant \
+        ") AND NOT ",
+        sqlite_stale_in_line!("?7"),
+        ") r LEFT JOIN json_each(?6) wt ON wt.key = r.tenant \
        ORDER BY r.rn * 1.0 / COALESCE(wt.value, 1), r.id LIMIT ?2) \
-       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, \
-       lease_until = ",
+       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, ",
+        sqlite_schedule_marker!(),
+        "lease_until = ",
         now_ms!(),
         " + ?4, started_utc = ",
         now_ms!(),

@@ -95,9 +95,16 @@ async fn release_and_take(s: &Store, ids: &[&str]) -> Vec<claimd::store::TakenCl
         assert!(s.settle(c.id, c.attempt, &released, &ev()).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
-    s.take_stale("payments", 100, "sweeper", Duration::from_secs(60), far())
-        .await
-        .unwrap()
+    s.take_stale(
+        "payments",
+        100,
+        "sweeper",
+        Duration::from_secs(60),
+        far(),
+        true,
+    )
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
