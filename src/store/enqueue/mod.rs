@@ -35,6 +35,10 @@ pub struct Registration {
     /// Whether it orders its claims by an `order_key` (an enqueued claim, which has none, is
     /// refused then).
     pub ordered: bool,
+    /// The path segments of its provider's URLs that a message fills, as a JSON array
+    /// (`Effect::url_segments`): on PostgreSQL the SQL function refuses an enqueued message
+    /// that makes one `.`, `..` or empty, as HTTP intake does. SQLite keeps none.
+    pub url_segments: String,
 }
 
 /// One message to enqueue. [`Enqueue::new`] takes no tenant and `application/json`.
