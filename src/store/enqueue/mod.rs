@@ -302,8 +302,10 @@ impl EnqueueConn for sqlx::PgConnection {
     }
 }
 
-/// The SQL function's refusal as an [`EnqueueError`]: `CD009` is the conflict; the other
-/// `CD0xx` codes are the checks already made here, met only if the registry changed between.
+/// The SQL function's refusal as an [`EnqueueError`]: `CD009` is the conflict; `CD011` (a
+/// value that makes a path segment of the provider's URL `.`, `..` or empty) is checked only
+/// there; the other `CD0xx` codes are the checks already made here, met only if the registry
+/// changed between.
 #[cfg(feature = "postgres")]
 fn refusal(err: sqlx::Error, e: &Enqueue<'_>, key: String) -> EnqueueError {
     let Some(db) = err.as_database_error() else {
