@@ -29,8 +29,22 @@ async fn exec(conn: &mut PgConnection, sql: &str) -> Result<(), String> {
 }
 
 /// Built-ins the functions call, each shadowed in `public` by one that copies the producer's
-/// secret into a table the runtime role reads, then answers as the built-in would.
+/// secret into a table the runtime role reads, then answers as the built-in would: with the
+/// built-in's argument types, and with types a call with a literal matches better than the
+/// built-in's (`'UTF8'` is taken as `text` before `name`), which `pg_catalog` first in the path
+/// does not stop.
 const PLANTED: &[(&str, &str, &str)] = &[
+    (
+        "convert_to(text, text)",
+        "bytea",
+        "pg_catalog.convert_to($1, $2::name)",
+    ),
+    (
+        "convert_from(bytea, text)",
+        "text",
+        "pg_catalog.convert_from($1, $2::name)",
+    ),
+    ("json_step(jsonb, text)", "text", "$1 #>> ARRAY[$2]"),
     ("sha256(bytea)", "bytea", "pg_catalog.sha256($1)"),
     ("lower(text)", "text", "pg_catalog.lower($1)"),
     ("upper(text)", "text", "pg_catalog.upper($1)"),
@@ -172,7 +186,7 @@ key = "{consumer}:{tenant}:{message_id}"
 redrive_within = "1h"
 [consumers.effect]
 kind = "http"
-url = "PROVIDER/v1/tenanted"
+url = "PROVIDER/v1/tenanted/acct_{a}"
 "#
         .replace("PROVIDER", &provider)
     );
@@ -228,6 +242,14 @@ url = "PROVIDER/v1/tenanted"
         .unwrap_or_else(|e| panic!("planting {signature}: {e}"));
     }
 
+    // An operator the URL check uses, for a right-hand literal ('{}') as text.
+    exec(
+        &mut attacker,
+        "CREATE OPERATOR public.#>> (LEFTARG = jsonb, RIGHTARG = text, FUNCTION = public.json_step)",
+    )
+    .await
+    .unwrap();
+
     // The producer enqueues as docs/producers.md shows, with its session's search_path as
     // PostgreSQL sets it and as an application may set it (public before pg_catalog).
     let as_producer = as_role(&url, &producer);
@@ -246,7 +268,7 @@ url = "PROVIDER/v1/tenanted"
             .unwrap();
         assert!(created);
         let sql = format!(
-            "SELECT * FROM claimd.enqueue('tenanted', 'planted-{i}', '{{}}', tenant => 'Acme:EU')"
+            "SELECT * FROM claimd.enqueue('tenanted', 'planted-{i}', '{{\"a\":\"x\"}}', tenant => 'Acme:EU')"
         );
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .execute(&mut *tx)
