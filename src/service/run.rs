@@ -220,6 +220,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             keys_tenant: consumer.template.mentions_tenant(),
             max_payload_bytes: config.http.max_body_bytes,
             ordered: consumer.order_key.is_some(),
+            url_segments: consumer.effect.url_segments().to_string(),
         };
         if let Err(source) = app.store.register_consumer(&entry).await {
             let _ = stop.send(true);

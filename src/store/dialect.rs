@@ -174,7 +174,8 @@ pub struct Statements {
     pub take_stale_fair: &'static str,
     /// Upsert a consumer's entry in the registry producers' transactions read
     /// (`claimd_consumers`): name, key template, max key length, whether the key mentions
-    /// `{tenant}`, max payload bytes, whether it orders claims by an order key.
+    /// `{tenant}`, max payload bytes, whether it orders claims by an order key, the URL's
+    /// path segments a message fills (JSON; PostgreSQL keeps them, SQLite ignores them).
     pub register_consumer: &'static str,
     /// Operator resolve, bumping the version, returning the claim: consumer, tenant, message
     /// id, to-state, two from-states the move is allowed from, the attempt and the version

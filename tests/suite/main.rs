@@ -23,6 +23,7 @@ mod edge_output;
 mod email;
 mod end_to_end;
 mod enqueue;
+mod enqueue_search_path;
 mod evidence_send;
 mod examples_local;
 mod flow;

@@ -490,6 +490,10 @@ impl HttpEffect {
 
 #[async_trait]
 impl Effect for HttpEffect {
+    fn url_segments(&self) -> serde_json::Value {
+        self.shape.paths.registry()
+    }
+
     fn outcomes(&self) -> Option<&ValueOutcomes> {
         self.outcomes.as_deref()
     }

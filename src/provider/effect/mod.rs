@@ -304,6 +304,14 @@ pub trait Effect: Send + Sync + 'static {
         self.validate(message.payload, message.content_type)
             .map_err(Unusable::Payload)
     }
+
+    /// The path segments of this effect's URLs that a message's values fill, as the registry
+    /// of enqueued messages holds them (`claimd_consumers.url_segments`, a JSON array) so
+    /// that a producer's transaction refuses the values [`Effect::check_message`] refuses
+    /// there. Default: none.
+    fn url_segments(&self) -> serde_json::Value {
+        serde_json::Value::Array(Vec::new())
+    }
 }
 
 #[cfg(test)]

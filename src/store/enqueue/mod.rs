@@ -35,6 +35,10 @@ pub struct Registration {
     /// Whether it orders its claims by an `order_key` (an enqueued claim, which has none, is
     /// refused then).
     pub ordered: bool,
+    /// The path segments of its provider's URLs that a message fills, as a JSON array
+    /// (`Effect::url_segments`): on PostgreSQL the SQL function refuses an enqueued message
+    /// that makes one `.`, `..` or empty, as HTTP intake does. SQLite keeps none.
+    pub url_segments: String,
 }
 
 /// One message to enqueue. [`Enqueue::new`] takes no tenant and `application/json`.
@@ -298,8 +302,10 @@ impl EnqueueConn for sqlx::PgConnection {
     }
 }
 
-/// The SQL function's refusal as an [`EnqueueError`]: `CD009` is the conflict; the other
-/// `CD0xx` codes are the checks already made here, met only if the registry changed between.
+/// The SQL function's refusal as an [`EnqueueError`]: `CD009` is the conflict; `CD011` (a
+/// value that makes a path segment of the provider's URL `.`, `..` or empty) is checked only
+/// there; the other `CD0xx` codes are the checks already made here, met only if the registry
+/// changed between.
 #[cfg(feature = "postgres")]
 fn refusal(err: sqlx::Error, e: &Enqueue<'_>, key: String) -> EnqueueError {
     let Some(db) = err.as_database_error() else {

@@ -6,6 +6,7 @@
 
 #[macro_use]
 mod sql;
+mod applied;
 mod many;
 
 pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
@@ -111,10 +112,14 @@ impl Dialect for PgDialect {
     /// Several statements in flight at once: PostgreSQL commits them in parallel.
     const BATCH_WORKERS: usize = 4;
 
+    /// Runs the migrator only when something is left to do, so that a runtime role without
+    /// `CREATE` on the schema passes the check at start (`applied`).
     async fn migrate(&self) -> StoreResult<()> {
-        sqlx::migrate!("migrations/postgres")
-            .run(&self.sql.pool)
-            .await?;
+        let migrator = sqlx::migrate!("migrations/postgres");
+        if applied::up_to_date(&self.sql.pool, &migrator).await {
+            return Ok(());
+        }
+        migrator.run(&self.sql.pool).await?;
         Ok(())
     }
 

@@ -475,11 +475,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     register_consumer: "\
     INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \
-      max_payload_bytes, ordered, updated_utc) VALUES ($1, $2, $3, $4, $5, $6, now()) \
+      max_payload_bytes, ordered, url_segments, updated_utc) \
+      VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, now()) \
     ON CONFLICT (name) DO UPDATE SET key_template = EXCLUDED.key_template, \
       max_key_length = EXCLUDED.max_key_length, keys_tenant = EXCLUDED.keys_tenant, \
       max_payload_bytes = EXCLUDED.max_payload_bytes, ordered = EXCLUDED.ordered, \
-      updated_utc = now()",
+      url_segments = EXCLUDED.url_segments, updated_utc = now()",
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),

@@ -360,6 +360,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
                 Arg::Bool(c.keys_tenant),
                 Arg::I64(i64::try_from(c.max_payload_bytes).unwrap_or(i64::MAX)),
                 Arg::Bool(c.ordered),
+                Arg::Text(&c.url_segments),
             ],
         )
         .await

@@ -36,6 +36,17 @@ impl UrlPaths {
         }
     }
 
+    /// Both URLs' segments that hold fields, for the registry of enqueued messages.
+    pub(super) fn registry(&self) -> Value {
+        Value::Array(
+            self.url
+                .registry()
+                .into_iter()
+                .chain(self.status.registry())
+                .collect(),
+        )
+    }
+
     /// Checks the call's URL before it is built; `Err` says why it is not sent.
     pub(super) fn check_url(&self, vars: &Vars<'_>) -> Result<(), String> {
         self.url.check(vars).map_err(|e| e.to_string())

@@ -198,6 +198,30 @@ impl PathFields {
         Ok(PathFields { segments })
     }
 
+    /// The segments as the registry of enqueued messages holds them, for the SQL function
+    /// that checks an enqueued message as [`PathFields::check`] does (migration 0018): each
+    /// `{"fields": "a and b", "parts": [...]}`, a part being literal text (a string),
+    /// `{"field": "key"}` (or `message_id`, `tenant`, `consumer`) or `{"payload": [steps]}`.
+    pub fn registry(&self) -> Vec<serde_json::Value> {
+        use serde_json::json;
+        self.segments
+            .iter()
+            .map(|segment| {
+                let fields: Vec<Field> = segment.fields().cloned().collect();
+                let parts: Vec<serde_json::Value> = segment
+                    .parts
+                    .iter()
+                    .map(|part| match part {
+                        Part::Text(t) => json!(t),
+                        Part::Field(Field::Payload(path)) => json!({ "payload": path }),
+                        Part::Field(f) => json!({ "field": field_name(f) }),
+                    })
+                    .collect();
+                json!({ "fields": names(&fields), "parts": parts })
+            })
+            .collect()
+    }
+
     /// Whether any path segment holds a payload field.
     pub fn needs_payload(&self) -> bool {
         self.segments.iter().any(Template::needs_payload)
