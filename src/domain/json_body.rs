@@ -174,8 +174,8 @@ mod tests {
         let e = check(b"application/json", deep(10_000).as_bytes()).unwrap_err();
         assert!(e.detail.contains("more than 127 levels deep"), "{e}");
         assert!(check(b"application/json", deep(MAX_DEPTH + 1).as_bytes()).is_err());
-        let e = check(b"application/json", br#"{"a":"\ud800"}"#).unwrap_err();
-        assert!(e.detail.contains("surrogate"), "{e}");
+        // A lone surrogate escape is no character: refused, as by every other route.
+        assert!(check(b"application/json", br#"{"a":"\ud800"}"#).is_err());
         let mixed = br#"{"a":[1,-2,3.5,true,null,{"b":"\u00e9"}],"c":{}}"#;
         assert_eq!(check(b"application/json", mixed), Ok(()));
     }
