@@ -13,7 +13,7 @@ pub use crate::edge::http::ops::{ClaimView, Readiness};
 pub use crate::edge::http::problem::problem;
 
 use crate::edge::http::auth::{require_admin, require_intake};
-use crate::edge::http::{actions, claims, ops, provider_events, signin};
+use crate::edge::http::{actions, claims, ops, provider_events, rejections, signin};
 use crate::edge::intake;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -74,6 +74,9 @@ pub fn router(state: AppState) -> Router {
         .route("/signout", post(signin::sign_out))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not found", "no such route") })
         .with_state(state)
+        // Outermost: a query that is not UTF-8 is refused before any route reads it lossily,
+        // and every extractor's rejection leaves as problem+json.
+        .layer(middleware::from_fn(rejections::problem_rejections))
 }
 
 /// The operator page's routes (`GET /`, the claim pages, the actions), behind the admin token.

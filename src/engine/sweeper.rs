@@ -3,14 +3,13 @@
 //! each, as [`policy::on_takeover`] decides. No claim stays stuck (I4); no outcome is guessed (I6).
 
 pub mod pending_poller;
+mod reconcile;
 
 use crate::domain::claim::SCHEDULE_OWNER;
 use crate::domain::claim::{Claim, Handoff};
-use crate::engine::claimer::drive;
 use crate::engine::claimer::{AttemptEnd, Claimer, Consumer, Hold, Slot};
 use crate::engine::policy::{self, Takeover, TakeoverFacts};
 use crate::engine::settle::{self, Resend};
-use crate::provider::effect::Lookup;
 use crate::store::{StoreError, TakenClaim};
 use chrono::Utc;
 use serde::Serialize;
@@ -467,101 +466,7 @@ async fn handle(
                 .await,
         ),
         Takeover::Park(reason) => park(claimer, claim, reason).await,
-        Takeover::Reconcile => {
-            let found = claimer.lookup(consumer, claim).await;
-            // Past send_deadline nothing is sent any more, and a "not found" ends the claim.
-            let past_deadline = hold.age_now() > consumer.config.send_deadline.0;
-            let trusted_after = trust_not_found_after(consumer, past_deadline);
-            match found {
-                Some(Lookup::Found {
-                    status, response, ..
-                }) => {
-                    let effect = &consumer.effect;
-                    let (s, name) = settle::by_answer(
-                        effect.outcomes(),
-                        effect.lookup_object(),
-                        status,
-                        response,
-                        true,
-                        "found",
-                    );
-                    settle_taken(claimer, claim, s, "reconcile", name).await
-                }
-                Some(Lookup::NotFound { .. })
-                    if let Err(left) = not_found_trusted(claimer, claim, trusted_after).await =>
-                {
-                    // The provider's search may not have caught up with the last call yet, or a
-                    // call the client gave up on may still be queued there: wait (not an attempt)
-                    // until the claim has been quiet long enough, then ask again.
-                    let why = format!(
-                        "not found, but too soon after the last call to trust (trusted {} after it: not_found_after = {}{}); will ask again",
-                        crate::domain::duration::Dur(trusted_after),
-                        crate::domain::duration::Dur(consumer.effect.not_found_after()),
-                        if past_deadline {
-                            ", and three times the effect's timeout before a claim ends never sent"
-                        } else {
-                            ""
-                        }
-                    );
-                    wait_undecided(claimer, claim, &why, drive::spread(left)).await;
-                    why
-                }
-                // Past send_deadline nothing is sent any more: the provider's own "no record" is
-                // the proof that ends it.
-                Some(Lookup::NotFound { .. }) if past_deadline => {
-                    match policy::not_found_past_deadline(
-                        hold.age_now(),
-                        consumer.config.redrive_within.0,
-                        &claim.idem_key,
-                    ) {
-                        Takeover::Fail(reason) => {
-                            settle_taken(
-                                claimer,
-                                claim,
-                                settle::never_sent(reason),
-                                "sweep",
-                                "never_sent",
-                            )
-                            .await
-                        }
-                        Takeover::Park(reason) => park(claimer, claim, &reason).await,
-                        _ => unreachable!("not_found_past_deadline fails or parks"),
-                    }
-                }
-                Some(Lookup::NotFound { .. }) => {
-                    match policy::after_not_found(hold.age_now(), consumer.config.redrive_within.0)
-                    {
-                        Takeover::Perform { .. } => {
-                            let end = claimer
-                                .drive(consumer, claim, hold, Some(Resend::NotFound), Slot::none())
-                                .await;
-                            format!("not found at provider; redriven: {}", end_name(&end))
-                        }
-                        Takeover::Park(reason) => park(claimer, claim, &reason).await,
-                        _ => unreachable!("after_not_found performs or parks"),
-                    }
-                }
-                Some(Lookup::Unknown { error })
-                    if hold.age_now() > consumer.config.redrive_within.0 =>
-                {
-                    let reason = format!(
-                        "outcome unknown and the status endpoint gave no answer within redrive_within ({}): {error}",
-                        crate::domain::duration::Dur(consumer.config.redrive_within.0)
-                    );
-                    park(claimer, claim, &reason).await
-                }
-                Some(Lookup::Unknown { error }) => {
-                    // No answer is no decision: wait (not an attempt) and ask again after a
-                    // backoff, or when the destination is due a probe. (The lookup wrote its own
-                    // history line.)
-                    let why = format!("status unknown ({error}); will ask again");
-                    wait_undecided(claimer, claim, &why, drive::wait_for(consumer, claim, None))
-                        .await;
-                    why
-                }
-                None => park(claimer, claim, "no status endpoint to reconcile with").await,
-            }
-        }
+        Takeover::Reconcile => reconcile::reconcile_taken(claimer, consumer, claim, hold).await,
     };
     item(claim, &decision, result)
 }
@@ -637,7 +542,12 @@ async fn wait_undecided(claimer: &Claimer, claim: &Claim, why: &str, wait: Durat
 
 /// Parks a taken claim for a person (one try: a store error leaves it for the next pass).
 async fn park(claimer: &Claimer, claim: &Claim, reason: &str) -> String {
-    settle_taken(
+    end_name(&park_end(claimer, claim, reason).await)
+}
+
+/// [`park`], saying how the attempt ended.
+async fn park_end(claimer: &Claimer, claim: &Claim, reason: &str) -> AttemptEnd {
+    settle_taken_end(
         claimer,
         claim,
         settle::park(reason.to_string(), None),
@@ -655,12 +565,21 @@ async fn settle_taken(
     action: &str,
     outcome: &str,
 ) -> String {
-    end_name(
-        &claimer
-            .settler()
-            .settle(&mut Slot::none(), claim, None, s, action, outcome)
-            .await,
-    )
+    end_name(&settle_taken_end(claimer, claim, s, action, outcome).await)
+}
+
+/// [`settle_taken`], saying how the attempt ended.
+async fn settle_taken_end(
+    claimer: &Claimer,
+    claim: &Claim,
+    s: crate::store::Settlement,
+    action: &str,
+    outcome: &str,
+) -> AttemptEnd {
+    claimer
+        .settler()
+        .settle(&mut Slot::none(), claim, None, s, action, outcome)
+        .await
 }
 
 /// The interval between two firings of a six-field cron `schedule` from now.

@@ -170,6 +170,14 @@ impl OperatorCommands {
         self.with_options("claimd sweep".into(), vec![])
     }
 
+    /// `claimd report --format json`, on the worker's store.
+    pub fn report_json(&self) -> String {
+        self.with_options(
+            "claimd report".into(),
+            vec!["--format".into(), "json".into()],
+        )
+    }
+
     /// `claimd claims list` with these options (plain words from claimd, not quoted).
     pub fn list(&self, options: &[&str]) -> String {
         let options = options.iter().map(|o| o.to_string()).collect();

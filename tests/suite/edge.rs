@@ -13,6 +13,8 @@ mod bad_input;
 mod operators;
 #[path = "edge/provider_event_bodies.rs"]
 mod provider_event_bodies;
+#[path = "edge/rejections.rs"]
+mod rejections;
 #[path = "edge/tenant_tokens.rs"]
 mod tenant_tokens;
 #[path = "edge/url_templates.rs"]

@@ -719,3 +719,117 @@ async fn a_takeover_after_a_sigkill_joins_the_messages_trace() {
     let shown: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(shown["trace_id"], PRODUCER_TRACE);
 }
+
+/// A takeover the sweeper settles by asking the provider's status endpoint (the worker that
+/// sent the call was SIGKILLed; `on_unknown = "reconcile"`) records its attempt: a
+/// `claimd.attempt` span under the intake span, ended `completed`, with the settle (by
+/// `reconcile`) under it.
+#[tokio::test]
+async fn a_takeover_settled_by_a_status_lookup_records_its_attempt() {
+    let store = TestStore::sqlite();
+    let (otlp, got) = otlp_receiver().await;
+    // Every call hangs (the worker is killed in it); the status endpoint has the effect of
+    // each key called (and no other: the start-up probe's key is not found).
+    let called = Arc::new(Mutex::new(std::collections::HashSet::<String>::new()));
+    let seen = called.clone();
+    let app = Router::new()
+        .route(
+            "/v1/{name}",
+            post(move |headers: HeaderMap| {
+                let key = headers
+                    .get("Idempotency-Key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                seen.lock().unwrap().insert(key);
+                async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    StatusCode::OK
+                }
+            }),
+        )
+        .route(
+            "/v1/effects/{key}",
+            get(move |Path(key): Path<String>| {
+                let found = called.lock().unwrap().contains(&key);
+                async move {
+                    if !found {
+                        return StatusCode::NOT_FOUND.into_response();
+                    }
+                    Json(json!({"id": format!("obj-{key}"), "status": "succeeded"})).into_response()
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let consumer = format!(
+        "{}\n[consumers.effect.outcome]\npointer = \"/status\"\ncompleted = [\"succeeded\"]\n",
+        consumer_toml(
+            "cards",
+            &provider,
+            "on_unknown = \"reconcile\"\nlease = \"2s\""
+        )
+        .replace("timeout = \"1s\"", "timeout = \"1500ms\"")
+    );
+    let toml = format!(
+        "{}\n[traces]\nendpoint = \"{otlp}\"\nexport_every = \"100ms\"\n",
+        config_toml(&store.url(), &consumer)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let first = ready_worker(&toml, dir.path(), "first").await;
+    let r = client()
+        .post(format!("{}/v1/messages/cards", first.base))
+        .header("Idempotency-Key", "looked-up-1")
+        .header("Content-Type", "application/json")
+        .header(
+            "traceparent",
+            format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01"),
+        )
+        .body(r#"{"amount": 7}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let intake_sent = eventually(Duration::from_secs(10), || async {
+        of_trace(&got).iter().any(|s| s.name == "claimd.claim")
+    })
+    .await;
+    assert!(intake_sent, "{:#?}", names(&of_trace(&got)));
+    first.kill();
+
+    let second = ready_worker(&toml, dir.path(), "second").await;
+    trace_when(&got, |spans| {
+        spans.iter().any(|s| {
+            s.name == "claimd.settle"
+                && s.attributes.get("claimd.state").map(String::as_str) == Some("completed")
+        })
+    })
+    .await;
+    // The attempt's span ends after its settle's: give the exporter a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let spans = of_trace(&got);
+    let shown = names(&spans);
+    eprintln!("{shown:#?}");
+    let settle = named(&spans, "claimd.settle")
+        .into_iter()
+        .find(|s| s.attributes["claimd.state"] == "completed")
+        .unwrap();
+    assert_eq!(
+        settle
+            .attributes
+            .get("claimd.settle.by")
+            .map(String::as_str),
+        Some("reconcile"),
+        "{shown:#?}"
+    );
+    let intake = named(&spans, "claimd.intake")[0];
+    let attempt = named(&spans, "claimd.attempt")
+        .into_iter()
+        .find(|a| a.attributes.get("claimd.attempt.end").map(String::as_str) == Some("completed"))
+        .unwrap_or_else(|| panic!("no claimd.attempt span for the takeover: {shown:#?}"));
+    assert_eq!(attempt.parent, intake.span_id, "{shown:#?}");
+    assert_eq!(attempt.attributes["claimd.attempt"], "2", "{shown:#?}");
+    assert_eq!(settle.parent, attempt.span_id, "{shown:#?}");
+    drop(second);
+}

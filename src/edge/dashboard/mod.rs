@@ -310,6 +310,7 @@ mod tests {
         d.commands = OperatorCommands::new(Some(std::path::Path::new("/etc/claimd.toml")));
         let page = render(&d);
         assert!(page.contains("claimd claims redrive payments order-1 --config /etc/claimd.toml"));
+        assert!(page.contains("claimd report --format json --config /etc/claimd.toml"));
         assert!(
             !page.contains("--config PATH"),
             "no advice to add it by hand"

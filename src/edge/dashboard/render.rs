@@ -86,7 +86,7 @@ pub fn render(d: &Dashboard) -> String {
         }
         footer {
             @if d.session.is_none() { "Read-only (sign in at /signin to act). " }
-            "The same figures: " code { "claimd report --format json" }
+            "The same figures: " code { (d.commands.report_json()) }
             " or " code { "GET /v1/report" } ". What each reason means and what to do: \
             docs/operations.md."
             @if !d.commands.names_config() {

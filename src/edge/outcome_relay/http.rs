@@ -8,7 +8,7 @@
 use super::event::{body_bytes, event_id, webhook_headers};
 use super::{SendError, Sink};
 use crate::config::OutcomesConfig;
-use crate::engine::destination::{Destination, Verdict};
+use crate::engine::destination::{Destination, HeldBy, Verdict};
 use crate::provider::effect::parse_retry_after;
 use crate::store::outbox::OutcomeEvent;
 use async_trait::async_trait;
@@ -48,7 +48,7 @@ impl HttpSink {
             .admit(Instant::now() + self.timeout)
             .await
             .map_err(|held| SendError {
-                message: format!("endpoint {}", held.by.describe()),
+                message: held_sentence(held.by).to_string(),
                 retry_after: Some(held.until.saturating_duration_since(Instant::now())),
             })?;
         let body = body_bytes(e);
@@ -96,6 +96,22 @@ impl HttpSink {
                     .record(pass, Verdict::Failed { retry_after: None });
                 Err(SendError::new(format!("endpoint unreachable: {err}")))
             }
+        }
+    }
+}
+
+/// Why an event was not sent, in the destination's words (not the provider's: the breaker is
+/// the same kind, the thing behind it is the outcome endpoint).
+fn held_sentence(by: HeldBy) -> &'static str {
+    match by {
+        HeldBy::Open => {
+            "the outcome destination is failing (circuit breaker open): not sent, waiting for the next probe"
+        }
+        HeldBy::Probing => {
+            "the outcome destination is being probed after failures: not sent, waiting for the probe's answer"
+        }
+        HeldBy::Pace => {
+            "held back by the outcome destination's rate limit (or its Retry-After): not sent"
         }
     }
 }

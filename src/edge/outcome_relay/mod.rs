@@ -39,7 +39,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// How long a consumer's relay stays with this instance after it last renewed its hold before
 /// another instance may take it over (after a crash; a shutdown lets go at once).
@@ -63,6 +63,9 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// tried this often (or after the destination's own `Retry-After`, when longer), whatever
 /// its backoff: once it goes through, every waiting event is due at once.
 pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// While a destination keeps failing, its warning is repeated this often (the rounds between
+/// are logged at debug level): a destination that is down is not a line per round.
+pub const WARN_AGAIN_EVERY: Duration = Duration::from_secs(300);
 
 /// Why one event was not confirmed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -208,6 +211,11 @@ pub struct Recovery {
     pub looks_down: bool,
     /// Not before this is the next probe sent.
     pub probe_at: Instant,
+    /// When the destination's failing was last logged as a warning; `None` while it confirms
+    /// (or has not failed since the last confirm).
+    pub warned_at: Option<Instant>,
+    /// Rounds with a failure since that warning.
+    pub failed_rounds: u32,
 }
 
 impl Default for Recovery {
@@ -216,6 +224,8 @@ impl Default for Recovery {
         Recovery {
             looks_down: true,
             probe_at: Instant::now(),
+            warned_at: None,
+            failed_rounds: 0,
         }
     }
 }
@@ -405,7 +415,7 @@ impl Relay {
             .outbox
             .sent(&self.consumer, &self.destination, sent_total);
         if let Some((_, first)) = failed.first() {
-            warn!(consumer = %self.consumer, destination = %self.destination, failed = failed.len(), error = %first, "outcome events not confirmed; tried again later");
+            self.log_failing(failed.len(), first);
         }
         // One statement per distinct wait (a round's failures mostly share one).
         let mut by_wait: std::collections::BTreeMap<Duration, (Vec<i64>, &str)> =
@@ -432,11 +442,13 @@ impl Relay {
         if let (Some((_, first)), 0) = (failed.first(), sent_total) {
             // Nothing confirmed: the destination itself looks down.
             let wait = first.retry_after.unwrap_or_default().max(PROBE_EVERY);
-            *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = Recovery {
-                looks_down: true,
-                probe_at: Instant::now() + wait,
-            };
-        } else if failed.is_empty() && sent_total > 0 && looks_down {
+            let mut r = self.recovery.lock().unwrap_or_else(|p| p.into_inner());
+            r.looks_down = true;
+            r.probe_at = Instant::now() + wait;
+        } else if failed.is_empty() && sent_total > 0 {
+            self.log_confirming();
+        }
+        if failed.is_empty() && sent_total > 0 && looks_down {
             let woken = self
                 .store
                 .wake_outcomes(&self.consumer, &self.destination)
@@ -451,6 +463,37 @@ impl Relay {
         }
         debug!(consumer = %self.consumer, destination = %self.destination, sent = sent_total, failed = failed.len(), "outcome relay round");
         Ok(events.len())
+    }
+
+    /// A round with `failed` events unconfirmed (`first`'s error): a warning when the
+    /// destination starts failing and every [`WARN_AGAIN_EVERY`] while it goes on, else debug.
+    fn log_failing(&self, failed: usize, first: &SendError) {
+        let now = Instant::now();
+        let mut r = self.recovery.lock().unwrap_or_else(|p| p.into_inner());
+        match r.warned_at {
+            None => {
+                warn!(consumer = %self.consumer, destination = %self.destination, failed, error = %first, "the outcome destination does not confirm events; they wait and are tried again (logged again when it confirms, or in 5 minutes)");
+            }
+            Some(at) if now.duration_since(at) >= WARN_AGAIN_EVERY => {
+                warn!(consumer = %self.consumer, destination = %self.destination, failed, failed_rounds = r.failed_rounds + 1, error = %first, "the outcome destination still does not confirm events; they wait and are tried again");
+            }
+            Some(_) => {
+                r.failed_rounds += 1;
+                debug!(consumer = %self.consumer, destination = %self.destination, failed, error = %first, "outcome events not confirmed; tried again later");
+                return;
+            }
+        }
+        r.warned_at = Some(now);
+        r.failed_rounds = 0;
+    }
+
+    /// A round whose events were all confirmed: after a warning, says the destination is back.
+    fn log_confirming(&self) {
+        let mut r = self.recovery.lock().unwrap_or_else(|p| p.into_inner());
+        if r.warned_at.take().is_some() {
+            info!(consumer = %self.consumer, destination = %self.destination, "the outcome destination confirms events again");
+            r.failed_rounds = 0;
+        }
     }
 }
 

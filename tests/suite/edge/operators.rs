@@ -250,14 +250,16 @@ async fn redrive_keeps_its_note_in_the_history() {
 fn pasted(html: &str, start: &str) -> Option<String> {
     let at = html.find(start)?;
     let end = html[at..].find("</code>")? + at;
-    Some(
-        html[at..end]
-            .replace("&quot;", "\"")
-            .replace("&#39;", "'")
-            .replace("&lt;", "<")
-            .replace("&gt;", ">")
-            .replace("&amp;", "&"),
-    )
+    Some(unescape(&html[at..end]))
+}
+
+/// HTML text as the page escapes it, unescaped.
+fn unescape(text: &str) -> String {
+    text.replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
 }
 
 #[tokio::test]
@@ -316,9 +318,9 @@ async fn the_pages_commands_carry_the_variable_the_store_url_came_from() {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let sh = |with: bool| {
+    let sh_run = |cmd: &str, with: bool| {
         let mut c = Command::new("sh");
-        c.args(["-c", &cmd])
+        c.args(["-c", cmd])
             .env("PATH", &path)
             .env_remove("CLAIMD__STORE__URL");
         if with {
@@ -326,6 +328,7 @@ async fn the_pages_commands_carry_the_variable_the_store_url_came_from() {
         }
         c.output().unwrap()
     };
+    let sh = |with: bool| sh_run(&cmd, with);
     let out = sh(true);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -334,6 +337,32 @@ async fn the_pages_commands_carry_the_variable_the_store_url_came_from() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("attempts exhausted"), "{stdout}");
+    // The footer's `claimd report --format json` names the same store: pasted, it reads the
+    // worker's claims (the parked one counted), not a new database.
+    let report = html
+        .split("<code>")
+        .filter_map(|c| c.split("</code>").next())
+        .find(|c| c.contains("claimd report"))
+        .map(unescape)
+        .unwrap_or_else(|| panic!("no report command on the page: {html}"));
+    eprintln!("pasted: {report}");
+    assert!(
+        report.starts_with("CLAIMD__STORE__URL=") && report.contains("--config"),
+        "the report command names the worker's store: {report}"
+    );
+    let out = sh_run(&report, true);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert!(
+        stdout.contains("order-1001"),
+        "the worker's parked claim: {v}"
+    );
     // In a shell without it, the command refuses to run instead of opening other.db.
     let out = sh(false);
     assert!(!out.status.success());

@@ -1,5 +1,6 @@
 //! Bad messages: every kind dead-lettered with a readable reason and the original's headers,
-//! a message delivered past `max_deliver` set aside unless it was claimed, and a bad message
+//! a message delivered past `max_deliver` set aside unless it was claimed (with its payload:
+//! another payload is a conflict), and a bad message
 //! kept until a stream acknowledges its dead letter.
 
 use super::*;
@@ -276,6 +277,89 @@ async fn a_message_delivered_past_max_deliver_is_set_aside_unless_claimed() {
     let st = second.app().store.clone();
     assert_eq!(claims_in(&st, "payments", None).await.len(), 1);
     assert_eq!(counts_of(&st, "payments").await.dead_lettered, 1);
+    second.shutdown(Duration::from_secs(5)).await;
+    s.delete().await;
+}
+
+/// Past `max_deliver`, a claim with the message's id is not enough: a copy with another
+/// payload is a conflict (I5), dead-lettered as `payload_mismatch`, never acknowledged as a
+/// duplicate; a copy with the claimed payload is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_changed_payload_past_max_deliver_is_dead_lettered_as_a_conflict() {
+    let Some(s) = TestStream::new("limit-changed").await else {
+        return;
+    };
+    let store = TestStore::sqlite();
+    let (sandbox, provider) = sandbox(SandboxOptions::default()).await;
+    let toml = config_toml(
+        &store.url(),
+        &s.consumer_toml("payments", "max_deliver = 2", &http_effect(&provider)),
+    );
+    let first = start(&toml).await;
+    wait_connected(&first).await;
+    for id in ["same-1", "changed-1"] {
+        let accepted = first
+            .app()
+            .claimer
+            .submit(claim_of(id, r#"{"amount":100}"#))
+            .await;
+        assert!(accepted.is_ok(), "{accepted:?}");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            sandbox.effects().len() == 2
+        })
+        .await
+    );
+    first.shutdown(Duration::from_secs(5)).await;
+
+    s.publish_json("same-1", r#"{"amount":100}"#).await;
+    s.publish_json("changed-1", r#"{"amount":999}"#).await;
+    deliver_without_ack(&s, "claimd-payments", 2, 2).await;
+
+    let second = start(&toml).await;
+    wait_connected(&second).await;
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            s.unacknowledged("claimd-payments").await == 0
+        })
+        .await,
+        "not every message was acknowledged"
+    );
+    let dead = s.dead_letters().await;
+    let shown: Vec<_> = dead
+        .iter()
+        .map(|m| {
+            (
+                String::from_utf8_lossy(&m.payload).into_owned(),
+                header(m, "Claimd-Reason-Code"),
+                header(m, "Claimd-Reason"),
+            )
+        })
+        .collect();
+    eprintln!("dead letters: {shown:?}");
+    assert_eq!(
+        dead.len(),
+        1,
+        "the changed payload is set aside, the same one acknowledged: {shown:?}"
+    );
+    let m = &dead[0];
+    assert_eq!(&m.payload[..], br#"{"amount":999}"#);
+    assert_eq!(
+        header(m, "Claimd-Reason-Code").as_deref(),
+        Some("payload_mismatch")
+    );
+    let reason = header(m, "Claimd-Reason").unwrap();
+    assert!(
+        reason.contains("already used with a different payload"),
+        "{reason}"
+    );
+    assert_eq!(sandbox.effects().len(), 2);
+    assert!(sandbox.effects().iter().all(|e| e.applied == 1));
+    let st = second.app().store.clone();
+    let pc = counts_of(&st, "payments").await;
+    assert_eq!(pc.dead_lettered, 1, "{pc:?}");
+    assert_eq!(pc.payload_mismatches, 1, "{pc:?}");
     second.shutdown(Duration::from_secs(5)).await;
     s.delete().await;
 }

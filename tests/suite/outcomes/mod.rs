@@ -8,13 +8,14 @@
 //! never take the same rows), `amqp` (RabbitMQ: every settle one event, a relay killed or its
 //! connection closed loses none), `webhooks` (Standard Webhooks to HTTP, a receiver that is
 //! down or failing loses none), `destinations` (RabbitMQ, a webhook and NATS on one consumer:
-//! one down and a SIGKILL delay only that one), `answers` (replay, `Prefer: wait`, a client that hangs up).
+//! one down and a SIGKILL delay only that one), `down_log` (a destination that is down logged once per change), `answers` (replay, `Prefer: wait`, a client that hangs up).
 
 use crate::common;
 
 mod amqp;
 mod answers;
 mod destinations;
+mod down_log;
 mod store;
 mod webhooks;
 

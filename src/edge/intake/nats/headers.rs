@@ -1,6 +1,7 @@
 //! Reading a NATS message's headers into a verdict, and writing a dead letter's headers.
 
 use super::Ctx;
+use crate::domain::claim::fingerprint;
 use crate::domain::trace_context::TRACEPARENT;
 use crate::edge::intake::refusal::{
     DeadLetterReason, Received, STORE_RETRY_DELAY, Verdict, delivery_of, verdict_of,
@@ -106,11 +107,19 @@ pub(super) async fn judge(
     let limit = i64::from(ctx.nats.max_deliver);
     if delivered > limit {
         // Held and never acknowledged that many times: claiming it again may be what stops
-        // the worker. Unless its claim committed (then this is a duplicate), set it aside.
+        // the worker. Unless its claim committed with this payload (then this is a duplicate),
+        // set it aside. Another payload under that id is a conflict (I5): submitted, it is
+        // counted on the claim and dead-lettered `payload_mismatch`, never acknowledged.
         let tenant = String::from_utf8_lossy(&delivery.tenant);
         let id = String::from_utf8_lossy(&delivery.message_id);
         return match ctx.claimer.store().get(&c.name, &tenant, &id).await {
-            Ok(Some(_)) => Verdict::Ack,
+            Ok(Some(claim)) if claim.fingerprint == fingerprint(&delivery.payload) => Verdict::Ack,
+            Ok(Some(_)) => verdict_of(
+                &c.name,
+                ctx.claimer.submit(delivery).await,
+                shown_id,
+                "Content-Type header",
+            ),
             Ok(None) => Verdict::DeadLetter {
                 reason: DeadLetterReason::DeliveryLimit,
                 sentence: format!(
