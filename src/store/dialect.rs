@@ -16,6 +16,20 @@ macro_rules! claim_cols {
     };
 }
 
+/// The attempt a takeover sets, for every dialect's takes of stale claims: the next one, except
+/// for a claim an operator redrove and nobody took since (`operator_redrive` marked at its
+/// attempt, which the redrive already bumped): that attempt is the redrive's, so it keeps it,
+/// and the mark moves to the attempt before, where a take reads how the last attempt let go.
+/// A redrive is then one attempt, and a takeover after it counts as any other.
+macro_rules! take_attempt {
+    () => {
+        "attempt = attempt + CASE WHEN handoff = 'operator_redrive' AND handoff_attempt = attempt \
+           THEN 0 ELSE 1 END, \
+         handoff_attempt = CASE WHEN handoff = 'operator_redrive' AND handoff_attempt = attempt \
+           THEN attempt - 1 ELSE handoff_attempt END, "
+    };
+}
+
 /// The columns of an outcome event the relay reads, for every dialect's statements.
 macro_rules! outcome_cols {
     () => {

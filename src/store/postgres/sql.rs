@@ -301,7 +301,9 @@ pub(super) const STATEMENTS: Statements = Statements {
        SELECT id AS stale_id, lease_owner AS held_by FROM claims \
        WHERE consumer = $1 AND state = 'started' AND lease_until < LEAST(now(), $5) \
        ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
-     UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
+     UPDATE claims SET ",
+        take_attempt!(),
+        "lease_owner = $3, \
        lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
        version = version + 1, updated_utc = now() \
      FROM stale WHERE id = stale_id \
@@ -420,7 +422,9 @@ pub(super) const STATEMENTS: Statements = Statements {
          ORDER BY r.rn::float8 / COALESCE(wt.weight::float8, 1), r.id LIMIT $2)) \
          AND state = 'started' AND lease_until < LEAST(now(), $5) \
        FOR UPDATE SKIP LOCKED) \
-     UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
+     UPDATE claims SET ",
+        take_attempt!(),
+        "lease_owner = $3, \
        lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
        version = version + 1, updated_utc = now() \
      FROM stale WHERE id = stale_id \

@@ -244,7 +244,9 @@ pub(super) const STATEMENTS: Statements = Statements {
        WHERE consumer = ?1 AND state = 'started' AND lease_until < MIN(?5, ",
         now_ms!(),
         ") ORDER BY lease_until LIMIT ?2) \
-       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, \
+       UPDATE claims SET ",
+        take_attempt!(),
+        "version = version + 1, lease_owner = ?3, \
        lease_until = ",
         now_ms!(),
         " + ?4, started_utc = ",
@@ -338,7 +340,9 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         ")) r LEFT JOIN json_each(?6) wt ON wt.key = r.tenant \
        ORDER BY r.rn * 1.0 / COALESCE(wt.value, 1), r.id LIMIT ?2) \
-       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, \
+       UPDATE claims SET ",
+        take_attempt!(),
+        "version = version + 1, lease_owner = ?3, \
        lease_until = ",
         now_ms!(),
         " + ?4, started_utc = ",
