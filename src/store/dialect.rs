@@ -192,7 +192,8 @@ pub struct Statements {
     /// id, two from-states, the attempt and the version seen. Run through
     /// [`Dialect::update_logged`].
     pub redrive: &'static str,
-    /// Open work per consumer and state: `consumer, state, n, stuck, oldest_ms`.
+    /// Open work per consumer and state: `consumer, state, n, stuck, waiting, scheduled,
+    /// in_line, oldest_ms` (the oldest in flight or stuck, for `started`).
     pub count_open: &'static str,
     /// Throughput per consumer since a time: `consumer, claims, duplicates, mismatches,
     /// completed, failed, resent, timed, p50, p95` (`timed`: completed claims no operator

@@ -402,9 +402,11 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT COUNT(*) AS n FROM claims w \
     WHERE w.consumer = $1 AND w.tenant = $2 AND w.order_key = $3 AND w.id > $4 \
       AND w.state = 'started' AND w.lease_owner IS NULL",
+    // As count_open's in_line: a redriven claim (lease expired) waits for the sweeper.
     in_line: "\
     SELECT consumer, COUNT(*) AS n FROM claims \
     WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
+      AND COALESCE(lease_until >= now(), true) \
     GROUP BY consumer",
     release_to_line: "\
     UPDATE claims SET lease_owner = NULL, lease_until = NULL, version = version + 1, \
@@ -492,18 +494,31 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     // Open work, over all time: small sets served by the partial index `claims_open_work`
     // (its predicate is this one). For pending claims the age is the time since they became
-    // pending.
+    // pending. A started claim waits for its time (held by 'schedule' until its lease, which
+    // ends at not_before), in its line (no holder, no expired lease) or for its provider; the
+    // oldest age leaves out the first two (they are not in flight: I8 pages on the rest) and
+    // counts a scheduled send from its time.
     count_open: "\
     SELECT consumer, state, COUNT(*) AS n, \
       COUNT(*) FILTER (WHERE lease_until < now()) AS stuck, \
-      COUNT(*) FILTER (WHERE lease_until >= now() AND handoff_attempt = attempt \
-                         AND handoff IN ('not_applied', 'undecided')) AS waiting, \
+      COUNT(*) FILTER (WHERE (lease_until >= now() AND handoff_attempt = attempt \
+                              AND handoff IN ('not_applied', 'undecided')) \
+                          OR (lease_owner = 'schedule' AND lease_until >= now()) \
+                          OR (lease_owner IS NULL AND order_key IS NOT NULL \
+                              AND COALESCE(lease_until >= now(), true))) AS waiting, \
+      COUNT(*) FILTER (WHERE lease_owner = 'schedule' AND lease_until >= now()) AS scheduled, \
+      COUNT(*) FILTER (WHERE lease_owner IS NULL AND order_key IS NOT NULL \
+                         AND COALESCE(lease_until >= now(), true)) AS in_line, \
       (EXTRACT(EPOCH FROM now() - MIN(CASE WHEN state = 'pending' THEN pending_utc \
-                                           ELSE received_utc END)) * 1000)::bigint AS oldest_ms \
+          WHEN lease_owner = 'schedule' AND lease_until >= now() THEN NULL \
+          WHEN lease_owner IS NULL AND order_key IS NOT NULL AND COALESCE(lease_until >= now(), true) \
+            THEN NULL \
+          ELSE GREATEST(received_utc, not_before) END)) * 1000)::bigint AS oldest_ms \
     FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
     GROUP BY consumer, state",
     // Throughput figures over the report window. The percentiles leave out claims an operator
-    // resolved (`timed` counts the rest): they measure the provider and claimd, not a person.
+    // resolved (`timed` counts the rest): they measure the provider and claimd, not a person,
+    // nor a scheduled send's wait for its time (measured from the later of receipt and it).
     count_window: "\
     SELECT consumer, COUNT(*) AS claims, \
       COALESCE(SUM(duplicate_count), 0)::bigint AS duplicates, \
@@ -512,9 +527,9 @@ pub(super) const STATEMENTS: Statements = Statements {
       COUNT(*) FILTER (WHERE state = 'failed') AS failed, \
       COUNT(*) FILTER (WHERE resent_count > 0) AS resent, \
       COUNT(*) FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS timed, \
-      percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - received_utc)) \
+      percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - GREATEST(received_utc, not_before))) \
         FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS p50, \
-      percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - received_utc)) \
+      percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - GREATEST(received_utc, not_before))) \
         FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS p95 \
     FROM claims WHERE received_utc >= $1 GROUP BY consumer",
     insert_dead_letter: "INSERT INTO dead_letters (consumer, reason, message_id) VALUES ($1, $2, $3)",

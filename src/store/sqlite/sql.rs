@@ -56,12 +56,37 @@ macro_rules! sqlite_take_waiting_returning {
     };
 }
 
-/// The k-th smallest receive-to-complete time (SQLite has no percentile function), leaving
-/// out claims an operator resolved (as `count_window`'s `timed` does).
+/// The k-th smallest time to complete (SQLite has no percentile function), from receipt or a
+/// scheduled send's time, leaving out claims an operator resolved (as `count_window`'s `timed`
+/// does).
 pub(super) const COMPLETE_TIME_AT: &str = "\
-    SELECT processed_utc - received_utc AS ms FROM claims \
+    SELECT processed_utc - MAX(received_utc, COALESCE(not_before, received_utc)) AS ms \
+    FROM claims \
     WHERE consumer = ?1 AND state = 'completed' AND operator_resolved = 0 AND received_utc >= ?2 \
     ORDER BY 1 LIMIT 1 OFFSET ?3";
+
+/// A scheduled send whose time has not come (held by 'schedule' until its lease ends).
+macro_rules! sqlite_scheduled {
+    () => {
+        concat!(
+            "(lease_owner = 'schedule' AND lease_until >= ",
+            now_ms!(),
+            ")"
+        )
+    };
+}
+
+/// A claim waiting in its order key's line: no holder, and no expired lease (a redriven claim
+/// waits for the sweeper instead).
+macro_rules! sqlite_in_line {
+    () => {
+        concat!(
+            "(lease_owner IS NULL AND order_key IS NOT NULL AND COALESCE(lease_until >= ",
+            now_ms!(),
+            ", 1))"
+        )
+    };
+}
 
 /// The filters `list_claims` and `search_claims` share (see `Statements::list_claims`).
 macro_rules! sqlite_list_where {
@@ -322,10 +347,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT COUNT(*) AS n FROM claims w \
     WHERE w.consumer = ?1 AND w.tenant = ?2 AND w.order_key = ?3 AND w.id > ?4 \
       AND w.state = 'started' AND w.lease_owner IS NULL",
-    in_line: "\
-    SELECT consumer, COUNT(*) AS n FROM claims \
-    WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
-    GROUP BY consumer",
+    // As count_open's in_line: a redriven claim (lease expired) waits for the sweeper.
+    in_line: concat!(
+        "SELECT consumer, COUNT(*) AS n FROM claims WHERE state = 'started' AND ",
+        sqlite_in_line!(),
+        " GROUP BY consumer"
+    ),
     release_to_line: concat!(
         "UPDATE claims SET lease_owner = NULL, lease_until = NULL, version = version + 1, \
       updated_utc = ",
@@ -397,17 +424,29 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND (?6 IS NULL OR attempt = ?6) AND (?7 IS NULL OR version = ?7) RETURNING ",
         claim_cols!()
     ),
+    // What waits, as in the PostgreSQL statement: for its time, in its line, for its provider.
     count_open: concat!(
         "SELECT consumer, state, COUNT(*) AS n, \
        SUM(CASE WHEN lease_until < ",
         now_ms!(),
         " THEN 1 ELSE 0 END) AS stuck, \
-       SUM(CASE WHEN lease_until >= ",
+       SUM(CASE WHEN (lease_until >= ",
         now_ms!(),
-        " AND handoff_attempt = attempt AND handoff IN ('not_applied', 'undecided') \
-         THEN 1 ELSE 0 END) AS waiting, (",
+        " AND handoff_attempt = attempt AND handoff IN ('not_applied', 'undecided')) OR ",
+        sqlite_scheduled!(),
+        " OR ",
+        sqlite_in_line!(),
+        " THEN 1 ELSE 0 END) AS waiting, SUM(CASE WHEN ",
+        sqlite_scheduled!(),
+        " THEN 1 ELSE 0 END) AS scheduled, SUM(CASE WHEN ",
+        sqlite_in_line!(),
+        " THEN 1 ELSE 0 END) AS in_line, (",
         now_ms!(),
-        " - MIN(CASE WHEN state = 'pending' THEN pending_utc ELSE received_utc END)) AS oldest_ms \
+        " - MIN(CASE WHEN state = 'pending' THEN pending_utc WHEN ",
+        sqlite_scheduled!(),
+        " OR ",
+        sqlite_in_line!(),
+        " THEN NULL ELSE MAX(received_utc, COALESCE(not_before, received_utc)) END)) AS oldest_ms \
      FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
      GROUP BY consumer, state"
     ),
