@@ -318,13 +318,10 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 .redrive_noted(&consumer, &tenant, &message_id, &actor, note, None)
                 .await
             {
-                // The sweep that takes it over starts the next attempt.
+                // The redrive started the attempt the sweep that takes it over performs.
                 Ok(Some(Ok(c))) => Output::ok(format!(
                     "{}/{} is started again; the next sweep performs it as attempt {} with key {:?}\n",
-                    c.consumer,
-                    c.message_id,
-                    c.attempt + 1,
-                    c.idem_key
+                    c.consumer, c.message_id, c.attempt, c.idem_key
                 )),
                 Ok(Some(Err(state))) => Output::fail(
                     1,

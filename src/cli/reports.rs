@@ -112,9 +112,17 @@ pub(super) async fn reconcile_cmd(
         }
         Format::Table => {
             let mut s = format!(
-                "checked {} claims, {} undecided, {} mismatch{}{}\n",
+                "checked {} claims, {} undecided, {}{} mismatch{}{}\n",
                 audit.checked,
                 audit.undecided,
+                if audit.too_recent > 0 {
+                    format!(
+                        "{} too recent to judge (not found sooner than not_found_after after they settled), ",
+                        audit.too_recent
+                    )
+                } else {
+                    String::new()
+                },
                 audit.mismatches.len(),
                 if audit.mismatches.len() == 1 {
                     ""
@@ -190,6 +198,27 @@ pub(super) async fn reconcile_cmd(
             code: 1,
         };
     }
+    // Asked to audit only consumers that cannot be audited: nothing was audited, which a cron
+    // job must not read as a clean audit.
+    let names = app.consumer_names();
+    let audited = names
+        .iter()
+        .any(|n| consumer.as_ref().is_none_or(|c| c == n) && !audit.skipped_consumers.contains(n));
+    if !audited && !audit.skipped_consumers.is_empty() {
+        return Output {
+            stdout,
+            stderr: format!(
+                "claimd: reconcile audited nothing: {} {} no effect.status_url (not auditable); use `claimd reconcile --ledger` where the provider lists its objects, or audit by hand\n",
+                audit.skipped_consumers.join(", "),
+                if audit.skipped_consumers.len() == 1 {
+                    "has"
+                } else {
+                    "have"
+                }
+            ),
+            code: NOT_AUDITABLE,
+        };
+    }
     let code = if audit.mismatches.is_empty() { 0 } else { 3 };
     Output {
         stdout,
@@ -197,6 +226,10 @@ pub(super) async fn reconcile_cmd(
         ..Default::default()
     }
 }
+
+/// `claimd reconcile`'s exit code when every consumer it was asked to audit has no status
+/// endpoint: nothing was audited.
+pub(super) const NOT_AUDITABLE: i32 = 4;
 
 /// `claimd reconcile --ledger`: the window is `--from .. --to`, else the last `--since`
 /// (default 24h) up to the database's now.

@@ -166,6 +166,9 @@ pub struct Audit {
     /// Those claims, each with its reason (at most [`MAX_UNDECIDED_LISTED`]), by consumer and
     /// message id.
     pub undecided_claims: Vec<Undecided>,
+    /// Claims the provider did not find, settled less than its `not_found_after` before the
+    /// audit: its search may not show them yet, so they are neither checked nor a mismatch.
+    pub too_recent: u64,
     /// Consumers without a status endpoint (not auditable).
     pub skipped_consumers: Vec<String>,
     /// The read hit [`AUDIT_LIMIT`]; narrow the window.
@@ -184,6 +187,17 @@ impl Audit {
     pub fn nothing_decided(&self) -> bool {
         self.checked == 0 && self.undecided > 0
     }
+}
+
+/// Pure: whether a "not found" at database time `now` is too soon after the claim's last call
+/// (`last`: its settle, else its current attempt's start) to be trusted, for a provider whose
+/// search lags its writes by up to `not_found_after`.
+pub fn too_recent(
+    last: DateTime<Utc>,
+    now: DateTime<Utc>,
+    not_found_after: std::time::Duration,
+) -> bool {
+    (now - last).to_std().unwrap_or_default() < not_found_after
 }
 
 /// What to run about a mismatch: the command, from [`OperatorCommands`] (ids and tenants come
@@ -262,6 +276,8 @@ pub async fn audit(
     since: Option<DateTime<Utc>>,
 ) -> StoreResult<Audit> {
     let mut result = Audit::default();
+    // Database time, as every age: a worker's clock may drift.
+    let now = claimer.store().now().await?;
     let mut jobs = JoinSet::new();
     let limit = Arc::new(tokio::sync::Semaphore::new(16));
     for consumer in claimer.consumers() {
@@ -316,7 +332,9 @@ pub async fn audit(
                     consumer.effect.lookup_object(),
                     lookup.as_ref(),
                 );
-                (claim, said)
+                let last = claim.processed_utc.unwrap_or(claim.started_utc);
+                let lagging = too_recent(last, now, consumer.effect.not_found_after());
+                (claim, said.map(|(p, s)| (p, s, lagging)))
             });
         }
     }
@@ -325,7 +343,12 @@ pub async fn audit(
             continue;
         };
         let (provider, said) = match said {
-            Ok(s) => s,
+            // Not found yet, by a search that may lag: no verdict either way.
+            Ok((ProviderSays::NotFound, _, true)) => {
+                result.too_recent += 1;
+                continue;
+            }
+            Ok((p, s, _)) => (p, s),
             Err(reason) => {
                 result.undecided += 1;
                 if result.undecided_claims.len() < MAX_UNDECIDED_LISTED {
@@ -509,6 +532,16 @@ mod tests {
             "https://p.example/s/{key}",
             Some(serde_json::json!({"amount": "{amount}", "k": "{key}"}))
         )));
+    }
+
+    #[test]
+    fn a_not_found_is_trusted_only_not_found_after_the_settle() {
+        let now = Utc::now();
+        let lag = std::time::Duration::from_secs(30);
+        let settled = now - chrono::Duration::seconds(2);
+        assert!(too_recent(settled, now, lag));
+        assert!(!too_recent(settled, now, std::time::Duration::ZERO));
+        assert!(!too_recent(now - chrono::Duration::seconds(31), now, lag));
     }
 
     #[test]

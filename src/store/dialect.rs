@@ -16,6 +16,24 @@ macro_rules! claim_cols {
     };
 }
 
+/// The attempt a takeover sets, for every dialect's takes of stale claims: the next one, except
+/// for a claim an operator redrove and nobody took since (`operator_redrive` marked at its
+/// attempt, which the redrive already bumped): that attempt is the redrive's, so it keeps it,
+/// and the mark moves to the attempt before, where a take reads how the last attempt let go.
+/// A redrive is then one attempt, and a takeover after it counts as any other. A take of a
+/// scheduled claim carries its "not called" marker to the attempt it makes: a crash before
+/// that attempt's call leaves a claim its takeover knows was never sent (I11).
+macro_rules! take_attempt {
+    () => {
+        "attempt = attempt + CASE WHEN handoff = 'operator_redrive' AND handoff_attempt = attempt \
+           THEN 0 ELSE 1 END, \
+         handoff_attempt = CASE WHEN handoff = 'operator_redrive' AND handoff_attempt = attempt \
+           THEN attempt - 1 \
+           WHEN lease_owner = 'schedule' AND handoff = 'not_called' THEN attempt + 1 \
+           ELSE handoff_attempt END, "
+    };
+}
+
 /// The columns of an outcome event the relay reads, for every dialect's statements.
 macro_rules! outcome_cols {
     () => {
@@ -185,7 +203,8 @@ pub struct Statements {
     /// id, two from-states, the attempt and the version seen. Run through
     /// [`Dialect::update_logged`].
     pub redrive: &'static str,
-    /// Open work per consumer and state: `consumer, state, n, stuck, oldest_ms`.
+    /// Open work per consumer and state: `consumer, state, n, stuck, waiting, scheduled,
+    /// in_line, oldest_ms` (the oldest in flight or stuck, for `started`).
     pub count_open: &'static str,
     /// Throughput per consumer since a time: `consumer, claims, duplicates, mismatches,
     /// completed, failed, resent, timed, p50, p95` (`timed`: completed claims no operator

@@ -363,10 +363,15 @@ pub struct ConsumerCounts {
     pub started: i64,
     /// `started` claims whose lease has expired.
     pub stuck: i64,
-    /// `started` claims waiting for their provider, not stuck: handed back after answers that
-    /// applied nothing, held back by its breaker or rate limit, or after a status lookup
-    /// without an answer, each until its lease ends.
+    /// `started` claims that wait, not stuck and not in flight: for their provider (handed
+    /// back after answers that applied nothing, held back by its breaker or rate limit, or
+    /// after a status lookup without an answer, each until its lease ends), in their order
+    /// key's line (`in_line`), or for their scheduled time (`scheduled`).
     pub waiting: i64,
+    /// Of `waiting`: claims waiting in their order key's line.
+    pub in_line: i64,
+    /// Of `waiting`: scheduled sends whose time has not come.
+    pub scheduled: i64,
     /// Claims in `pending`: accepted by the provider, not final (not stuck, not completed).
     pub pending: i64,
     /// Claims in `completed`.
@@ -380,13 +385,16 @@ pub struct ConsumerCounts {
     /// Broker messages refused and published to the dead-letter exchange (bad id, body too
     /// large, payload mismatch, unusable payload), within the report window.
     pub dead_lettered: i64,
-    /// Age of the oldest `started` claim, in seconds.
+    /// Age of the oldest `started` claim in flight or stuck, in seconds: from its receipt, or
+    /// from its scheduled time for a scheduled send. Claims that wait in their line or for
+    /// their time are left out (`None` when every started claim waits so).
     pub oldest_started_age_s: Option<f64>,
     /// How long the oldest `pending` claim has been pending, in seconds.
     pub oldest_pending_age_s: Option<f64>,
-    /// Median receive-to-complete time, seconds.
+    /// Median time to complete, seconds: from receipt, or from the scheduled time of a
+    /// scheduled send.
     pub p50_complete_s: Option<f64>,
-    /// 95th percentile receive-to-complete time, seconds.
+    /// 95th percentile time to complete (as `p50_complete_s`), seconds.
     pub p95_complete_s: Option<f64>,
 }
 
@@ -413,6 +421,8 @@ impl CountsByConsumer {
             c.started = o.started;
             c.stuck = o.stuck;
             c.waiting = o.waiting;
+            c.in_line = o.in_line;
+            c.scheduled = o.scheduled;
             c.needs_attention = o.needs_attention;
             c.pending = o.pending;
             c.oldest_started_age_s = o.oldest_started_age_s;

@@ -228,3 +228,74 @@ fn a_refused_status_probe_exits_2() {
         "{err}"
     );
 }
+
+/// A loopback provider answering every request with `status` (no body worth reading).
+fn provider_answering(status: &'static str) -> String {
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let provider = format!("http://{}", server.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in server.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(
+                format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+        }
+    });
+    provider
+}
+
+/// A worker restarted during its provider's outage starts (the status probe's 503 is the
+/// provider's trouble, logged as a warning) and takes messages; a 401 from the status route
+/// is a configuration mistake: `claimd run` refuses with exit 2, naming the consumer and key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_outage_does_not_stop_the_start_but_a_refused_key_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("claims.db").display());
+    let port = free_port();
+    let down = provider_answering("503 Service Unavailable");
+    let cfg = dir.path().join("down.toml");
+    std::fs::write(
+        &cfg,
+        config_toml(&store, &consumer_toml("payments", &down, ""))
+            .replace("127.0.0.1:0", &format!("127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let log = dir.path().join("down.log");
+    let worker = Worker::spawn(&cfg, port, &log).await;
+    let r = client()
+        .post(format!("{}/v1/messages/payments", worker.base))
+        .header("Idempotency-Key", "m1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        202,
+        "the worker takes messages while its provider is down"
+    );
+    drop(worker);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("could not probe effect.status_url at start") && logged.contains("503"),
+        "the probe's 503 is a warning: {logged}"
+    );
+
+    let refused = provider_answering("401 Unauthorized");
+    let cfg = dir.path().join("refused.toml");
+    std::fs::write(
+        &cfg,
+        config_toml(&store, &consumer_toml("payments", &refused, "")),
+    )
+    .unwrap();
+    let (code, _, err) = cli(&["--config", &cfg.to_string_lossy(), "run"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("consumer payments: effect.status_url") && err.contains("401"),
+        "{err}"
+    );
+}

@@ -392,3 +392,96 @@ async fn an_api_action_on_a_version_read_before_the_claim_moved_is_refused() {
     assert_eq!(done.state, ClaimState::Completed);
     running.shutdown(Duration::from_secs(2)).await;
 }
+
+/// A provider whose search lags (its status route has no record yet of what it just applied):
+/// a claim completed a moment ago is too recent to judge under `not_found_after = "30s"`, while
+/// one completed an hour ago and unknown to the provider is still the worst finding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_trusts_not_found_only_after_not_found_after() {
+    let store = TestStore::sqlite();
+    let provider = TestProvider::start(Script::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    // The appended line lands in [consumers.effect], the section consumer_toml ends with.
+    let consumer = format!(
+        "{}not_found_after = \"30s\"\n",
+        consumer_toml("payments", &provider.url, "")
+    );
+    let cfg = write_config(dir.path(), &config_toml(&store.url(), &consumer));
+    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    s.migrate().await.unwrap();
+    let completed = Settlement {
+        state: Some(ClaimState::Completed),
+        ..Default::default()
+    };
+    let ev = NewEvent {
+        actor: "t",
+        action: "perform",
+        outcome: "completed",
+        provider_status: Some(200),
+        detail: None,
+    };
+    for id in ["just-paid", "ghost"] {
+        let c = stuck_claim(&s, id).await;
+        assert!(s.settle(c, 1, &completed, &ev).await.unwrap());
+    }
+    // "ghost" settled an hour ago (test data: claimd writes the database's now).
+    {
+        use sqlx::Connection;
+        let mut c = sqlx::SqliteConnection::connect(&store.url()).await.unwrap();
+        sqlx::query(
+            "UPDATE claims SET processed_utc = processed_utc - 3600000, \
+             started_utc = started_utc - 3600000 WHERE message_id = 'ghost'",
+        )
+        .execute(&mut c)
+        .await
+        .unwrap();
+    }
+    let (code, out, err) = cli(&["reconcile", "--config", &cfg]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(
+        out.contains("checked 1 claims") && out.contains("1 too recent to judge"),
+        "{out}"
+    );
+    assert!(out.contains("ghost"), "{out}");
+    assert!(
+        !out.contains("just-paid"),
+        "a claim completed 2 s ago is no alarm:\n{out}"
+    );
+    let (_, out, _) = cli(&["reconcile", "--format", "json", "--config", &cfg]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["too_recent"], 1, "{v}");
+    assert_eq!(v["mismatches"].as_array().unwrap().len(), 1, "{v}");
+}
+
+/// The Square example has no status endpoint: `reconcile` of it audits nothing and says so
+/// with exit 4, so a cron job running it turns red instead of staying green.
+#[test]
+fn reconcile_of_a_consumer_it_cannot_audit_exits_4() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("square.db").display());
+    let env = [
+        ("CLAIMD_STORE_URL", store.as_str()),
+        ("SQUARE_ACCESS_TOKEN", "sandbox"),
+    ];
+    let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/square.toml");
+    let (code, _, err) = cli_with_env(&["--config", cfg, "migrate"], &env);
+    assert_eq!(code, 0, "{err}");
+    for args in [
+        vec!["--config", cfg, "reconcile"],
+        vec![
+            "--config",
+            cfg,
+            "reconcile",
+            "--consumer",
+            "square-payments",
+        ],
+    ] {
+        let (code, out, err) = cli_with_env(&args, &env);
+        assert_eq!(code, 4, "{args:?}: {out}{err}");
+        assert!(
+            err.contains("audited nothing") && err.contains("square-payments"),
+            "{err}"
+        );
+        assert!(out.contains("not auditable"), "{out}");
+    }
+}

@@ -269,7 +269,9 @@ async fn operator_actions(store: TestStore) {
         taken[0].handoff,
         Some(claimd::store::Handoff::OperatorRedrive)
     );
-    assert!(s.settle(c.id, 3, &park, &ev()).await.unwrap());
+    // The redrive's attempt is the one the sweeper sends: a redrive counts once.
+    assert_eq!(taken[0].claim.attempt, 2);
+    assert!(s.settle(c.id, 2, &park, &ev()).await.unwrap());
     // An operator who saw it failed (someone else's view, now stale) moves nothing; nor does
     // one who saw it parked at its first attempt (it was redriven and parked again since).
     let stale = Some(Seen {
@@ -316,7 +318,7 @@ async fn operator_actions(store: TestStore) {
             "paid per provider dashboard",
             Some(Seen {
                 state: ClaimState::NeedsAttention,
-                attempt: Some(3),
+                attempt: Some(2),
                 version: None,
             }),
         )

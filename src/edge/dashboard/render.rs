@@ -222,6 +222,8 @@ fn total(consumers: &[ConsumerCounts]) -> ConsumerCounts {
         started: sum(|c| c.started),
         stuck: sum(|c| c.stuck),
         waiting: sum(|c| c.waiting),
+        in_line: sum(|c| c.in_line),
+        scheduled: sum(|c| c.scheduled),
         pending: sum(|c| c.pending),
         completed: sum(|c| c.completed),
         failed: sum(|c| c.failed),
@@ -491,17 +493,19 @@ pub fn render_failed(d: &Dashboard) -> Markup {
 /// Each instance's view of each consumer's provider: its breaker, its pace, and how many claims
 /// wait for it. Shown when a provider is anything but healthy and unlimited.
 fn render_providers(r: &Report) -> Markup {
+    // Only the claims waiting for their provider (not in a line, not for their time).
+    let for_provider = |c: &ConsumerCounts| c.waiting - c.in_line - c.scheduled;
     let waiting = |name: &str| {
         r.consumers
             .iter()
             .find(|c| c.consumer == name)
-            .map_or(0, |c| c.waiting)
+            .map_or(0, for_provider)
     };
     let worth_showing = r
         .providers
         .iter()
         .any(|p| p.state != "closed" || p.rate_per_s.is_some())
-        || r.consumers.iter().any(|c| c.waiting > 0);
+        || r.consumers.iter().any(|c| for_provider(c) > 0);
     html! {
         @if worth_showing {
             section {

@@ -8,6 +8,7 @@
 
 pub mod outbox;
 pub mod rate_keys;
+pub mod waits;
 
 use crate::store::{Store, StoreResult};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -92,6 +93,8 @@ pub struct Metrics {
     pub outbox: outbox::OutboxMetrics,
     /// The per-key paces' series (`effect.rate_limit_key`).
     pub rate_keys: rate_keys::RateKeyMetrics,
+    /// The scheduled and in-line claims' series.
+    pub waits: waits::WaitMetrics,
     /// The `Prefer: wait` waiters' series.
     pub waiters: crate::engine::waiters::WaiterMetrics,
 }
@@ -165,11 +168,13 @@ impl Metrics {
             ledger_last_run: Family::default(),
             outbox: Default::default(),
             rate_keys: Default::default(),
+            waits: Default::default(),
             waiters: Default::default(),
             registry: Registry::default(),
         };
         m.outbox.register(&mut registry);
         m.rate_keys.register(&mut registry);
+        m.waits.register(&mut registry);
         m.waiters.register(&mut registry);
         registry.register(
             "messages_received",
@@ -254,7 +259,7 @@ impl Metrics {
         );
         registry.register(
             "oldest_started_age_seconds",
-            "Age of the oldest started claim",
+            "Age of the oldest started claim in flight or stuck (from its scheduled time for a scheduled send; claims waiting in a line or for their time left out)",
             m.oldest.clone(),
         );
         registry.register(
@@ -289,7 +294,7 @@ impl Metrics {
         );
         registry.register(
             "waiting_claims",
-            "Started claims waiting for their provider (down, rate limited, or a lookup without an answer), not stuck; read from the store",
+            "Started claims that wait, not stuck: for their provider (down, rate limited, or a lookup without an answer), in their order key's line, or for their scheduled time; read from the store",
             m.waiting.clone(),
         );
         registry.register(
@@ -562,6 +567,7 @@ impl Metrics {
                 .set(c.needs_attention);
             self.stuck.get_or_create(&consumer(name)).set(c.stuck);
             self.waiting.get_or_create(&consumer(name)).set(c.waiting);
+            self.waits.set(name, &c);
             self.oldest
                 .get_or_create(&consumer(name))
                 .set(c.oldest_started_age_s.unwrap_or(0.0));

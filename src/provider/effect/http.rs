@@ -592,13 +592,17 @@ impl Effect for HttpEffect {
             Lookup::Found { status, .. } => format!(
                 "a lookup of a key that cannot exist ({key}) answered {status} and reads as \"found\": every unknown outcome would be settled as applied; set effect.status.found_pointer to what only a real match has"
             ),
-            Lookup::Unknown { error } if error.starts_with("status endpoint answered") => format!(
-                "a lookup of a key that cannot exist ({key}) did not come back \"not found\" ({error}); is effect.status_url right, and effect.status.not_found_status / found_pointer?"
+            // Only an answer that proves a mistake stops the start (a 401 or 403: the
+            // credentials; another 4xx, such as the 404 of a route that does not exist: the URL or
+            // effect.status); a provider that is down (5xx, 408, 429) must not keep every
+            // consumer's worker from starting.
+            Lookup::Unknown { error } if answered_mistake(&error) => format!(
+                "a lookup of a key that cannot exist ({key}) did not come back \"not found\" ({error}); is effect.status_url right, its credentials (effect.headers), and effect.status.not_found_status / found_pointer?"
             ),
-            // No answer (down, unreachable): it says nothing about the endpoint's shape.
+            // No answer, or one of a provider in trouble: nothing about the endpoint's shape.
             Lookup::Unknown { error } => {
                 return Ok(Some(format!(
-                    "could not probe effect.status_url at start: {error}"
+                    "could not probe effect.status_url at start, starting anyway: {error}"
                 )));
             }
         };
@@ -609,9 +613,46 @@ impl Effect for HttpEffect {
     }
 }
 
+/// Whether a status lookup's error is an answer that proves a configuration mistake: a `4xx`
+/// other than `408` (time-out) and `429` (rate limited), or a `2xx` whose body cannot be read
+/// as configured. A `5xx` is the provider's trouble, not the configuration's.
+fn answered_mistake(error: &str) -> bool {
+    let Some(rest) = error.strip_prefix("status endpoint answered ") else {
+        return false;
+    };
+    let status: u16 = rest
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap_or(0);
+    matches!(status, 200..=299 | 400..=499) && !matches!(status, 408 | 429)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_answers_that_prove_a_mistake_refuse_the_start() {
+        for mistake in [401, 403, 404, 400, 405] {
+            let e = format!(
+                "status endpoint answered {mistake}, which is neither found nor the configured \"not found\" ([]): x"
+            );
+            assert!(answered_mistake(&e), "{e}");
+        }
+        assert!(answered_mistake(
+            "status endpoint answered 200 with a body that is not JSON: x"
+        ));
+        for trouble in [500, 502, 503, 504, 408, 429] {
+            let e = format!(
+                "status endpoint answered {trouble}, which is neither found nor the configured \"not found\" ([404]): x"
+            );
+            assert!(!answered_mistake(&e), "{e}");
+        }
+        assert!(!answered_mistake("connection refused"));
+        assert!(!answered_mistake("timed out after 1s"));
+    }
 
     #[test]
     fn keys_are_encoded_for_paths() {

@@ -172,15 +172,6 @@ macro_rules! pg_stale_in_line {
     };
 }
 
-/// A take of a scheduled claim carries its "not called" marker to the attempt that takes it:
-/// a crash before that attempt's call leaves a claim its takeover knows was never sent (I11).
-macro_rules! pg_schedule_marker {
-    () => {
-        "handoff_attempt = CASE WHEN lease_owner = 'schedule' AND handoff = 'not_called' \
-           THEN attempt + 1 ELSE handoff_attempt END, "
-    };
-}
-
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     // A claim that waits is written with its lease owner NULL (its line) or 'schedule' and
@@ -331,10 +322,11 @@ pub(super) const STATEMENTS: Statements = Statements {
        WHERE consumer = $1 AND state = 'started' AND lease_until < LEAST(now(), $5) AND NOT ",
         pg_stale_in_line!("$6"),
         " ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED) \
-     UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
-       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), ",
-        pg_schedule_marker!(),
-        "version = version + 1, updated_utc = now() \
+     UPDATE claims SET ",
+        take_attempt!(),
+        "lease_owner = $3, \
+       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
+       version = version + 1, updated_utc = now() \
      FROM stale WHERE id = stale_id \
        AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",
@@ -431,9 +423,11 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT COUNT(*) AS n FROM claims w \
     WHERE w.consumer = $1 AND w.tenant = $2 AND w.order_key = $3 AND w.id > $4 \
       AND w.state = 'started' AND w.lease_owner IS NULL",
+    // As count_open's in_line: a redriven claim (lease expired) waits for the sweeper.
     in_line: "\
     SELECT consumer, COUNT(*) AS n FROM claims \
     WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
+      AND COALESCE(lease_until >= now(), true) \
     GROUP BY consumer",
     // One statement, so no crash or store error leaves a due claim taken and out of its line.
     release_due_to_line: concat!(
@@ -462,10 +456,11 @@ pub(super) const STATEMENTS: Statements = Statements {
          ORDER BY r.rn::float8 / COALESCE(wt.weight::float8, 1), r.id LIMIT $2)) \
          AND state = 'started' AND lease_until < LEAST(now(), $5) \
        FOR UPDATE SKIP LOCKED) \
-     UPDATE claims SET attempt = attempt + 1, lease_owner = $3, \
-       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), ",
-        pg_schedule_marker!(),
-        "version = version + 1, updated_utc = now() \
+     UPDATE claims SET ",
+        take_attempt!(),
+        "lease_owner = $3, \
+       lease_until = now() + $4 * interval '1 millisecond', started_utc = now(), \
+       version = version + 1, updated_utc = now() \
      FROM stale WHERE id = stale_id \
        AND state = 'started' AND lease_until < LEAST(now(), $5) \
      RETURNING ",
@@ -532,18 +527,31 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     // Open work, over all time: small sets served by the partial index `claims_open_work`
     // (its predicate is this one). For pending claims the age is the time since they became
-    // pending.
+    // pending. A started claim waits for its time (held by 'schedule' until its lease, which
+    // ends at not_before), in its line (no holder, no expired lease) or for its provider; the
+    // oldest age leaves out the first two (they are not in flight: I8 pages on the rest) and
+    // counts a scheduled send from its time.
     count_open: "\
     SELECT consumer, state, COUNT(*) AS n, \
       COUNT(*) FILTER (WHERE lease_until < now()) AS stuck, \
-      COUNT(*) FILTER (WHERE lease_until >= now() AND handoff_attempt = attempt \
-                         AND handoff IN ('not_applied', 'undecided')) AS waiting, \
+      COUNT(*) FILTER (WHERE (lease_until >= now() AND handoff_attempt = attempt \
+                              AND handoff IN ('not_applied', 'undecided')) \
+                          OR (lease_owner = 'schedule' AND lease_until >= now()) \
+                          OR (lease_owner IS NULL AND order_key IS NOT NULL \
+                              AND COALESCE(lease_until >= now(), true))) AS waiting, \
+      COUNT(*) FILTER (WHERE lease_owner = 'schedule' AND lease_until >= now()) AS scheduled, \
+      COUNT(*) FILTER (WHERE lease_owner IS NULL AND order_key IS NOT NULL \
+                         AND COALESCE(lease_until >= now(), true)) AS in_line, \
       (EXTRACT(EPOCH FROM now() - MIN(CASE WHEN state = 'pending' THEN pending_utc \
-                                           ELSE received_utc END)) * 1000)::bigint AS oldest_ms \
+          WHEN lease_owner = 'schedule' AND lease_until >= now() THEN NULL \
+          WHEN lease_owner IS NULL AND order_key IS NOT NULL AND COALESCE(lease_until >= now(), true) \
+            THEN NULL \
+          ELSE GREATEST(received_utc, not_before) END)) * 1000)::bigint AS oldest_ms \
     FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
     GROUP BY consumer, state",
     // Throughput figures over the report window. The percentiles leave out claims an operator
-    // resolved (`timed` counts the rest): they measure the provider and claimd, not a person.
+    // resolved (`timed` counts the rest): they measure the provider and claimd, not a person,
+    // nor a scheduled send's wait for its time (measured from the later of receipt and it).
     count_window: "\
     SELECT consumer, COUNT(*) AS claims, \
       COALESCE(SUM(duplicate_count), 0)::bigint AS duplicates, \
@@ -552,9 +560,9 @@ pub(super) const STATEMENTS: Statements = Statements {
       COUNT(*) FILTER (WHERE state = 'failed') AS failed, \
       COUNT(*) FILTER (WHERE resent_count > 0) AS resent, \
       COUNT(*) FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS timed, \
-      percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - received_utc)) \
+      percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - GREATEST(received_utc, not_before))) \
         FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS p50, \
-      percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - received_utc)) \
+      percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM processed_utc - GREATEST(received_utc, not_before))) \
         FILTER (WHERE state = 'completed' AND NOT operator_resolved) AS p95 \
     FROM claims WHERE received_utc >= $1 GROUP BY consumer",
     insert_dead_letter: "INSERT INTO dead_letters (consumer, reason, message_id) VALUES ($1, $2, $3)",

@@ -65,6 +65,8 @@ impl<D: Dialect> ReportStore for SqlStore<D> {
                 c.started = n;
                 c.stuck = r.opt_i64("stuck")?.unwrap_or(0);
                 c.waiting = r.opt_i64("waiting")?.unwrap_or(0);
+                c.in_line = r.opt_i64("in_line")?.unwrap_or(0);
+                c.scheduled = r.opt_i64("scheduled")?.unwrap_or(0);
                 c.oldest_started_age_s = r.opt_i64("oldest_ms")?.map(|ms| ms as f64 / 1000.0);
             } else if state == ClaimState::Pending.as_str() {
                 c.pending = n;

@@ -41,15 +41,6 @@ macro_rules! sqlite_stale_in_line {
     };
 }
 
-/// A take of a scheduled claim carries its "not called" marker to the attempt that takes it
-/// (see the PostgreSQL statement).
-macro_rules! sqlite_schedule_marker {
-    () => {
-        "handoff_attempt = CASE WHEN lease_owner = 'schedule' AND handoff = 'not_called' \
-           THEN attempt + 1 ELSE handoff_attempt END, "
-    };
-}
-
 /// What a take of waiting claims sets: the lease to the taker, attempt unchanged.
 macro_rules! sqlite_take_waiting_set {
     () => {
@@ -83,12 +74,37 @@ macro_rules! sqlite_take_waiting_returning {
     };
 }
 
-/// The k-th smallest receive-to-complete time (SQLite has no percentile function), leaving
-/// out claims an operator resolved (as `count_window`'s `timed` does).
+/// The k-th smallest time to complete (SQLite has no percentile function), from receipt or a
+/// scheduled send's time, leaving out claims an operator resolved (as `count_window`'s `timed`
+/// does).
 pub(super) const COMPLETE_TIME_AT: &str = "\
-    SELECT processed_utc - received_utc AS ms FROM claims \
+    SELECT processed_utc - MAX(received_utc, COALESCE(not_before, received_utc)) AS ms \
+    FROM claims \
     WHERE consumer = ?1 AND state = 'completed' AND operator_resolved = 0 AND received_utc >= ?2 \
     ORDER BY 1 LIMIT 1 OFFSET ?3";
+
+/// A scheduled send whose time has not come (held by 'schedule' until its lease ends).
+macro_rules! sqlite_scheduled {
+    () => {
+        concat!(
+            "(lease_owner = 'schedule' AND lease_until >= ",
+            now_ms!(),
+            ")"
+        )
+    };
+}
+
+/// A claim waiting in its order key's line: no holder, and no expired lease (a redriven claim
+/// waits for the sweeper instead).
+macro_rules! sqlite_in_line {
+    () => {
+        concat!(
+            "(lease_owner IS NULL AND order_key IS NOT NULL AND COALESCE(lease_until >= ",
+            now_ms!(),
+            ", 1))"
+        )
+    };
+}
 
 /// The filters `list_claims` and `search_claims` share (see `Statements::list_claims`).
 macro_rules! sqlite_list_where {
@@ -273,9 +289,10 @@ pub(super) const STATEMENTS: Statements = Statements {
         ") AND NOT ",
         sqlite_stale_in_line!("?6"),
         " ORDER BY lease_until LIMIT ?2) \
-       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, ",
-        sqlite_schedule_marker!(),
-        "lease_until = ",
+       UPDATE claims SET ",
+        take_attempt!(),
+        "version = version + 1, lease_owner = ?3, \
+       lease_until = ",
         now_ms!(),
         " + ?4, started_utc = ",
         now_ms!(),
@@ -350,10 +367,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     SELECT COUNT(*) AS n FROM claims w \
     WHERE w.consumer = ?1 AND w.tenant = ?2 AND w.order_key = ?3 AND w.id > ?4 \
       AND w.state = 'started' AND w.lease_owner IS NULL",
-    in_line: "\
-    SELECT consumer, COUNT(*) AS n FROM claims \
-    WHERE state = 'started' AND lease_owner IS NULL AND order_key IS NOT NULL \
-    GROUP BY consumer",
+    // As count_open's in_line: a redriven claim (lease expired) waits for the sweeper.
+    in_line: concat!(
+        "SELECT consumer, COUNT(*) AS n FROM claims WHERE state = 'started' AND ",
+        sqlite_in_line!(),
+        " GROUP BY consumer"
+    ),
     // One statement, so no crash or store error leaves a due claim taken and out of its line.
     release_due_to_line: concat!(
         "UPDATE claims SET lease_owner = NULL, lease_until = NULL, attempt = attempt + 1, \
@@ -377,9 +396,10 @@ pub(super) const STATEMENTS: Statements = Statements {
         sqlite_stale_in_line!("?7"),
         ") r LEFT JOIN json_each(?6) wt ON wt.key = r.tenant \
        ORDER BY r.rn * 1.0 / COALESCE(wt.value, 1), r.id LIMIT ?2) \
-       UPDATE claims SET attempt = attempt + 1, version = version + 1, lease_owner = ?3, ",
-        sqlite_schedule_marker!(),
-        "lease_until = ",
+       UPDATE claims SET ",
+        take_attempt!(),
+        "version = version + 1, lease_owner = ?3, \
+       lease_until = ",
         now_ms!(),
         " + ?4, started_utc = ",
         now_ms!(),
@@ -433,17 +453,29 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND (?6 IS NULL OR attempt = ?6) AND (?7 IS NULL OR version = ?7) RETURNING ",
         claim_cols!()
     ),
+    // What waits, as in the PostgreSQL statement: for its time, in its line, for its provider.
     count_open: concat!(
         "SELECT consumer, state, COUNT(*) AS n, \
        SUM(CASE WHEN lease_until < ",
         now_ms!(),
         " THEN 1 ELSE 0 END) AS stuck, \
-       SUM(CASE WHEN lease_until >= ",
+       SUM(CASE WHEN (lease_until >= ",
         now_ms!(),
-        " AND handoff_attempt = attempt AND handoff IN ('not_applied', 'undecided') \
-         THEN 1 ELSE 0 END) AS waiting, (",
+        " AND handoff_attempt = attempt AND handoff IN ('not_applied', 'undecided')) OR ",
+        sqlite_scheduled!(),
+        " OR ",
+        sqlite_in_line!(),
+        " THEN 1 ELSE 0 END) AS waiting, SUM(CASE WHEN ",
+        sqlite_scheduled!(),
+        " THEN 1 ELSE 0 END) AS scheduled, SUM(CASE WHEN ",
+        sqlite_in_line!(),
+        " THEN 1 ELSE 0 END) AS in_line, (",
         now_ms!(),
-        " - MIN(CASE WHEN state = 'pending' THEN pending_utc ELSE received_utc END)) AS oldest_ms \
+        " - MIN(CASE WHEN state = 'pending' THEN pending_utc WHEN ",
+        sqlite_scheduled!(),
+        " OR ",
+        sqlite_in_line!(),
+        " THEN NULL ELSE MAX(received_utc, COALESCE(not_before, received_utc)) END)) AS oldest_ms \
      FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
      GROUP BY consumer, state"
     ),
