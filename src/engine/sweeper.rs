@@ -337,7 +337,6 @@ async fn release_due(
     if released.is_empty() {
         return Ok(Vec::new());
     }
-    consumer.wake_pickup();
     let mut items = Vec::with_capacity(released.len());
     for claim in released {
         let detail = format!(
@@ -357,6 +356,8 @@ async fn release_due(
             result: "joined its order key's line".into(),
         });
     }
+    // After the history lines, so a claim's history reads in the order things happened.
+    consumer.wake_pickup();
     Ok(items)
 }
 
