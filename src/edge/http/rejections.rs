@@ -39,7 +39,7 @@ fn query_not_utf8(query: &str) -> Option<Response> {
         };
         if std::str::from_utf8(&percent_decoded(value)).is_err() {
             return Some(bad_query(&format!(
-                "{} is not UTF-8 once percent-decoded (send text as UTF-8, each byte as %XX)",
+                "{} is not UTF-8 once percent-decoded (percent-encode text as UTF-8)",
                 name.chars().take(64).collect::<String>()
             )));
         }
@@ -129,4 +129,21 @@ async fn as_problem(response: Response, method: &axum::http::Method) -> Response
         }
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_is_refused_only_for_bytes_that_are_not_utf8() {
+        assert_eq!(percent_decoded("a%20b+c%2"), b"a b c%2");
+        assert_eq!(percent_decoded("%C3%A9%zz"), "é%zz".as_bytes());
+        for good in ["q=caf%C3%A9", "q=%", "q=100%25&limit=5", "&&x", "q=a+b"] {
+            assert!(query_not_utf8(good).is_none(), "{good}");
+        }
+        for bad in ["q=%ff%fe", "limit=1&tenant=%C3", "%ff=1"] {
+            assert!(query_not_utf8(bad).is_some(), "{bad}");
+        }
+    }
 }
