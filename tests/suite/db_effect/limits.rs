@@ -337,3 +337,77 @@ fn a_pool_smaller_than_a_sql_consumers_concurrency_is_warned_about() {
         loaded.warnings
     );
 }
+
+/// A pool far smaller than a SQL consumer's concurrency (the start-up warning ignored):
+/// transactions queue for connections past the pool's 5 s wait. A transaction that never got
+/// a connection never began: it waits and is taken again, never spending an attempt, so every
+/// claim completes, once, and none is parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_too_small_slows_a_sql_consumer_but_parks_nothing_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let statement = "WITH w AS (INSERT INTO invoices (order_id, amount_cents) \
+        VALUES (:order_id, :amount_cents) RETURNING 1) SELECT pg_sleep(1.5) FROM w";
+    let toml = config_toml(
+        &store.url(),
+        // One attempt: a wait for a connection must not spend it.
+        &consumer(statement, "3s", "6s", "max_attempts = 1"),
+    )
+    .replace("concurrency = 4", "concurrency = 16")
+    .replace("max_connections = 8", "max_connections = 3");
+    let running = start(&toml).await;
+    let db = Db::open(&store).await;
+    db.run(INVOICES).await;
+    let b = base(&running);
+    const N: usize = 24;
+    let started = std::time::Instant::now();
+    // All at once, so the transactions queue for the pool together.
+    let mut posts = Vec::new();
+    for i in 0..N {
+        let b = b.clone();
+        posts.push(tokio::spawn(async move {
+            let body = format!(r#"{{"order_id":"p-{i}","amount_cents":5}}"#);
+            // Intake's own claim may find no connection either: a 503 is retried.
+            loop {
+                let (s, text) = post(&b, &format!("p-{i}"), &body).await;
+                if s == 202 || s == 200 {
+                    break;
+                }
+                assert_eq!(s, 503, "{text}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+    }
+    for p in posts {
+        p.await.unwrap();
+    }
+    let done = eventually(Duration::from_secs(120), || async {
+        db.count("SELECT count(*) FROM claims WHERE state <> 'started'")
+            .await
+            == N as i64
+    })
+    .await;
+    let Db::Pg(pool) = &db else { unreachable!() };
+    let states: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM claims GROUP BY state ORDER BY state")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let max_attempt: i32 = sqlx::query_scalar("SELECT max(attempt) FROM claims")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    println!(
+        "{N} claims, pool of 3, concurrency 16: {states:?} after {:.1} s, highest attempt {max_attempt}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(done, "every claim decided: {states:?}");
+    assert_eq!(
+        states,
+        [("completed".to_string(), N as i64)],
+        "all completed, none parked"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM invoices").await, N as i64);
+    running.shutdown(Duration::from_secs(5)).await;
+}
