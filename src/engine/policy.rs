@@ -139,9 +139,10 @@ pub fn on_takeover(f: TakeoverFacts) -> Takeover {
             } else {
                 String::new()
             };
+            let runs = counted - 1;
+            let s = if runs == 1 { "" } else { "s" };
             return Takeover::Park(format!(
-                "attempts exhausted: {} runs of the database effect's transaction ended without a commit (max_attempts = {}){waited}; nothing was applied (its history has each reason)",
-                counted - 1,
+                "attempts exhausted: {runs} attempt{s} at the database effect's transaction ended without a commit (max_attempts = {}){waited}; nothing was applied (its history has each reason)",
                 f.max_attempts
             ));
         }
@@ -614,7 +615,7 @@ mod tests {
         let Takeover::Park(why) = on_takeover(spent) else {
             panic!("parks once its attempts are spent")
         };
-        assert!(why.contains("attempts exhausted: 8 runs"), "{why}");
+        assert!(why.contains("attempts exhausted: 8 attempts"), "{why}");
         assert!(
             !why.contains("provider"),
             "a database effect has none: {why}"

@@ -13,8 +13,10 @@ use super::{AttemptEnd, Settler};
 use crate::domain::claim::{Claim, ClaimState, Handoff};
 use crate::engine::consumer::Slot;
 use crate::engine::policy::wait_backoff;
-use crate::store::db_effect::{DatabaseEffect, DbEffectError, DbRetry, retry_of, store_retry_of};
-use crate::store::{NewEvent, Settlement, StoreError, driver_words};
+use crate::store::db_effect::{
+    DatabaseEffect, DbEffectError, DbRetry, lost_connection, retry_of, store_retry_of,
+};
+use crate::store::{NewEvent, Settlement, driver_words};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -87,14 +89,7 @@ impl Settler {
                     warn!(error = %e, "database effect's transaction failed; the sweeper will run it again");
                     return AttemptEnd::LeftStarted(e.to_string());
                 }
-                Err(e) => {
-                    // The pool had no connection for it: the transaction never began.
-                    let waited = matches!(
-                        &e,
-                        DbEffectError::Store(StoreError::Unavailable(sqlx::Error::PoolTimedOut))
-                    );
-                    (e.to_string(), waited)
-                }
+                Err(e) => (e.to_string(), lost_connection(&e)),
             };
             if Instant::now() + delay >= deadline {
                 warn!(tries, error = %why, "database effect still retried when its lease ran out; left for the sweeper, nothing applied");
@@ -110,8 +105,9 @@ impl Settler {
 
     /// Hands a claim whose transactions all rolled back to the sweeper at once, with the
     /// last reason in its history. Nothing was applied, so the sweeper runs it again; the
-    /// attempt counts towards `max_attempts`, unless no store connection was free for it
-    /// (the transaction never began): that is a wait, taken again after a backoff.
+    /// attempt counts towards `max_attempts`, unless the last run failed for want of a
+    /// working connection (none free in the pool, the server gone or read-only): that
+    /// decided nothing (I13) and is a wait, taken again after a backoff.
     async fn rolled_back(
         &self,
         slot: &mut Slot,

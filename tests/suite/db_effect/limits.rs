@@ -411,3 +411,84 @@ async fn a_pool_too_small_slows_a_sql_consumer_but_parks_nothing_postgres() {
     assert_eq!(db.count("SELECT count(*) FROM invoices").await, N as i64);
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// I13 through whole attempts: every run of the transaction loses its connection for 8 s
+/// (each backend terminated as soon as it waits), past the lease's room for retries, with
+/// `max_attempts = 1`. Those attempts decided nothing: each is a wait, so the claim is never
+/// parked and completes, once, when the cuts stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_lost_for_several_attempts_park_nothing_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let statement = "WITH w AS (INSERT INTO invoices (order_id, amount_cents) \
+        VALUES (:order_id, :amount_cents) RETURNING 1) \
+        SELECT pg_advisory_xact_lock_shared(4244) FROM w";
+    let running = start(&config_toml(
+        &store.url(),
+        &consumer(statement, "4s", "5s", "max_attempts = 1"),
+    ))
+    .await;
+    let db = Db::open(&store).await;
+    let Db::Pg(pool) = &db else { unreachable!() };
+    db.run(INVOICES).await;
+    let mut gate = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(4244)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    assert_eq!(
+        post(
+            &base(&running),
+            "cuts-1",
+            r#"{"order_id":"o-1","amount_cents":10}"#
+        )
+        .await
+        .0,
+        202
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(8);
+    let mut cuts = 0;
+    while std::time::Instant::now() < until {
+        for pid in backends(pool, "%pg_advisory_xact_lock_shared(4244)%").await {
+            let _: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            cuts += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let during = claim(&running, "cuts-1").await.unwrap();
+    sqlx::query("SELECT pg_advisory_unlock(4244)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    drop(gate);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            claim(&running, "cuts-1").await.unwrap().state != ClaimState::Started
+        })
+        .await
+    );
+    let c = claim(&running, "cuts-1").await.unwrap();
+    println!(
+        "{cuts} connections cut over 8 s; then attempt {} {:?} (waits {}); during the cuts: attempt {} {:?}",
+        c.attempt, c.state, c.waits, during.attempt, during.last_error
+    );
+    assert!(cuts >= 3, "the runs were cut again and again: {cuts}");
+    assert!(
+        during.attempt >= 2,
+        "the cuts outlasted an attempt: {}",
+        during.attempt
+    );
+    assert_eq!(
+        c.state,
+        ClaimState::Completed,
+        "lost connections park nothing: {:?}",
+        c.last_error
+    );
+    assert_eq!(db.count("SELECT count(*) FROM invoices").await, 1);
+    running.shutdown(Duration::from_secs(5)).await;
+}
