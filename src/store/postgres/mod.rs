@@ -146,7 +146,8 @@ impl Dialect for PgDialect {
         let begin = format!(
             "{}{}",
             sql::BEGIN_WITH_TIMEOUT_MS,
-            timeout.as_millis().max(1)
+            // statement_timeout is a 32-bit number of milliseconds.
+            timeout.as_millis().clamp(1, i32::MAX as u128)
         );
         let mut tx = self
             .sql
@@ -171,7 +172,7 @@ impl Dialect for PgDialect {
             .map_err(err(w.name))?;
             Ok::<_, DbEffectError>(row.is_some())
         };
-        let settled = tokio::time::timeout(timeout * 2, run)
+        let settled = tokio::time::timeout(timeout.saturating_mul(2), run)
             .await
             .map_err(|_| DbEffectError::TimedOut(timeout))??;
         if !settled {
