@@ -44,6 +44,8 @@ impl Config {
             ));
         }
         let mut hosts: BTreeMap<String, Vec<(&str, KeyTemplate)>> = BTreeMap::new();
+        // Database transactions SQL consumers may hold open at once, each on a store connection.
+        let mut in_transactions: Vec<(&str, u32)> = Vec::new();
         for (i, c) in self.consumers.iter().enumerate() {
             let at = |k: &str| format!("consumers[{i}].{k}");
             if c.name.is_empty()
@@ -262,6 +264,7 @@ impl Config {
                     if let Err(e) = crate::provider::effect::sql::parse_statement(&q.statement) {
                         return Err((at("effect.statement"), e.to_string()));
                     }
+                    in_transactions.push((&c.name, c.concurrency));
                 }
                 EffectConfig::Smtp(s) => {
                     if s.tls == SmtpTls::None && !s.username.is_empty() {
@@ -278,6 +281,9 @@ impl Config {
                     }
                 }
             }
+        }
+        if let Some(w) = pool_warning(&in_transactions, self.store.max_connections) {
+            warnings.push(w);
         }
         for (host, users) in hosts {
             if users.len() > 1 && users.iter().any(|(_, t)| !t.mentions_consumer()) {
@@ -359,6 +365,25 @@ impl Config {
 /// The provider URL a configured `effect.url` makes, its template fields (`{key}`,
 /// `{customer_id}`) filled with sample values: the URL is checked, and its host read, before
 /// any message exists.
+/// Store connections claimd's own work may hold beside database effects' transactions:
+/// intake's and settles' group commits, the sweeper, takes of waiting claims.
+const OWN_CONNECTIONS: u32 = 4;
+
+/// A warning when SQL consumers' `concurrency` (one store connection per transaction in
+/// flight) and claimd's own work need more than `[store] max_connections`: transactions
+/// would queue for a connection, and those that wait past the pool's 5 s wait for nothing.
+fn pool_warning(sql: &[(&str, u32)], max_connections: u32) -> Option<String> {
+    let wanted: u32 = sql.iter().map(|(_, n)| *n).sum();
+    if sql.is_empty() || wanted.saturating_add(OWN_CONNECTIONS) <= max_connections {
+        return None;
+    }
+    let names: Vec<&str> = sql.iter().map(|(n, _)| *n).collect();
+    Some(format!(
+        "SQL consumers {names:?} run up to {wanted} transactions at once (their concurrency), each on a store connection, and claimd's own work needs about {OWN_CONNECTIONS} more, but [store] max_connections = {max_connections}: transactions would wait for a connection; set max_connections to at least {} or lower their concurrency",
+        wanted.saturating_add(OWN_CONNECTIONS)
+    ))
+}
+
 fn sample_url(url: &str) -> Result<reqwest::Url, String> {
     use crate::provider::effect::http_template::encode_path_segment;
     use crate::provider::effect::http_template::{Template, Vars};

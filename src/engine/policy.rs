@@ -132,6 +132,20 @@ pub fn on_takeover(f: TakeoverFacts) -> Takeover {
     // `attempt` is the takeover about to start; the last one that ran was `attempt - 1`.
     let counted = i64::from(f.attempt) - i64::from(f.waits.max(0));
     if counted > i64::from(f.max_attempts) {
+        if f.atomic {
+            // A database effect has no provider: its attempts are transactions.
+            let waited = if f.waits > 0 {
+                format!(" and {} more waited for a store connection", f.waits)
+            } else {
+                String::new()
+            };
+            let runs = counted - 1;
+            let s = if runs == 1 { "" } else { "s" };
+            return Takeover::Park(format!(
+                "attempts exhausted: {runs} attempt{s} at the database effect's transaction ended without a commit (max_attempts = {}){waited}; nothing was applied (its history has each reason)",
+                f.max_attempts
+            ));
+        }
         let waited = if f.waits > 0 {
             format!(" and {} more waited for the provider", f.waits)
         } else {
@@ -592,5 +606,19 @@ mod tests {
             };
             assert_eq!(on_takeover(f), Takeover::Perform { resend: false });
         }
+        let spent = TakeoverFacts {
+            atomic: true,
+            attempt: 10,
+            waits: 1,
+            ..facts()
+        };
+        let Takeover::Park(why) = on_takeover(spent) else {
+            panic!("parks once its attempts are spent")
+        };
+        assert!(why.contains("attempts exhausted: 8 attempts"), "{why}");
+        assert!(
+            !why.contains("provider"),
+            "a database effect has none: {why}"
+        );
     }
 }

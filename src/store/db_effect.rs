@@ -24,9 +24,10 @@ pub enum DbTx<'a> {
 /// then settles the claim `completed`; no idempotency key and no lookup are needed, because
 /// the write commits if and only if the claim settles.
 ///
-/// Return the driver's error as it is: deadlocks, serialization failures and a busy SQLite
-/// database are retried by running the whole transaction again; any other database error
-/// rolls back and fails the claim with its message (nothing was applied).
+/// Return the driver's error as it is: deadlocks, serialization failures, a lost connection
+/// and a busy SQLite database are retried by running the whole transaction again; any other
+/// database error rolls back and fails the claim with its message (nothing was applied), as
+/// does [`sqlx::Error::InvalidArgument`] (the claim cannot be applied as it is: say why).
 #[async_trait]
 pub trait DatabaseEffect: Send + Sync {
     /// Checks a payload before it is claimed (intake refuses it with this sentence, and
@@ -43,8 +44,14 @@ pub trait DatabaseEffect: Send + Sync {
 #[derive(Debug, thiserror::Error)]
 pub enum DbEffectError {
     /// The effect's own statements failed (rolled back).
-    #[error("{0}")]
+    #[error("{}", crate::store::driver_words(.0))]
     Effect(sqlx::Error),
+    /// The transaction ran past the effect's timeout and was cut (rolled back).
+    #[error(
+        "the transaction ran past effect.timeout ({}) and was rolled back",
+        crate::domain::duration::Dur(*.0)
+    )]
+    TimedOut(std::time::Duration),
     /// The store failed around them: begin, the settle, the commit (rolled back, or the
     /// commit's answer was lost: the claim is then settled or still `started`, never half).
     #[error(transparent)]
@@ -55,21 +62,26 @@ pub enum DbEffectError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DbRetry {
     /// Run the whole transaction again (deadlock, serialization failure, busy or locked
-    /// database, a lost connection).
+    /// database, a lost connection, a server shutting down, read-only or recovering).
     Again,
     /// The database refused the write for good (a constraint, bad data, a syntax error).
     Never,
 }
 
 /// Classifies a database effect's error: PostgreSQL's `40P01` (deadlock) and `40001`
-/// (serialization failure) and SQLite's `SQLITE_BUSY` and `SQLITE_LOCKED` (codes 5 and 6,
-/// with their extended codes) are worth running again, as is any error that is not the
+/// (serialization failure), SQLite's `SQLITE_BUSY` and `SQLITE_LOCKED` (codes 5 and 6,
+/// with their extended codes), and whatever ends a transaction rather than answers it (I13:
+/// class `08` connection errors, `57P01` administrator shutdown — every connection gets it
+/// on a fast restart or failover —, `57P02` crash shutdown, `57P03` cannot connect now,
+/// `53300` too many connections, `25006` a read-only server, `57014` a statement cancelled,
+/// as `effect.timeout` does) are worth running again, as is any error that is not the
 /// database's answer (I/O, a pool timeout).
 pub fn retry_of(e: &sqlx::Error) -> DbRetry {
     match e {
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
-            let transient = matches!(code.as_ref(), "40P01" | "40001")
+            let transient = matches!(code.as_ref(), "40P01" | "40001" | "57014")
+                || ends_the_connection(&code)
                 || code.parse::<i64>().is_ok_and(|c| matches!(c & 0xff, 5 | 6));
             if transient {
                 DbRetry::Again
@@ -83,6 +95,36 @@ pub fn retry_of(e: &sqlx::Error) -> DbRetry {
         | sqlx::Error::Protocol(_)
         | sqlx::Error::WorkerCrashed => DbRetry::Again,
         _ => DbRetry::Never,
+    }
+}
+
+/// A PostgreSQL SQLSTATE that ends the session or refuses it rather than answers a statement
+/// (I13): class 08, 57P01 to 57P03 (shut down, crashed, starting), 53300 (no free
+/// connection), 25006 (a read-only server: a standby after a failover).
+fn ends_the_connection(code: &str) -> bool {
+    matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "25006")
+        || (code.len() == 5 && code.starts_with("08"))
+}
+
+/// Whether a database effect's run failed for want of a working connection — none free in
+/// the pool, none reachable, the server gone, shutting down or read-only — rather than by
+/// anything its statements did. Such runs decided nothing about the claim (I13): an attempt
+/// that ends on one is a wait, not counted towards `max_attempts`.
+pub fn lost_connection(e: &DbEffectError) -> bool {
+    use crate::store::StoreError;
+    let driver = match e {
+        DbEffectError::Effect(e) => e,
+        DbEffectError::Store(StoreError::Unavailable(e) | StoreError::Query { source: e, .. }) => e,
+        _ => return false,
+    };
+    match driver {
+        sqlx::Error::Database(db) => ends_the_connection(&db.code().unwrap_or_default()),
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
     }
 }
 
@@ -112,5 +154,32 @@ mod tests {
             DbRetry::Never,
             "a bug in the effect is not retried"
         );
+        assert_eq!(
+            retry_of(&sqlx::Error::InvalidArgument("no field".into())),
+            DbRetry::Never,
+            "a claim that cannot be applied as it is fails"
+        );
+    }
+
+    #[test]
+    fn a_run_without_a_working_connection_decided_nothing() {
+        let pool = DbEffectError::Store(crate::store::StoreError::Unavailable(
+            sqlx::Error::PoolTimedOut,
+        ));
+        assert!(lost_connection(&pool));
+        let io = DbEffectError::Effect(sqlx::Error::Io(std::io::Error::other("reset")));
+        assert!(lost_connection(&io));
+        assert!(!lost_connection(&DbEffectError::TimedOut(
+            std::time::Duration::from_secs(1)
+        )));
+        assert!(!lost_connection(&DbEffectError::Effect(
+            sqlx::Error::RowNotFound
+        )));
+        for code in ["57P01", "57P03", "25006", "08006", "53300"] {
+            assert!(ends_the_connection(code), "{code}");
+        }
+        for code in ["40P01", "23505", "57014", "5", "0800"] {
+            assert!(!ends_the_connection(code), "{code}");
+        }
     }
 }

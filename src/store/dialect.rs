@@ -318,12 +318,16 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 
     /// Runs `effect`'s write for `claim`, then `w` (the settle and its history line), in one
     /// transaction: committed when the settle changed the row, rolled back when the fence
-    /// left it alone (`Ok(false)`: another worker holds the claim) or anything failed.
+    /// left it alone (`Ok(false)`: another worker holds the claim) or anything failed. Once
+    /// begun, the transaction is cut and rolled back after `timeout`
+    /// ([`DbEffectError::TimedOut`](super::db_effect::DbEffectError::TimedOut); PostgreSQL
+    /// cuts each statement at `timeout` and the whole run at twice it).
     async fn update_logged_after(
         &self,
         effect: &dyn super::db_effect::DatabaseEffect,
         claim: &crate::domain::claim::Claim,
         w: LoggedWrite<'_>,
+        timeout: std::time::Duration,
     ) -> Result<bool, super::db_effect::DbEffectError>;
 
     /// Runs a take of waiting claims by order keys' lines (`sql`, returning rows) alone for

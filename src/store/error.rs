@@ -7,12 +7,12 @@ use super::url::redact_url;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached (connection refused, pool timed out, I/O).
-    #[error("store unavailable: {0}")]
+    #[error("store unavailable: {}", driver_words(.0))]
     Unavailable(#[source] sqlx::Error),
     /// The database refused a value as data it cannot hold (PostgreSQL's data exceptions,
     /// SQLSTATE class 22: a NUL in text, a time out of its range): the caller's input, never
     /// worth retrying. The routes check their input first; this is the last line.
-    #[error("store query {query} refused a value: {source}")]
+    #[error("store query {query} refused a value: {}", driver_words(source))]
     BadInput {
         /// The named statement.
         query: &'static str,
@@ -20,7 +20,7 @@ pub enum StoreError {
         source: sqlx::Error,
     },
     /// A statement failed for another reason.
-    #[error("store query {query} failed: {source}")]
+    #[error("store query {query} failed: {}", driver_words(source))]
     Query {
         /// The named statement.
         query: &'static str,
@@ -86,6 +86,19 @@ impl StoreError {
             self,
             StoreError::Unavailable(_) | StoreError::Contended(_) | StoreError::Busy(_)
         )
+    }
+}
+
+/// A driver error in the database's own words: its message and code, without the "at line N"
+/// PostgreSQL's errors end with (a line of the server's C source, which users read as a line
+/// of their statement). Other errors as the driver says them.
+pub fn driver_words(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{} (code {code})", db.message()),
+            None => db.message().to_string(),
+        },
+        other => other.to_string(),
     }
 }
 

@@ -38,7 +38,7 @@ pub mod sqlite;
 mod url;
 pub mod writes;
 
-pub use error::{StoreError, StoreResult};
+pub use error::{StoreError, StoreResult, driver_words};
 pub use roles::{
     EngineStore, IntakeStore, LedgerStore, LineHead, LineStore, OperatorStore, OutboxStore,
     ReportStore,

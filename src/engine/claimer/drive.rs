@@ -96,10 +96,13 @@ impl Claimer {
         if let Some(effect) = consumer.effect.database() {
             // A database effect commits with its settle: no marker to clear, no call to
             // classify, nothing to look up (settle::db).
-            return Box::pin(
-                self.settler
-                    .apply_and_settle(&mut slot, claim, effect, deadline),
-            )
+            return Box::pin(self.settler.apply_and_settle(
+                &mut slot,
+                claim,
+                effect,
+                deadline,
+                cfg.effect.timeout(),
+            ))
             .await;
         }
         if claim.attempt == 1 && (hold.not_called || !consumer.claims_ahead()) {

@@ -205,8 +205,9 @@ impl DatabaseEffect for SqlEffect {
     }
 
     async fn apply(&self, tx: DbTx<'_>, claim: &Claim) -> Result<(), sqlx::Error> {
-        // Checked at intake; a claim stored before the statement changed may still lack one.
-        let values = self.values(claim).map_err(sqlx::Error::Protocol)?;
+        // Checked at intake, but a claim enqueued or stored before the statement changed may
+        // still lack a field: it can never be applied as it is, so it fails at once.
+        let values = self.values(claim).map_err(sqlx::Error::InvalidArgument)?;
         match tx {
             #[cfg(feature = "postgres")]
             DbTx::Postgres(conn) => {

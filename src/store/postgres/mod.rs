@@ -142,18 +142,45 @@ impl Dialect for PgDialect {
         effect: &dyn DatabaseEffect,
         claim: &Claim,
         w: LoggedWrite<'_>,
+        timeout: Duration,
     ) -> Result<bool, DbEffectError> {
-        let mut tx = self.sql.pool.begin().await.map_err(err("begin"))?;
-        if let Err(e) = effect.apply(DbTx::Postgres(&mut tx), claim).await {
-            // Dropping the transaction rolls it back.
-            return Err(DbEffectError::Effect(e));
-        }
-        let row = logged_args(&w, |all| {
-            SqlPool::<Postgres>::query(w.sql, all).fetch_optional(&mut *tx)
-        })
-        .await
-        .map_err(err(w.name))?;
-        if row.is_none() {
+        // The server cuts each statement past the timeout itself (57014) and frees its locks
+        // at once. The whole run is cut here too, at twice the timeout: later than the server
+        // would cut a single statement, because a run dropped mid-statement leaves the server
+        // running it, locks held, until its own cut.
+        let begin = format!(
+            "{}{}",
+            sql::BEGIN_WITH_TIMEOUT_MS,
+            // statement_timeout is a 32-bit number of milliseconds.
+            timeout.as_millis().clamp(1, i32::MAX as u128)
+        );
+        let mut tx = self
+            .sql
+            .pool
+            .begin_with(sqlx::AssertSqlSafe(begin))
+            .await
+            .map_err(err("begin"))?;
+        let run = async {
+            if let Err(e) = effect.apply(DbTx::Postgres(&mut tx), claim).await {
+                // Dropping the transaction rolls it back.
+                return Err(match e {
+                    sqlx::Error::Database(db) if db.code().as_deref() == Some("57014") => {
+                        DbEffectError::TimedOut(timeout)
+                    }
+                    e => DbEffectError::Effect(e),
+                });
+            }
+            let row = logged_args(&w, |all| {
+                SqlPool::<Postgres>::query(w.sql, all).fetch_optional(&mut *tx)
+            })
+            .await
+            .map_err(err(w.name))?;
+            Ok::<_, DbEffectError>(row.is_some())
+        };
+        let settled = tokio::time::timeout(timeout.saturating_mul(2), run)
+            .await
+            .map_err(|_| DbEffectError::TimedOut(timeout))??;
+        if !settled {
             tx.rollback().await.map_err(err("rollback"))?;
             return Ok(false);
         }

@@ -14,6 +14,10 @@ pub(super) const LINE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextende
 
 pub(super) const PRUNE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
 
+/// The begin of a database effect's transaction, its `effect.timeout` in milliseconds
+/// following: the limit of each of its statements, set in the same round trip.
+pub(super) const BEGIN_WITH_TIMEOUT_MS: &str = "BEGIN; SET LOCAL statement_timeout = ";
+
 /// The filters `list_claims` and `search_claims` share (see `Statements::list_claims`).
 macro_rules! pg_list_where {
     () => {
@@ -72,7 +76,9 @@ macro_rules! outbox_insert {
 /// read the claim at that attempt and version (`$12`; NULL for the worker, whose attempt is its
 /// own). Every settle bumps the version. Parameters as `Statements::settle` lists them.
 // A claim that completes drops its last error: a transient error that did not decide the
-// outcome would read as the reason for it (the history keeps every error).
+// outcome would read as the reason for it (the history keeps every error). `processed_utc` is
+// the settle's own moment, not its transaction's start: a database effect's settle ends the
+// transaction that did its work.
 macro_rules! pg_settle_update {
     () => {
         " \
@@ -85,7 +91,7 @@ macro_rules! pg_settle_update {
         handoff = COALESCE($8::text, handoff), \
         handoff_attempt = CASE WHEN $8::text IS NOT NULL THEN attempt ELSE handoff_attempt END, \
         waits = waits + CASE WHEN $8::text IS NOT NULL THEN 1 ELSE 0 END, \
-        processed_utc = CASE WHEN $3::text IN ('completed', 'failed') THEN now() \
+        processed_utc = CASE WHEN $3::text IN ('completed', 'failed') THEN clock_timestamp() \
                              ELSE processed_utc END, \
         lease_owner = CASE WHEN $3::text IS NULL OR $3::text = 'started' THEN lease_owner END, \
         lease_until = CASE WHEN $9::bigint IS NOT NULL THEN now() + $9 * interval '1 millisecond' \

@@ -29,13 +29,15 @@ pub trait EngineStore: Send + Sync {
 
     /// Runs a database effect's write for `claim` and settles it as `settlement` says, in one
     /// transaction fenced like [`settle`](EngineStore::settle): `Ok(true)` committed both,
-    /// `Ok(false)` the claim was taken over and nothing was applied; an error rolled both back.
+    /// `Ok(false)` the claim was taken over and nothing was applied; an error rolled both back
+    /// (the transaction is cut after `timeout`, once it has its connection).
     async fn settle_applied(
         &self,
         effect: &dyn crate::store::db_effect::DatabaseEffect,
         claim: &crate::domain::claim::Claim,
         settlement: &Settlement,
         event: &NewEvent<'_>,
+        timeout: std::time::Duration,
     ) -> Result<bool, crate::store::db_effect::DbEffectError>;
 
     /// Settles many claims in one round trip where the driver can, each fenced on its own

@@ -120,6 +120,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         claim: &crate::domain::claim::Claim,
         s: &Settlement,
         event: &NewEvent<'_>,
+        timeout: Duration,
     ) -> Result<bool, crate::store::db_effect::DbEffectError> {
         let args = settle_args(claim.id, claim.attempt, s);
         let write = self.settle_write(
@@ -128,7 +129,9 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             event,
             emits(ClaimState::Started, s.state),
         );
-        self.dialect.update_logged_after(effect, claim, write).await
+        self.dialect
+            .update_logged_after(effect, claim, write, timeout)
+            .await
     }
 
     #[instrument(skip_all, fields(claim_id = id, attempt))]

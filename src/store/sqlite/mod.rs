@@ -173,6 +173,7 @@ impl Dialect for SqliteDialect {
         effect: &dyn DatabaseEffect,
         claim: &Claim,
         w: LoggedWrite<'_>,
+        timeout: Duration,
     ) -> Result<bool, DbEffectError> {
         // A write transaction from the start: a deferred one would be refused its upgrade
         // to a writer when another connection wrote meanwhile.
@@ -180,10 +181,17 @@ impl Dialect for SqliteDialect {
         let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
             .await
             .map_err(err("begin"))?;
-        if let Err(e) = effect.apply(DbTx::Sqlite(&mut tx), claim).await {
-            return Err(DbEffectError::Effect(e));
-        }
-        if many::logged(&mut tx, w).await?.is_none() {
+        let run = async {
+            if let Err(e) = effect.apply(DbTx::Sqlite(&mut tx), claim).await {
+                return Err(DbEffectError::Effect(e));
+            }
+            Ok::<_, DbEffectError>(many::logged(&mut tx, w).await?.is_some())
+        };
+        // Dropping the transaction rolls it back.
+        let settled = tokio::time::timeout(timeout, run)
+            .await
+            .map_err(|_| DbEffectError::TimedOut(timeout))??;
+        if !settled {
             tx.rollback().await.map_err(err("rollback"))?;
             return Ok(false);
         }
