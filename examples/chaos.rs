@@ -100,6 +100,13 @@ async fn main() {
                 )),
             }
         }),
+        // CHAOS_ORDERS=n: n order ids to an `orders` consumer with order lines, schedules and
+        // cancels (docs/reliability.md, "The combined run").
+        orders: env_or("CHAOS_ORDERS", 0),
+        // CHAOS_TERMINATE=1: pg_terminate_backend of random worker backends every 0.5-2 s.
+        terminate_backends: env_or("CHAOS_TERMINATE", 0u8) == 1,
+        // CHAOS_DB_EFFECT=n: n messages to a database effect contended on one counter row.
+        db_effect: env_or("CHAOS_DB_EFFECT", 0),
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()
