@@ -116,9 +116,10 @@ async fn reliability_scenarios_hold_every_invariant() {
         (
             Scenario {
                 emails: 30,
-                orders: 60,
+                orders: 120,
                 terminate_backends: true,
-                db_effect: 100,
+                db_effect: 300,
+                kills: 20,
                 db_outage: Some(Duration::from_secs(3)),
                 ..base(
                     "every feature at once: payments, emails, order lines with schedules and cancels, a contended database effect; kills + terminated backends + database outage",

@@ -264,6 +264,7 @@ pub(super) async fn check(
         events_all_relayed: false,
         orders: None,
         terminated_backends: 0,
+        terminated_in_effect: 0,
         db_effect: None,
         settled_by_other: evidence.settled_by_other,
         never_sent_held: evidence.never_sent_held,

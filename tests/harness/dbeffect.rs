@@ -1,12 +1,16 @@
 //! A contended database effect in the run: a consumer `ledger` with `kind = "sql"` whose
 //! statement, in the claims' own database, inserts a row keyed by the message id with the
 //! payload's amount and adds one to a single shared counter row (every transaction of the
-//! consumer waits for that row's lock). The write commits with the claim's settle, or not at
+//! consumer waits for that row's lock, which each holds 50 ms, so that terminated backends and
+//! kills often land inside an effect's transaction). The write commits with the claim's settle, or not at
 //! all, so at the end a row exists if and only if its claim is `completed`, never two rows for
 //! one message, and the counter equals the number of completed claims.
 
 use super::*;
 use claimd::domain::claim::ClaimState;
+
+/// The table of the rows (a terminated backend whose statement names it was in an effect).
+pub(super) const TABLE: &str = "chaos_rows";
 
 /// The tables the statement writes, made before the workers start.
 const TABLES: [&str; 3] = [
@@ -40,7 +44,7 @@ key = "{{message_id}}"
 [consumers.effect]
 kind = "sql"
 timeout = "1s"
-statement = "WITH w AS (INSERT INTO chaos_rows (message_id, amount) VALUES (:message_id, :amount) RETURNING 1) UPDATE chaos_counter SET n = n + (SELECT count(*) FROM w) WHERE id = 1"
+statement = "WITH w AS (INSERT INTO chaos_rows (message_id, amount) VALUES (:message_id, :amount) RETURNING 1), u AS (UPDATE chaos_counter SET n = n + (SELECT count(*) FROM w) WHERE id = 1 RETURNING 1) SELECT pg_sleep(0.05) FROM u"
 "#,
         lease_ms = WORKER_LEASE_MS,
     )

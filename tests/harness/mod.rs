@@ -193,12 +193,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
 
     // Workers reach PostgreSQL through a proxy the chaos loop can cut.
     let proxy = Arc::new(proxy::Proxy::start("127.0.0.1:5432").await);
-    // Named, so that terminating backends can pick the workers' connections.
-    let worker_db = format!(
-        "{}?application_name={}",
-        db_url.replacen("127.0.0.1:5432", &proxy.addr.to_string(), 1),
-        terminate::WORKER_APP
-    );
+    let worker_db = db_url.replacen("127.0.0.1:5432", &proxy.addr.to_string(), 1);
     let config = dir.path().join("claimd.toml");
     std::fs::write(
         &config,
@@ -428,7 +423,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     done.store(true, Ordering::SeqCst);
     let terminated = match terminator {
         Some(t) => t.await.unwrap(),
-        None => 0,
+        None => (0, 0),
     };
     let mut fleet = chaos.await.unwrap();
     // Every worker up for the final sweeps.
@@ -529,7 +524,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         outcome.events = Some(events::compare("payments", &claims, &got));
         outcome.events_all_relayed = relayed;
     }
-    outcome.terminated_backends = terminated;
+    (outcome.terminated_backends, outcome.terminated_in_effect) = terminated;
     if s.db_effect > 0 {
         outcome.db_effect = Some(dbeffect::check(db_url, &store).await);
     }
@@ -542,7 +537,8 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             })
             .await
             .unwrap();
-        outcome.orders = Some(orders::check(&store, &claims, &sandbox.effects(), sent).await);
+        outcome.orders =
+            Some(orders::check(&store, &claims, &sandbox.effects(), sent, &moments).await);
         outcome.sent += sent.messages.load(Ordering::Relaxed);
     }
     drop(fleet);

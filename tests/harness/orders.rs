@@ -235,6 +235,7 @@ pub(super) async fn check(
     claims: &[Claim],
     effects: &[claimd::provider::sandbox::EffectRecord],
     sent: &OrderSends,
+    timeline: &[Moment],
 ) -> OrderCheck {
     let applied: HashMap<&str, chrono::DateTime<chrono::Utc>> = effects
         .iter()
@@ -321,7 +322,19 @@ pub(super) async fn check(
     }
     for (id, why) in bad.iter().take(40) {
         eprintln!("orders: claim {id}: {why}");
-        for e in store.events(*id).await.unwrap_or_default() {
+        let events = store.events(*id).await.unwrap_or_default();
+        // When each process that acted on it was SIGKILLed, if it was.
+        let actors: HashSet<&str> = events.iter().map(|e| e.actor.as_str()).collect();
+        for (t, what) in timeline {
+            if let Some(name) = what
+                .strip_prefix("SIGKILL worker ")
+                .and_then(|w| w.split_once(" (")?.1.strip_suffix(')'))
+                && actors.contains(name)
+            {
+                eprintln!("    {t} {name} SIGKILLed");
+            }
+        }
+        for e in events {
             eprintln!(
                 "    {} attempt {} {} {} {}: {}",
                 e.at_utc,
