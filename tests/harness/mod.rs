@@ -304,6 +304,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         let broker = s.broker_outage;
         let provider_outage = s.provider_outage;
         let gate = gate.clone();
+        let orders_gate = orders_gate.clone();
         let real = s.real_db_restart;
         let proxy = proxy.clone();
         let seed = s.seed;
@@ -347,7 +348,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
                 {
                     did_provider = true;
                     note("provider down".into());
-                    gate.outage(d).await;
+                    tokio::join!(gate.outage(d), orders_gate.outage(d));
                     note("provider up".into());
                 }
             }
@@ -364,7 +365,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             if let Some(d) = provider_outage
                 && !did_provider
             {
-                gate.outage(d).await;
+                tokio::join!(gate.outage(d), orders_gate.outage(d));
             }
             fleet
         })

@@ -19,16 +19,26 @@ pub(super) struct Step {
     pub(super) cancel_after: Option<Duration>,
 }
 
-/// The messages of one order id, in the order they are sent.
-pub(super) type Order = Vec<Step>;
+/// The messages of one order id of one tenant, in the order they are sent.
+#[derive(Clone, Debug)]
+pub(super) struct Order {
+    /// `""` for none.
+    pub(super) tenant: &'static str,
+    pub(super) steps: Vec<Step>,
+    /// Sends this step again (a duplicate) after the last one.
+    pub(super) repeat: Option<usize>,
+}
 
 /// The orders of a run, from its seed: `n` order ids, each a charge and one to three
 /// refunds or captures; about a third of the later messages scheduled 0.5–3 s ahead, and
-/// about 40% of those cancelled before their time.
+/// about 40% of those cancelled before their time. One order in ten is also sent by a second
+/// tenant (same order id, message ids and bodies: a line of its own); one in seven sends one
+/// of its messages again at the end.
 pub(super) fn plan(seed: u64, n: usize) -> Vec<Order> {
     let mut r = rng(seed ^ 0x04d3);
-    (0..n)
-        .map(|o| {
+    let mut orders: Vec<Order> = Vec::new();
+    for o in 0..n {
+        let steps = {
             let order_id = format!("ord-{seed}-{o}");
             let mut steps = Vec::new();
             for k in 0..1 + r.usize(1..=3) {
@@ -53,8 +63,24 @@ pub(super) fn plan(seed: u64, n: usize) -> Vec<Order> {
                 });
             }
             steps
-        })
-        .collect()
+        };
+        let repeat = (r.f64() < 0.15).then(|| r.usize(0..steps.len()));
+        let tenants: &[&'static str] = if r.f64() < 0.1 {
+            &["acme", "globex"]
+        } else {
+            &[""]
+        };
+        for tenant in tenants {
+            orders.push(Order {
+                tenant,
+                steps: steps.clone(),
+                repeat,
+            });
+        }
+    }
+    // Orders of different ids interleave, as traffic arrives (seeded).
+    r.shuffle(&mut orders);
+    orders
 }
 
 /// What the order clients did.
@@ -63,8 +89,10 @@ pub(super) struct OrderSends {
     /// Messages sent (each acknowledged in the end).
     pub(super) messages: AtomicUsize,
     pub(super) scheduled: AtomicUsize,
-    /// Cancels answered `200` (message ids), and `409` "too late".
-    pub(super) cancelled: Mutex<HashSet<String>>,
+    /// Messages sent again once acknowledged (each answered `200`, a duplicate).
+    pub(super) repeats: AtomicUsize,
+    /// Cancels answered `200` (tenant, message id), and `409` "too late".
+    pub(super) cancelled: Mutex<HashSet<(String, String)>>,
     pub(super) too_late: AtomicUsize,
 }
 
@@ -102,31 +130,48 @@ pub(super) async fn drive(
                     return;
                 };
                 tokio::time::sleep(pace).await;
-                for step in order {
+                let tenant = order.tenant;
+                let mut times = Vec::new();
+                for step in &order.steps {
                     n += 1;
                     // Fixed before the first send: a send again carries the same time.
                     let not_before = step.delay.map(|d| {
                         (chrono::Utc::now() + d)
                             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
                     });
-                    let st = post(&c, &ports, n, &step, not_before.as_deref(), &ledger).await;
-                    assert!(st == 202 || st == 200, "order message {}: {st}", step.id);
+                    let st =
+                        post(&c, &ports, n, tenant, step, not_before.as_deref(), &ledger).await;
+                    assert!(
+                        st == 202 || st == 200,
+                        "order message {tenant}/{}: {st}",
+                        step.id
+                    );
                     ledger
                         .acked
                         .lock()
                         .unwrap()
-                        .insert((String::new(), step.id.clone()));
+                        .insert((tenant.into(), step.id.clone()));
                     sent.messages.fetch_add(1, Ordering::Relaxed);
                     if not_before.is_some() {
                         sent.scheduled.fetch_add(1, Ordering::Relaxed);
                     }
                     if let Some(after) = step.cancel_after {
-                        let (c, ports, sent) = (c.clone(), ports.clone(), sent.clone());
+                        let (c, ports, sent, id) =
+                            (c.clone(), ports.clone(), sent.clone(), step.id.clone());
                         cancels.lock().unwrap().push(tokio::spawn(async move {
                             tokio::time::sleep(after).await;
-                            cancel(&c, &ports, n, &step.id, &sent).await;
+                            cancel(&c, &ports, n, tenant, &id, &sent).await;
                         }));
                     }
+                    times.push(not_before);
+                }
+                if let Some(k) = order.repeat {
+                    // The same message again, as first sent: a duplicate, not a new place in
+                    // the line.
+                    let step = &order.steps[k];
+                    let st = post(&c, &ports, n, tenant, step, times[k].as_deref(), &ledger).await;
+                    assert_eq!(st, 200, "order message {tenant}/{} sent again", step.id);
+                    sent.repeats.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }));
@@ -147,6 +192,7 @@ async fn post(
     c: &reqwest::Client,
     ports: &[u16],
     start: usize,
+    tenant: &str,
     step: &Step,
     not_before: Option<&str>,
     ledger: &Ledger,
@@ -162,6 +208,9 @@ async fn post(
         if let Some(t) = not_before {
             req = req.header("Not-Before", t);
         }
+        if !tenant.is_empty() {
+            req = req.header("Tenant-Id", tenant);
+        }
         match req.send().await {
             Ok(r) if r.status().as_u16() == 503 => {
                 tokio::time::sleep(Duration::from_millis(100)).await
@@ -175,19 +224,33 @@ async fn post(
 
 /// Cancels a scheduled order message (`POST /v1/claims/orders/{id}/cancel`): `200`
 /// cancelled, `409` too late; anything else but a `404` is asked again of another worker.
-async fn cancel(c: &reqwest::Client, ports: &[u16], start: usize, id: &str, sent: &OrderSends) {
+async fn cancel(
+    c: &reqwest::Client,
+    ports: &[u16],
+    start: usize,
+    tenant: &str,
+    id: &str,
+    sent: &OrderSends,
+) {
     for i in start..start + 2000 {
         let port = ports[i % ports.len()];
         let answer = c
             .post(format!(
                 "http://127.0.0.1:{port}/v1/claims/orders/{id}/cancel"
             ))
-            .json(&serde_json::json!({"reason": "the customer cancelled", "actor": "chaos"}))
+            .json(&serde_json::json!({
+                "reason": "the customer cancelled",
+                "actor": "chaos",
+                "tenant": tenant,
+            }))
             .send()
             .await;
         match answer.map(|r| r.status().as_u16()) {
             Ok(200) => {
-                sent.cancelled.lock().unwrap().insert(id.to_string());
+                sent.cancelled
+                    .lock()
+                    .unwrap()
+                    .insert((tenant.to_string(), id.to_string()));
                 return;
             }
             Ok(409) => {
@@ -207,6 +270,8 @@ pub struct OrderCheck {
     /// Messages acknowledged; sent with `Not-Before`; cancels answered `200`; `409`.
     pub messages: usize,
     pub scheduled: usize,
+    /// Messages sent again (duplicates).
+    pub repeats: usize,
     pub cancelled: usize,
     pub too_late: usize,
     /// Applied before a claim ahead of it in its line (lower id, same order key) settled.
@@ -290,7 +355,7 @@ pub(super) async fn check(
     let mut cancelled_sent = 0;
     for c in &orders {
         let cancelled = is_cancelled(c);
-        let answered = said_cancelled.contains(&c.message_id);
+        let answered = said_cancelled.contains(&(c.tenant.clone(), c.message_id.clone()));
         if (cancelled || answered) && (applied.contains_key(c.idem_key.as_str()) || !cancelled) {
             cancelled_sent += 1;
             bad.push((
@@ -349,6 +414,7 @@ pub(super) async fn check(
     OrderCheck {
         messages: sent.messages.load(Ordering::Relaxed),
         scheduled: sent.scheduled.load(Ordering::Relaxed),
+        repeats: sent.repeats.load(Ordering::Relaxed),
         cancelled: orders.iter().filter(|c| is_cancelled(c)).count(),
         too_late: sent.too_late.load(Ordering::Relaxed),
         out_of_line,
