@@ -285,6 +285,13 @@ pub struct OrderCheck {
     pub completed_unapplied: usize,
 }
 
+/// " (scheduled for …)" when the claim was sent with `Not-Before`.
+fn scheduled(c: &Claim) -> String {
+    c.not_before
+        .map(|t| format!(" (scheduled for {t})"))
+        .unwrap_or_default()
+}
+
 /// Whether the claim ended cancelled before its time.
 fn is_cancelled(c: &Claim) -> bool {
     c.state == ClaimState::Failed
@@ -331,8 +338,13 @@ pub(super) async fn check(
                 bad.push((
                     c.id,
                     format!(
-                        "out of line: {} applied at {at} while {} ahead of it ({}) settled at {:?}",
-                        c.message_id, ahead.message_id, ahead.state, ahead.processed_utc
+                        "out of line: {}{} applied at {at} while {}{} ahead of it ({}) settled at {:?}",
+                        c.message_id,
+                        scheduled(c),
+                        ahead.message_id,
+                        scheduled(ahead),
+                        ahead.state,
+                        ahead.processed_utc
                     ),
                 ));
                 bad.push((ahead.id, format!("(the claim ahead of {})", c.message_id)));
