@@ -448,7 +448,14 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         }
         let _ = conn.close(200, "ok".into()).await;
     }
-    let mut settled = wait_settled(&store, Duration::from_secs(120)).await;
+    // With orders, the harness resolves parked order claims as an operator would.
+    let (mut settled, resolved) = match s.orders {
+        0 => (wait_settled(&store, Duration::from_secs(120)).await, 0),
+        _ => {
+            let ports = fleet.ports();
+            orders::settle_as_operator(&store, &ports, &sandbox, Duration::from_secs(120)).await
+        }
+    };
     // The provider's events of every payment answered `processing` so far; later ones are
     // settled by their polls.
     let provider_events = match (&hostile, events_out) {
@@ -538,8 +545,10 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             })
             .await
             .unwrap();
-        outcome.orders =
-            Some(orders::check(&store, &claims, &sandbox.effects(), sent, &moments).await);
+        outcome.orders = Some(orders::OrderCheck {
+            resolved,
+            ..orders::check(&store, &claims, &sandbox.effects(), sent, &moments).await
+        });
         outcome.sent += sent.messages.load(Ordering::Relaxed);
     }
     drop(fleet);

@@ -283,6 +283,8 @@ pub struct OrderCheck {
     pub cancelled_sent: usize,
     /// Claims `completed` whose key the provider never applied.
     pub completed_unapplied: usize,
+    /// Parked claims the harness resolved as an operator (each held its line).
+    pub resolved: usize,
 }
 
 /// " (scheduled for …)" when the claim was sent with `Not-Before`.
@@ -433,6 +435,7 @@ pub(super) async fn check(
         early,
         cancelled_sent,
         completed_unapplied: unapplied.len(),
+        resolved: 0,
     }
 }
 
@@ -459,4 +462,67 @@ status_url = "{provider}/v1/effects/{{key}}"
         lease_ms = WORKER_LEASE_MS,
         on_unknown = s.on_unknown,
     )
+}
+
+/// Waits until no claim is `started` or `pending`, acting as the operator for the orders:
+/// under `order_hold = "hold"` a parked order claim (its sends' outcomes all unknown) holds
+/// the claims behind it until a person resolves it, so each one is resolved (`POST
+/// /v1/claims/orders/{id}/resolve`) by what the provider's record for its key says. Returns
+/// whether everything settled, and how many claims were resolved.
+pub(super) async fn settle_as_operator(
+    store: &Store,
+    ports: &[u16],
+    sandbox: &Sandbox,
+    within: Duration,
+) -> (bool, usize) {
+    let c = claimd::provider::tls::http_client_builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let end = Instant::now() + within;
+    let mut resolved = 0;
+    while Instant::now() < end {
+        if settled_now(store).await {
+            return (true, resolved);
+        }
+        let parked = store
+            .list(&ClaimFilter {
+                consumer: Some("orders".into()),
+                state: Some(ClaimState::NeedsAttention),
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_default();
+        let applied: HashSet<String> = sandbox.effects().into_iter().map(|e| e.key).collect();
+        for (i, claim) in parked.iter().enumerate() {
+            let (to, note) = match applied.contains(&claim.idem_key) {
+                true => ("completed", "the provider's record shows its key applied"),
+                false => ("failed", "the provider has no record of its key"),
+            };
+            let port = ports[i % ports.len()];
+            let answer = c
+                .post(format!(
+                    "http://127.0.0.1:{port}/v1/claims/orders/{}/resolve",
+                    claim.message_id
+                ))
+                .json(&serde_json::json!({
+                    "to": to, "note": note, "tenant": claim.tenant, "actor": "chaos"
+                }))
+                .send()
+                .await;
+            if answer.is_ok_and(|r| r.status().is_success()) {
+                resolved += 1;
+                eprintln!(
+                    "orders: resolved {} {:?}/{} as {to}: {}",
+                    claim.id,
+                    claim.tenant,
+                    claim.message_id,
+                    claim.last_error.as_deref().unwrap_or("")
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    (false, resolved)
 }

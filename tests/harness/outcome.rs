@@ -97,7 +97,7 @@ pub struct HostileCheck {
 
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | terminated backends (in a database effect) | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again/parked and resolved | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | terminated backends (in a database effect) | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
@@ -150,8 +150,8 @@ impl Outcome {
             self.never_sent_held,
             match self.orders {
                 Some(o) => format!(
-                    "{}/{}/{}/{}/{}",
-                    o.messages, o.scheduled, o.cancelled, o.too_late, o.repeats
+                    "{}/{}/{}/{}/{}/{}",
+                    o.messages, o.scheduled, o.cancelled, o.too_late, o.repeats, o.resolved
                 ),
                 None => "-".into(),
             },

@@ -44,15 +44,19 @@ pub(super) async fn wait_claimed(store: &Store, n: usize, within: Duration) {
 pub(super) async fn wait_settled(store: &Store, within: Duration) -> bool {
     let end = Instant::now() + within;
     while Instant::now() < end {
-        if store
-            .open_counts()
-            .await
-            .map(|c| c.iter().all(|c| c.started == 0 && c.pending == 0))
-            .unwrap_or(false)
-        {
+        if settled_now(store).await {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     false
+}
+
+/// Whether no claim is `started` or `pending` now.
+pub(super) async fn settled_now(store: &Store) -> bool {
+    store
+        .open_counts()
+        .await
+        .map(|c| c.iter().all(|c| c.started == 0 && c.pending == 0))
+        .unwrap_or(false)
 }
