@@ -19,8 +19,12 @@
 //! `CHAOS_PROVIDER_RATE_LIMIT` (default 400, 0 for none) is the most POSTs a second the provider
 //! takes (`429` beyond it). `CHAOS_HOSTILE=1` puts the hostile provider in front of the
 //! sandbox (503 after applying, 409 while a key is in flight, look-alike events; shares in
-//! docs/reliability.md). Nothing else should be using the broker or the database server
-//! meanwhile.
+//! docs/reliability.md). The combined run (docs/reliability.md, "The combined run") adds
+//! `CHAOS_ORDERS=n` order ids to an `orders` consumer with order lines, schedules and cancels,
+//! `CHAOS_DB_EFFECT=n` messages to a database effect contended on one counter row, and
+//! `CHAOS_TERMINATE=1`, `pg_terminate_backend` of random backends every 0.5-2 s:
+//! `CHAOS_ORDERS=20000 CHAOS_DB_EFFECT=20000 CHAOS_TERMINATE=1 cargo run --release --example chaos`.
+//! Nothing else should be using the broker or the database server meanwhile.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -100,6 +104,13 @@ async fn main() {
                 )),
             }
         }),
+        // CHAOS_ORDERS=n: n order ids to an `orders` consumer with order lines, schedules and
+        // cancels (docs/reliability.md, "The combined run").
+        orders: env_or("CHAOS_ORDERS", 0),
+        // CHAOS_TERMINATE=1: pg_terminate_backend of random worker backends every 0.5-2 s.
+        terminate_backends: env_or("CHAOS_TERMINATE", 0u8) == 1,
+        // CHAOS_DB_EFFECT=n: n messages to a database effect contended on one counter row.
+        db_effect: env_or("CHAOS_DB_EFFECT", 0),
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

@@ -32,6 +32,9 @@ fn base(name: &str, seed: u64) -> Scenario {
         two_tenants: 0.05,
         outcome_events: true,
         hostile: None,
+        orders: 0,
+        terminate_backends: false,
+        db_effect: 0,
     }
 }
 
@@ -106,6 +109,21 @@ async fn reliability_scenarios_hold_every_invariant() {
                 ..base(
                     "hostile provider (503 after apply, 409 in flight, look-alike events)",
                     seed + 5,
+                )
+            },
+            true,
+        ),
+        (
+            Scenario {
+                emails: 30,
+                orders: 120,
+                terminate_backends: true,
+                db_effect: 300,
+                kills: 20,
+                db_outage: Some(Duration::from_secs(3)),
+                ..base(
+                    "every feature at once: payments, emails, order lines with schedules and cancels, a contended database effect; kills + terminated backends + database outage",
+                    seed + 6,
                 )
             },
             true,

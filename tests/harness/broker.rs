@@ -6,12 +6,20 @@ use super::*;
 /// dead-letter exchange `<queue>.dlx` and `<queue>.dead`), deleted at the end.
 pub(super) struct Queues {
     pub(super) prefix: String,
+    /// The consumers that read a queue of the run.
+    pub(super) consumers: Vec<&'static str>,
 }
 
 impl Queues {
-    pub(super) fn new() -> Queues {
+    /// Queues for the payments and the emails, and for the database effect with `ledger`.
+    pub(super) fn new(ledger: bool) -> Queues {
+        let mut consumers = vec!["payments", "email"];
+        if ledger {
+            consumers.push("ledger");
+        }
         Queues {
             prefix: format!("chaos.{}-{:08x}", std::process::id(), fastrand::u32(..)),
+            consumers,
         }
     }
 
@@ -87,7 +95,7 @@ impl Queues {
             return;
         };
         if let Ok(ch) = conn.create_channel().await {
-            for c in ["payments", "email"] {
+            for c in &self.consumers {
                 let q = self.queue(c);
                 for name in [q.clone(), format!("{q}.dead")] {
                     let _ = ch
@@ -112,6 +120,7 @@ impl Drop for Queues {
     fn drop(&mut self) {
         let q = Queues {
             prefix: std::mem::take(&mut self.prefix),
+            consumers: std::mem::take(&mut self.consumers),
         };
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()

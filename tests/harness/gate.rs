@@ -26,13 +26,23 @@ const NOTED: [&str; 2] = ["idempotency-key:", "rcpt to:"];
 
 impl Gate {
     pub async fn start(target: SocketAddr) -> Arc<Gate> {
+        Self::start_noting(target, Arc::new(Mutex::new(HashSet::new()))).await
+    }
+
+    /// Another door, to `target`, that notes into `beside`'s record (one record of the keys
+    /// seen for every door of one provider).
+    pub async fn start_beside(target: SocketAddr, beside: &Gate) -> Arc<Gate> {
+        Self::start_noting(target, beside.seen.clone()).await
+    }
+
+    async fn start_noting(target: SocketAddr, seen: Arc<Mutex<HashSet<String>>>) -> Arc<Gate> {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let gate = Arc::new(Gate {
             port: listener.local_addr().unwrap().port(),
             target,
             accept: Mutex::new(None),
             cut: tokio::sync::watch::channel(0u64).0,
-            seen: Arc::new(Mutex::new(HashSet::new())),
+            seen,
         });
         gate.serve(listener);
         gate

@@ -405,3 +405,119 @@ pub(super) async fn deliver(
         }
     }
 }
+
+/// The ledger of a run, from its scenario and seed.
+pub(super) struct Plan {
+    /// Payments, emails, database-effect messages, duplicates and bad input, shuffled.
+    pub(super) first: Vec<Send_>,
+    /// Changed payloads, sent once the first wave is claimed.
+    pub(super) later: Vec<Send_>,
+    pub(super) duplicates_sent: usize,
+    pub(super) emails: Vec<String>,
+    pub(super) two_tenant_ids: Vec<String>,
+    pub(super) mismatches_sent: usize,
+    pub(super) bad_sent: usize,
+}
+
+/// Builds the ledger of sends of `s`.
+pub(super) fn plan(s: &Scenario) -> Plan {
+    // The ledger of sends.
+    let mut r = rng(s.seed);
+    let mut sends = Vec::new();
+    let mut duplicates_sent = 0;
+    let mut emails = Vec::new();
+    let mut two_tenant_ids = Vec::new();
+    // Changed payloads go to the first ids (no tenant): two-tenant ids come after them.
+    let changed = if s.bad_input {
+        (s.messages / 50).max(3)
+    } else {
+        0
+    };
+    for m in 0..s.messages + s.emails {
+        let (consumer, id, body) = if m < s.messages {
+            let body = format!("{{\"amount\":{}}}", r.u32(1..100_000));
+            ("payments", format!("m{}-{m}", s.seed), body)
+        } else {
+            let id = format!("e{}-{m}", s.seed);
+            emails.push(id.clone());
+            let body = format!(
+                "{{\"to\":\"user{m}@example.com\",\"subject\":\"receipt {m}\",\"text\":\"thanks\"}}"
+            );
+            ("email", id, body)
+        };
+        // Some payment ids are sent by two tenants with the same body: two messages, two keys.
+        let tenants: &[&'static str] = if consumer == "payments"
+            && m >= changed
+            && s.two_tenants > 0.0
+            && r.f64() < s.two_tenants
+        {
+            two_tenant_ids.push(id.clone());
+            &["acme", "globex"]
+        } else {
+            &[""]
+        };
+        for tenant in tenants {
+            sends.push(Send_::Message {
+                consumer,
+                tenant,
+                id: id.clone(),
+                body: body.clone(),
+            });
+        }
+        let tenant = tenants[0];
+        if r.f64() < 0.15 {
+            duplicates_sent += 1;
+            sends.push(Send_::Message {
+                consumer,
+                tenant,
+                id: id.clone(),
+                body: body.clone(),
+            });
+        }
+        if r.f64() < 0.03 {
+            duplicates_sent += 1; // the second of the pair is a duplicate
+            sends.push(Send_::Concurrent {
+                consumer,
+                tenant,
+                id,
+                body,
+            });
+        }
+    }
+    let mut mismatches_sent = 0;
+    let mut bad_sent = 0;
+    let mut seq = 0;
+    if s.bad_input {
+        for k in 0..changed {
+            mismatches_sent += 1;
+            seq += 1;
+            sends.push(Send_::Changed {
+                seq,
+                id: format!("m{}-{k}", s.seed),
+            });
+        }
+        for _ in 0..(s.messages / 100).max(2) {
+            for case in BadCase::all(s.intake) {
+                bad_sent += 1;
+                seq += 1;
+                sends.push(Send_::Bad { seq, case });
+            }
+        }
+    }
+    sends.extend(dbeffect::messages(s.seed, s.db_effect));
+    // Changed payloads go after their originals were claimed: a second wave.
+    let (mut first, later): (Vec<_>, Vec<_>) = sends
+        .into_iter()
+        .partition(|x| !matches!(x, Send_::Changed { .. }));
+    // Payments, emails, duplicates and bad input interleaved, as traffic arrives (seeded).
+    r.shuffle(&mut first);
+    Plan {
+        first,
+        later,
+        duplicates_sent,
+        emails,
+        two_tenant_ids,
+        mismatches_sent,
+        bad_sent,
+    }
+}

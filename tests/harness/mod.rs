@@ -13,13 +13,17 @@
 
 mod broker;
 mod check;
+pub mod dbeffect;
 pub mod events;
 mod fleet;
 mod gate;
 pub mod hostile;
 mod ledger;
 pub mod lookalike;
+pub mod orders;
 mod outcome;
+mod terminate;
+mod waits;
 
 use broker::*;
 use check::*;
@@ -28,6 +32,7 @@ use fleet::*;
 pub use hostile::HostileOptions;
 use ledger::*;
 pub use outcome::{HostileCheck, Outcome, assert_invariants};
+use waits::*;
 
 use crate::common::hangup::{self, HangUp, Post, Seen};
 use crate::common::smtp::SmtpSink;
@@ -113,6 +118,15 @@ pub struct Scenario {
     /// without forwarding, `processing` for some payments, and signed look-alike events
     /// about other tenants', consumers' and objects' payments (`hostile.rs`, `lookalike.rs`).
     pub hostile: Option<HostileOptions>,
+    /// Order ids sent to the `orders` consumer (order lines under `hold`, some messages
+    /// scheduled, some of those cancelled; `orders.rs`), over HTTP whatever the intake; 0: none.
+    pub orders: usize,
+    /// `pg_terminate_backend` of one to three random worker backends every 0.5–2 s while the
+    /// ledger is sent (`terminate.rs`).
+    pub terminate_backends: bool,
+    /// Messages to the `ledger` consumer, a database effect contended on one counter row
+    /// (`dbeffect.rs`), over the scenario's intake; 0: none.
+    pub db_effect: usize,
 }
 
 /// `None` (skip, reason printed) when the scenario needs RabbitMQ and none answers outside CI.
@@ -144,6 +158,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener_addr = listener.local_addr().unwrap();
     // The provider's door forwards to the sandbox, or to the hostile proxy in front of it.
     let (hostile, pending_rx) = match &s.hostile {
         Some(h) => {
@@ -166,7 +181,11 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let smtp = SmtpSink::start().await;
     // The SMTP server's door: notes each recipient a worker got as far as naming.
     let smtp_gate = Gate::start(smtp.addr).await;
-    let queues = (s.intake == Intake::Amqp).then(|| Arc::new(Queues::new()));
+    // The orders consumer's door: straight to the sandbox (never the hostile proxy, whose
+    // pending answers and look-alike events are about payments), noting into the payments
+    // door's record of keys seen.
+    let orders_gate = Gate::start_beside(listener_addr, &gate).await;
+    let queues = (s.intake == Intake::Amqp).then(|| Arc::new(Queues::new(s.db_effect > 0)));
     let tap = match s.outcome_events {
         true => Some(EventTap::new().await),
         false => None,
@@ -185,9 +204,24 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             smtp_gate.port,
             queues.as_deref(),
             tap.as_ref().map(EventTap::toml).as_deref(),
-        ),
+        ) + &if s.orders > 0 {
+            orders::consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port), s)
+        } else {
+            String::new()
+        } + &if s.db_effect > 0 {
+            let source = match &queues {
+                Some(q) => q.consumer_toml("ledger"),
+                None => "source = \"http\"\n".to_string(),
+            };
+            dbeffect::consumer_toml().replacen("source = \"http\"\n", &source, 1)
+        } else {
+            String::new()
+        },
     )
     .unwrap();
+    if s.db_effect > 0 {
+        dbeffect::create_tables(db_url).await;
+    }
     let store = claimd::store::open(db_url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let mut fleet = Fleet {
@@ -214,95 +248,15 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         )
     });
 
-    // The ledger of sends.
-    let mut r = rng(s.seed);
-    let mut sends = Vec::new();
-    let mut duplicates_sent = 0;
-    let mut emails = Vec::new();
-    let mut two_tenant_ids = Vec::new();
-    // Changed payloads go to the first ids (no tenant): two-tenant ids come after them.
-    let changed = if s.bad_input {
-        (s.messages / 50).max(3)
-    } else {
-        0
-    };
-    for m in 0..s.messages + s.emails {
-        let (consumer, id, body) = if m < s.messages {
-            let body = format!("{{\"amount\":{}}}", r.u32(1..100_000));
-            ("payments", format!("m{}-{m}", s.seed), body)
-        } else {
-            let id = format!("e{}-{m}", s.seed);
-            emails.push(id.clone());
-            let body = format!(
-                "{{\"to\":\"user{m}@example.com\",\"subject\":\"receipt {m}\",\"text\":\"thanks\"}}"
-            );
-            ("email", id, body)
-        };
-        // Some payment ids are sent by two tenants with the same body: two messages, two keys.
-        let tenants: &[&'static str] = if consumer == "payments"
-            && m >= changed
-            && s.two_tenants > 0.0
-            && r.f64() < s.two_tenants
-        {
-            two_tenant_ids.push(id.clone());
-            &["acme", "globex"]
-        } else {
-            &[""]
-        };
-        for tenant in tenants {
-            sends.push(Send_::Message {
-                consumer,
-                tenant,
-                id: id.clone(),
-                body: body.clone(),
-            });
-        }
-        let tenant = tenants[0];
-        if r.f64() < 0.15 {
-            duplicates_sent += 1;
-            sends.push(Send_::Message {
-                consumer,
-                tenant,
-                id: id.clone(),
-                body: body.clone(),
-            });
-        }
-        if r.f64() < 0.03 {
-            duplicates_sent += 1; // the second of the pair is a duplicate
-            sends.push(Send_::Concurrent {
-                consumer,
-                tenant,
-                id,
-                body,
-            });
-        }
-    }
-    let mut mismatches_sent = 0;
-    let mut bad_sent = 0;
-    let mut seq = 0;
-    if s.bad_input {
-        for k in 0..changed {
-            mismatches_sent += 1;
-            seq += 1;
-            sends.push(Send_::Changed {
-                seq,
-                id: format!("m{}-{k}", s.seed),
-            });
-        }
-        for _ in 0..(s.messages / 100).max(2) {
-            for case in BadCase::all(s.intake) {
-                bad_sent += 1;
-                seq += 1;
-                sends.push(Send_::Bad { seq, case });
-            }
-        }
-    }
-    // Changed payloads go after their originals were claimed: a second wave.
-    let (mut first, later): (Vec<_>, Vec<_>) = sends
-        .into_iter()
-        .partition(|x| !matches!(x, Send_::Changed { .. }));
-    // Payments, emails, duplicates and bad input interleaved, as traffic arrives (seeded).
-    r.shuffle(&mut first);
+    let Plan {
+        first,
+        later,
+        duplicates_sent,
+        emails,
+        two_tenant_ids,
+        mismatches_sent,
+        bad_sent,
+    } = plan(s);
     let ledger = Arc::new(Ledger {
         acked: Mutex::new(HashSet::new()),
         dup_acks: AtomicUsize::new(0),
@@ -319,6 +273,17 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         None => Via::Http(fleet.ports()),
     };
     let total_sends = first.len() + later.len();
+    // The orders, beside the ledger, over the same span.
+    let order_sends = (s.orders > 0).then(|| {
+        let orders = orders::plan(s.seed, s.orders);
+        tokio::spawn(orders::drive(
+            orders,
+            fleet.ports(),
+            ledger.clone(),
+            4,
+            Duration::from_millis(s.kills as u64 * 400),
+        ))
+    });
     // Pace the clients so the send phase lasts about as long as the kills take (~0.4 s each).
     let pace = Duration::from_millis(
         (s.kills as u64 * 400 * s.clients as u64) / total_sends.max(1) as u64,
@@ -339,6 +304,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         let broker = s.broker_outage;
         let provider_outage = s.provider_outage;
         let gate = gate.clone();
+        let orders_gate = orders_gate.clone();
         let real = s.real_db_restart;
         let proxy = proxy.clone();
         let seed = s.seed;
@@ -382,7 +348,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
                 {
                     did_provider = true;
                     note("provider down".into());
-                    gate.outage(d).await;
+                    tokio::join!(gate.outage(d), orders_gate.outage(d));
                     note("provider up".into());
                 }
             }
@@ -399,12 +365,15 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             if let Some(d) = provider_outage
                 && !did_provider
             {
-                gate.outage(d).await;
+                tokio::join!(gate.outage(d), orders_gate.outage(d));
             }
             fleet
         })
     };
 
+    let terminator = s
+        .terminate_backends
+        .then(|| terminate::start(db_url.to_string(), s.seed, done.clone(), timeline.clone()));
     let first_ids: HashSet<(&str, String)> = first
         .iter()
         .filter_map(|x| match x {
@@ -448,7 +417,15 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             t.await.unwrap();
         }
     }
+    let order_sends = match order_sends {
+        Some(t) => Some(t.await.unwrap()),
+        None => None,
+    };
     done.store(true, Ordering::SeqCst);
+    let terminated = match terminator {
+        Some(t) => t.await.unwrap(),
+        None => (0, 0),
+    };
     let mut fleet = chaos.await.unwrap();
     // Every worker up for the final sweeps.
     for i in 0..s.workers {
@@ -466,12 +443,19 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
             .await
             .unwrap();
-        for c in ["payments", "email"] {
+        for c in &q.consumers {
             dead_seqs.extend(q.dead_seqs(&conn, c).await);
         }
         let _ = conn.close(200, "ok".into()).await;
     }
-    let mut settled = wait_settled(&store, Duration::from_secs(120)).await;
+    // With orders, the harness resolves parked order claims as an operator would.
+    let (mut settled, resolved) = match s.orders {
+        0 => (wait_settled(&store, Duration::from_secs(120)).await, 0),
+        _ => {
+            let ports = fleet.ports();
+            orders::settle_as_operator(&store, &ports, &sandbox, Duration::from_secs(120)).await
+        }
+    };
     // The provider's events of every payment answered `processing` so far; later ones are
     // settled by their polls.
     let provider_events = match (&hostile, events_out) {
@@ -548,61 +532,25 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         outcome.events = Some(events::compare("payments", &claims, &got));
         outcome.events_all_relayed = relayed;
     }
+    (outcome.terminated_backends, outcome.terminated_in_effect) = terminated;
+    if s.db_effect > 0 {
+        outcome.db_effect = Some(dbeffect::check(db_url, &store).await);
+    }
+    if let Some(sent) = &order_sends {
+        let claims = store
+            .list(&ClaimFilter {
+                consumer: Some("orders".into()),
+                limit: 10_000_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        outcome.orders = Some(orders::OrderCheck {
+            resolved,
+            ..orders::check(&store, &claims, &sandbox.effects(), sent, &moments).await
+        });
+        outcome.sent += sent.messages.load(Ordering::Relaxed);
+    }
     drop(fleet);
     Some(outcome)
-}
-
-/// Waits until every queue of the run is empty (nothing ready) twice in a row, a second apart.
-async fn wait_drained(q: &Queues) {
-    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .unwrap();
-    let end = Instant::now() + Duration::from_secs(300);
-    let mut empty_twice = 0;
-    while Instant::now() < end && empty_twice < 2 {
-        let mut empty = true;
-        for c in ["payments", "email"] {
-            match q.ready(&conn, c).await {
-                Some((0, _)) => {}
-                _ => empty = false,
-            }
-        }
-        empty_twice = if empty { empty_twice + 1 } else { 0 };
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let _ = conn.close(200, "ok".into()).await;
-}
-
-/// Waits until the store holds at least `n` claims.
-async fn wait_claimed(store: &Store, n: usize, within: Duration) {
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if let Ok(counts) = store.counts(None).await {
-            let claims: i64 = counts
-                .iter()
-                .map(|c| c.completed + c.failed + c.needs_attention + c.started)
-                .sum();
-            if claims as usize >= n {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// Waits until no claim is `started` or `pending`.
-async fn wait_settled(store: &Store, within: Duration) -> bool {
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if store
-            .open_counts()
-            .await
-            .map(|c| c.iter().all(|c| c.started == 0 && c.pending == 0))
-            .unwrap_or(false)
-        {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    false
 }

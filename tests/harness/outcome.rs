@@ -63,6 +63,14 @@ pub struct Outcome {
     pub events: Option<super::events::EventCheck>,
     /// Every event row was sent before the stream was read.
     pub events_all_relayed: bool,
+    /// The order lines, schedules and cancels (when the scenario sends orders).
+    pub orders: Option<super::orders::OrderCheck>,
+    /// The database effect's rows and counter against its claims (when the scenario has it).
+    pub db_effect: Option<super::dbeffect::DbEffectCheck>,
+    /// Worker backends ended with `pg_terminate_backend`.
+    pub terminated_backends: usize,
+    /// Of those, backends running a database effect's statement.
+    pub terminated_in_effect: usize,
     pub kills: usize,
     pub seconds: f64,
 }
@@ -89,11 +97,11 @@ pub struct HostileCheck {
 
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again/parked and resolved | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | terminated backends (in a database effect) | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
@@ -140,6 +148,35 @@ impl Outcome {
             },
             self.settled_by_other,
             self.never_sent_held,
+            match self.orders {
+                Some(o) => format!(
+                    "{}/{}/{}/{}/{}/{}",
+                    o.messages, o.scheduled, o.cancelled, o.too_late, o.repeats, o.resolved
+                ),
+                None => "-".into(),
+            },
+            match self.orders {
+                Some(o) => format!(
+                    "{}/{}/{}/{}",
+                    o.out_of_line, o.early, o.cancelled_sent, o.completed_unapplied
+                ),
+                None => "-".into(),
+            },
+            match self.db_effect {
+                Some(d) => format!(
+                    "{}/{}/{}/{}/{}/{}/{}",
+                    d.completed,
+                    d.rows,
+                    d.counter,
+                    d.not_completed,
+                    d.row_without_claim,
+                    d.claim_without_row,
+                    d.doubled
+                ),
+                None => "-".into(),
+            },
+            self.terminated_backends,
+            self.terminated_in_effect,
             self.kills,
             self.seconds
         )
@@ -217,6 +254,39 @@ pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
         o.emails_received <= o.emails_acked,
         "the sink received an email nobody sent: {o:?}"
     );
+    if let Some(c) = o.orders {
+        assert_eq!(
+            c.out_of_line, 0,
+            "an order message applied before a claim ahead of it in its line settled: {o:?}"
+        );
+        assert_eq!(
+            c.early, 0,
+            "a scheduled send applied before its time: {o:?}"
+        );
+        assert_eq!(
+            c.cancelled_sent, 0,
+            "a cancelled send applied, or a cancel answered 200 that did not hold: {o:?}"
+        );
+        assert_eq!(
+            c.completed_unapplied, 0,
+            "an order message settled completed that the provider never applied: {o:?}"
+        );
+    }
+    if let Some(d) = o.db_effect {
+        assert_eq!(
+            (d.row_without_claim, d.claim_without_row, d.doubled),
+            (0, 0, 0),
+            "database effect: a row without its completed claim, a completed claim without its row, or two rows for one message: {o:?}"
+        );
+        assert_eq!(
+            d.counter as usize, d.completed,
+            "database effect: the counter is not the number of completed claims: {o:?}"
+        );
+        assert_eq!(
+            d.not_completed, 0,
+            "database effect: a valid write ended failed or parked (a fault claimd should survive): {o:?}"
+        );
+    }
     if let Some(e) = o.events {
         assert!(o.events_all_relayed, "outcome events left unsent: {o:?}");
         assert_eq!(
