@@ -135,7 +135,10 @@ pub fn on_takeover(f: TakeoverFacts) -> Takeover {
         if f.atomic {
             // A database effect has no provider: its attempts are transactions.
             let waited = if f.waits > 0 {
-                format!(" and {} more waited for a store connection", f.waits)
+                format!(
+                    " and {} more waited (for a call slot or a store connection)",
+                    f.waits
+                )
             } else {
                 String::new()
             };
