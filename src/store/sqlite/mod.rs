@@ -6,6 +6,8 @@
 //! commit (`many`), an in-process retention lock, and nearest-rank percentiles (SQLite has
 //! no percentile function).
 
+#[macro_use]
+mod line_sql;
 mod many;
 mod sql;
 
