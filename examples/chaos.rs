@@ -109,6 +109,8 @@ async fn main() {
         orders: env_or("CHAOS_ORDERS", 0),
         // CHAOS_TERMINATE=1: pg_terminate_backend of random worker backends every 0.5-2 s.
         terminate_backends: env_or("CHAOS_TERMINATE", 0u8) == 1,
+        // CHAOS_PG_RESTARTS=n: n fast restarts of the real PostgreSQL server (as root).
+        pg_restarts: env_or("CHAOS_PG_RESTARTS", 0),
         // CHAOS_DB_EFFECT=n: n messages to a database effect contended on one counter row.
         db_effect: env_or("CHAOS_DB_EFFECT", 0),
     };

@@ -34,6 +34,7 @@ fn base(name: &str, seed: u64) -> Scenario {
         hostile: None,
         orders: 0,
         terminate_backends: false,
+        pg_restarts: 0,
         db_effect: 0,
     }
 }

@@ -113,6 +113,40 @@ pub(super) async fn outage_now(proxy: &proxy::Proxy, real: bool, d: Duration) {
     }
 }
 
+/// Restarts PostgreSQL in fast mode (every backend ends with `57P01`, as in a failover's
+/// first moment) and waits until it accepts connections again.
+pub async fn postgres_fast_restart() {
+    let v = pg_cluster();
+    let st = Command::new("pg_ctlcluster")
+        .args([
+            "--skip-systemctl-redirect",
+            &v,
+            "main",
+            "restart",
+            "-m",
+            "fast",
+        ])
+        .status()
+        .expect("pg_ctlcluster");
+    assert!(st.success(), "could not restart PostgreSQL");
+    wait_for_postgres().await;
+}
+
+/// Waits until PostgreSQL accepts connections (10 s at most).
+async fn wait_for_postgres() {
+    for _ in 0..100 {
+        if Command::new("pg_isready")
+            .args(["-h", "127.0.0.1", "-q"])
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("PostgreSQL did not come back");
+}
+
 /// Stops PostgreSQL for `d`, then starts it and waits until it accepts connections.
 pub async fn postgres_outage(d: Duration) {
     let v = pg_cluster();
@@ -134,17 +168,7 @@ pub async fn postgres_outage(d: Duration) {
         .status()
         .expect("pg_ctlcluster");
     assert!(st.success(), "could not start PostgreSQL");
-    for _ in 0..100 {
-        if Command::new("pg_isready")
-            .args(["-h", "127.0.0.1", "-q"])
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("PostgreSQL did not come back");
+    wait_for_postgres().await;
 }
 
 /// Stops RabbitMQ's application (`rabbitmqctl stop_app`; connections drop, durable queues and

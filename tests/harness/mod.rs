@@ -124,6 +124,10 @@ pub struct Scenario {
     /// `pg_terminate_backend` of one to three random worker backends every 0.5–2 s while the
     /// ledger is sent (`terminate.rs`).
     pub terminate_backends: bool,
+    /// Fast restarts of the real PostgreSQL server (`pg_ctlcluster restart -m fast`: every
+    /// connection gets `57P01`), spread over the send phase between the kills. The real
+    /// restart also hits anything else using the server.
+    pub pg_restarts: usize,
     /// Messages to the `ledger` consumer, a database effect contended on one counter row
     /// (`dbeffect.rs`), over the scenario's intake; 0: none.
     pub db_effect: usize,
@@ -295,6 +299,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let kills_done = Arc::new(AtomicUsize::new(0));
     // What the chaos loop did when, for explaining a claim that ends badly.
     let timeline: Arc<Mutex<Vec<Moment>>> = Arc::default();
+    let restarted = Arc::new(AtomicUsize::new(0));
     let chaos = {
         let done = done.clone();
         let kills_done = kills_done.clone();
@@ -309,6 +314,8 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         let proxy = proxy.clone();
         let seed = s.seed;
         let timeline = timeline.clone();
+        let pg_restarts = s.pg_restarts;
+        let restarted = restarted.clone();
         tokio::spawn(async move {
             let note = |what: String| timeline.lock().unwrap().push((chrono::Utc::now(), what));
             let mut r = rng(seed ^ 0x5eed);
@@ -324,6 +331,13 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
                     .push((at, format!("SIGKILL worker {i} ({killed})")));
                 note(format!("worker {i} up again"));
                 let k = kills_done.fetch_add(1, Ordering::SeqCst) + 1;
+                let r_done = restarted.load(Ordering::SeqCst);
+                if r_done < pg_restarts && k * (pg_restarts + 1) >= kills * (r_done + 1) {
+                    note("PostgreSQL fast restart".into());
+                    postgres_fast_restart().await;
+                    restarted.fetch_add(1, Ordering::SeqCst);
+                    note("PostgreSQL up again".into());
+                }
                 if let Some(d) = broker
                     && !did_broker
                     && k >= kills / 3
@@ -533,6 +547,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         outcome.events_all_relayed = relayed;
     }
     (outcome.terminated_backends, outcome.terminated_in_effect) = terminated;
+    outcome.pg_restarts = restarted.load(Ordering::SeqCst);
     if s.db_effect > 0 {
         outcome.db_effect = Some(dbeffect::check(db_url, &store).await);
     }

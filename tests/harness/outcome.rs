@@ -71,6 +71,8 @@ pub struct Outcome {
     pub terminated_backends: usize,
     /// Of those, backends running a database effect's statement.
     pub terminated_in_effect: usize,
+    /// Fast restarts of the real PostgreSQL server (`57P01` to every connection).
+    pub pg_restarts: usize,
     pub kills: usize,
     pub seconds: f64,
 }
@@ -97,11 +99,11 @@ pub struct HostileCheck {
 
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again/parked and resolved | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | terminated backends (in a database effect) | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again/parked and resolved | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | terminated backends (in a database effect) | PostgreSQL fast restarts | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
@@ -177,6 +179,7 @@ impl Outcome {
             },
             self.terminated_backends,
             self.terminated_in_effect,
+            self.pg_restarts,
             self.kills,
             self.seconds
         )
