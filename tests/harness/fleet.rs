@@ -45,7 +45,7 @@ impl Fleet {
             .expect("spawn claimd")
     }
 
-    pub(super) async fn wait_up(port: u16) {
+    pub(super) async fn wait_up(port: u16, log: &std::path::Path) {
         let c = claimd::provider::tls::http_client_builder()
             .build()
             .expect("HTTP client");
@@ -59,7 +59,12 @@ impl Fleet {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("worker on {port} did not come up");
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        panic!(
+            "worker on {port} did not come up; the workers' log ends:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
     }
 
     /// SIGKILLs worker `i` (when running) and starts it again; returns the instance name of
@@ -74,7 +79,7 @@ impl Fleet {
         self.workers[i].started += 1;
         let instance = self.workers[i].instance();
         self.workers[i].child = Some(self.spawn_one(port, &instance));
-        Self::wait_up(port).await;
+        Self::wait_up(port, &self.log).await;
         killed
     }
 
