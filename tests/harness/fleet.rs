@@ -120,28 +120,45 @@ pub(super) async fn outage_now(proxy: &proxy::Proxy, real: bool, d: Duration) {
 
 /// Restarts PostgreSQL in fast mode (every backend ends with `57P01`, as in a failover's
 /// first moment) and waits until it accepts connections again.
+/// `CHAOS_PG_DATA`: the data folder of a server of the run's own (run by the user
+/// `postgres`, restarted with `pg_ctl`), so the restarts hit nothing else on the machine.
 pub async fn postgres_fast_restart() {
-    let v = pg_cluster();
-    let st = Command::new("pg_ctlcluster")
-        .args([
-            "--skip-systemctl-redirect",
-            &v,
-            "main",
-            "restart",
-            "-m",
-            "fast",
-        ])
-        .status()
-        .expect("pg_ctlcluster");
+    let st = match std::env::var("CHAOS_PG_DATA") {
+        Ok(data) => Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(format!("/usr/lib/postgresql/{}/bin/pg_ctl", pg_cluster()))
+            .args(["-D", &data, "-m", "fast", "-w", "-l"])
+            .arg(format!("{data}/restarts.log"))
+            .arg("restart")
+            .status()
+            .expect("pg_ctl"),
+        Err(_) => Command::new("pg_ctlcluster")
+            .args([
+                "--skip-systemctl-redirect",
+                &pg_cluster(),
+                "main",
+                "restart",
+                "-m",
+                "fast",
+            ])
+            .status()
+            .expect("pg_ctlcluster"),
+    };
     assert!(st.success(), "could not restart PostgreSQL");
     wait_for_postgres().await;
 }
 
 /// Waits until PostgreSQL accepts connections (10 s at most).
 async fn wait_for_postgres() {
+    // The port of the run's server (CLAIMD_TEST_PG), the machine's by default.
+    let port = std::env::var("CLAIMD_TEST_PG")
+        .ok()
+        .and_then(|u| u.rsplit_once(':').map(|(_, p)| p.to_string()))
+        .and_then(|p| p.split('/').next().map(str::to_string))
+        .unwrap_or_else(|| "5432".into());
     for _ in 0..100 {
         if Command::new("pg_isready")
-            .args(["-h", "127.0.0.1", "-q"])
+            .args(["-h", "127.0.0.1", "-p", &port, "-q"])
             .status()
             .is_ok_and(|s| s.success())
         {
