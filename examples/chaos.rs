@@ -24,6 +24,8 @@
 //! `CHAOS_DB_EFFECT=n` messages to a database effect contended on one counter row, and
 //! `CHAOS_TERMINATE=1`, `pg_terminate_backend` of random backends every 0.5-2 s:
 //! `CHAOS_ORDERS=20000 CHAOS_DB_EFFECT=20000 CHAOS_TERMINATE=1 cargo run --release --example chaos`.
+//! `CHAOS_ALERTS=1` evaluates the shipped paging rules against `/metrics` every second and
+//! fails the run on a page about stuck claims while none is stuck.
 //! Nothing else should be using the broker or the database server meanwhile.
 
 #[path = "../tests/common/mod.rs"]
@@ -113,6 +115,8 @@ async fn main() {
         pg_restarts: env_or("CHAOS_PG_RESTARTS", 0),
         // CHAOS_DB_EFFECT=n: n messages to a database effect contended on one counter row.
         db_effect: env_or("CHAOS_DB_EFFECT", 0),
+        // CHAOS_ALERTS=1: the shipped paging rules against /metrics every second; no false page.
+        alerts: env_or("CHAOS_ALERTS", 0u8) == 1,
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

@@ -36,6 +36,7 @@ fn base(name: &str, seed: u64) -> Scenario {
         terminate_backends: false,
         pg_restarts: 0,
         db_effect: 0,
+        alerts: false,
     }
 }
 
@@ -122,6 +123,7 @@ async fn reliability_scenarios_hold_every_invariant() {
                 db_effect: 300,
                 kills: 20,
                 db_outage: Some(Duration::from_secs(3)),
+                alerts: true,
                 ..base(
                     "every feature at once: payments, emails, order lines with schedules and cancels, a contended database effect; kills + terminated backends + database outage",
                     seed + 6,

@@ -266,6 +266,7 @@ pub(super) async fn check(
         terminated_backends: 0,
         terminated_in_effect: 0,
         pg_restarts: 0,
+        alerts: None,
         db_effect: None,
         settled_by_other: evidence.settled_by_other,
         never_sent_held: evidence.never_sent_held,

@@ -11,6 +11,7 @@
 //! Used by `tests/reliability.rs` (short, in CI) and `examples/chaos.rs` (long runs).
 #![allow(dead_code)]
 
+mod alerts;
 mod broker;
 mod check;
 pub mod dbeffect;
@@ -131,6 +132,10 @@ pub struct Scenario {
     /// Messages to the `ledger` consumer, a database effect contended on one counter row
     /// (`dbeffect.rs`), over the scenario's intake; 0: none.
     pub db_effect: usize,
+    /// The shipped paging rules evaluated against a live worker's `/metrics` every second
+    /// through the send phase and the drain (`alerts.rs`): no page about claims without a
+    /// stuck claim.
+    pub alerts: bool,
 }
 
 /// `None` (skip, reason printed) when the scenario needs RabbitMQ and none answers outside CI.
@@ -242,6 +247,10 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     for i in 0..s.workers {
         fleet.restart(i).await;
     }
+    let scraping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = s
+        .alerts
+        .then(|| alerts::start(fleet.ports(), scraping.clone()));
     let events_out = pending_rx.map(|rx| {
         lookalike::EventDriver::start(
             rx,
@@ -510,6 +519,11 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         }
         None => None,
     };
+    scraping.store(true, Ordering::SeqCst);
+    let alerts = match scraper {
+        Some(t) => Some(t.await.unwrap()),
+        None => None,
+    };
     let moments = timeline.lock().unwrap().clone();
     let mut outcome = check(
         s,
@@ -548,6 +562,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     }
     (outcome.terminated_backends, outcome.terminated_in_effect) = terminated;
     outcome.pg_restarts = restarted.load(Ordering::SeqCst);
+    outcome.alerts = alerts;
     if s.db_effect > 0 {
         outcome.db_effect = Some(dbeffect::check(db_url, &store).await);
     }

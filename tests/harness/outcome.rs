@@ -73,6 +73,8 @@ pub struct Outcome {
     pub terminated_in_effect: usize,
     /// Fast restarts of the real PostgreSQL server (`57P01` to every connection).
     pub pg_restarts: usize,
+    /// The paging rules against `/metrics` during the run (when the scenario has them on).
+    pub alerts: Option<super::alerts::AlertCheck>,
     pub kills: usize,
     pub seconds: f64,
 }
@@ -99,11 +101,11 @@ pub struct HostileCheck {
 
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again/parked and resolved | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | terminated backends (in a database effect) | PostgreSQL fast restarts | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again/parked and resolved | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | terminated backends (in a database effect) | PostgreSQL fast restarts | pages (false) | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
@@ -180,6 +182,10 @@ impl Outcome {
             self.terminated_backends,
             self.terminated_in_effect,
             self.pg_restarts,
+            match &self.alerts {
+                Some(a) => format!("{} ({}) in {} scrapes", a.pages, a.false_pages, a.scrapes),
+                None => "-".into(),
+            },
             self.kills,
             self.seconds
         )
@@ -288,6 +294,17 @@ pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
         assert_eq!(
             d.not_completed, 0,
             "database effect: a valid write ended failed or parked (a fault claimd should survive): {o:?}"
+        );
+    }
+    if let Some(a) = &o.alerts {
+        assert!(
+            a.scrapes > 0,
+            "no worker's /metrics answered the alert scraper: {o:?}"
+        );
+        assert_eq!(
+            a.false_pages, 0,
+            "a paging rule about stuck or old claims fired while its consumer had no stuck claim (alert, consumer, stuck, values): {:?}",
+            a.fired
         );
     }
     if let Some(e) = o.events {
