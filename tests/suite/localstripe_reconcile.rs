@@ -173,6 +173,16 @@ async fn reconciles_the_stripe_example(store_kind: TestStore) {
         }
     }
 
+    // Settled a moment ago: Stripe's search may not show a payment yet (`not_found_after =
+    // "90s"` in the example), so "not found" is too recent to judge, never a mismatch.
+    let (code, out, err) = claimd(&["reconcile", "--format", "json"], &env);
+    assert_eq!(code, 3, "two disagree: {err}\n{out}");
+    let audit: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(audit["checked"], 5, "{out}");
+    assert_eq!(audit["too_recent"], 1, "{out}");
+    assert_eq!(audit["mismatches"].as_array().unwrap().len(), 2, "{out}");
+    settled_long_ago(&store_kind, "never-sent").await;
+
     let (code, out, err) = claimd(&["reconcile", "--format", "json"], &env);
     assert_eq!(code, 3, "every claim checked, three disagree: {err}\n{out}");
     let audit: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
@@ -219,6 +229,34 @@ async fn reconciles_the_stripe_example(store_kind: TestStore) {
         table.contains("checked 6 claims, 0 undecided, 3 mismatches"),
         "{table}"
     );
+}
+
+/// Moves a claim's settle ten minutes back, as if it had been settled then.
+async fn settled_long_ago(store: &TestStore, message_id: &str) {
+    use sqlx::Connection;
+    match store {
+        TestStore::Pg(db) => {
+            let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            sqlx::query(
+                "UPDATE claims SET processed_utc = processed_utc - interval '10 minutes' \
+                 WHERE message_id = $1",
+            )
+            .bind(message_id)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+        TestStore::Sqlite(_) => {
+            let mut c = sqlx::SqliteConnection::connect(&store.url()).await.unwrap();
+            sqlx::query(
+                "UPDATE claims SET processed_utc = processed_utc - 600000 WHERE message_id = ?1",
+            )
+            .bind(message_id)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
