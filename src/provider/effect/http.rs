@@ -614,8 +614,9 @@ impl Effect for HttpEffect {
 }
 
 /// Whether a status lookup's error is an answer that proves a configuration mistake: a `4xx`
-/// other than `408` (time-out) and `429` (rate limited), or a `2xx` whose body cannot be read
-/// as configured. A `5xx` is the provider's trouble, not the configuration's.
+/// other than `408` (time-out) and `429` (rate limited), a redirect (`3xx`: the route moved,
+/// and claimd never follows one), or a `2xx` whose body cannot be read as configured. A `5xx`
+/// is the provider's trouble, not the configuration's.
 fn answered_mistake(error: &str) -> bool {
     let Some(rest) = error.strip_prefix("status endpoint answered ") else {
         return false;
@@ -626,7 +627,7 @@ fn answered_mistake(error: &str) -> bool {
         .collect::<String>()
         .parse()
         .unwrap_or(0);
-    matches!(status, 200..=299 | 400..=499) && !matches!(status, 408 | 429)
+    matches!(status, 200..=499) && !matches!(status, 408 | 429)
 }
 
 #[cfg(test)]
@@ -635,7 +636,7 @@ mod tests {
 
     #[test]
     fn only_answers_that_prove_a_mistake_refuse_the_start() {
-        for mistake in [401, 403, 404, 400, 405] {
+        for mistake in [401, 403, 404, 400, 405, 301, 302, 307] {
             let e = format!(
                 "status endpoint answered {mistake}, which is neither found nor the configured \"not found\" ([]): x"
             );
