@@ -4,6 +4,7 @@
 //! a takeover may simply run it again.
 
 use crate::domain::claim::Claim;
+use crate::store::error::connection_lost;
 use async_trait::async_trait;
 
 /// The open transaction a [`DatabaseEffect`] writes in: a connection of the store's own
@@ -81,7 +82,7 @@ pub fn retry_of(e: &sqlx::Error) -> DbRetry {
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             let transient = matches!(code.as_ref(), "40P01" | "40001" | "57014")
-                || ends_the_connection(&code)
+                || connection_lost(e)
                 || code.parse::<i64>().is_ok_and(|c| matches!(c & 0xff, 5 | 6));
             if transient {
                 DbRetry::Again
@@ -98,32 +99,17 @@ pub fn retry_of(e: &sqlx::Error) -> DbRetry {
     }
 }
 
-/// A PostgreSQL SQLSTATE that ends the session or refuses it rather than answers a statement
-/// (I13): class 08, 57P01 to 57P03 (shut down, crashed, starting), 53300 (no free
-/// connection), 25006 (a read-only server: a standby after a failover).
-fn ends_the_connection(code: &str) -> bool {
-    matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "25006")
-        || (code.len() == 5 && code.starts_with("08"))
-}
-
 /// Whether a database effect's run failed for want of a working connection — none free in
 /// the pool, none reachable, the server gone, shutting down or read-only — rather than by
 /// anything its statements did. Such runs decided nothing about the claim (I13): an attempt
 /// that ends on one is a wait, not counted towards `max_attempts`.
 pub fn lost_connection(e: &DbEffectError) -> bool {
     use crate::store::StoreError;
-    let driver = match e {
-        DbEffectError::Effect(e) => e,
-        DbEffectError::Store(StoreError::Unavailable(e) | StoreError::Query { source: e, .. }) => e,
-        _ => return false,
-    };
-    match driver {
-        sqlx::Error::Database(db) => ends_the_connection(&db.code().unwrap_or_default()),
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::WorkerCrashed => true,
+    match e {
+        DbEffectError::Effect(e)
+        | DbEffectError::Store(StoreError::Unavailable(e) | StoreError::Query { source: e, .. }) => {
+            connection_lost(e)
+        }
         _ => false,
     }
 }
@@ -175,11 +161,5 @@ mod tests {
         assert!(!lost_connection(&DbEffectError::Effect(
             sqlx::Error::RowNotFound
         )));
-        for code in ["57P01", "57P03", "25006", "08006", "53300"] {
-            assert!(ends_the_connection(code), "{code}");
-        }
-        for code in ["40P01", "23505", "57014", "5", "0800"] {
-            assert!(!ends_the_connection(code), "{code}");
-        }
     }
 }

@@ -54,18 +54,9 @@ impl StoreError {
     /// Wraps a driver error from the named statement, telling outages apart from bugs.
     pub fn from_sqlx(query: &'static str, source: sqlx::Error) -> Self {
         match source {
-            sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(source),
-            sqlx::Error::Database(ref db)
-                if db.code().is_some_and(|c| {
-                    // 57P01 admin shutdown, 57P03 cannot connect now, 08xxx connection errors,
-                    // SQLITE_BUSY (5) and SQLITE_LOCKED (6).
-                    c.starts_with("08") || c == "57P01" || c == "57P03" || c == "5" || c == "6"
-                }) =>
-            {
+            ref e if connection_lost(e) => StoreError::Unavailable(source),
+            // SQLITE_BUSY (5) and SQLITE_LOCKED (6).
+            sqlx::Error::Database(ref db) if db.code().is_some_and(|c| c == "5" || c == "6") => {
                 StoreError::Unavailable(source)
             }
             sqlx::Error::Database(ref db) if db.code().is_some_and(|c| is_data_exception(&c)) => {
@@ -87,6 +78,30 @@ impl StoreError {
             StoreError::Unavailable(_) | StoreError::Contended(_) | StoreError::Busy(_)
         )
     }
+}
+
+/// Whether a driver error ends or refuses the connection rather than answers a statement
+/// (I13): no connection to be had (I/O, TLS, the pool timed out or closed), PostgreSQL's class
+/// `08` connection errors, `57P01` to `57P03` (shut down by an administrator — every
+/// connection gets it on a fast restart or failover —, crashed, starting), `53300` (no free
+/// connection) and `25006` (a read-only server: a standby after a failover). Nothing is
+/// decided on such an error: the work is run again on a fresh connection.
+pub fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| connection_lost_code(&c)),
+        _ => false,
+    }
+}
+
+/// The SQLSTATEs of [`connection_lost`].
+fn connection_lost_code(code: &str) -> bool {
+    matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "25006")
+        || (code.len() == 5 && code.starts_with("08"))
 }
 
 /// A driver error in the database's own words: its message and code, without the "at line N"
@@ -114,7 +129,17 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 #[cfg(test)]
 mod tests {
-    use super::is_data_exception;
+    use super::{connection_lost_code, is_data_exception};
+
+    #[test]
+    fn connection_errors_are_those_that_end_a_session() {
+        for code in ["57P01", "57P03", "25006", "08006", "53300"] {
+            assert!(connection_lost_code(code), "{code}");
+        }
+        for code in ["40P01", "23505", "57014", "5", "0800"] {
+            assert!(!connection_lost_code(code), "{code}");
+        }
+    }
 
     #[test]
     fn data_exceptions_are_postgresql_class_22_only() {
