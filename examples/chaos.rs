@@ -117,6 +117,11 @@ async fn main() {
         db_effect: env_or("CHAOS_DB_EFFECT", 0),
         // CHAOS_ALERTS=1: the shipped paging rules against /metrics every second; no false page.
         alerts: env_or("CHAOS_ALERTS", 0u8) == 1,
+        // CHAOS_INTAKES=n: n messages on each of NATS (a private server restarted half way),
+        // CloudEvents and producers' enqueues, to consumers with fairness and per-key limits.
+        intakes: env_or("CHAOS_INTAKES", 0),
+        // CHAOS_HOOKS=1: outcome events also to a webhook down for the first half.
+        second_destination: env_or("CHAOS_HOOKS", 0u8) == 1,
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

@@ -37,6 +37,8 @@ fn base(name: &str, seed: u64) -> Scenario {
         pg_restarts: 0,
         db_effect: 0,
         alerts: false,
+        intakes: 0,
+        second_destination: false,
     }
 }
 
@@ -124,8 +126,13 @@ async fn reliability_scenarios_hold_every_invariant() {
                 kills: 20,
                 db_outage: Some(Duration::from_secs(3)),
                 alerts: true,
+                hostile: Some(HostileOptions::default()),
+                provider_outage: Some(Duration::from_secs(3)),
+                broker_outage: Some(Duration::from_secs(3)),
+                intakes: 150,
+                second_destination: true,
                 ..base(
-                    "every feature at once: payments, emails, order lines with schedules and cancels, a contended database effect; kills + terminated backends + database outage",
+                    "every feature at once: payments (pending outcomes, signed events and polls, two destinations), emails, order lines with schedules and cancels, a contended database effect, NATS, CloudEvents, enqueue with fairness and per-tenant limits; kills + terminated backends + database, broker, NATS and provider outages + a lying provider",
                     seed + 6,
                 )
             },

@@ -261,6 +261,8 @@ pub(super) async fn check(
         parked_never_sent: never_sent.len(),
         parked_never_sent_at_kill,
         events: None,
+        hook_events: None,
+        intakes: None,
         events_all_relayed: false,
         orders: None,
         terminated_backends: 0,

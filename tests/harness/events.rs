@@ -205,3 +205,63 @@ pub(super) fn compare(
     }
     check
 }
+
+/// The second destination: a webhook receiver on loopback whose port is closed until
+/// [`HookTap::open`] (a destination that is down for the first part of the run), collecting
+/// (`webhook-id`, body) of every delivery it answers `204`.
+pub(super) struct HookTap {
+    port: u16,
+    got: Arc<Mutex<Vec<(String, serde_json::Value)>>>,
+}
+
+impl HookTap {
+    /// A receiver not yet listening.
+    pub(super) fn new() -> HookTap {
+        HookTap {
+            port: free_port(),
+            got: Arc::default(),
+        }
+    }
+
+    /// The payments consumer's destinations: the event tap (`bus`) and this one (`hooks`).
+    pub(super) fn toml(&self, tap: &EventTap) -> String {
+        format!(
+            "{}[[consumers.outcomes]]\nkind = \"http\"\nname = \"hooks\"\nurl = \"http://127.0.0.1:{}/hook\"\nsecret = \"whsec_Y2hhb3MtaG9vay1zZWNyZXQ=\"\ntimeout = \"2s\"\n",
+            tap.toml().replace(
+                "[consumers.outcomes]\n",
+                "[[consumers.outcomes]]\nname = \"bus\"\n"
+            ),
+            self.port
+        )
+    }
+
+    /// Starts listening.
+    pub(super) async fn open(&self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .expect("the webhook receiver's port");
+        let got = self.got.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
+                let got = got.clone();
+                async move {
+                    let id = headers
+                        .get("webhook-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_string();
+                    let body = serde_json::from_str(&body).unwrap_or_default();
+                    got.lock().unwrap().push((id, body));
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
+
+    /// Every delivery received so far.
+    pub(super) fn received(&self) -> Vec<(String, serde_json::Value)> {
+        self.got.lock().unwrap().clone()
+    }
+}

@@ -16,9 +16,11 @@ mod broker;
 mod check;
 pub mod dbeffect;
 pub mod events;
+mod faults;
 mod fleet;
 mod gate;
 pub mod hostile;
+pub mod intakes;
 mod ledger;
 pub mod lookalike;
 pub mod orders;
@@ -136,6 +138,14 @@ pub struct Scenario {
     /// through the send phase and the drain (`alerts.rs`): no page about claims without a
     /// stuck claim.
     pub alerts: bool,
+    /// Messages sent on each of the other ways in — NATS JetStream (a private server killed
+    /// and started again half way), CloudEvents over HTTP, producers' enqueues with rollbacks
+    /// and vanished clients — to two consumers with fairness and per-tenant limits
+    /// (`intakes.rs`); 0: none.
+    pub intakes: usize,
+    /// The payments consumer's outcome events also go to a webhook receiver that is down for
+    /// the first half of the send phase (needs `outcome_events`).
+    pub second_destination: bool,
 }
 
 /// `None` (skip, reason printed) when the scenario needs RabbitMQ and none answers outside CI.
@@ -199,6 +209,16 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         true => Some(EventTap::new().await),
         false => None,
     };
+    let hooks = (s.second_destination && tap.is_some()).then(|| Arc::new(events::HookTap::new()));
+    let outcomes = match (&tap, &hooks) {
+        (Some(t), Some(h)) => Some(h.toml(t)),
+        (Some(t), None) => Some(t.toml()),
+        _ => None,
+    };
+    let intakes = match s.intakes {
+        0 => None,
+        _ => Some(Arc::new(intakes::Intakes::start(db_url).await?)),
+    };
 
     // Workers reach PostgreSQL through a proxy the chaos loop can cut.
     let proxy = Arc::new(proxy::Proxy::start("127.0.0.1:5432").await);
@@ -212,7 +232,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             &provider,
             smtp_gate.port,
             queues.as_deref(),
-            tap.as_ref().map(EventTap::toml).as_deref(),
+            outcomes.as_deref(),
         ) + &if s.orders > 0 {
             orders::consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port), s)
         } else {
@@ -225,7 +245,10 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             dbeffect::consumer_toml().replacen("source = \"http\"\n", &source, 1)
         } else {
             String::new()
-        },
+        } + &intakes
+            .as_ref()
+            .map(|i| i.consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port)))
+            .unwrap_or_default(),
     )
     .unwrap();
     if s.db_effect > 0 {
@@ -309,91 +332,51 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     // What the chaos loop did when, for explaining a claim that ends badly.
     let timeline: Arc<Mutex<Vec<Moment>>> = Arc::default();
     let restarted = Arc::new(AtomicUsize::new(0));
-    let chaos = {
-        let done = done.clone();
-        let kills_done = kills_done.clone();
-        let kills = s.kills;
-        let workers = s.workers;
-        let outage = s.db_outage;
-        let broker = s.broker_outage;
-        let provider_outage = s.provider_outage;
-        let gate = gate.clone();
-        let orders_gate = orders_gate.clone();
-        let real = s.real_db_restart;
-        let proxy = proxy.clone();
-        let seed = s.seed;
-        let timeline = timeline.clone();
-        let pg_restarts = s.pg_restarts;
-        let restarted = restarted.clone();
+    let ports = fleet.ports();
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let chaos = faults::start(
+        faults::Faults {
+            kills: s.kills,
+            workers: s.workers,
+            db_outage: s.db_outage,
+            broker_outage: s.broker_outage,
+            provider_outage: s.provider_outage,
+            real_db_restart: s.real_db_restart,
+            pg_restarts: s.pg_restarts,
+            seed: s.seed,
+        },
+        fleet,
+        vec![gate.clone(), orders_gate.clone()],
+        proxy.clone(),
+        faults::Progress {
+            done: done.clone(),
+            kills_done: kills_done.clone(),
+            restarted: restarted.clone(),
+            timeline: timeline.clone(),
+            sent: {
+                let delivered = delivered.clone();
+                let total = total_sends.max(1) as f64;
+                Arc::new(move || delivered.load(Ordering::Relaxed) as f64 / total)
+            },
+        },
+    );
+    let span = Duration::from_millis(s.kills as u64 * 400);
+    let intake_sends = intakes.as_ref().map(|i| {
+        i.drive(
+            s.intakes,
+            s.seed,
+            ports.clone(),
+            db_url.to_string(),
+            span,
+            timeline.clone(),
+        )
+    });
+    if let Some(h) = hooks.clone() {
         tokio::spawn(async move {
-            let note = |what: String| timeline.lock().unwrap().push((chrono::Utc::now(), what));
-            let mut r = rng(seed ^ 0x5eed);
-            let (mut did_outage, mut did_broker, mut did_provider) = (false, false, false);
-            while !done.load(Ordering::SeqCst) && kills_done.load(Ordering::SeqCst) < kills {
-                tokio::time::sleep(Duration::from_millis(r.u64(150..600))).await;
-                let i = r.usize(0..workers);
-                let at = chrono::Utc::now();
-                let killed = fleet.restart(i).await.unwrap_or_default();
-                timeline
-                    .lock()
-                    .unwrap()
-                    .push((at, format!("SIGKILL worker {i} ({killed})")));
-                note(format!("worker {i} up again"));
-                let k = kills_done.fetch_add(1, Ordering::SeqCst) + 1;
-                let r_done = restarted.load(Ordering::SeqCst);
-                if r_done < pg_restarts && k * (pg_restarts + 1) >= kills * (r_done + 1) {
-                    note("PostgreSQL fast restart".into());
-                    postgres_fast_restart().await;
-                    restarted.fetch_add(1, Ordering::SeqCst);
-                    note("PostgreSQL up again".into());
-                }
-                if let Some(d) = broker
-                    && !did_broker
-                    && k >= kills / 3
-                {
-                    did_broker = true;
-                    note("broker down".into());
-                    broker_outage(d).await;
-                    note("broker up".into());
-                }
-                if let Some(d) = outage
-                    && !did_outage
-                    && k >= kills / 2
-                {
-                    did_outage = true;
-                    note("database down".into());
-                    outage_now(&proxy, real, d).await;
-                    note("database up".into());
-                }
-                if let Some(d) = provider_outage
-                    && !did_provider
-                    && k >= kills * 2 / 3
-                {
-                    did_provider = true;
-                    note("provider down".into());
-                    tokio::join!(gate.outage(d), orders_gate.outage(d));
-                    note("provider up".into());
-                }
-            }
-            if let Some(d) = broker
-                && !did_broker
-            {
-                broker_outage(d).await;
-            }
-            if let Some(d) = outage
-                && !did_outage
-            {
-                outage_now(&proxy, real, d).await;
-            }
-            if let Some(d) = provider_outage
-                && !did_provider
-            {
-                tokio::join!(gate.outage(d), orders_gate.outage(d));
-            }
-            fleet
-        })
-    };
-
+            tokio::time::sleep(span / 2).await;
+            h.open().await;
+        });
+    }
     let terminator = s
         .terminate_backends
         .then(|| terminate::start(db_url.to_string(), s.seed, done.clone(), timeline.clone()));
@@ -416,6 +399,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         let mut tasks = Vec::new();
         for t in 0..s.clients {
             let (queue, ledger, via) = (queue.clone(), ledger.clone(), via.clone());
+            let delivered = delivered.clone();
             let expected_dead = expected_dead.clone();
             tasks.push(tokio::spawn(async move {
                 let c = claimd::provider::tls::http_client_builder()
@@ -433,6 +417,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
                         tokio::time::sleep(pace).await;
                     }
                     deliver(item, &via, &c, &publisher, n, &ledger, &expected_dead).await;
+                    delivered.fetch_add(1, Ordering::Relaxed);
                 }
             }));
         }
@@ -444,6 +429,13 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         Some(t) => Some(t.await.unwrap()),
         None => None,
     };
+    let intake_sends = match intake_sends {
+        Some(t) => Some(t.await.unwrap()),
+        None => None,
+    };
+    if let Some(sent) = &intake_sends {
+        ledger.acked.lock().unwrap().extend(sent.acknowledged());
+    }
     done.store(true, Ordering::SeqCst);
     let terminated = match terminator {
         Some(t) => t.await.unwrap(),
@@ -470,6 +462,13 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             dead_seqs.extend(q.dead_seqs(&conn, c).await);
         }
         let _ = conn.close(200, "ok".into()).await;
+    }
+    // Every message the stream took is claimed before the claims are waited for.
+    if let Some(i) = &intakes {
+        let end = Instant::now() + Duration::from_secs(120);
+        while i.unacknowledged().await > 0 && Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
     // With orders, the harness resolves parked order claims as an operator would.
     let (mut settled, resolved) = match s.orders {
@@ -558,6 +557,9 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             .await
             .unwrap();
         outcome.events = Some(events::compare("payments", &claims, &got));
+        outcome.hook_events = hooks
+            .as_ref()
+            .map(|h| events::compare("payments", &claims, &h.received()));
         outcome.events_all_relayed = relayed;
     }
     (outcome.terminated_backends, outcome.terminated_in_effect) = terminated;
@@ -565,6 +567,11 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     outcome.alerts = alerts;
     if s.db_effect > 0 {
         outcome.db_effect = Some(dbeffect::check(db_url, &store).await);
+    }
+    if let Some(sent) = &intake_sends {
+        let c = intakes::check(db_url, &store, &sandbox, sent).await;
+        outcome.sent += c.nats + c.cloudevents + c.enqueued + c.abandoned;
+        outcome.intakes = Some(c);
     }
     if let Some(sent) = &order_sends {
         let claims = store

@@ -453,11 +453,14 @@ on_unknown = "{on_unknown}"
 key = "{{consumer}}:{{tenant}}:{{message_id}}"
 order_key = "{{order_id}}"
 order_hold = "hold"
+fairness = "tenant"
 [consumers.effect]
 kind = "http"
 url = "{provider}/v1/orders"
 timeout = "1s"
 status_url = "{provider}/v1/effects/{{key}}"
+rate_limit = "50/s"
+rate_limit_key = "{{order_id}}"
 "#,
         lease_ms = WORKER_LEASE_MS,
         on_unknown = s.on_unknown,

@@ -61,6 +61,11 @@ pub struct Outcome {
     pub hostile: Option<HostileCheck>,
     /// The outcome-event stream against the store (when the scenario publishes events).
     pub events: Option<super::events::EventCheck>,
+    /// The same stream as received by the second destination, a webhook that was down for the
+    /// first half of the send phase (when the scenario has it).
+    pub hook_events: Option<super::events::EventCheck>,
+    /// NATS, CloudEvents and producers' enqueues (when the scenario sends them).
+    pub intakes: Option<super::intakes::IntakeCheck>,
     /// Every event row was sent before the stream was read.
     pub events_all_relayed: bool,
     /// The order lines, schedules and cancels (when the scenario sends orders).
@@ -101,11 +106,11 @@ pub struct HostileCheck {
 
 impl Outcome {
     pub fn header() -> String {
-        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again/parked and resolved | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | terminated backends (in a database effect) | PostgreSQL fast restarts | pages (false) | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
+        "| scenario | sent | acked | completed | failed | attention (never sent/at a kill) | max applied/key | lost | stuck | completed unapplied | dups sent/counted | mismatches sent/counted/refused | bad refused/sent | dead-lettered | emails acked/received/max per id | hung up | two-tenant ids/misapplied | events published/missing/invented/repeats | hostile: 503 after apply/503/409/pending/events/look-alikes (claims) | settled by another object's evidence | never sent, key held | orders: messages/scheduled/cancelled/too late/sent again/parked and resolved | orders: out of line/early/cancelled sent/completed unapplied | database effect: completed/rows/counter/not completed/row without claim/claim without row/doubled | webhook events published/missing/invented/repeats | NATS/CloudEvents/enqueued/abandoned (NATS restarts) | other intakes: not completed/doubled/completed unapplied/unacknowledged applied/row without claim/claim without row | terminated backends (in a database effect) | PostgreSQL fast restarts | pages (false) | kills | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|".into()
     }
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} ({} emails; {}/{}) | {} | {} | {} | {} | {}/{} | {}/{}/{} | {}/{} | {} | {}/{}/{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {:.0} |",
             self.name,
             self.sent,
             self.acknowledged,
@@ -176,6 +181,29 @@ impl Outcome {
                     d.row_without_claim,
                     d.claim_without_row,
                     d.doubled
+                ),
+                None => "-".into(),
+            },
+            match self.hook_events {
+                Some(e) => format!("{}/{}/{}/{}", e.published, e.missing, e.invented, e.repeats),
+                None => "-".into(),
+            },
+            match self.intakes {
+                Some(i) => format!(
+                    "{}/{}/{}/{} ({})",
+                    i.nats, i.cloudevents, i.enqueued, i.abandoned, i.nats_restarts
+                ),
+                None => "-".into(),
+            },
+            match self.intakes {
+                Some(i) => format!(
+                    "{}/{}/{}/{}/{}/{}",
+                    i.not_completed,
+                    i.doubled,
+                    i.completed_unapplied,
+                    i.unacked_applied,
+                    i.row_without_claim,
+                    i.claim_without_row
                 ),
                 None => "-".into(),
             },
@@ -305,6 +333,39 @@ pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
             a.false_pages, 0,
             "a paging rule about stuck or old claims fired while its consumer had no stuck claim (alert, consumer, stuck, values): {:?}",
             a.fired
+        );
+    }
+    if let Some(i) = o.intakes {
+        assert_eq!(
+            (
+                i.not_completed,
+                i.doubled,
+                i.completed_unapplied,
+                i.unacked_applied
+            ),
+            (0, 0, 0, 0),
+            "NATS, CloudEvents or enqueue: an acknowledged message not completed, a key applied twice, a completed claim never applied, or an abandoned enqueue applied: {o:?}"
+        );
+        assert_eq!(
+            (i.row_without_claim, i.claim_without_row),
+            (0, 0),
+            "enqueue: a producer's row without its claim or a claim without its row: {o:?}"
+        );
+        assert!(
+            i.nats_restarts > 0,
+            "the NATS server was never restarted: {o:?}"
+        );
+    }
+    if let Some(e) = o.hook_events {
+        assert_eq!(
+            (e.missing, e.invented, e.changed_repeats),
+            (0, 0, 0),
+            "the webhook destination: a settled claim without its event, an invented event, or a changed repeat: {o:?}"
+        );
+        assert_eq!(
+            Some(e.published),
+            o.events.map(|b| b.published),
+            "the two destinations did not get the same events: {o:?}"
         );
     }
     if let Some(e) = o.events {
