@@ -26,7 +26,7 @@ pub(super) struct Progress {
     /// The share of the ledger acknowledged so far (0 to 1): kill `k` waits for `k / kills`
     /// of it, so that the kills (and the outages between them) spread over the whole send
     /// phase however long it runs.
-    pub(super) sent: Arc<dyn Fn() -> f64 + Send + Sync>,
+    pub(super) sent: LedgerShare,
 }
 
 /// Starts the loop; it hands the fleet back once every kill and every outage has happened.

@@ -108,8 +108,8 @@ impl Intakes {
         nats + &http
     }
 
-    /// Sends `n` messages on each way in, spread over `span`; the NATS server is killed and
-    /// started again half way. Returns what was acknowledged.
+    /// Sends `n` messages on each way in, spread over `span` and in step with the ledger; the
+    /// NATS server is killed and started again when half the ledger is delivered. Returns what was acknowledged.
     pub(super) fn drive(
         self: &Arc<Self>,
         n: usize,
@@ -117,6 +117,7 @@ impl Intakes {
         ports: Vec<u16>,
         db_url: String,
         span: Duration,
+        share: LedgerShare,
         timeline: Arc<Mutex<Vec<Moment>>>,
     ) -> tokio::task::JoinHandle<Arc<IntakeSends>> {
         let me = self.clone();
@@ -124,9 +125,9 @@ impl Intakes {
             let sent = Arc::new(IntakeSends::default());
             let pace = span.div_f64(n.max(1) as f64);
             let restart = {
-                let (server, sent) = (me.server.clone(), sent.clone());
+                let (server, sent, share) = (me.server.clone(), sent.clone(), share.clone());
                 tokio::spawn(async move {
-                    tokio::time::sleep(span / 2).await;
+                    keep_pace(&share, 0.5).await;
                     timeline
                         .lock()
                         .unwrap()
@@ -142,9 +143,9 @@ impl Intakes {
                 })
             };
             tokio::join!(
-                me.publish_all(n, seed, pace, &sent),
-                post_cloudevents(n, seed, pace, &ports, &sent),
-                produce(n, seed, pace, &db_url, &sent),
+                me.publish_all(n, seed, pace, &share, &sent),
+                post_cloudevents(n, seed, pace, &share, &ports, &sent),
+                produce(n, seed, pace, &share, &db_url, &sent),
             );
             restart.await.unwrap();
             sent
@@ -152,10 +153,18 @@ impl Intakes {
     }
 
     /// Publishes `n` messages to the stream, each until the server acknowledges it.
-    async fn publish_all(&self, n: usize, seed: u64, pace: Duration, sent: &IntakeSends) {
+    async fn publish_all(
+        &self,
+        n: usize,
+        seed: u64,
+        pace: Duration,
+        share: &LedgerShare,
+        sent: &IntakeSends,
+    ) {
         let mut r = rng(seed ^ 0x0a75);
         for k in 0..n {
             tokio::time::sleep(pace).await;
+            keep_pace(share, k as f64 / n as f64).await;
             let (tenant, id) = (pick_tenant(&mut r), format!("n{seed}-{k}"));
             let body = format!("{{\"n\":{k},\"amount\":{}}}", r.u32(1..100_000));
             let hs = headers(&[
@@ -209,7 +218,14 @@ fn pick_tenant(r: &mut fastrand::Rng) -> &'static str {
 
 /// Posts `n` CloudEvents to `/v1/events/events`, binary and structured in turn, each until a
 /// worker answers `202` or `200`.
-async fn post_cloudevents(n: usize, seed: u64, pace: Duration, ports: &[u16], sent: &IntakeSends) {
+async fn post_cloudevents(
+    n: usize,
+    seed: u64,
+    pace: Duration,
+    share: &LedgerShare,
+    ports: &[u16],
+    sent: &IntakeSends,
+) {
     let c = claimd::provider::tls::http_client_builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -217,6 +233,7 @@ async fn post_cloudevents(n: usize, seed: u64, pace: Duration, ports: &[u16], se
     let mut r = rng(seed ^ 0x0ce0);
     for k in 0..n {
         tokio::time::sleep(pace).await;
+        keep_pace(share, k as f64 / n as f64).await;
         let (tenant, id) = (pick_tenant(&mut r), format!("ce{seed}-{k}"));
         let data = format!("{{\"n\":{k},\"amount\":{}}}", r.u32(1..100_000));
         let mut i = k;
@@ -271,10 +288,18 @@ enum Ending {
 /// of the producer's own and `claimd.enqueue` for it, then commit (three in four), roll back
 /// or vanish. A commit that got no answer is tried again from the start (the row's insert
 /// skips a row that committed; the enqueue answers the claim that committed).
-async fn produce(n: usize, seed: u64, pace: Duration, db_url: &str, sent: &IntakeSends) {
+async fn produce(
+    n: usize,
+    seed: u64,
+    pace: Duration,
+    share: &LedgerShare,
+    db_url: &str,
+    sent: &IntakeSends,
+) {
     let mut r = rng(seed ^ 0x9d0c);
     for k in 0..n {
         tokio::time::sleep(pace).await;
+        keep_pace(share, k as f64 / n as f64).await;
         let (tenant, id) = (pick_tenant(&mut r), format!("p{seed}-{k}"));
         let payload = format!("{{\"order\":\"{id}\",\"amount\":{}}}", r.u32(1..100_000));
         let ending = match r.f64() {

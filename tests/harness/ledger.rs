@@ -101,6 +101,17 @@ pub(super) enum Send_ {
 /// Something the chaos loop did, and when.
 pub(super) type Moment = (chrono::DateTime<chrono::Utc>, String);
 
+/// The share of the ledger delivered so far (0 to 1): the other senders and the chaos loop
+/// keep pace with it, so that they spread over the send phase however long it runs.
+pub(super) type LedgerShare = Arc<dyn Fn() -> f64 + Send + Sync>;
+
+/// Waits until at least `share` of the ledger is delivered.
+pub(super) async fn keep_pace(ledger_share: &LedgerShare, share: f64) {
+    while ledger_share() < share {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A message's identity: (tenant, message id).
 type Identity = (String, String);
 

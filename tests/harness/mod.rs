@@ -310,6 +310,12 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     };
     let total_sends = first.len() + later.len();
     // The orders, beside the ledger, over the same span.
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let share: LedgerShare = {
+        let delivered = delivered.clone();
+        let total = total_sends.max(1) as f64;
+        Arc::new(move || delivered.load(Ordering::Relaxed) as f64 / total)
+    };
     let order_sends = (s.orders > 0).then(|| {
         let orders = orders::plan(s.seed, s.orders);
         tokio::spawn(orders::drive(
@@ -318,6 +324,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             ledger.clone(),
             4,
             Duration::from_millis(s.kills as u64 * 400),
+            share.clone(),
         ))
     });
     // Pace the clients so the send phase lasts about as long as the kills take (~0.4 s each).
@@ -333,7 +340,6 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let timeline: Arc<Mutex<Vec<Moment>>> = Arc::default();
     let restarted = Arc::new(AtomicUsize::new(0));
     let ports = fleet.ports();
-    let delivered = Arc::new(AtomicUsize::new(0));
     let chaos = faults::start(
         faults::Faults {
             kills: s.kills,
@@ -353,11 +359,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             kills_done: kills_done.clone(),
             restarted: restarted.clone(),
             timeline: timeline.clone(),
-            sent: {
-                let delivered = delivered.clone();
-                let total = total_sends.max(1) as f64;
-                Arc::new(move || delivered.load(Ordering::Relaxed) as f64 / total)
-            },
+            sent: share.clone(),
         },
     );
     let span = Duration::from_millis(s.kills as u64 * 400);
@@ -368,12 +370,14 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             ports.clone(),
             db_url.to_string(),
             span,
+            share.clone(),
             timeline.clone(),
         )
     });
     if let Some(h) = hooks.clone() {
+        let share = share.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(span / 2).await;
+            keep_pace(&share, 0.5).await;
             h.open().await;
         });
     }

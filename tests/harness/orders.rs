@@ -105,13 +105,16 @@ pub(super) async fn drive(
     ledger: Arc<Ledger>,
     clients: usize,
     span: Duration,
+    share: LedgerShare,
 ) -> Arc<OrderSends> {
     let sent = Arc::new(OrderSends::default());
     let pace = span.mul_f64(clients as f64 / orders.len().max(1) as f64);
+    let total = orders.len().max(1);
     let queue = Arc::new(Mutex::new(orders));
     let cancels: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
     let mut tasks = Vec::new();
     for t in 0..clients {
+        let share = share.clone();
         let (queue, ports, ledger, sent, cancels) = (
             queue.clone(),
             ports.clone(),
@@ -126,10 +129,16 @@ pub(super) async fn drive(
                 .unwrap();
             let mut n = t;
             loop {
-                let Some(order) = queue.lock().unwrap().pop() else {
+                let (order, left) = {
+                    let mut q = queue.lock().unwrap();
+                    (q.pop(), q.len())
+                };
+                let Some(order) = order else {
                     return;
                 };
                 tokio::time::sleep(pace).await;
+                // In step with the ledger: a long run's orders spread over all of it.
+                keep_pace(&share, (total - left - 1) as f64 / total as f64).await;
                 let tenant = order.tenant;
                 let mut times = Vec::new();
                 for step in &order.steps {
