@@ -178,6 +178,20 @@ macro_rules! pg_stale_in_line {
     };
 }
 
+/// A `started` claim `w` whose lease ran out but whose line holds it (a redriven or due
+/// scheduled claim of an ordered consumer behind an unfinished claim of its line): it waits,
+/// it is not stuck. Read as `order_hold = "hold"` whatever the consumer says: under `skip` such
+/// a claim goes at the sweeper's next pass.
+macro_rules! pg_held_in_line {
+    () => {
+        concat!(
+            "(w.state = 'started' AND w.lease_until < now() AND ",
+            pg_stale_in_line!("true"),
+            ")"
+        )
+    };
+}
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     // A claim that waits is written with its lease owner NULL (its line) or 'schedule' and
@@ -534,27 +548,37 @@ pub(super) const STATEMENTS: Statements = Statements {
     // Open work, over all time: small sets served by the partial index `claims_open_work`
     // (its predicate is this one). For pending claims the age is the time since they became
     // pending. A started claim waits for its time (held by 'schedule' until its lease, which
-    // ends at not_before), in its line (no holder, no expired lease) or for its provider; the
+    // ends at not_before), in its line (no holder, no expired lease; or held by its line
+    // after its lease ran out: redriven, or due and not yet in it) or for its provider; the
     // oldest age leaves out the first two (they are not in flight: I8 pages on the rest) and
     // counts a scheduled send from its time.
-    count_open: "\
-    SELECT consumer, state, COUNT(*) AS n, \
-      COUNT(*) FILTER (WHERE lease_until < now()) AS stuck, \
+    count_open: concat!(
+        "SELECT consumer, state, COUNT(*) AS n, \
+      COUNT(*) FILTER (WHERE lease_until < now() AND NOT ",
+        pg_held_in_line!(),
+        ") AS stuck, \
       COUNT(*) FILTER (WHERE (lease_until >= now() AND handoff_attempt = attempt \
                               AND handoff IN ('not_applied', 'undecided')) \
                           OR (lease_owner = 'schedule' AND lease_until >= now()) \
                           OR (lease_owner IS NULL AND order_key IS NOT NULL \
-                              AND COALESCE(lease_until >= now(), true))) AS waiting, \
+                              AND COALESCE(lease_until >= now(), true)) OR ",
+        pg_held_in_line!(),
+        ") AS waiting, \
       COUNT(*) FILTER (WHERE lease_owner = 'schedule' AND lease_until >= now()) AS scheduled, \
-      COUNT(*) FILTER (WHERE lease_owner IS NULL AND order_key IS NOT NULL \
-                         AND COALESCE(lease_until >= now(), true)) AS in_line, \
+      COUNT(*) FILTER (WHERE (lease_owner IS NULL AND order_key IS NOT NULL \
+                         AND COALESCE(lease_until >= now(), true)) OR ",
+        pg_held_in_line!(),
+        ") AS in_line, \
       (EXTRACT(EPOCH FROM now() - MIN(CASE WHEN state = 'pending' THEN pending_utc \
           WHEN lease_owner = 'schedule' AND lease_until >= now() THEN NULL \
           WHEN lease_owner IS NULL AND order_key IS NOT NULL AND COALESCE(lease_until >= now(), true) \
-            THEN NULL \
+            THEN NULL WHEN ",
+        pg_held_in_line!(),
+        " THEN NULL \
           ELSE GREATEST(received_utc, not_before) END)) * 1000)::bigint AS oldest_ms \
-    FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
-    GROUP BY consumer, state",
+    FROM claims w WHERE state IN ('started', 'pending', 'needs_attention') \
+    GROUP BY consumer, state"
+    ),
     // Throughput figures over the report window. The percentiles leave out claims an operator
     // resolved (`timed` counts the rest): they measure the provider and claimd, not a person,
     // nor a scheduled send's wait for its time (measured from the later of receipt and it).

@@ -33,6 +33,21 @@ macro_rules! sqlite_stale_in_line {
     };
 }
 
+/// A `started` claim `w` whose lease ran out but whose line holds it (a redriven or due
+/// scheduled claim of an ordered consumer): it waits, it is not stuck (see the PostgreSQL
+/// statement).
+macro_rules! sqlite_held_in_line {
+    () => {
+        concat!(
+            "(w.state = 'started' AND w.lease_until < ",
+            now_ms!(),
+            " AND ",
+            sqlite_stale_in_line!("1"),
+            ")"
+        )
+    };
+}
+
 /// What a take of waiting claims sets: the lease to the taker, attempt unchanged.
 macro_rules! sqlite_take_waiting_set {
     () => {

@@ -389,11 +389,14 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND (?6 IS NULL OR attempt = ?6) AND (?7 IS NULL OR version = ?7) RETURNING ",
         claim_cols!()
     ),
-    // What waits, as in the PostgreSQL statement: for its time, in its line, for its provider.
+    // What waits, as in the PostgreSQL statement: for its time, in its line (also once its
+    // lease ran out, while its line holds it), for its provider.
     count_open: concat!(
         "SELECT consumer, state, COUNT(*) AS n, \
        SUM(CASE WHEN lease_until < ",
         now_ms!(),
+        " AND NOT ",
+        sqlite_held_in_line!(),
         " THEN 1 ELSE 0 END) AS stuck, \
        SUM(CASE WHEN (lease_until >= ",
         now_ms!(),
@@ -401,18 +404,24 @@ pub(super) const STATEMENTS: Statements = Statements {
         sqlite_scheduled!(),
         " OR ",
         sqlite_in_line!(),
+        " OR ",
+        sqlite_held_in_line!(),
         " THEN 1 ELSE 0 END) AS waiting, SUM(CASE WHEN ",
         sqlite_scheduled!(),
         " THEN 1 ELSE 0 END) AS scheduled, SUM(CASE WHEN ",
         sqlite_in_line!(),
+        " OR ",
+        sqlite_held_in_line!(),
         " THEN 1 ELSE 0 END) AS in_line, (",
         now_ms!(),
         " - MIN(CASE WHEN state = 'pending' THEN pending_utc WHEN ",
         sqlite_scheduled!(),
         " OR ",
         sqlite_in_line!(),
+        " OR ",
+        sqlite_held_in_line!(),
         " THEN NULL ELSE MAX(received_utc, COALESCE(not_before, received_utc)) END)) AS oldest_ms \
-     FROM claims WHERE state IN ('started', 'pending', 'needs_attention') \
+     FROM claims w WHERE state IN ('started', 'pending', 'needs_attention') \
      GROUP BY consumer, state"
     ),
     count_window: "\

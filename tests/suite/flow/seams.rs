@@ -262,6 +262,14 @@ async fn a_redriven_head_waits_for_the_claim_in_flight(store: TestStore) {
         lines(&history)
     );
     assert_eq!(charge.state, ClaimState::Started);
+    // Held by its line, it waits: not stuck (no page), counted in its line, not aged.
+    let counts = s.counts(None).await.unwrap();
+    let c = counts.iter().find(|c| c.consumer == "payments").unwrap();
+    assert_eq!(
+        (c.stuck, c.in_line),
+        (0, 1),
+        "a redriven head held by its line counted as stuck: {c:?}"
+    );
     // The refund settles: the charge goes.
     let done = Settlement {
         state: Some(ClaimState::Completed),
