@@ -10,3 +10,4 @@ pub mod order_key;
 pub mod schedule;
 pub mod table;
 pub mod trace_context;
+pub mod url_segment;

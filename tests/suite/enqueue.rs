@@ -485,11 +485,15 @@ async fn thousand_producers(store: TestStore) {
     let dead = tokio::spawn(async move {
         let mut taken = 0;
         for _ in 0..50 {
-            taken += store_of
+            // A busy SQLite file on a loaded machine may refuse a take: this worker only
+            // needs to take some claims before it dies.
+            match store_of
                 .take_enqueued("payments", 20, "dead-worker", Duration::from_millis(500))
                 .await
-                .unwrap()
-                .len();
+            {
+                Ok(claims) => taken += claims.len(),
+                Err(e) => eprintln!("the dead worker's take failed: {e}"),
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         taken

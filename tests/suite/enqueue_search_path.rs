@@ -424,3 +424,65 @@ async fn enqueue_refuses_a_dot_segment_url_field_as_http_intake_does_postgres() 
     );
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The same refusal from the Rust enqueue on SQLite (no SQL function there): the registry
+/// keeps the URL's segments, and `enqueue` checks them as PostgreSQL's function does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_refuses_a_dot_segment_url_field_as_http_intake_does_sqlite() {
+    use std::str::FromStr;
+    let store = TestStore::sqlite();
+    let (sandbox, provider) = sandbox(claimd::provider::sandbox::SandboxOptions::default()).await;
+    let running = start(&config_toml(
+        &store.url(),
+        &URL_FIELDS.replace("PROVIDER", &provider),
+    ))
+    .await;
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&store.url())
+        .unwrap()
+        .busy_timeout(Duration::from_secs(30));
+    let mut shop = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
+    let refused = [
+        (r#"{"account": {"id": ".."}}"#, "m-1", "account.id"),
+        (r#"{"account": {"id": "%2e%2E"}}"#, "m-2", "account.id"),
+        (r#"{"account": {"id": "x/../y"}}"#, "m-3", "account.id"),
+        (r#"{"account": {"id": "1"}}"#, "..", "message_id"),
+        (r#"{"account": {"id": "1"}}"#, "%252e", "message_id"),
+    ];
+    for (payload, id, field) in refused {
+        let mut tx = shop.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let answer = enqueue(&mut tx, &Enqueue::new("payouts", id, payload.as_bytes())).await;
+        match &answer {
+            Err(EnqueueError::Refused { code, message })
+                if code == "CD011"
+                    && message.starts_with(&format!("URL field {field} is "))
+                    && message.contains("dot segment") => {}
+            other => panic!("{id} {payload}: {other:?}"),
+        }
+        tx.rollback().await.unwrap();
+    }
+    for (payload, id) in [
+        (r#"{"account": {"id": "a.."}}"#, "ok-1"),
+        (r#"{"account": {"id": 7}}"#, "ok-2"),
+    ] {
+        let mut tx = shop.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        enqueue(&mut tx, &Enqueue::new("payouts", id, payload.as_bytes()))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let claimed: Vec<String> =
+        sqlx::query_scalar("SELECT message_id FROM claims WHERE consumer = 'payouts' ORDER BY 1")
+            .fetch_all(&mut shop)
+            .await
+            .unwrap();
+    assert_eq!(claimed, ["ok-1", "ok-2"]);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            sandbox.effects().len() == 2
+        })
+        .await
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}

@@ -36,8 +36,9 @@ pub struct Registration {
     /// refused then).
     pub ordered: bool,
     /// The path segments of its provider's URLs that a message fills, as a JSON array
-    /// (`Effect::url_segments`): on PostgreSQL the SQL function refuses an enqueued message
-    /// that makes one `.`, `..` or empty, as HTTP intake does. SQLite keeps none.
+    /// (`Effect::url_segments`): an enqueued message that makes one `.`, `..` or empty is
+    /// refused (`CD011`), as HTTP intake refuses it: on PostgreSQL by the SQL function, on
+    /// SQLite by [`enqueue`] itself.
     pub url_segments: String,
 }
 
@@ -352,6 +353,14 @@ impl EnqueueConn for sqlx::SqliteConnection {
             ordered: row.try_get("ordered")?,
         };
         let checked = check(e, &reg)?;
+        if let Some(message) =
+            url_fault(&row.try_get::<String, _>("url_segments")?, e, &checked.key)
+        {
+            return Err(EnqueueError::Refused {
+                code: "CD011".into(),
+                message,
+            });
+        }
         let print = crate::domain::claim::fingerprint(e.payload);
         let inserted = sqlx::query(sql::SQLITE_INSERT)
             .bind(e.consumer)
@@ -387,6 +396,22 @@ impl EnqueueConn for sqlx::SqliteConnection {
             .await?;
         Ok(Enqueued::Duplicate(id))
     }
+}
+
+/// The refusal of a message whose values make a path segment of the provider's URL unsafe,
+/// read against the registry's segments (`url_segments`) as the PostgreSQL function reads them.
+#[cfg(feature = "sqlite")]
+fn url_fault(segments: &str, e: &Enqueue<'_>, key: &str) -> Option<String> {
+    use crate::domain::url_segment::{SegmentIds, registry_fault};
+    let segments: serde_json::Value = serde_json::from_str(segments).ok()?;
+    let payload: Option<serde_json::Value> = serde_json::from_slice(e.payload).ok();
+    let ids = SegmentIds {
+        key,
+        message_id: e.message_id,
+        tenant: e.tenant,
+        consumer: e.consumer,
+    };
+    registry_fault(&segments, &ids, payload.as_ref())
 }
 
 #[cfg(feature = "sqlite")]

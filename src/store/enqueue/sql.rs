@@ -16,7 +16,7 @@ pub(super) const PG_ENQUEUE: &str =
 /// SQLite: a consumer's registry entry: name.
 #[cfg(feature = "sqlite")]
 pub(super) const SQLITE_REGISTRY: &str = "SELECT key_template, max_key_length, \
-    max_payload_bytes, ordered FROM claimd_consumers WHERE name = ?1";
+    max_payload_bytes, ordered, url_segments FROM claimd_consumers WHERE name = ?1";
 
 /// SQLite: the claim, not yet taken by any worker (no lease owner; a lease end 60 s away, when
 /// the sweeper takes it if no worker did), carrying the "not called yet" marker: consumer,

@@ -349,12 +349,13 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     register_consumer: concat!(
         "INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \
-      max_payload_bytes, ordered, updated_utc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
+      max_payload_bytes, ordered, url_segments, updated_utc) \
+      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ",
         now_ms!(),
         ") ON CONFLICT (name) DO UPDATE SET key_template = excluded.key_template, \
       max_key_length = excluded.max_key_length, keys_tenant = excluded.keys_tenant, \
       max_payload_bytes = excluded.max_payload_bytes, ordered = excluded.ordered, \
-      updated_utc = excluded.updated_utc"
+      url_segments = excluded.url_segments, updated_utc = excluded.updated_utc"
     ),
     peek_stale: concat!(
         "SELECT ",

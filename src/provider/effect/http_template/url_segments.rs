@@ -10,6 +10,7 @@
 //! `/v1/accounts/{account}/payouts` with `".."` would call `/v1/payouts`.
 
 use super::{Field, Part, Template, Vars};
+pub use crate::domain::url_segment::{SegmentFault, segment_fault};
 
 /// Where a field stands in a URL template when it may not stand there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,15 +48,6 @@ impl Place {
     }
 }
 
-/// What makes a path segment unsafe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SegmentFault {
-    /// `.` or `..`, also percent-encoded (`%2e`, `.%2E`, `%252e`...), alone or between `/`.
-    Dot,
-    /// Nothing: `//`, which proxies merge.
-    Empty,
-}
-
 /// A message whose values make a path segment of the request's URL unsafe: the call would
 /// go to another path of the provider's API. Nothing is claimed, nothing is sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,19 +64,6 @@ pub struct UrlValueError {
 fn names(fields: &[Field]) -> String {
     let names: Vec<String> = fields.iter().map(field_name).collect();
     names.join(" and ")
-}
-
-impl SegmentFault {
-    fn describe(&self) -> &'static str {
-        match self {
-            SegmentFault::Dot => {
-                "a dot segment ('.' or '..', also percent-encoded), which would send the call to another path of the provider's API"
-            }
-            SegmentFault::Empty => {
-                "an empty path segment ('//'), which proxies merge, sending the call to another path of the provider's API"
-            }
-        }
-    }
 }
 
 /// A field's name as a template writes it.
@@ -244,52 +223,6 @@ impl PathFields {
         }
         Ok(())
     }
-}
-
-/// What makes `segment` (a path segment as the values make it, before encoding) unsafe, if
-/// anything: empty, or `.` or `..` as it is or once percent-decoded, any number of times
-/// (a provider's proxy may decode what claimd encoded), alone or between `/` or `\`.
-pub fn segment_fault(segment: &str) -> Option<SegmentFault> {
-    if segment.is_empty() {
-        return Some(SegmentFault::Empty);
-    }
-    let mut form = segment.as_bytes().to_vec();
-    loop {
-        if form
-            .split(|b| matches!(b, b'/' | b'\\'))
-            .any(|piece| piece == b"." || piece == b"..")
-        {
-            return Some(SegmentFault::Dot);
-        }
-        // Each round is shorter than the one before, so this ends.
-        let decoded = percent_decode(&form);
-        if decoded == form {
-            return None;
-        }
-        form = decoded;
-    }
-}
-
-/// `%XX` decoded; anything else (a `%` without two hex digits) kept as it is.
-fn percent_decode(bytes: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let (Some(hi), Some(lo)) = (
-                bytes.get(i + 1).copied().and_then(hex),
-                bytes.get(i + 2).copied().and_then(hex),
-            )
-        {
-            out.push(hi * 16 + lo);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    out
 }
 
 #[cfg(test)]
