@@ -3,7 +3,9 @@
 //! its re-send count. Each write is conditional on the attempt the worker holds and on the
 //! claim still being `started` (I2); a worker whose claim was taken over changes nothing.
 //! The claimer and the sweeper both settle through [`Settler`], so the transitions can be
-//! audited here against the invariants.
+//! audited here against the invariants. A write that changed nothing because the claim
+//! vanished from the store (not moved: no row of its key at all) is an alarm, and the claim
+//! is written back (`vanished`).
 
 mod db;
 mod vanished;

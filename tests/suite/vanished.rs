@@ -1,7 +1,8 @@
 //! A claim that vanished from the store while its worker performed it (what a failover to an
 //! asynchronous standby that had not received it leaves): the worker's fenced settle finds no
 //! row, raises the alarm (`claimd_claims_vanished_total`) and writes the claim back with the
-//! outcome it got and a `restore` history line; a claim that merely moved is left as it is.
+//! outcome it got and a `restore` history line; a claim that merely moved, or that a re-sent
+//! message created again, is left as it is.
 //! And the two store operations on both drivers: a claim's key found whatever its id, a claim
 //! written back with its outcome event, never over a claim of its key created meanwhile.
 
@@ -186,6 +187,50 @@ async fn a_claim_that_moved_is_not_written_back(store: TestStore) {
     running.shutdown(Duration::from_secs(2)).await;
 }
 
+async fn created_again_meanwhile_is_counted_and_left_as_it_is(store: TestStore) {
+    let (sb, running, s) = slow_worker(&store).await;
+    let before = post_and_wait_for_the_call(&running, &sb, &s, "order-3").await;
+    lose(&store, "order-3").await;
+    // The producer sends the message again: a new claim of the key, under a new id.
+    let r = client()
+        .post(format!("http://{}/v1/messages/payments", running.http_addr))
+        .header("Idempotency-Key", "order-3")
+        .body("{\"amount\":1250}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let again = s.get("payments", "", "order-3").await.unwrap().unwrap();
+    assert_ne!(again.id, before.id);
+    let counted = eventually(Duration::from_secs(10), || async {
+        vanished_series(&running).await == Some(1.0)
+    })
+    .await;
+    assert!(counted, "the lost claim was not counted");
+    let c = s.get("payments", "", "order-3").await.unwrap().unwrap();
+    assert_eq!(c.id, again.id, "the claim created again is left as it is");
+    let events = s.events(c.id).await.unwrap();
+    assert!(!events.iter().any(|e| e.action == "restore"), "{events:?}");
+    let effects = sb.effects();
+    let applied: Vec<_> = effects.iter().filter(|e| e.key == "order-3").collect();
+    assert_eq!(applied.len(), 1, "{effects:?}");
+    assert_eq!(applied[0].applied, 1, "the provider applied the key once");
+    running.shutdown(Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_claim_created_again_after_it_vanished_is_counted_and_left_as_it_is() {
+    created_again_meanwhile_is_counted_and_left_as_it_is(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_claim_created_again_after_it_vanished_is_counted_and_left_as_it_is() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    created_again_meanwhile_is_counted_and_left_as_it_is(store).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_claim_that_vanished_during_the_call_is_written_back_completed() {
     vanished_during_the_call_is_written_back_completed(TestStore::sqlite()).await;
@@ -342,4 +387,99 @@ async fn postgres_the_store_finds_a_claim_by_its_key_and_writes_a_vanished_one_b
         return;
     };
     store_finds_and_writes_back_claims(store).await;
+}
+
+/// A database effect whose claim vanished during its transaction: the settle in the effect's
+/// transaction finds no row, so nothing is applied; the claim is written back `started`, and
+/// the sweeper runs it again, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_effects_claim_that_vanished_is_written_back_and_applied_once() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    sql(
+        &store,
+        "CREATE TABLE invoices (order_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)",
+    )
+    .await;
+    let consumer = r#"
+[[consumers]]
+name = "ledger"
+source = "http"
+key = "{message_id}"
+lease = "6s"
+redrive_within = "1h"
+[consumers.effect]
+kind = "sql"
+timeout = "3s"
+statement = "INSERT INTO invoices (order_id, amount_cents) VALUES (:order_id, :amount_cents) RETURNING pg_sleep(1)"
+"#;
+    let running = start(&config_toml(&store.url(), consumer)).await;
+    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let pool = sqlx::PgPool::connect(&store.url()).await.unwrap();
+    let count = |q: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(q)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let r = client()
+        .post(format!("http://{}/v1/messages/ledger", running.http_addr))
+        .header("Idempotency-Key", "inv-1")
+        .header("Content-Type", "application/json")
+        .body("{\"order_id\":\"inv-1\",\"amount_cents\":1250}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let before = s.get("ledger", "", "inv-1").await.unwrap().unwrap();
+    let in_flight = eventually(Duration::from_secs(5), || async {
+        count(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE state = 'active' AND query LIKE 'INSERT INTO invoices%'",
+        )
+        .await
+            >= 1
+    })
+    .await;
+    assert!(in_flight, "the effect's statement never ran");
+    lose(&store, "inv-1").await;
+
+    let done = eventually(Duration::from_secs(15), || async {
+        s.get("ledger", "", "inv-1")
+            .await
+            .unwrap()
+            .is_some_and(|c| c.state == ClaimState::Completed)
+    })
+    .await;
+    assert!(done, "the written-back claim was not completed");
+    assert_eq!(
+        count("SELECT count(*) FROM invoices").await,
+        1,
+        "applied once"
+    );
+    let c = s.get("ledger", "", "inv-1").await.unwrap().unwrap();
+    assert_ne!(c.id, before.id);
+    let events = s.events(c.id).await.unwrap();
+    let restore = events
+        .iter()
+        .find(|e| e.action == "restore")
+        .unwrap_or_else(|| panic!("no restore line: {events:?}"));
+    assert_eq!(restore.outcome, "started");
+    let metrics = client()
+        .get(format!("http://{}/metrics", running.http_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("claimd_claims_vanished_total{consumer=\"ledger\"} 1"),
+        "{metrics}"
+    );
+    running.shutdown(Duration::from_secs(2)).await;
 }

@@ -22,9 +22,10 @@ use tracing::{error, warn};
 /// What a fenced write that changed nothing found in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Whereabouts {
-    /// A row of the claim's key exists, under this id: the claim moved (or was created again
-    /// by a re-sent message). Also when the store could not be asked: nothing is decided on an
-    /// error.
+    /// A row of the claim's key exists, under this id: the claim moved. Also when the store
+    /// could not be asked (nothing is decided on an error), and when the claim's row was lost
+    /// and a re-sent message created it again under a new id (counted as vanished, left as it
+    /// is).
     Moved(i64),
     /// The claim vanished and was written back under this id.
     Restored(i64),
@@ -51,7 +52,24 @@ impl Settler {
             .locate_claim(&claim.consumer, &claim.tenant, &claim.message_id)
             .await
         {
-            Ok(Some((id, _))) => return Whereabouts::Moved(id),
+            Ok(Some((id, _))) if id == claim.id => return Whereabouts::Moved(id),
+            Ok(Some((id, state))) => {
+                // Its row was lost and a re-sent message created the claim again: it is
+                // performed with the same key, and is left as it is.
+                self.metrics.vanished.vanished(&claim.consumer);
+                error!(
+                    claim_id = claim.id,
+                    consumer = %claim.consumer,
+                    tenant = %claim.tenant,
+                    message_id = %claim.message_id,
+                    idem_key = %claim.idem_key,
+                    attempt = claim.attempt,
+                    created_again_id = id,
+                    created_again_state = %state,
+                    "claim vanished from the store while this instance held it (the store lost acknowledged data: a failover?); a re-sent message created it again, which is left as it is"
+                );
+                return Whereabouts::Moved(id);
+            }
             Ok(None) => {}
             Err(e) => {
                 warn!(error = %e, "could not check whether the claim is still in the store");
