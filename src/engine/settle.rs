@@ -3,9 +3,14 @@
 //! its re-send count. Each write is conditional on the attempt the worker holds and on the
 //! claim still being `started` (I2); a worker whose claim was taken over changes nothing.
 //! The claimer and the sweeper both settle through [`Settler`], so the transitions can be
-//! audited here against the invariants.
+//! audited here against the invariants. A write that changed nothing because the claim
+//! vanished from the store (not moved: no row of its key at all) is an alarm, and the claim
+//! is written back (`vanished`).
 
 mod db;
+mod vanished;
+
+pub use vanished::Whereabouts;
 
 use crate::config::ValueOutcomes;
 use crate::domain::claim::{Claim, ClaimState, Handoff};
@@ -298,11 +303,17 @@ impl Settler {
                 }
                 AttemptEnd::LeftStarted(error.to_string())
             }
-            Ok(false) => {
-                info!("claim was taken over by another worker; left it alone");
-                self.fenced_out(claim, &s, "handoff", &event).await;
-                AttemptEnd::Lost
-            }
+            Ok(false) => match self.locate_or_restore(claim, &s, ClaimState::Started).await {
+                Whereabouts::Moved(id) => {
+                    info!("claim was taken over by another worker; left it alone");
+                    if id == claim.id {
+                        self.fenced_out(claim, &s, "handoff", &event).await;
+                    }
+                    AttemptEnd::Lost
+                }
+                Whereabouts::Restored(_) => AttemptEnd::LeftStarted(error.to_string()),
+                Whereabouts::Lost => AttemptEnd::Lost,
+            },
             Err(e) => {
                 warn!(error = %e, "could not hand the claim off; its lease will expire");
                 AttemptEnd::LeftStarted(error.to_string())
@@ -339,11 +350,23 @@ impl Settler {
                     return AttemptEnd::Settled(state);
                 }
                 Ok(false) => {
-                    info!(
-                        "claim moved (taken over, or settled by an event, a poll or an operator) before settle; changed nothing"
-                    );
-                    self.fenced_out(claim, &s, action, &event).await;
-                    return AttemptEnd::Lost;
+                    let state = s.state.unwrap_or(ClaimState::Started);
+                    return match self.locate_or_restore(claim, &s, state).await {
+                        Whereabouts::Moved(id) => {
+                            info!(
+                                "claim moved (taken over, or settled by an event, a poll or an operator) before settle; changed nothing"
+                            );
+                            if id == claim.id {
+                                self.fenced_out(claim, &s, action, &event).await;
+                            }
+                            AttemptEnd::Lost
+                        }
+                        Whereabouts::Restored(_) if state == ClaimState::Started => {
+                            AttemptEnd::LeftStarted(s.error.clone().unwrap_or_default())
+                        }
+                        Whereabouts::Restored(_) => AttemptEnd::Settled(state),
+                        Whereabouts::Lost => AttemptEnd::Lost,
+                    };
                 }
                 Err(e) if retry_until.is_some_and(|until| Instant::now() + delay < until) => {
                     warn!(error = %e, "settle failed; retrying");
@@ -408,7 +431,10 @@ impl Settler {
     /// or a claim a provider event decided. Fenced on the state, attempt and version read
     /// (`from`, `claim.attempt`, `claim.version`): `Ok(false)` when the claim moved meanwhile,
     /// even when it came back to the same state (nothing written). One try: the poll comes
-    /// back, the provider re-sends an event not answered 2xx.
+    /// back, the provider re-sends an event not answered 2xx. A claim that is no longer in the
+    /// store at all (not a terminal one, which retention may have deleted) vanished: it is
+    /// written back with this settlement, and `Ok(true)` is returned
+    /// ([`Settler::locate_or_restore`]).
     pub async fn settle_from(
         &self,
         claim: &Claim,
@@ -423,6 +449,14 @@ impl Settler {
             .store
             .settle_from(claim.id, claim.attempt, claim.version, from, &s, &event)
             .await?;
+        if !changed && !matches!(from, ClaimState::Completed | ClaimState::Failed) {
+            let state = s.state.unwrap_or(from);
+            // Written back, it is counted and signalled there.
+            return Ok(matches!(
+                self.locate_or_restore(claim, &s, state).await,
+                Whereabouts::Restored(_)
+            ));
+        }
         if changed {
             self.signals.settled(claim.id);
             if self.traces.is_on() {

@@ -95,6 +95,59 @@ pub(crate) fn settle_from_args(
     ]
 }
 
+/// How many parameters `restore_claim` binds ([`restore_args`]).
+pub(crate) const RESTORE_PARAMS: usize = 22;
+
+/// The arguments of the `restore_claim` statement: `claim` as its worker held it, with what
+/// the settlement `s` it could not write says (its answer, reason and provider id over the
+/// claim's), in `state`. A `started` claim is held by `owner` with its lease ending now, so
+/// the next sweep takes it over; a `pending` one is polled after `s.lease_for`.
+pub(crate) fn restore_args<'a>(
+    claim: &'a Claim,
+    s: &'a Settlement,
+    state: ClaimState,
+    owner: &'a str,
+) -> [Arg<'a>; RESTORE_PARAMS] {
+    let last_error = match state {
+        ClaimState::Completed => None,
+        _ => s.error.as_deref().or(claim.last_error.as_deref()),
+    };
+    let lease_ms = match state {
+        ClaimState::Started => Some(0),
+        ClaimState::Pending => Some(s.lease_for.map_or(0, ms)),
+        _ => None,
+    };
+    let started = state == ClaimState::Started;
+    [
+        Arg::Text(&claim.consumer),
+        Arg::Text(&claim.tenant),
+        Arg::Text(&claim.message_id),
+        Arg::Text(&claim.idem_key),
+        Arg::Text(&claim.fingerprint),
+        Arg::Bytes(&claim.payload),
+        Arg::Text(&claim.content_type),
+        Arg::Text(state.as_str()),
+        Arg::I32(claim.attempt),
+        Arg::OptI32(s.provider_status.or(claim.provider_status)),
+        Arg::OptText(
+            s.provider_response
+                .as_deref()
+                .or(claim.provider_response.as_deref()),
+        ),
+        Arg::OptText(last_error),
+        Arg::Bool(s.reconciled || claim.reconciled),
+        Arg::OptText(s.provider_id.as_deref().or(claim.provider_id.as_deref())),
+        Arg::OptI64(lease_ms),
+        Arg::Time(claim.received_utc),
+        Arg::I32(claim.resent_count),
+        Arg::OptText(claim.order_key.as_deref()),
+        Arg::OptText(claim.trace_parent.as_deref()),
+        Arg::I32(claim.waits + i32::from(s.handoff.is_some())),
+        Arg::OptText(s.handoff.filter(|_| started).map(Handoff::as_str)),
+        Arg::OptText(started.then_some(owner)),
+    ]
+}
+
 /// A new claim as its caller gets it: with its payload, ready to perform.
 pub(crate) fn created(new: &NewClaim, mut claim: Claim) -> ClaimOutcome {
     claim.payload = new.payload.clone();

@@ -129,6 +129,17 @@ pub struct Statements {
     /// The history line of a fenced write that lost, its detail followed by the claim's state,
     /// version and attempt as they are now: the parameters of `insert_event`.
     pub insert_fenced_out_event: &'static str,
+    /// The row of a claim's key, asked after a fenced write of it found nothing to change
+    /// (`id, state`): consumer, tenant, message id.
+    pub locate_claim: &'static str,
+    /// Write back a claim that vanished from the store (a failover lost it), `ON CONFLICT`
+    /// of its key `DO NOTHING`, returning `id, attempt` of the row it inserted: consumer,
+    /// tenant, message id, key, fingerprint, payload, content type, state, attempt, provider
+    /// status, provider response, last error, reconciled, provider id, lease ms from now
+    /// (NULL: none), received time, re-send count, order key, traceparent, waits, hand-off,
+    /// lease owner. Run through [`Dialect::update_logged`] (its history line and outcome
+    /// events as a settle's).
+    pub restore_claim: &'static str,
     /// Clear the "not called yet" marker before a first call, fenced: id, attempt.
     pub mark_called: &'static str,
     /// Count a re-send, fenced: id, attempt.

@@ -124,7 +124,8 @@ pub struct ClaimEvent {
     pub at_utc: DateTime<Utc>,
     /// Worker instance or operator.
     pub actor: String,
-    /// `perform`, `reconcile`, `sweep`, `park`, `resolve`, `redrive`, `takeover`.
+    /// `perform`, `reconcile`, `sweep`, `park`, `resolve`, `redrive`, `takeover`, `restore`
+    /// (a claim written back after it vanished from the store).
     pub action: String,
     /// What came of it (`completed`, `transient`, `unknown`, `rejected`, `found`, ...).
     pub outcome: String,

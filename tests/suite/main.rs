@@ -54,5 +54,6 @@ mod sandbox;
 mod signin;
 mod store;
 mod traces;
+mod vanished;
 mod walkthrough;
 mod webhook_signatures;

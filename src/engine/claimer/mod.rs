@@ -74,6 +74,7 @@ impl Claimer {
         let metrics = Arc::new(Metrics::new());
         let names: Vec<String> = consumers.iter().map(|c| c.name().to_string()).collect();
         metrics.init_consumers(&names);
+        metrics.vanished.init(&names);
         Claimer {
             settler: Settler::new(store.clone(), instance.clone(), metrics.clone())
                 .with_traces(traces.clone()),

@@ -8,6 +8,7 @@
 
 pub mod outbox;
 pub mod rate_keys;
+pub mod vanished;
 pub mod waits;
 
 use crate::store::{Store, StoreResult};
@@ -97,6 +98,8 @@ pub struct Metrics {
     pub waits: waits::WaitMetrics,
     /// The `Prefer: wait` waiters' series.
     pub waiters: crate::engine::waiters::WaiterMetrics,
+    /// The series of claims that vanished from the store.
+    pub vanished: vanished::VanishedMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -170,12 +173,14 @@ impl Metrics {
             rate_keys: Default::default(),
             waits: Default::default(),
             waiters: Default::default(),
+            vanished: Default::default(),
             registry: Registry::default(),
         };
         m.outbox.register(&mut registry);
         m.rate_keys.register(&mut registry);
         m.waits.register(&mut registry);
         m.waiters.register(&mut registry);
+        m.vanished.register(&mut registry);
         registry.register(
             "messages_received",
             "Deliveries that reached intake for a known consumer",

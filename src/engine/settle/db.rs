@@ -62,8 +62,12 @@ impl Settler {
                     return AttemptEnd::Settled(ClaimState::Completed);
                 }
                 Ok(false) => {
-                    info!("claim moved before the database effect committed; nothing applied");
-                    return AttemptEnd::Lost;
+                    return self
+                        .not_applied_moved(
+                            claim,
+                            "claim moved before the database effect committed; nothing applied",
+                        )
+                        .await;
                 }
                 Err(DbEffectError::Effect(e)) if retry_of(&e) == DbRetry::Never => {
                     let error = match &e {
@@ -103,6 +107,24 @@ impl Settler {
         }
     }
 
+    /// A database effect's settle that found its claim moved, nothing applied: left alone
+    /// when the claim is in the store (logging `moved`); written back `started` for the
+    /// sweeper (nothing applied) when it vanished ([`Settler::locate_or_restore`]).
+    async fn not_applied_moved(&self, claim: &Claim, moved: &str) -> AttemptEnd {
+        let s = Settlement {
+            error: Some("the database effect was not applied: its claim vanished".into()),
+            handoff: Some(Handoff::NotApplied),
+            ..Settlement::default()
+        };
+        match self.locate_or_restore(claim, &s, ClaimState::Started).await {
+            super::Whereabouts::Restored(_) => AttemptEnd::LeftStarted(s.error.unwrap_or_default()),
+            _ => {
+                info!("{moved}");
+                AttemptEnd::Lost
+            }
+        }
+    }
+
     /// Hands a claim whose transactions all rolled back to the sweeper at once, with the
     /// last reason in its history. Nothing was applied, so the sweeper runs it again; the
     /// attempt counts towards `max_attempts`, unless the last run failed for want of a
@@ -138,8 +160,11 @@ impl Settler {
         match self.store.settle(claim.id, claim.attempt, &s, &event).await {
             Ok(true) => AttemptEnd::LeftStarted(why.to_string()),
             Ok(false) => {
-                info!("claim moved before the database effect's hand-off; left it alone");
-                AttemptEnd::Lost
+                self.not_applied_moved(
+                    claim,
+                    "claim moved before the database effect's hand-off; left it alone",
+                )
+                .await
             }
             Err(e) => {
                 warn!(error = %e, "could not hand the database effect back; its lease will expire");

@@ -192,6 +192,8 @@ macro_rules! pg_held_in_line {
     };
 }
 
+mod restore;
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     // A claim that waits is written with its lease owner NULL (its line) or 'schedule' and
@@ -258,6 +260,8 @@ pub(super) const STATEMENTS: Statements = Statements {
       COALESCE($7, '') || ' (claim was ' || state || '@v' || version || ', attempt ' || attempt \
         || ')' \
     FROM claims WHERE id = $1",
+    locate_claim: restore::LOCATE_CLAIM,
+    restore_claim: restore::RESTORE_CLAIM,
     // The worker is about to make the first call of attempt 1: the claim's "not called yet"
     // marker goes (fenced: changes nothing unless the worker still holds the claim).
     mark_called: "UPDATE claims SET \

@@ -87,6 +87,33 @@ pub trait EngineStore: Send + Sync {
         event: &NewEvent<'_>,
     ) -> StoreResult<()>;
 
+    /// The id and state of the claim of (`consumer`, `tenant`, `message_id`), asked when a
+    /// fenced write of it found nothing to change: `None` when no row has the key, so the
+    /// claim vanished from the store (a failover to a standby that had not received it).
+    /// Found by its key, not its id: a re-sent message may have created it again under a new
+    /// id, and a new primary may hand a lost claim's id to another claim.
+    async fn locate_claim(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+    ) -> StoreResult<Option<(i64, ClaimState)>>;
+
+    /// Writes back `claim`, which vanished from the store while its worker held it, in
+    /// `state` with what `settlement` says (the outcome its worker got), at its attempt and
+    /// under a new id, with `event` as its history line and, when the state ends or pauses
+    /// the claim, its outcome events as a settle writes them, in one transaction. A
+    /// `started` claim is written back held by `event.actor` with its lease ended, for the
+    /// next sweep. `None`: a row of its key exists (created again meanwhile) and nothing was
+    /// written; never overwrites one.
+    async fn restore_claim(
+        &self,
+        claim: &crate::domain::claim::Claim,
+        settlement: &Settlement,
+        state: ClaimState,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<Option<i64>>;
+
     /// Before the first call of attempt 1, clears the claim's "not called yet" marker
     /// ([`NewClaim::mark_not_called`](crate::domain::claim::NewClaim::mark_not_called)), fenced like `settle`. `false`: the claim was taken
     /// over; do not call.

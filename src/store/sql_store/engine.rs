@@ -2,15 +2,15 @@
 //! saw), the markers and counts of a call, takeovers of stale and pending claims, retention.
 
 use super::SqlStore;
-use crate::domain::claim::ClaimState;
-use crate::store::args::{ms, settle_args, settle_from_args};
+use crate::domain::claim::{Claim, ClaimState};
+use crate::store::args::{key_args, ms, restore_args, settle_args, settle_from_args};
 use crate::store::dialect::{Arg, Dialect, LoggedWrite, SqlRow, event_args};
 use crate::store::enqueue::Registration;
 use crate::store::outbox::emits;
 use crate::store::rows::taken_from_row;
 use crate::store::{
-    EngineStore, NewEvent, PruneResult, SettleItem, Settlement, StoreResult, TakenClaim,
-    WaitingOrder,
+    EngineStore, NewEvent, PruneResult, SettleItem, Settlement, StoreError, StoreResult,
+    TakenClaim, WaitingOrder,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -201,6 +201,50 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         )
         .await
         .map(|_| ())
+    }
+
+    async fn locate_claim(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+    ) -> StoreResult<Option<(i64, ClaimState)>> {
+        let args = key_args(consumer, tenant, message_id);
+        let rows = self
+            .fetch("locate_claim", D::SQL.locate_claim, &args)
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let state: ClaimState = row
+            .text("state")?
+            .parse()
+            .map_err(|e: crate::domain::claim::UnknownState| StoreError::Corrupt(e.to_string()))?;
+        Ok(Some((row.i64("id")?, state)))
+    }
+
+    async fn restore_claim(
+        &self,
+        claim: &Claim,
+        s: &Settlement,
+        state: ClaimState,
+        event: &NewEvent<'_>,
+    ) -> StoreResult<Option<i64>> {
+        let args = restore_args(claim, s, state, event.actor);
+        let outcomes = self
+            .outcomes()
+            .bound(emits(ClaimState::Started, Some(state)));
+        let write = LoggedWrite {
+            name: "restore_claim",
+            sql: D::SQL.restore_claim,
+            args: &args,
+            event,
+            outcomes: Some(outcomes),
+        };
+        match self.dialect.update_logged(write).await? {
+            Some(row) => Ok(Some(row.i64("id")?)),
+            None => Ok(None),
+        }
     }
 
     async fn mark_called(&self, id: i64, attempt: i32) -> StoreResult<bool> {

@@ -97,6 +97,8 @@ const SETTLE: &str = concat!(
        RETURNING id, attempt"
 );
 
+mod restore;
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
@@ -151,6 +153,8 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", ?3, ?4, ?5, ?6, COALESCE(?7, '') || ' (claim was ' || state || '@v' || version \
      || ', attempt ' || attempt || ')' FROM claims WHERE id = ?1"
     ),
+    locate_claim: restore::LOCATE_CLAIM,
+    restore_claim: restore::RESTORE_CLAIM,
     // The worker is about to make the first call of attempt 1: the claim's "not called yet"
     // marker goes (fenced: changes nothing unless the worker still holds the claim).
     mark_called: "UPDATE claims SET \
