@@ -30,6 +30,8 @@ const PRODUCER_TABLE: &str =
 pub(super) struct Intakes {
     server: Arc<Mutex<PrivateServer>>,
     stream: TestStream,
+    /// The run's seed: which tenant sends what, which enqueue commits.
+    seed: u64,
     _dir: tempfile::TempDir,
 }
 
@@ -73,7 +75,7 @@ pub struct IntakeCheck {
 impl Intakes {
     /// Starts the private NATS server and its streams; `None` outside CI when `nats-server`
     /// is missing (skipped with a reason by the server's start).
-    pub(super) async fn start(db_url: &str) -> Option<Intakes> {
+    pub(super) async fn start(db_url: &str, seed: u64) -> Option<Intakes> {
         let dir = tempfile::tempdir().unwrap();
         let server = PrivateServer::start(dir.path())?;
         let stream = TestStream::on(&server.url, "chaos").await?;
@@ -83,6 +85,7 @@ impl Intakes {
         Some(Intakes {
             server: Arc::new(Mutex::new(server)),
             stream,
+            seed,
             _dir: dir,
         })
     }
@@ -113,14 +116,13 @@ impl Intakes {
     pub(super) fn drive(
         self: &Arc<Self>,
         n: usize,
-        seed: u64,
         ports: Vec<u16>,
         db_url: String,
         span: Duration,
         share: LedgerShare,
         timeline: Arc<Mutex<Vec<Moment>>>,
     ) -> tokio::task::JoinHandle<Arc<IntakeSends>> {
-        let me = self.clone();
+        let (me, seed) = (self.clone(), self.seed);
         tokio::spawn(async move {
             let sent = Arc::new(IntakeSends::default());
             let pace = span.div_f64(n.max(1) as f64);

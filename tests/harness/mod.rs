@@ -217,7 +217,7 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     };
     let intakes = match s.intakes {
         0 => None,
-        _ => Some(Arc::new(intakes::Intakes::start(db_url).await?)),
+        _ => Some(Arc::new(intakes::Intakes::start(db_url, s.seed).await?)),
     };
 
     // Workers reach PostgreSQL through a proxy the chaos loop can cut.
@@ -366,7 +366,6 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let intake_sends = intakes.as_ref().map(|i| {
         i.drive(
             s.intakes,
-            s.seed,
             ports.clone(),
             db_url.to_string(),
             span,
