@@ -258,3 +258,271 @@ async fn sqlite_refuses_the_option_and_has_no_replication_series() {
     assert!(ready["replication_mode"].is_null(), "{ready}");
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A private primary (`wal_level = replica`) and a streaming standby made with
+/// `pg_basebackup`, on free loopback ports, run as user `postgres` (through `runuser` when the
+/// tests run as root); stopped and deleted on drop.
+struct PrivatePair {
+    dir: tempfile::TempDir,
+    bin: std::path::PathBuf,
+    primary_port: u16,
+}
+
+impl PrivatePair {
+    /// `None` (with the reason printed) when no PostgreSQL server binaries are installed.
+    fn start() -> Option<PrivatePair> {
+        let root = std::path::Path::new("/usr/lib/postgresql");
+        let version = std::fs::read_dir(root)
+            .ok()?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|v| v.parse::<u32>().ok())
+            .max();
+        let Some(bin) = version.map(|v| root.join(v.to_string()).join("bin")) else {
+            eprintln!(
+                "SKIPPED: no PostgreSQL server binaries under {}",
+                root.display()
+            );
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let as_postgres = unsafe_is_root();
+        if as_postgres {
+            let ok = std::process::Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(dir.path())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown the private cluster's directory");
+        }
+        let pair = PrivatePair {
+            primary_port: free_port(),
+            bin,
+            dir,
+        };
+        let primary = pair.dir.path().join("primary");
+        let standby = pair.dir.path().join("standby");
+        let socket = pair.dir.path().display().to_string();
+        pair.run(
+            "initdb",
+            &[
+                "-D",
+                &primary.display().to_string(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+            ],
+        );
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(primary.join("pg_hba.conf"))
+            .and_then(|mut f| {
+                use std::io::Write;
+                writeln!(f, "host replication all 127.0.0.1/32 trust")
+            })
+            .unwrap();
+        let options = format!(
+            "-p {} -k {socket} -c listen_addresses=127.0.0.1 -c wal_level=replica -c max_wal_senders=4",
+            pair.primary_port
+        );
+        // In the file ALTER SYSTEM writes, not on the command line, which would override it.
+        std::fs::write(
+            primary.join("postgresql.auto.conf"),
+            "synchronous_standby_names = 'standby1'\n",
+        )
+        .unwrap();
+        pair.pg_ctl(&primary, "primary.log", &options);
+        let port = pair.primary_port.to_string();
+        pair.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                &standby.display().to_string(),
+                "-R",
+                "-X",
+                "stream",
+            ],
+        );
+        let conninfo = format!(
+            "primary_conninfo = 'host=127.0.0.1 port={port} user=postgres application_name=standby1'\n"
+        );
+        std::fs::write(standby.join("postgresql.auto.conf"), conninfo).unwrap();
+        let options = format!(
+            "-p {} -k {socket} -c listen_addresses=127.0.0.1",
+            free_port()
+        );
+        pair.pg_ctl(&standby, "standby.log", &options);
+        Some(pair)
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let path = self.bin.join(program);
+        let mut cmd = if unsafe_is_root() {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&path);
+            c
+        } else {
+            std::process::Command::new(&path)
+        };
+        let out = cmd.args(args).output().expect("run a PostgreSQL program");
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn pg_ctl(&self, data: &std::path::Path, log: &str, options: &str) {
+        let log = self.dir.path().join(log).display().to_string();
+        let data = data.display().to_string();
+        self.run(
+            "pg_ctl",
+            &["-D", &data, "-l", &log, "-w", "-o", options, "start"],
+        );
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            self.primary_port
+        )
+    }
+
+    /// Sets `synchronous_standby_names` on the primary and reloads it.
+    async fn set_names(&self, names: &str) {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&self.url()).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for PrivatePair {
+    fn drop(&mut self) {
+        for data in ["standby", "primary"] {
+            let data = self.dir.path().join(data).display().to_string();
+            let path = self.bin.join("pg_ctl");
+            let mut cmd = if unsafe_is_root() {
+                let mut c = std::process::Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(&path);
+                c
+            } else {
+                std::process::Command::new(&path)
+            };
+            let _ = cmd.args(["-D", &data, "-m", "immediate", "stop"]).output();
+        }
+    }
+}
+
+/// Whether the tests run as root (then the servers run as `postgres`, which initdb requires).
+fn unsafe_is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
+
+/// With a synchronous standby, a worker that requires one starts and says `synchronous`; when
+/// the primary stops naming it, the next reading makes intake answer `503` (nothing committed)
+/// and `/readyz` unready; named again, messages are taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_standby_lets_a_worker_that_requires_one_start_and_lose_it_later() {
+    let Some(pair) = tokio::task::spawn_blocking(PrivatePair::start)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let (_sb, provider) = sandbox(Default::default()).await;
+    let toml = requiring(&config_toml(
+        &pair.url(),
+        &consumer_toml("payments", &provider, ""),
+    ));
+    // The standby connects within a moment of starting.
+    let attached = eventually(Duration::from_secs(10), || {
+        let url = pair.url();
+        async move { classified(&url).await.settings.synchronous_standbys == Some(1) }
+    })
+    .await;
+    assert!(attached, "the standby never became synchronous");
+    let running = start(&toml).await;
+    let claimer = running.app().claimer.clone();
+    let base = format!("http://{}", running.http_addr);
+    let c = client();
+    let ready = get_json(&format!("{base}/readyz")).await;
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert_eq!(ready["replication_mode"], "synchronous", "{ready}");
+    let metrics = c
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("claimd_store_replication{mode=\"synchronous\"} 1"),
+        "{metrics}"
+    );
+    let post = |id: &'static str| {
+        c.post(format!("{base}/v1/messages/payments"))
+            .header("Idempotency-Key", id)
+            .json(&serde_json::json!({"amount": 1}))
+            .send()
+    };
+    assert_eq!(post("s1").await.unwrap().status(), 202);
+
+    // A reload reaches the server's sessions a moment later.
+    pair.set_names("").await;
+    let lost = eventually(Duration::from_secs(10), || {
+        let claimer = claimer.clone();
+        async move {
+            claimd::service::replication::refresh(&claimer).await;
+            claimer.replication().refusal().is_some()
+        }
+    })
+    .await;
+    assert!(lost, "the reading follows the primary's settings");
+    let r = post("s2").await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let r = c.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(
+        running
+            .app()
+            .store
+            .get("payments", "", "s2")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing committed while refused"
+    );
+
+    pair.set_names("standby1").await;
+    let back = eventually(Duration::from_secs(10), || {
+        let claimer = claimer.clone();
+        async move {
+            claimd::service::replication::refresh(&claimer).await;
+            claimer.replication().refusal().is_none()
+        }
+    })
+    .await;
+    assert!(back, "synchronous again");
+    assert_eq!(post("s2").await.unwrap().status(), 202);
+    running.shutdown(Duration::from_secs(5)).await;
+}
