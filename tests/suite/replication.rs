@@ -74,6 +74,20 @@ async fn a_server_without_a_synchronous_standby_is_warned_about_at_start_and_sho
     assert_eq!(ready["ready"], true, "not required: still ready: {ready}");
     assert_eq!(ready["replication"], "ok", "{ready}");
     assert_eq!(ready["replication_mode"], mode, "{ready}");
+    // The operator page says it too, in the warning's words.
+    let page = c
+        .get(format!("{}/", worker.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(&format!("Replication: {mode}")), "{page}");
+    assert!(
+        page.contains("can lose claims that were already acknowledged"),
+        "{page}"
+    );
     // Messages are taken as before: the warning is a warning.
     let r = c
         .post(format!("{}/v1/messages/payments", worker.base))
