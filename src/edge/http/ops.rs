@@ -137,8 +137,9 @@ pub async fn healthz() -> Response {
 }
 
 /// `GET /readyz`: whether this instance can take work (store reachable, accepting, broker
-/// connected, a synchronous standby when one is required), with the safety net's state in the body (it does not decide readiness: a busy
-/// or not-yet-run sweeper is no reason to stop sending this instance traffic).
+/// connected, a synchronous standby when one is required), with the safety net's state in the
+/// body (it does not decide readiness: a busy or not-yet-run sweeper is no reason to stop
+/// sending this instance traffic).
 #[derive(Debug, Serialize)]
 pub struct Readiness {
     /// This instance can take work: store, accepting and broker all fine.
