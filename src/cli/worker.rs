@@ -126,7 +126,10 @@ pub(super) async fn run_worker(app: App) -> Output {
         Err(
             e @ (run::RunError::InsecureAdmin(_)
             | run::RunError::OpenIntake(_)
-            | run::RunError::StatusProbe { .. }),
+            | run::RunError::StatusProbe { .. }
+            | run::RunError::Replication(crate::service::replication::Refusal::NotSynchronous(
+                _,
+            ))),
         ) => {
             return Output::fail(2, e);
         }

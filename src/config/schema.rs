@@ -63,6 +63,11 @@ pub struct StoreConfig {
     /// still gets its answer only after the commit that holds its row).
     #[serde(default = "default_true")]
     pub batch_writes: bool,
+    /// PostgreSQL only: `claimd run` refuses to start, and intake to take messages, unless
+    /// every commit waits for a synchronous standby (docs/postgresql.md, "Replication: when an
+    /// acknowledged claim can be lost"). Default `false`.
+    #[serde(default)]
+    pub require_synchronous_standby: bool,
 }
 
 fn default_max_connections() -> u32 {

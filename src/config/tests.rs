@@ -759,3 +759,25 @@ fn traces_are_off_by_default_and_their_settings_are_checked() {
         assert!(!e.contains('\n'), "one line: {e:?}");
     }
 }
+
+#[test]
+fn require_synchronous_standby_defaults_off_takes_the_environment_and_needs_postgresql() {
+    let l = load(BASE, &[]).unwrap();
+    assert!(!l.config.store.require_synchronous_standby);
+    let pg = BASE.replace("sqlite://x.db", "postgres://claimd@db/claimd");
+    let l = load(
+        &pg,
+        &[("CLAIMD__STORE__REQUIRE_SYNCHRONOUS_STANDBY", "true")],
+    )
+    .unwrap();
+    assert!(l.config.store.require_synchronous_standby);
+    let e = load(
+        BASE,
+        &[("CLAIMD__STORE__REQUIRE_SYNCHRONOUS_STANDBY", "true")],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("store.require_synchronous_standby"), "{e}");
+    assert!(e.contains("SQLite is a single file"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+}

@@ -12,6 +12,13 @@ impl Config {
         if self.store.max_connections == 0 {
             return Err(("store.max_connections".into(), "must be at least 1".into()));
         }
+        if self.store.require_synchronous_standby && self.store.url.starts_with("sqlite:") {
+            return Err((
+                "store.require_synchronous_standby".into(),
+                "SQLite is a single file with no standby: set it only with a PostgreSQL store"
+                    .into(),
+            ));
+        }
         if self.run.instance == crate::domain::claim::SCHEDULE_OWNER {
             return Err((
                 "run.instance".into(),

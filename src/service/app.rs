@@ -181,6 +181,9 @@ impl App {
             config.http.intake_wait.0,
             traces,
         ));
+        claimer
+            .replication()
+            .require_synchronous(config.store.require_synchronous_standby);
         Ok(App {
             config: Arc::new(config),
             store,

@@ -1,6 +1,8 @@
-//! The service: the application assembled from its parts (`app`), `claimd run` (`run`) and the
-//! embeddable [`Worker`](crate::Worker) (`worker`).
+//! The service: the application assembled from its parts (`app`), `claimd run` (`run`), what
+//! it says about the store's replication (`replication`) and the embeddable
+//! [`Worker`](crate::Worker) (`worker`).
 
 pub mod app;
+pub mod replication;
 pub mod run;
 pub mod worker;

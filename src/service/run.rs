@@ -89,6 +89,10 @@ pub enum RunError {
     /// The sandbox's state file cannot be used.
     #[error("{0}")]
     Sandbox(String),
+    /// `[store] require_synchronous_standby` is set and the store's replication is not
+    /// synchronous, or cannot be read.
+    #[error(transparent)]
+    Replication(#[from] crate::service::replication::Refusal),
 }
 
 /// A running worker.
@@ -156,8 +160,15 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     {
         return Err(RunError::OpenIntake(config.http.listen.clone()));
     }
+    // Before anything listens: a worker that must not acknowledge without a synchronous
+    // standby takes no message otherwise.
+    crate::service::replication::check_at_start(&app.claimer).await?;
     let (stop, stopped) = watch::channel(false);
     let mut background = Vec::new();
+    background.extend(crate::service::replication::watch(
+        app.claimer.clone(),
+        stopped.clone(),
+    ));
 
     let sandbox_addr = if config.sandbox.enabled {
         let listener = bind(&config.sandbox.listen).await?;

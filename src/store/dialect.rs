@@ -320,6 +320,14 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// Applies the embedded migrations.
     async fn migrate(&self) -> StoreResult<()>;
 
+    /// The server's replication settings; `None` (the default) for a database without
+    /// replication.
+    async fn replication(
+        &self,
+    ) -> StoreResult<Option<crate::store::replication::ReplicationSettings>> {
+        Ok(None)
+    }
+
     /// Runs statements: the shared [`SqlPool`] over the dialect's database.
     fn runner(&self) -> &Self::Runner;
 

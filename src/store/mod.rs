@@ -12,6 +12,7 @@
 //! - `args`: what each statement binds, and what a key already taken means for a claim.
 //! - `db_effect`: [`db_effect::DatabaseEffect`], a write that commits with its claim's settle.
 //! - `error`: [`StoreError`]; `url`: store URLs redacted for display and checked at load.
+//! - `replication`: whether an acknowledged claim is on a standby yet (PostgreSQL).
 //! - `rows`: claims from rows. `postgres` (`sql`, `many`) and `sqlite` (`sql`, `many`): the
 //!   dialects.
 //!
@@ -30,6 +31,7 @@ mod error;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod replication;
 pub mod roles;
 mod rows;
 pub mod sql_store;
@@ -482,6 +484,10 @@ pub trait ClaimStore:
     /// Commits a one-row write that changes nothing else (this instance's write-probe
     /// heartbeat), to learn whether the store takes writes (readiness, [`writes`]).
     async fn probe_write(&self, instance: &str) -> StoreResult<()>;
+
+    /// The server's replication settings ([`replication`]); `None` for a store that has no
+    /// replication (SQLite, a single file).
+    async fn replication(&self) -> StoreResult<Option<replication::ReplicationSettings>>;
 }
 
 /// A shared store handle.

@@ -49,6 +49,7 @@ mod provider_events;
 mod providers;
 mod readiness;
 mod reconcile_by_value;
+mod replication;
 mod report_waits;
 mod sandbox;
 mod signin;

@@ -95,6 +95,7 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
         completed_s,
         open,
         store: store.dialect().to_string(),
+        replication: state.claimer.replication().get(),
         instance: state.claimer.instance().to_string(),
         commands: OperatorCommands::for_config(&state.config),
         failed,

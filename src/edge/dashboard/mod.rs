@@ -21,6 +21,7 @@ mod layout;
 mod ledger;
 mod outcomes;
 mod render;
+mod replication;
 mod text;
 
 pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};
@@ -69,6 +70,9 @@ pub struct Dashboard {
     pub open: Vec<(OpenKind, f64)>,
     /// `postgres` or `sqlite`.
     pub store: String,
+    /// The store's replication as last read (PostgreSQL; `None` for SQLite or before the
+    /// first reading).
+    pub replication: Option<crate::store::replication::Replication>,
     /// This worker's instance name.
     pub instance: String,
     /// How the page writes the commands it suggests (with this worker's `--config`).
@@ -256,6 +260,7 @@ mod tests {
             completed_s: vec![0.2, 0.5, 3.0, 12.0, 100.0, 7200.0],
             open: vec![(OpenKind::Stuck, 120.0), (OpenKind::NeedsAttention, 4000.0)],
             store: "sqlite".into(),
+            replication: None,
             instance: "host-1".into(),
             commands: OperatorCommands::default(),
             failed: vec![],

@@ -78,6 +78,7 @@ pub fn render(d: &Dashboard) -> String {
             (render_failed(d))
             (render_providers(r))
             (render_brokers(d))
+            (super::replication::render_replication(d.replication.as_ref()))
             (super::ledger::render_ledger(&r.ledger))
             (super::outcomes::render_outcome_events(r))
             // How it is going.

@@ -91,6 +91,13 @@ pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderM
         })
         .collect();
     state.claimer.metrics().rate_keys.set(&keys);
+    if state.claimer.store().dialect() == "postgres" {
+        let mode = state.claimer.replication().get().map(|r| r.mode);
+        let metrics = state.claimer.metrics();
+        metrics
+            .replication
+            .set(mode.unwrap_or(crate::store::replication::ReplicationMode::Unknown));
+    }
     match state
         .claimer
         .metrics()
@@ -130,8 +137,9 @@ pub async fn healthz() -> Response {
 }
 
 /// `GET /readyz`: whether this instance can take work (store reachable, accepting, broker
-/// connected), with the safety net's state in the body (it does not decide readiness: a busy
-/// or not-yet-run sweeper is no reason to stop sending this instance traffic).
+/// connected, a synchronous standby when one is required), with the safety net's state in the
+/// body (it does not decide readiness: a busy or not-yet-run sweeper is no reason to stop
+/// sending this instance traffic).
 #[derive(Debug, Serialize)]
 pub struct Readiness {
     /// This instance can take work: store, accepting and broker all fine.
@@ -149,6 +157,13 @@ pub struct Readiness {
     /// since when and why (their bad messages are requeued and come back). It does not decide
     /// readiness: good messages and HTTP intake still work.
     pub dead_letters: String,
+    /// `"ok"`, unless `[store] require_synchronous_standby` is set and the store's replication
+    /// is not synchronous now: then why (intake answers `503` meanwhile).
+    pub replication: String,
+    /// What the store's replication means for an acknowledged claim, as last read
+    /// (PostgreSQL only; [`crate::store::replication::ReplicationMode`]): `synchronous`,
+    /// `asynchronous`, `none` or `unknown`. It decides readiness only through `replication`.
+    pub replication_mode: Option<&'static str>,
     /// The sweeper: `"ok"`, or what is going on (starting, a long pass, not running).
     pub sweeper: String,
     /// The sweeper's health in detail (status, running, last pass start).
@@ -216,6 +231,15 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             state.amqp.as_ref().map(|a| a.dead_letter_check()),
             state.nats.as_ref().map(|n| n.dead_letter_check()),
         ]),
+        replication: state
+            .claimer
+            .replication()
+            .refusal()
+            .unwrap_or_else(|| "ok".into()),
+        replication_mode: (state.claimer.store().dialect() == "postgres").then(|| {
+            let last = state.claimer.replication().get();
+            last.map_or("unknown", |r| r.mode.as_str())
+        }),
         sweeper: "unknown (store unavailable)".into(),
         sweeper_health: None,
         sweeper_last_run_utc: None,
@@ -242,7 +266,11 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             )
         }
     }
-    body.ready = body.store == "ok" && body.writes == "ok" && body.accepting && body.broker == "ok";
+    body.ready = body.store == "ok"
+        && body.writes == "ok"
+        && body.accepting
+        && body.broker == "ok"
+        && body.replication == "ok";
     let status = if body.ready {
         StatusCode::OK
     } else {

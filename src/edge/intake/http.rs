@@ -409,6 +409,16 @@ pub fn submit_error(e: SubmitError) -> Response {
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
             r
         }
+        SubmitError::NotReplicated(_) => {
+            let mut r = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no synchronous standby",
+                &e.to_string(),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
+            r
+        }
         SubmitError::Store(ref inner) => {
             tracing::warn!(error = %inner, "claim not committed");
             let mut r = problem(

@@ -309,7 +309,7 @@ pub(crate) fn verdict_of(
             delay: BUSY_RETRY_DELAY,
             why: e.to_string(),
         },
-        Err(e @ SubmitError::Interrupted) => Verdict::Requeue {
+        Err(e @ (SubmitError::Interrupted | SubmitError::NotReplicated(_))) => Verdict::Requeue {
             delay: STORE_RETRY_DELAY,
             why: e.to_string(),
         },

@@ -22,6 +22,7 @@ pub use crate::engine::settle::AttemptEnd;
 use crate::engine::settle::{Resend, Settler, by_answer, error_of, failed};
 use crate::engine::traces::{Step as TraceStep, Traces};
 use crate::provider::effect::{Lookup, Outcome};
+use crate::store::replication::ReplicationWatch;
 use crate::store::writes::WriteHealth;
 use crate::store::{ClaimOutcome, Store, StoreError};
 use backon::BackoffBuilder;
@@ -49,6 +50,7 @@ pub struct Claimer {
     accepting: AtomicBool,
     metrics: Arc<Metrics>,
     writes: WriteHealth,
+    replication: ReplicationWatch,
     traces: Traces,
 }
 
@@ -88,6 +90,7 @@ impl Claimer {
             accepting: AtomicBool::new(true),
             metrics,
             writes: WriteHealth::default(),
+            replication: ReplicationWatch::default(),
             traces,
         }
     }
@@ -111,6 +114,12 @@ impl Claimer {
     /// readiness.
     pub fn writes(&self) -> &WriteHealth {
         &self.writes
+    }
+
+    /// The store's latest replication reading, and whether intake requires a synchronous
+    /// standby (`[store] require_synchronous_standby`).
+    pub fn replication(&self) -> &ReplicationWatch {
+        &self.replication
     }
 
     /// Where this instance's attempts are settled.

@@ -69,6 +69,10 @@ pub enum SubmitError {
     /// The worker is shutting down and takes no new work.
     #[error("claimd is shutting down; retry against another instance or later")]
     ShuttingDown,
+    /// A synchronous standby is required (`[store] require_synchronous_standby`) and the
+    /// store's replication is not synchronous now: nothing was committed; retry later.
+    #[error("{0}; nothing was recorded: retry later")]
+    NotReplicated(String),
     /// The store failed; nothing was committed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -150,6 +154,9 @@ impl Claimer {
     ) -> Result<Accepted, SubmitError> {
         if !self.is_accepting() {
             return Err(SubmitError::ShuttingDown);
+        }
+        if let Some(why) = self.replication.refusal() {
+            return Err(SubmitError::NotReplicated(why));
         }
         let consumer = self
             .consumers

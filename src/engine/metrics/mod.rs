@@ -8,8 +8,11 @@
 
 pub mod outbox;
 pub mod rate_keys;
+pub mod replication;
 pub mod vanished;
 pub mod waits;
+
+pub use vocabulary::status_class;
 
 use crate::store::{Store, StoreResult};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -96,6 +99,8 @@ pub struct Metrics {
     pub rate_keys: rate_keys::RateKeyMetrics,
     /// The scheduled and in-line claims' series.
     pub waits: waits::WaitMetrics,
+    /// The store's replication series.
+    pub replication: replication::ReplicationMetrics,
     /// The `Prefer: wait` waiters' series.
     pub waiters: crate::engine::waiters::WaiterMetrics,
     /// The series of claims that vanished from the store.
@@ -117,14 +122,6 @@ impl Default for Metrics {
 fn consumer(c: &str) -> ConsumerLabel {
     ConsumerLabel {
         consumer: c.to_string(),
-    }
-}
-
-/// `2xx`, `4xx`, `5xx` or `none` (no answer).
-pub fn status_class(status: Option<i32>) -> String {
-    match status {
-        Some(s) => format!("{}xx", s / 100),
-        None => "none".into(),
     }
 }
 
@@ -172,6 +169,7 @@ impl Metrics {
             outbox: Default::default(),
             rate_keys: Default::default(),
             waits: Default::default(),
+            replication: Default::default(),
             waiters: Default::default(),
             vanished: Default::default(),
             registry: Registry::default(),
@@ -179,6 +177,7 @@ impl Metrics {
         m.outbox.register(&mut registry);
         m.rate_keys.register(&mut registry);
         m.waits.register(&mut registry);
+        m.replication.register(&mut registry);
         m.waiters.register(&mut registry);
         m.vanished.register(&mut registry);
         registry.register(

@@ -1,6 +1,14 @@
 //! The label values each labelled counter is created with at start ([`super::Metrics::init_consumers`]).
 //! Values outside these lists still count; they appear at their first event.
 
+/// The `status_class` label of a provider status: `2xx`, `4xx`, `5xx` or `none` (no answer).
+pub fn status_class(status: Option<i32>) -> String {
+    match status {
+        Some(s) => format!("{}xx", s / 100),
+        None => "none".into(),
+    }
+}
+
 /// `claimd_messages_refused_total{reason}`.
 pub const REFUSED: &[&str] = &[
     "bad_id",

@@ -8,6 +8,7 @@
 mod sql;
 mod applied;
 mod many;
+mod replication;
 
 pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
 
@@ -121,6 +122,12 @@ impl Dialect for PgDialect {
         }
         migrator.run(&self.sql.pool).await?;
         Ok(())
+    }
+
+    async fn replication(
+        &self,
+    ) -> StoreResult<Option<crate::store::replication::ReplicationSettings>> {
+        replication::read(&self.sql.pool).await.map(Some)
     }
 
     /// PostgreSQL's statements write their history line themselves (a data-modifying CTE):

@@ -155,4 +155,10 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             .await
             .map(|_| ())
     }
+
+    async fn replication(
+        &self,
+    ) -> StoreResult<Option<crate::store::replication::ReplicationSettings>> {
+        self.dialect.replication().await
+    }
 }
