@@ -42,6 +42,25 @@ fn base(name: &str, seed: u64) -> Scenario {
     }
 }
 
+/// The combined run: every part of the harness on at once, under every fault at once.
+fn every_feature(name: &str, seed: u64) -> Scenario {
+    Scenario {
+        emails: 30,
+        orders: 120,
+        terminate_backends: true,
+        db_effect: 300,
+        kills: 20,
+        db_outage: Some(Duration::from_secs(3)),
+        alerts: true,
+        hostile: Some(HostileOptions::default()),
+        provider_outage: Some(Duration::from_secs(3)),
+        broker_outage: Some(Duration::from_secs(3)),
+        intakes: 150,
+        second_destination: true,
+        ..base(name, seed)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reliability_scenarios_hold_every_invariant() {
     let seed: u64 = std::env::var("CHAOS_SEED")
@@ -118,22 +137,18 @@ async fn reliability_scenarios_hold_every_invariant() {
             true,
         ),
         (
+            every_feature(
+                "every feature at once: payments (pending outcomes, signed events and polls, two destinations), emails, order lines with schedules and cancels, a contended database effect, NATS, CloudEvents, enqueue with fairness and per-tenant limits; kills + terminated backends + database, broker, NATS and provider outages + a lying provider",
+                seed + 6,
+            ),
+            true,
+        ),
+        (
             Scenario {
-                emails: 30,
-                orders: 120,
-                terminate_backends: true,
-                db_effect: 300,
-                kills: 20,
-                db_outage: Some(Duration::from_secs(3)),
-                alerts: true,
-                hostile: Some(HostileOptions::default()),
-                provider_outage: Some(Duration::from_secs(3)),
-                broker_outage: Some(Duration::from_secs(3)),
-                intakes: 150,
-                second_destination: true,
-                ..base(
-                    "every feature at once: payments (pending outcomes, signed events and polls, two destinations), emails, order lines with schedules and cancels, a contended database effect, NATS, CloudEvents, enqueue with fairness and per-tenant limits; kills + terminated backends + database, broker, NATS and provider outages + a lying provider",
-                    seed + 6,
+                intake: Intake::Amqp,
+                ..every_feature(
+                    "every feature at once, the payments, emails and database effect over RabbitMQ",
+                    seed + 7,
                 )
             },
             true,

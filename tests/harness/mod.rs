@@ -514,7 +514,10 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     // The relays catch up (a killed one's lease runs out first), then the stream is read.
     let events = match &tap {
         Some(tap) => {
-            let relayed = events::wait_relayed(&store, Duration::from_secs(120)).await;
+            // A webhook that was down for half a long run has a backlog to take, one request
+            // at a time: the wait grows with the run.
+            let within = Duration::from_secs(120).max(started.elapsed() / 2);
+            let relayed = events::wait_relayed(&store, within).await;
             let got = tap.drain().await;
             tap.delete().await;
             Some((relayed, got))
