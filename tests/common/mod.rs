@@ -357,6 +357,7 @@ pub mod amqp_raw;
 pub mod hangup;
 pub mod localstripe;
 pub mod nats;
+pub mod pg_pair;
 pub mod provider;
 pub mod smtp;
 
