@@ -239,18 +239,37 @@ async fn listen(
 ) {
     use sqlx::postgres::PgListener;
     let wake_all = || wakes.values().for_each(|w| w.notify_one());
+    // A host list: LISTEN is refused on a standby, so the first server that takes it is the
+    // primary; each reconnection starts from the last one that did.
+    let urls =
+        crate::store::hosts::split_hosts(&url).map_or_else(|_| vec![url.clone()], |t| t.urls);
+    let mut first = 0;
     loop {
         let connected = async {
-            let mut l = PgListener::connect(&url).await?;
-            l.listen(CHANNEL).await?;
-            Ok::<_, sqlx::Error>(l)
+            let mut last = None;
+            for step in 0..urls.len() {
+                let i = (first + step) % urls.len();
+                let tried = async {
+                    let mut l = PgListener::connect(&urls[i]).await?;
+                    l.listen(CHANNEL).await?;
+                    Ok::<_, sqlx::Error>(l)
+                };
+                match tried.await {
+                    Ok(l) => return Ok((i, l)),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.expect("at least one host"))
         };
         let connected = tokio::select! {
             l = connected => l,
             _ = stop.wait_for(|s| *s) => return,
         };
         let mut listener = match connected {
-            Ok(l) => l,
+            Ok((i, l)) => {
+                first = i;
+                l
+            }
             Err(e) => {
                 warn!(error = %e, "cannot listen for enqueued claims; polling until it can");
                 tokio::select! {

@@ -120,9 +120,10 @@ pub fn lost_connection(e: &DbEffectError) -> bool {
 pub fn store_retry_of(e: &crate::store::StoreError) -> DbRetry {
     use crate::store::StoreError;
     match e {
-        StoreError::Unavailable(_) | StoreError::Contended(_) | StoreError::Busy(_) => {
-            DbRetry::Again
-        }
+        StoreError::Unavailable(_)
+        | StoreError::NoPrimary(_)
+        | StoreError::Contended(_)
+        | StoreError::Busy(_) => DbRetry::Again,
         StoreError::Query { source, .. } => retry_of(source),
         _ => DbRetry::Never,
     }

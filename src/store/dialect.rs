@@ -331,6 +331,12 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// Runs statements: the shared [`SqlPool`] over the dialect's database.
     fn runner(&self) -> &Self::Runner;
 
+    /// Why no server that takes writes is in use now (PostgreSQL after a failover, until the
+    /// new primary is found); `None` (the default) when the store has nothing to say.
+    fn trouble(&self) -> Option<String> {
+        None
+    }
+
     /// Runs an update that returns the row it changed (with its `id` and `attempt`) and writes
     /// the event as that row's history line, both or neither.
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<Self::Row>>;

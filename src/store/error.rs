@@ -19,6 +19,10 @@ pub enum StoreError {
         /// The driver's error.
         source: sqlx::Error,
     },
+    /// No server of the store URL takes writes now (a failover under way): which answered
+    /// what. Worth retrying: the failover monitor points the pool at the new primary.
+    #[error("store unavailable: {0}")]
+    NoPrimary(String),
     /// A statement failed for another reason.
     #[error("store query {query} failed: {}", driver_words(source))]
     Query {
@@ -44,6 +48,9 @@ pub enum StoreError {
     /// The store URL is not one claimd knows (shown with its credentials redacted).
     #[error("store url {}: expected sqlite:... or postgres://...", redact_url(.0))]
     BadUrl(String),
+    /// The store URL is refused, and why (shown with its credentials redacted).
+    #[error("store url {}: {}", redact_url(.0), .1)]
+    UrlRefused(String, String),
     /// The store URL names a database this build left out (its Cargo feature, `postgres` or
     /// `sqlite`, is off).
     #[error("store url {}: {}", redact_url(.0), crate::domain::features::missing(.1))]
@@ -75,7 +82,10 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
-            StoreError::Unavailable(_) | StoreError::Contended(_) | StoreError::Busy(_)
+            StoreError::Unavailable(_)
+                | StoreError::NoPrimary(_)
+                | StoreError::Contended(_)
+                | StoreError::Busy(_)
         )
     }
 }

@@ -28,6 +28,7 @@ mod args;
 mod batch;
 pub mod enqueue;
 mod error;
+pub mod hosts;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -477,6 +478,12 @@ pub trait ClaimStore:
 
     /// Checks the store answers.
     async fn ping(&self) -> StoreResult<()>;
+
+    /// Why no server that takes writes is in use now, while a failover is under way
+    /// (PostgreSQL with its failover monitor); `None` otherwise.
+    fn trouble(&self) -> Option<String> {
+        None
+    }
 
     /// The database's clock.
     async fn now(&self) -> StoreResult<DateTime<Utc>>;

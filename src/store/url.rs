@@ -172,6 +172,37 @@ fn unknown_postgres_params(url: &str) -> Vec<String> {
         .collect()
 }
 
+/// One server's `postgres://` URL: only parameters the driver reads, and parsed by it.
+fn check_postgres_url(url: &str) -> Result<(), String> {
+    // Before the driver parses it: the driver would log an unknown one with its value.
+    let unknown = unknown_postgres_params(url);
+    if !unknown.is_empty() {
+        return Err(format!(
+            "{}: unknown connection parameter{} {} (values not shown); the driver reads {}",
+            redact_url(url),
+            if unknown.len() == 1 { "" } else { "s" },
+            unknown
+                .iter()
+                .map(|k| shown_name(k))
+                .collect::<Vec<_>>()
+                .join(", "),
+            POSTGRES_PARAMS.join(", ")
+        ));
+    }
+    #[cfg(not(feature = "postgres"))]
+    return Err(format!("{}: {}", redact_url(url), missing("postgres")));
+    #[cfg(feature = "postgres")]
+    return std::str::FromStr::from_str(url)
+        .map(|_: sqlx::postgres::PgConnectOptions| ())
+        .map_err(|e| {
+            format!(
+                "{}: not a PostgreSQL URL the driver can read ({})",
+                redact_url(url),
+                redact_url(&e.to_string())
+            )
+        });
+}
+
 /// Checks a `[store] url` at configuration load: `sqlite:...`, or a `postgres://` /
 /// `postgresql://` URL the driver can parse. The error shows the URL redacted.
 pub fn check_url(url: &str) -> Result<(), String> {
@@ -184,33 +215,13 @@ pub fn check_url(url: &str) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", redact_url(url)));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        // Before the driver parses it: the driver would log an unknown one with its value.
-        let unknown = unknown_postgres_params(url);
-        if !unknown.is_empty() {
-            return Err(format!(
-                "{}: unknown connection parameter{} {} (values not shown); the driver reads {}",
-                redact_url(url),
-                if unknown.len() == 1 { "" } else { "s" },
-                unknown
-                    .iter()
-                    .map(|k| shown_name(k))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                POSTGRES_PARAMS.join(", ")
-            ));
+        // A host list (`h1:5432,h2:5432`) and `target_session_attrs` are claimd's to read.
+        let targets =
+            super::hosts::split_hosts(url).map_err(|e| format!("{}: {e}", redact_url(url)))?;
+        for one in &targets.urls {
+            check_postgres_url(one)?;
         }
-        #[cfg(not(feature = "postgres"))]
-        return Err(format!("{}: {}", redact_url(url), missing("postgres")));
-        #[cfg(feature = "postgres")]
-        return std::str::FromStr::from_str(url)
-            .map(|_: sqlx::postgres::PgConnectOptions| ())
-            .map_err(|e| {
-                format!(
-                    "{}: not a PostgreSQL URL the driver can read ({})",
-                    redact_url(url),
-                    redact_url(&e.to_string())
-                )
-            });
+        return Ok(());
     }
     Err(format!(
         "{}: must start with sqlite: or postgres:// (postgresql://)",
@@ -301,6 +312,15 @@ mod tests {
         assert!(
             check_url("postgres://claimd@db/claims?sslmode=require&application_name=c").is_ok()
         );
+        // A host list with the attribute libpq reads, checked server by server.
+        assert!(
+            check_url(
+                "postgres://claimd:pw@db1:5432,db2:5433/claims?target_session_attrs=read-write"
+            )
+            .is_ok()
+        );
+        let e = check_url("postgres://claimd:hunter2@db1,db2:x/claims").unwrap_err();
+        assert!(!e.contains("hunter2") && e.contains("db2:x"), "{e}");
         let e = check_url("postgres://claimd@db/claims?password:hunter2").unwrap_err();
         assert!(!e.contains("hunter2") && e.contains("not shown"), "{e}");
         let e = StoreError::BadUrl("mysql://u:hunter2@db/x".into()).to_string();

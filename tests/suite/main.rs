@@ -26,6 +26,7 @@ mod enqueue;
 mod enqueue_search_path;
 mod evidence_send;
 mod examples_local;
+mod failover;
 mod flow;
 mod hangups;
 mod hostile_input;

@@ -260,9 +260,14 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         }
         Ok(Err(e)) => body.store = e.to_string(),
         Err(_) => {
-            body.store = format!(
-                "store did not answer within {}s",
-                READY_STORE_WAIT.as_secs()
+            body.store = store.trouble().map_or_else(
+                || {
+                    format!(
+                        "store did not answer within {}s",
+                        READY_STORE_WAIT.as_secs()
+                    )
+                },
+                |why| format!("store unavailable: {why}"),
             )
         }
     }

@@ -7,6 +7,7 @@
 #[macro_use]
 mod sql;
 mod applied;
+mod failover;
 mod many;
 mod replication;
 
@@ -22,10 +23,9 @@ use crate::store::sql_store::SqlStore;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgArguments, PgPoolOptions, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgPool, Postgres, Row};
-use std::str::FromStr;
 use std::time::Duration;
 
 /// The PostgreSQL claim store.
@@ -36,25 +36,32 @@ use std::time::Duration;
 /// its row.
 pub type PgStore = SqlStore<PgDialect>;
 
-/// PostgreSQL as a [`Dialect`]: the pool.
+/// PostgreSQL as a [`Dialect`]: the pool, and the servers it may use.
 #[derive(Debug, Clone)]
 pub struct PgDialect {
     sql: SqlPool<Postgres>,
+    primary: std::sync::Arc<failover::Primary>,
 }
 
 impl SqlStore<PgDialect> {
     /// Connects a pool to `url`, with concurrent claims and settles coalesced (see
     /// [`PgStore`]). Must be called inside a Tokio runtime (it starts the batching tasks).
     pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::from_sqlx("connect", e))?
-            .application_name("claimd");
-        let pool = PgPoolOptions::new()
+        // A host list and `target_session_attrs` are read here (the driver reads neither).
+        let targets = crate::store::hosts::split_hosts(url)
+            .map_err(|e| StoreError::UrlRefused(url.to_string(), e))?;
+        let primary = std::sync::Arc::new(
+            failover::Primary::new(&targets).map_err(|e| StoreError::from_sqlx("connect", e))?,
+        );
+        let options = PgPoolOptions::new()
             .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy_with(options);
+            .acquire_timeout(Duration::from_secs(5));
+        let pool =
+            failover::with_hooks(options, &primary).connect_lazy_with(primary.current_options());
+        failover::watch(pool.clone(), &primary);
         Ok(SqlStore::batched(PgDialect {
             sql: SqlPool { pool },
+            primary,
         }))
     }
 
@@ -134,6 +141,10 @@ impl Dialect for PgDialect {
     /// the event's values are bound after the update's.
     fn runner(&self) -> &SqlPool<Postgres> {
         &self.sql
+    }
+
+    fn trouble(&self) -> Option<String> {
+        self.primary.trouble()
     }
 
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<PgRow>> {

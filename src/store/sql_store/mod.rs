@@ -139,8 +139,19 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         self.dialect.migrate().await
     }
 
+    fn trouble(&self) -> Option<String> {
+        self.dialect.trouble()
+    }
+
     async fn ping(&self) -> StoreResult<()> {
-        self.execute("ping", D::SQL.ping, &[]).await.map(|_| ())
+        match self.execute("ping", D::SQL.ping, &[]).await {
+            Ok(_) => Ok(()),
+            // The driver only says the pool timed out; the failover monitor knows why.
+            Err(e) if e.is_unavailable() => {
+                Err(self.dialect.trouble().map_or(e, StoreError::NoPrimary))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn now(&self) -> StoreResult<DateTime<Utc>> {
