@@ -86,7 +86,7 @@ async fn load(bases: Vec<String>, clients: usize, stop: Arc<tokio::sync::Notify>
 async fn stored_ids(url: &str) -> BTreeSet<String> {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-    sqlx::query_scalar::<_, String>("SELECT message_id FROM claims WHERE consumer = 'payments'")
+    sqlx::query_scalar::<_, String>("SELECT message_id FROM claims")
         .fetch_all(&mut conn)
         .await
         .unwrap()
@@ -169,14 +169,51 @@ struct Outcome {
 /// Four workers and four producers through a failover of `standby`'s pair.
 async fn failover(pair: &PgPair) -> Outcome {
     let (sb, provider) = sandbox(Default::default()).await;
+    let stream = common::nats::TestStream::new("failover")
+        .await
+        .expect("NATS JetStream (the suite's server)");
+    let notify = stream.consumer_toml(
+        "notify",
+        "",
+        &format!(
+            "[consumers.effect]\nkind = \"http\"\nurl = \"{provider}/v1/notify\"\ntimeout = \"1s\"\n\
+             status_url = \"{provider}/v1/effects/{{key}}\"\n"
+        ),
+    );
     let toml = config_toml(
         &pair.multi_host_url(),
-        &consumer_toml("payments", &provider, "concurrency = 16"),
+        &format!(
+            "{}{notify}",
+            consumer_toml("payments", &provider, "concurrency = 16")
+        ),
     );
     let mut workers = Vec::new();
     for _ in 0..4 {
         workers.push(start(&toml).await);
     }
+    // NATS: published throughout; the stream keeps what claimd has not acknowledged.
+    let publishing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let published = {
+        let publishing = publishing.clone();
+        let (js, subject) = (stream.js.clone(), stream.subject.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !publishing.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let h = common::nats::headers(&[
+                    ("Nats-Msg-Id", &format!("n{n}")),
+                    ("Content-Type", "application/json"),
+                ]);
+                let ack = js
+                    .publish_with_headers(subject.clone(), h, "{\"amount\": 1}".into())
+                    .await
+                    .unwrap();
+                ack.await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            n
+        })
+    };
     let bases: Vec<String> = workers
         .iter()
         .map(|w| format!("http://{}", w.http_addr))
@@ -205,8 +242,10 @@ async fn failover(pair: &PgPair) -> Outcome {
     tokio::time::sleep(Duration::from_secs(12)).await;
     stop.notify_one();
     producing.store(true, std::sync::atomic::Ordering::Relaxed);
+    publishing.store(true, std::sync::atomic::Ordering::Relaxed);
     let seen = run.await.unwrap();
     let enqueued = producers.await.unwrap();
+    let published: usize = published.await.unwrap();
 
     let statuses: BTreeMap<u16, usize> = seen.answers.iter().fold(BTreeMap::new(), |mut m, a| {
         *m.entry(a.1).or_default() += 1;
@@ -231,8 +270,8 @@ async fn failover(pair: &PgPair) -> Outcome {
         .collect();
     eprintln!(
         "failover ({mode_before}): {} posted ({before} before the kill), answers {statuses:?}, \
-         {} acknowledged, {} enqueued; back after the promotion in {back:?}; /readyz unready \
-         {} times",
+         {} acknowledged, {} enqueued, {published} published to NATS; back after the \
+         promotion in {back:?}; /readyz unready {} times",
         seen.answers.len(),
         acknowledged.len(),
         enqueued.len(),
@@ -275,6 +314,18 @@ async fn failover(pair: &PgPair) -> Outcome {
         counts.needs_attention, 0,
         "nothing asks a person: {counts:?}"
     );
+    // Every NATS message is claimed and finished: what was not acknowledged came back.
+    let all_in = eventually(Duration::from_secs(90), || {
+        let store = store.clone();
+        async move {
+            let c = counts_of(&store, "notify").await;
+            c.completed as usize >= published && c.pending + c.started == 0
+        }
+    })
+    .await;
+    let notify = counts_of(&store, "notify").await;
+    assert!(all_in, "{published} published to NATS: {notify:?}");
+    assert_eq!(notify.needs_attention, 0, "{notify:?}");
     let twice: Vec<_> = sb.effects().into_iter().filter(|e| e.applied > 1).collect();
     assert!(twice.is_empty(), "charged twice: {twice:?}");
     let mut restored = 0;
