@@ -36,7 +36,10 @@ pub(super) struct Primary {
     fence_ms: AtomicU64,
     /// Why no server that takes writes is in use, while that is so.
     trouble: Mutex<Option<String>>,
+    /// Wakes the monitor (a new connection met a standby).
     wake: Notify,
+    /// Tells connections waiting in `after_connect` that the pool points elsewhere now.
+    switched: Notify,
 }
 
 /// What a server said it is.
@@ -63,6 +66,7 @@ impl Primary {
             fence_ms: AtomicU64::new(0),
             trouble: Mutex::new(None),
             wake: Notify::new(),
+            switched: Notify::new(),
         })
     }
 
@@ -147,7 +151,7 @@ pub(super) fn with_hooks(options: PgPoolOptions, primary: &Arc<Primary>) -> PgPo
                         primary.wake.notify_one();
                         // Give the monitor a moment to find the new primary before the pool
                         // tries again (each refusal is logged by the pool).
-                        let _ = tokio::time::timeout(CHECK_WAIT, primary.wake.notified()).await;
+                        let _ = tokio::time::timeout(CHECK_WAIT, primary.switched.notified()).await;
                         Err(sqlx::Error::Protocol(format!(
                             "the server is a standby or read-only ({}); claimd needs {}",
                             primary.label(primary.current.load(Ordering::Acquire)),
@@ -188,6 +192,11 @@ pub(super) fn watch(pool: PgPool, primary: &Arc<Primary>) {
 /// One round: the server in use is fine, or the next that takes writes is found.
 async fn check(pool: &PgPool, p: &Arc<Primary>) {
     let current = p.current.load(Ordering::Acquire);
+    if let Some(why) = p.trouble() {
+        // Already looking: each host answers (or refuses) at once, where the pool would wait
+        // out its connection retries.
+        return search(pool, p, current, why).await;
+    }
     let in_use = async {
         let mut conn = pool.acquire().await?;
         p.role(&mut conn).await
@@ -220,6 +229,12 @@ async fn check(pool: &PgPool, p: &Arc<Primary>) {
             CHECK_WAIT.as_secs()
         ),
     };
+    search(pool, p, current, why).await;
+}
+
+/// Tries the other hosts in order, then the current one, and points the pool at the first
+/// that takes writes; says why when none does.
+async fn search(pool: &PgPool, p: &Arc<Primary>, current: usize, why: String) {
     let n = p.options.len();
     let mut seen = Vec::new();
     for step in 1..=n {
@@ -230,6 +245,7 @@ async fn check(pool: &PgPool, p: &Arc<Primary>) {
                     p.current.store(i, Ordering::Release);
                     pool.set_connect_options(p.options[i].clone());
                     p.fence();
+                    p.switched.notify_waiters();
                     tracing::warn!(
                         from = p.label(current),
                         to = p.label(i),
