@@ -83,7 +83,7 @@ pub fn emits(from: ClaimState, to: Option<ClaimState>) -> bool {
 }
 
 /// One outcome event, as the relay reads it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct OutcomeEvent {
     /// The row's sequence number (unique in the store; one per event and destination).
     pub seq: i64,

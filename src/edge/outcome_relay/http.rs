@@ -116,36 +116,78 @@ fn held_sentence(by: HeldBy) -> &'static str {
     }
 }
 
+/// Requests in flight at once to one HTTP destination. One at a time, a backlog drained at 21
+/// events a second to a receiver taking 40 ms an answer; eight at a time, 97
+/// (`backlog_drain_to_a_slow_receiver`).
+const IN_FLIGHT: usize = 8;
+
+/// The end of the wave that starts at `start`: at most [`IN_FLIGHT`] events, and no claim's
+/// event beside another of the same claim (a claim's events arrive in the order they were
+/// written).
+fn wave_end(events: &[OutcomeEvent], start: usize) -> usize {
+    let mut claims = Vec::with_capacity(IN_FLIGHT);
+    let mut end = start;
+    while end < events.len() && end - start < IN_FLIGHT && !claims.contains(&events[end].claim_id) {
+        claims.push(events[end].claim_id);
+        end += 1;
+    }
+    end
+}
+
 #[async_trait]
 impl Sink for HttpSink {
-    /// One request at a time, in order; after the first failure the rest of the round waits
-    /// for the next (an endpoint that is down is not asked once per event). A slow endpoint
-    /// ends the round at `deadline` (the round's [`super::ROUND_BUDGET`]): the rest stay
-    /// unsent, untouched, for the next round, well within the relay's lease.
+    /// Up to [`IN_FLIGHT`] requests at once, a wave at a time, each claim's events in order;
+    /// after a wave with a failure the rest of the round waits for the next (an endpoint that
+    /// is down is not asked once per event). A slow endpoint ends the round at `deadline` (the
+    /// round's [`super::ROUND_BUDGET`]): the rest stay unsent, untouched, for the next round,
+    /// well within the relay's lease.
     async fn send(&self, events: &[OutcomeEvent], deadline: Instant) -> Vec<Result<(), SendError>> {
         let mut out = Vec::with_capacity(events.len());
-        let mut failed: Option<SendError> = None;
-        for e in events {
-            if failed.is_none() && Instant::now() >= deadline {
+        let mut start = 0;
+        while start < events.len() && Instant::now() < deadline {
+            let end = wave_end(events, start);
+            let wave =
+                futures_util::future::join_all(events[start..end].iter().map(|e| self.send_one(e)))
+                    .await;
+            let failed = wave.iter().find_map(|r| r.as_ref().err().cloned());
+            out.extend(wave);
+            start = end;
+            if let Some(f) = failed {
+                out.extend(events[start..].iter().map(|_| {
+                    Err(SendError {
+                        message: format!("not sent this round: {}", f.message),
+                        retry_after: f.retry_after,
+                    })
+                }));
                 break;
             }
-            if let Some(f) = &failed {
-                out.push(Err(SendError {
-                    message: format!("not sent this round: {}", f.message),
-                    retry_after: f.retry_after,
-                }));
-                continue;
-            }
-            let r = self.send_one(e).await;
-            if let Err(err) = &r {
-                failed = Some(err.clone());
-            }
-            out.push(r);
         }
         out
     }
 
     fn stops_at_failure(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(claim_id: i64) -> OutcomeEvent {
+        OutcomeEvent {
+            claim_id,
+            ..OutcomeEvent::default()
+        }
+    }
+
+    #[test]
+    fn a_wave_holds_at_most_eight_events_and_never_two_of_one_claim() {
+        let events: Vec<OutcomeEvent> = (0..20).map(event).collect();
+        assert_eq!(wave_end(&events, 0), 8);
+        assert_eq!(wave_end(&events, 16), 20);
+        let events: Vec<OutcomeEvent> = [1, 2, 3, 2, 4].into_iter().map(event).collect();
+        assert_eq!(wave_end(&events, 0), 3, "claim 2's second event waits");
+        assert_eq!(wave_end(&events, 3), 5);
     }
 }

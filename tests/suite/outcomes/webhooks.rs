@@ -210,3 +210,56 @@ async fn signed_events_reach_a_receiver_that_was_down_and_failing_and_none_is_lo
     assert!(answers[0].starts_with("rejected"), "{answers:?}");
     w.shutdown(Duration::from_secs(2)).await;
 }
+
+/// A measurement, not a check of speed: how fast a backlog drains to a receiver that takes
+/// 40 ms an answer (a cross-region round trip). Prints one line; docs/outcome-events.md has the
+/// figures. `cargo test --test suite backlog_drain -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement: cargo test --test suite backlog_drain -- --ignored --nocapture"]
+async fn backlog_drain_to_a_slow_receiver() {
+    const N: usize = 1000;
+    let Some(ts) = TestStore::pg().await else {
+        return;
+    };
+    let (_sb, provider) = sandbox(SandboxOptions::default()).await;
+    let port = crate::common::free_port();
+    let outcomes = format!(
+        "kind = \"http\"\nurl = \"http://127.0.0.1:{port}/hook\"\nsecret = \"{SECRET}\"\ntimeout = \"2s\""
+    );
+    let consumer = consumer_with_outcomes("payments", &provider, "", &outcomes);
+    let w = start(&config(&ts, &consumer)).await;
+    let base = format!("http://{}", w.http_addr);
+    post_many(&base, "payments", "m", N).await;
+    assert!(all_completed(&w.app().store, "payments", N as i64).await);
+    let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = {
+        let taken = taken.clone();
+        axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move || {
+                let taken = taken.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    StatusCode::NO_CONTENT
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let up = std::time::Instant::now();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let drained = crate::common::eventually(Duration::from_secs(600), || async {
+        event_rows(&ts.url()).await.iter().all(|r| r.3)
+    })
+    .await;
+    assert!(drained);
+    let s = up.elapsed().as_secs_f64();
+    eprintln!(
+        "backlog drain: {N} events to a 40 ms receiver in {s:.1} s ({:.0} events/s), {} deliveries",
+        N as f64 / s,
+        taken.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
