@@ -393,6 +393,21 @@ async fn a_host_list_follows_the_promoted_synchronous_standby_and_loses_nothing(
     let Some(pair) = pair_of(Standby::Synchronous).await else {
         return;
     };
+    // A URL naming the standby alone: no connection to it is used, and the store says why.
+    let wrong = claimd::store::open(&pair.standby_url(), 2).await.unwrap();
+    let said = eventually(Duration::from_secs(20), || {
+        let wrong = wrong.clone();
+        async move {
+            wrong.ping().await.is_err_and(|e| {
+                e.to_string()
+                    .contains("no PostgreSQL server that takes writes (read-write)")
+                    && e.to_string().contains("is a standby or read-only")
+            })
+        }
+    })
+    .await;
+    assert!(said, "{:?}", wrong.ping().await);
+    drop(wrong);
     let o = failover(&pair).await;
     assert_eq!(o.mode_before, "synchronous");
     let lost: Vec<&String> = o.acknowledged.difference(&o.stored).collect();

@@ -237,6 +237,7 @@ async fn check(pool: &PgPool, p: &Arc<Primary>) {
 async fn search(pool: &PgPool, p: &Arc<Primary>, current: usize, why: String) {
     let n = p.options.len();
     let mut seen = Vec::new();
+    let mut standbys = 0;
     for step in 1..=n {
         let i = (current + step) % n;
         match p.probe(i).await {
@@ -257,9 +258,18 @@ async fn search(pool: &PgPool, p: &Arc<Primary>, current: usize, why: String) {
                 p.set_trouble(None);
                 return;
             }
-            Ok(Role::Standby) => seen.push(format!("{} is a standby or read-only", p.label(i))),
+            Ok(Role::Standby) => {
+                standbys += 1;
+                seen.push(format!("{} is a standby or read-only", p.label(i)));
+            }
             Err(e) => seen.push(format!("{}: {e}", p.label(i))),
         }
+    }
+    if n == 1 && standbys == 0 {
+        // One server, unreachable: an outage like any other, which the store's errors already
+        // say in the driver's words; there is nowhere else to look.
+        p.set_trouble(None);
+        return;
     }
     let words = format!(
         "no PostgreSQL server that takes writes ({}): {}",
