@@ -257,6 +257,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     let state = AppState {
         claimer: app.claimer.clone(),
         config: config.clone(),
+        reads: app.reads.clone(),
         sweep_period,
         amqp: Some(amqp.clone()),
         nats: Some(nats.clone()),
