@@ -211,6 +211,11 @@ async fn thirty_two_operators_searching_put_no_search_statement_on_the_primary()
         "the control search is seen"
     );
     drop(worker);
+    let log = std::fs::read_to_string(dir.path().join("replica.log")).unwrap();
+    assert!(
+        log.contains("operators' searches, reports and ledger reads run on the read replica"),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,8 +103,8 @@ pub struct Found<'a> {
     pub next: Option<ClaimCursor>,
     /// The database's time they were read at.
     pub now: DateTime<Utc>,
-    /// Where they were read: the primary, the read replica (with its lag), or the primary
-    /// because the replica could not be read.
+    /// Where they were read, with a read replica (`[store] read_url`): the replica and its
+    /// lag, or the primary because the replica could not be read. `None`: no replica.
     pub read_from: Option<&'a ReadFrom>,
 }
 
