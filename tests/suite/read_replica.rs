@@ -28,16 +28,42 @@ fn with_replica(store_url: &str, read_url: &str, extra: &str, consumers: &str) -
 
 /// Calls of the claim search statement on the server at `url`, per pg_stat_statements.
 async fn search_calls(url: &str) -> i64 {
+    calls(url, SEARCH_SQL).await
+}
+
+/// Calls of the statements whose text is `like` on the server at `url`, per
+/// pg_stat_statements.
+async fn calls(url: &str, like: &str) -> i64 {
     use sqlx::Connection;
     let mut c = sqlx::PgConnection::connect(url).await.unwrap();
     sqlx::query_scalar::<_, Option<i64>>(
         "SELECT sum(calls)::bigint FROM pg_stat_statements WHERE query LIKE $1",
     )
-    .bind(SEARCH_SQL)
+    .bind(like)
     .fetch_one(&mut c)
     .await
     .unwrap()
     .unwrap_or(0)
+}
+
+/// Loads pg_stat_statements' view on the primary (the standby gets it by replication).
+async fn create_pg_stat_statements(pair: &PgPair) {
+    use sqlx::Connection;
+    let mut p = sqlx::PgConnection::connect(&pair.url()).await.unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut p)
+        .await
+        .unwrap();
+}
+
+/// Empties pg_stat_statements on the primary.
+async fn reset_primary_statements(pair: &PgPair) {
+    use sqlx::Connection;
+    let mut p = sqlx::PgConnection::connect(&pair.url()).await.unwrap();
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&mut p)
+        .await
+        .unwrap();
 }
 
 /// Signs `name` in on the page; the session cookie.
@@ -62,14 +88,7 @@ async fn thirty_two_operators_searching_put_no_search_statement_on_the_primary()
     let Some(pair) = PgPair::start(Standby::Asynchronous) else {
         return;
     };
-    {
-        use sqlx::Connection;
-        let mut p = sqlx::PgConnection::connect(&pair.url()).await.unwrap();
-        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            .execute(&mut p)
-            .await
-            .unwrap();
-    }
+    create_pg_stat_statements(&pair).await;
     let (_sb, provider) = sandbox(Default::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let toml = with_replica(
@@ -97,14 +116,7 @@ async fn thirty_two_operators_searching_put_no_search_statement_on_the_primary()
     for name in ["ann", "bob", "cyd", "dee"] {
         cookies.push(sign_in(&base, name).await);
     }
-    {
-        use sqlx::Connection;
-        let mut p = sqlx::PgConnection::connect(&pair.url()).await.unwrap();
-        sqlx::query("SELECT pg_stat_statements_reset()")
-            .execute(&mut p)
-            .await
-            .unwrap();
-    }
+    reset_primary_statements(&pair).await;
     let standby_before = search_calls(&pair.standby_url()).await;
 
     // 32 operators search at once, as the page's search box does.
@@ -321,4 +333,47 @@ fn sqlite_refuses_a_read_replica() {
     assert!(e.contains("store.read_url"), "{e}");
     assert!(e.contains("SQLite is a single file with no replica"), "{e}");
     assert_eq!(e.lines().count(), 1, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_reads_its_claims_from_the_replica_and_keeps_its_summary_on_the_primary() {
+    use crate::ledger::{claimd as ledger_cli, completed_claim, env, key, payment_intent};
+    use common::localstripe::{CARD_OK, LocalStripe, require_localstripe};
+    let Some(bin) = require_localstripe() else {
+        return;
+    };
+    let Some(pair) = PgPair::start(Standby::Asynchronous) else {
+        return;
+    };
+    create_pg_stat_statements(&pair).await;
+    let ls = LocalStripe::start(&bin).await;
+    let mut env = env(&pair.url(), &ls.url);
+    let (code, _, err) = ledger_cli(&["migrate"], &env);
+    assert_eq!(code, 0, "migrate: {err}");
+    let store = claimd::store::open(&pair.url(), 4).await.unwrap();
+    let pm = ls.payment_method(CARD_OK).await;
+    for i in 0..5 {
+        let id = format!("order-{i}");
+        completed_claim(&store, &id, 1000 + i).await;
+        payment_intent(&ls, &pm, &key(&id), 1000 + i).await;
+    }
+    pair.wait_caught_up().await;
+    reset_primary_statements(&pair).await;
+    env.push(("CLAIMD__STORE__READ_URL".into(), pair.standby_url()));
+    let (code, out, err) = ledger_cli(
+        &["reconcile", "--ledger", "--since", "1h", "--format", "json"],
+        &env,
+    );
+    assert_eq!(code, 0, "the ledgers agree: {err}\n{out}");
+    assert!(err.contains("read from the read replica"), "{err}");
+    let ledger_sql = "%ORDER BY consumer, idem_key%";
+    assert_eq!(
+        calls(&pair.url(), ledger_sql).await,
+        0,
+        "no ledger read on the primary"
+    );
+    assert!(calls(&pair.standby_url(), ledger_sql).await >= 1);
+    // The run's summary is written on the primary (a standby takes no writes).
+    let runs = store.ledger_runs().await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
 }
