@@ -222,6 +222,78 @@ async fn thirty_two_operators_searching_put_no_search_statement_on_the_primary()
         search_calls(&pair.url()).await >= 1,
         "the control search is seen"
     );
+
+    // A replica behind the primary (its replay paused): the search says how far behind, and
+    // a claim received since is not in it yet.
+    let mut standby = {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&pair.standby_url())
+            .await
+            .unwrap()
+    };
+    sqlx::query("SELECT pg_wal_replay_pause()")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    let r = c
+        .post(format!("{base}/v1/messages/payments"))
+        .header("Idempotency-Key", "late-1")
+        .json(&serde_json::json!({"amount": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    // Past the second a reading of the replica is reused for.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let v: serde_json::Value = c
+        .get(format!("{base}/v1/claims?q=late-"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lag = v["read_from"]["replica"]["lag_s"].as_f64().unwrap();
+    assert!(lag >= 2.0, "{v}");
+    assert_eq!(
+        v["claims"].as_array().unwrap().len(),
+        0,
+        "not replayed yet: {v}"
+    );
+    let page = c
+        .get(format!("{base}/claims?q=late-"))
+        .header("Cookie", &cookies[0])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("s behind the primary: claims received since may be missing"),
+        "{page}"
+    );
+    sqlx::query("SELECT pg_wal_replay_resume()")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    pair.wait_caught_up().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let v: serde_json::Value = c
+        .get(format!("{base}/v1/claims?q=late-"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["claims"].as_array().unwrap().len(), 1, "replayed: {v}");
+    eprintln!(
+        "lag while paused: {lag:.1} s; after: {}",
+        v["read_from"]["replica"]["lag_s"]
+    );
     drop(worker);
     let log = std::fs::read_to_string(dir.path().join("replica.log")).unwrap();
     assert!(
