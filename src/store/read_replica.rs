@@ -194,11 +194,6 @@ impl Reads {
         }
     }
 
-    /// The primary, for what must read the latest state (a claim's page, before an action).
-    pub fn primary_store(&self) -> &Store {
-        &self.primary
-    }
-
     /// Whether a replica is configured.
     pub fn has_replica(&self) -> bool {
         self.replica.is_some()
@@ -270,14 +265,6 @@ impl Reads {
             fallbacks: r.fallbacks.load(Ordering::Relaxed),
             refused: r.refused.load(Ordering::Relaxed),
         })
-    }
-
-    /// The replica's state as last read, without reading it; `None` without a replica or
-    /// before the first reading.
-    pub fn last(&self) -> Option<Result<ReplicaReading, String>> {
-        self.replica
-            .as_ref()
-            .and_then(|r| r.last.lock().ok().and_then(|l| l.clone()).map(|(_, l)| l))
     }
 }
 
