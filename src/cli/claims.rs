@@ -44,7 +44,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             let page = match query.page(reader.store.as_ref(), limit).await {
                 Ok(p) => p,
                 Err(PageError::Query(e)) => return Output::fail(2, e),
-                Err(PageError::Store(e)) => return Output::store(app, &e),
+                Err(PageError::Store(e)) => return Output::read_store(app, &reader.from, &e),
             };
             let (now, list) = (page.now, page.claims);
             let next = page.next.map(|c| c.encode());

@@ -25,7 +25,7 @@ pub(super) async fn report_cmd(
     .await
     {
         Ok(r) => r,
-        Err(e) => return Output::store(app, &e),
+        Err(e) => return Output::read_store(app, &reader.from, &e),
     };
     let stdout = match format {
         Format::Table => report::render_table(&r),
