@@ -36,17 +36,32 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 cursor,
                 limit: Some(limit),
             };
-            let page = match query.page(store.as_ref(), limit).await {
+            // On the read replica when there is one ([store] read_url).
+            let reader = match app.reads.reader().await {
+                Ok(r) => r,
+                Err(e) => return Output::store(app, &e),
+            };
+            let page = match query.page(reader.store.as_ref(), limit).await {
                 Ok(p) => p,
                 Err(PageError::Query(e)) => return Output::fail(2, e),
-                Err(PageError::Store(e)) => return Output::store(app, &e),
+                Err(PageError::Store(e)) => return Output::read_store(app, &reader.from, &e),
             };
             let (now, list) = (page.now, page.claims);
             let next = page.next.map(|c| c.encode());
+            // Where it was read, on stderr: the listing itself stays clean for scripts.
+            let read_from = reader
+                .from
+                .notice()
+                .map(|n| format!("{n}\n"))
+                .unwrap_or_default();
             if format == Format::Json {
-                return Output::ok(to_json(
-                    &serde_json::json!({ "claims": list, "next_cursor": next }),
-                ));
+                let mut body = serde_json::json!({ "claims": list, "next_cursor": next });
+                if app.reads.has_replica() {
+                    body["read_from"] = serde_json::json!(reader.from);
+                }
+                let mut out = Output::ok(to_json(&body));
+                out.stderr = read_from;
+                return out;
             }
             // CSV is for scripts (every field, exact times); the table for people.
             let csv = format == Format::Csv;
@@ -94,8 +109,9 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             }
             let mut out = Output::ok(if csv { t.csv() } else { t.text() });
             // On stderr: the listing itself stays clean for scripts.
+            out.stderr = read_from;
             if let Some(next) = next {
-                out.stderr = format!("more claims: add --cursor {next} for the next page\n");
+                out.stderr += &format!("more claims: add --cursor {next} for the next page\n");
             }
             out
         }

@@ -367,6 +367,21 @@ impl Output {
     fn store(app: &App, e: &crate::store::StoreError) -> Self {
         Output::fail(1, store_failure::describe(e, &app.config.store.url))
     }
+    /// A failed read that ran where `from` says: named by the read replica's URL when it ran
+    /// there, so the operator looks at the right server.
+    fn read_store(
+        app: &App,
+        from: &crate::store::read_replica::ReadFrom,
+        e: &crate::store::StoreError,
+    ) -> Self {
+        let store = &app.config.store;
+        let url = if from.source == "replica" {
+            &store.read_url
+        } else {
+            &store.url
+        };
+        Output::fail(1, store_failure::describe(e, url))
+    }
     /// A one-line failure. The message may echo input (an id, a provider's answer): its
     /// controls are escaped, line breaks included, so it stays one line.
     fn fail(code: i32, message: impl std::fmt::Display) -> Self {

@@ -10,8 +10,13 @@ pub(super) async fn report_cmd(
     format: Format,
     check: bool,
 ) -> Output {
+    // On the read replica when there is one ([store] read_url).
+    let reader = match app.reads.reader().await {
+        Ok(r) => r,
+        Err(e) => return Output::store(app, &e),
+    };
     let r = match report::build(
-        &app.store,
+        &reader.store,
         &app.consumer_names(),
         consumer.as_deref(),
         window,
@@ -20,10 +25,15 @@ pub(super) async fn report_cmd(
     .await
     {
         Ok(r) => r,
-        Err(e) => return Output::store(app, &e),
+        Err(e) => return Output::read_store(app, &reader.from, &e),
     };
     let stdout = match format {
         Format::Table => report::render_table(&r),
+        Format::Json if app.reads.has_replica() => {
+            let mut v = serde_json::json!(r);
+            v["read_from"] = serde_json::json!(reader.from);
+            to_json(&v)
+        }
         Format::Json => to_json(&r),
         Format::Csv => report::render_csv(&r),
     };
@@ -31,7 +41,7 @@ pub(super) async fn report_cmd(
     Output {
         stdout,
         code,
-        ..Default::default()
+        stderr: read_from_line(&reader.from),
     }
 }
 
@@ -257,8 +267,15 @@ pub(super) async fn ledger_cmd(
             )
         }
     };
-    let run = match crate::ops::ledger::run(
+    // The claims from the read replica when there is one ([store] read_url); the run's
+    // summary is kept on the primary.
+    let reader = match app.reads.reader().await {
+        Ok(r) => r,
+        Err(e) => return Output::store(app, &e),
+    };
+    let run = match crate::ops::ledger::run_reading(
         &app.store,
+        &reader.store,
         app.claimer.consumers(),
         &OperatorCommands::for_config(&app.config),
         consumer.as_deref(),
@@ -287,6 +304,13 @@ pub(super) async fn ledger_cmd(
     Output {
         stdout,
         code: if run.disagrees() { 3 } else { 0 },
-        ..Default::default()
+        stderr: read_from_line(&reader.from),
     }
+}
+
+/// Where a command's reads ran, as a line for stderr (nothing without a read replica).
+fn read_from_line(from: &crate::store::read_replica::ReadFrom) -> String {
+    from.notice()
+        .map(|n| format!("claimd: {n}\n"))
+        .unwrap_or_default()
 }

@@ -68,10 +68,26 @@ pub struct StoreConfig {
     /// acknowledged claim can be lost"). Default `false`.
     #[serde(default)]
     pub require_synchronous_standby: bool,
+    /// PostgreSQL only: a read replica (a hot standby) that operators' claim searches, reports
+    /// and ledger reads run on, so they never load the primary (docs/postgresql.md, "A read
+    /// replica for operators"). Empty (the default): they read the primary.
+    #[serde(default)]
+    pub read_url: String,
+    /// Connections to the read replica at most (default 4).
+    #[serde(default = "default_read_max_connections")]
+    pub read_max_connections: u32,
+    /// When the read replica cannot be read: `"primary"` (the default: the read runs on the
+    /// primary, one at a time, and says so) or `"refuse"` (answered busy).
+    #[serde(default)]
+    pub read_fallback: crate::store::read_replica::ReadFallback,
 }
 
 fn default_max_connections() -> u32 {
     16
+}
+
+fn default_read_max_connections() -> u32 {
+    4
 }
 
 /// `[http]`. Every key may be left out; the defaults are [`HttpConfig::default`]'s.

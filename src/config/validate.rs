@@ -19,6 +19,7 @@ impl Config {
                     .into(),
             ));
         }
+        self.validate_read_replica()?;
         if self.run.instance == crate::domain::claim::SCHEDULE_OWNER {
             return Err((
                 "run.instance".into(),
@@ -334,6 +335,10 @@ impl Config {
         check_tokens(&http.admin_token, &http.intake_token)?;
         super::tenant_tokens::check(http)?;
         crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
+        if !self.store.read_url.is_empty() {
+            crate::store::check_url(&self.store.read_url)
+                .map_err(|m| ("store.read_url".to_string(), m))?;
+        }
         super::features::check(self)?;
         let redact = crate::store::redact_url;
         for (i, c) in self.consumers.iter().enumerate() {
@@ -565,6 +570,41 @@ impl TracesConfig {
             return Err((
                 "traces.export_every".into(),
                 format!("{every:?}: give between 100ms and 60s"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// `[store] read_url` and its companions: PostgreSQL only, on both sides.
+    fn validate_read_replica(&self) -> Result<(), (String, String)> {
+        let store = &self.store;
+        if store.read_max_connections == 0 {
+            return Err((
+                "store.read_max_connections".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if store.read_url.is_empty() {
+            return Ok(());
+        }
+        if store.url.starts_with("sqlite:") {
+            return Err((
+                "store.read_url".into(),
+                "SQLite is a single file with no replica: set it only with a PostgreSQL store"
+                    .into(),
+            ));
+        }
+        if !(store.read_url.starts_with("postgres://")
+            || store.read_url.starts_with("postgresql://"))
+        {
+            return Err((
+                "store.read_url".into(),
+                format!(
+                    "{}: a read replica is a PostgreSQL standby (postgres://...)",
+                    crate::store::redact_url(&store.read_url)
+                ),
             ));
         }
         Ok(())

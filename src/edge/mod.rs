@@ -23,6 +23,9 @@ pub struct AppState {
     pub claimer: Arc<Claimer>,
     /// The configuration in force.
     pub config: Arc<Config>,
+    /// Where operators' searches and reports read: the primary, or the read replica
+    /// (`[store] read_url`).
+    pub reads: crate::store::read_replica::Reads,
     /// The sweeper's schedule period, for readiness.
     pub sweep_period: Duration,
     /// RabbitMQ intake, whose connection state readiness reports.

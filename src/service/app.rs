@@ -9,6 +9,7 @@ use crate::provider::effect::Effect;
 use crate::provider::effect::http::HttpEffect;
 #[cfg(feature = "smtp")]
 use crate::provider::effect::smtp::SmtpEffect;
+use crate::store::read_replica::Reads;
 use crate::store::{self, Store, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,6 +41,9 @@ pub struct App {
     pub config: Arc<Config>,
     /// The claim store.
     pub store: Store,
+    /// Where operators' searches, reports and ledger reads run: the primary, or the read
+    /// replica of `[store] read_url`.
+    pub reads: Reads,
     /// The claimer, holding the consumers.
     pub claimer: Arc<Claimer>,
 }
@@ -138,6 +142,16 @@ impl App {
         if migrate {
             store.migrate().await?;
         }
+        let reads = if config.store.read_url.is_empty() {
+            Reads::primary(store.clone())
+        } else {
+            Reads::with_replica(
+                store.clone(),
+                &config.store.read_url,
+                config.store.read_max_connections,
+                config.store.read_fallback,
+            )?
+        };
         // Settles of consumers with an outcome destination write outcome events.
         store.set_outcome_destinations(
             config
@@ -187,6 +201,7 @@ impl App {
         Ok(App {
             config: Arc::new(config),
             store,
+            reads,
             claimer,
         })
     }

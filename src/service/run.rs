@@ -163,6 +163,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     // Before anything listens: a worker that must not acknowledge without a synchronous
     // standby takes no message otherwise.
     crate::service::replication::check_at_start(&app.claimer).await?;
+    crate::service::read_replica::say_at_start(&app.reads, config.store.read_fallback).await;
     let (stop, stopped) = watch::channel(false);
     let mut background = Vec::new();
     background.extend(crate::service::replication::watch(
@@ -257,6 +258,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
     let state = AppState {
         claimer: app.claimer.clone(),
         config: config.clone(),
+        reads: app.reads.clone(),
         sweep_period,
         amqp: Some(amqp.clone()),
         nats: Some(nats.clone()),

@@ -13,6 +13,8 @@
 //! - `db_effect`: [`db_effect::DatabaseEffect`], a write that commits with its claim's settle.
 //! - `error`: [`StoreError`]; `url`: store URLs redacted for display and checked at load.
 //! - `replication`: whether an acknowledged claim is on a standby yet (PostgreSQL).
+//! - `read_replica`: operators' searches, reports and ledger reads on a read replica
+//!   (`[store] read_url`), with its lag, and what happens when it cannot be read.
 //! - `rows`: claims from rows. `postgres` (`sql`, `many`) and `sqlite` (`sql`, `many`): the
 //!   dialects.
 //!
@@ -32,6 +34,7 @@ pub mod hosts;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod read_replica;
 pub mod replication;
 pub mod roles;
 mod rows;

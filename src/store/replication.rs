@@ -9,7 +9,7 @@
 //! standby keeps every acknowledged claim. Otherwise the last claims acknowledged before a
 //! failover may never reach the standby that takes over: they are gone, though their effects
 //! may have been performed. docs/postgresql.md, "Replication: when an acknowledged claim can be
-//! lost".
+//! lost". A read replica's own state ([`ReplicaReading`]) is here too.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -216,6 +216,21 @@ impl ReplicationWatch {
             )
         })
     }
+}
+
+/// What a read replica (`[store] read_url`, [`crate::store::read_replica`]) says of itself.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ReplicaReading {
+    /// `pg_is_in_recovery()`: a standby. `false`: the server is a primary (promoted, or
+    /// `read_url` names one), and the reads load it.
+    pub in_recovery: bool,
+    /// Its WAL receiver streams from a primary now (shown only to roles with
+    /// `pg_read_all_stats`; `false` otherwise).
+    pub streaming: bool,
+    /// How far behind the primary it may be, in seconds: 0 when streaming and everything
+    /// received is replayed, else the age of the last transaction replayed (too large when the
+    /// primary was idle); `None` when it is not a standby.
+    pub lag_s: Option<f64>,
 }
 
 #[cfg(test)]

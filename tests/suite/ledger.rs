@@ -35,7 +35,7 @@ fn example_path() -> PathBuf {
 
 /// The Stripe example pointed at localstripe and the test's store. localstripe's list takes
 /// no `created` filter (Stripe's does): claimd skips objects outside the window itself.
-fn env(store_url: &str, api: &str) -> Vec<(String, String)> {
+pub(crate) fn env(store_url: &str, api: &str) -> Vec<(String, String)> {
     [
         ("STRIPE_API", api.to_string()),
         ("STRIPE_SECRET_KEY", SECRET.to_string()),
@@ -54,7 +54,7 @@ fn env(store_url: &str, api: &str) -> Vec<(String, String)> {
     .collect()
 }
 
-fn claimd(args: &[&str], env: &[(String, String)]) -> (i32, String, String) {
+pub(crate) fn claimd(args: &[&str], env: &[(String, String)]) -> (i32, String, String) {
     let example = example_path();
     let mut full = vec!["--config", example.to_str().unwrap()];
     full.extend_from_slice(args);
@@ -63,12 +63,12 @@ fn claimd(args: &[&str], env: &[(String, String)]) -> (i32, String, String) {
 }
 
 /// The key the example's template gives a message without a tenant.
-fn key(message_id: &str) -> String {
+pub(crate) fn key(message_id: &str) -> String {
     format!("{CONSUMER}::{message_id}")
 }
 
 /// A claim that completed, for a message asking `amount` cents in EUR.
-async fn completed_claim(store: &Store, message_id: &str, amount: i64) {
+pub(crate) async fn completed_claim(store: &Store, message_id: &str, amount: i64) {
     completed_claim_with(store, message_id, amount, None).await
 }
 
@@ -118,7 +118,7 @@ async fn completed_claim_with(
 }
 
 /// A confirmed PaymentIntent with `claimd_key` = `key` in its metadata; returns its id.
-async fn payment_intent(ls: &LocalStripe, pm: &str, key: &str, amount: i64) -> String {
+pub(crate) async fn payment_intent(ls: &LocalStripe, pm: &str, key: &str, amount: i64) -> String {
     payment_intent_in(ls, pm, key, amount, "eur").await
 }
 

@@ -48,6 +48,7 @@ mod page_actions;
 mod properties;
 mod provider_events;
 mod providers;
+mod read_replica;
 mod readiness;
 mod reconcile_by_value;
 mod replication;

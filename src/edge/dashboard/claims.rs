@@ -16,6 +16,7 @@ use crate::edge::http::problem::{problem, store_down};
 use crate::edge::http::session::Session;
 use crate::ops::claim_query::{ClaimQuery, PageError, claim_path};
 use crate::ops::operator_command::{ClaimRef, OperatorCommands};
+use crate::store::read_replica::ReadFrom;
 use crate::store::{ClaimCursor, ClaimEvent};
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
@@ -66,7 +67,13 @@ pub async fn search(
     session: Option<Extension<Session>>,
     Query(q): Query<ClaimQuery>,
 ) -> Response {
-    let page = match q.page(state.claimer.store().as_ref(), PAGE_SIZE).await {
+    // On the read replica when there is one ([store] read_url): searching never loads the
+    // primary.
+    let reader = match state.reads.reader().await {
+        Ok(r) => r,
+        Err(e) => return store_down(e),
+    };
+    let page = match q.page(reader.store.as_ref(), PAGE_SIZE).await {
         Ok(p) => p,
         Err(PageError::Query(e)) => {
             return problem(StatusCode::BAD_REQUEST, "bad search", &e.to_string());
@@ -75,31 +82,44 @@ pub async fn search(
     };
     let consumers = state.config.consumer_names();
     let session = page_session(&state, session);
+    let found = Found {
+        claims: &page.claims,
+        next: page.next,
+        now: page.now,
+        read_from: state.reads.has_replica().then_some(&reader.from),
+    };
     html_page(
         StatusCode::OK,
-        render_search(
-            &q,
-            &consumers,
-            &page.claims,
-            page.next,
-            page.now,
-            session.as_ref(),
-        ),
+        render_search(&q, &consumers, &found, session.as_ref()),
     )
+}
+
+/// A page of search results, as read.
+#[derive(Debug)]
+pub struct Found<'a> {
+    /// The claims, newest first.
+    pub claims: &'a [Claim],
+    /// Where the next page starts.
+    pub next: Option<ClaimCursor>,
+    /// The database's time they were read at.
+    pub now: DateTime<Utc>,
+    /// Where they were read, with a read replica (`[store] read_url`): the replica and its
+    /// lag, or the primary because the replica could not be read. `None`: no replica.
+    pub read_from: Option<&'a ReadFrom>,
 }
 
 /// The search results page.
 pub fn render_search(
     q: &ClaimQuery,
     consumers: &[String],
-    found: &[Claim],
-    next: Option<ClaimCursor>,
-    now: DateTime<Utc>,
+    found: &Found<'_>,
     session: Option<&PageSession>,
 ) -> String {
+    let (next, now) = (found.next, found.now);
     let body = html! {
         main {
             (search_form(q, consumers))
+            (super::replication::render_read_from(found.read_from))
             section {
                 h2 { "Claims" @if q.cursor.is_some() { " (next page)" } }
                 p.note {
@@ -107,14 +127,14 @@ pub fn render_search(
                     provider id that is it or starts with it, or a tenant that is it. Open a \
                     claim for its history and what can be done about it."
                 }
-                @if found.is_empty() {
+                @if found.claims.is_empty() {
                     p.clear { "No claim matches." }
                 } @else {
                     div.scroll {
                         table.results {
                             thead { tr { th { "claim" } th { "state" } th { "attempt" } th { "received" } th { "reason or answer" } } }
                             tbody {
-                                @for c in found {
+                                @for c in found.claims {
                                     tr {
                                         td {
                                             a href=(claim_path(c)) { (c.consumer) " / " code { (visible(&c.message_id)) } }

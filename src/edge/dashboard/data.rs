@@ -21,7 +21,10 @@ pub const FAILED_SHOWN: u32 = super::render::SHOWN_PER_LIST as u32;
 /// Reads everything the page shows. `window` bounds the throughput figures and the
 /// time-to-complete sample; open work is counted in full.
 pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> {
-    let store = state.claimer.store();
+    // On the read replica when there is one ([store] read_url): a page open in many
+    // browsers, reloading itself, never loads the primary.
+    let reader = state.reads.reader().await?;
+    let store = &reader.store;
     let names = state.config.consumer_names();
     let mut report = report::build(store, &names, None, window, state.sweep_period).await?;
     let (now, since) = (report.generated_utc, report.since_utc);
@@ -96,6 +99,7 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
         open,
         store: store.dialect().to_string(),
         replication: state.claimer.replication().get(),
+        read_from: state.reads.has_replica().then(|| reader.from.clone()),
         instance: state.claimer.instance().to_string(),
         commands: OperatorCommands::for_config(&state.config),
         failed,

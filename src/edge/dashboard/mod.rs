@@ -73,6 +73,9 @@ pub struct Dashboard {
     /// The store's replication as last read (PostgreSQL; `None` for SQLite or before the
     /// first reading).
     pub replication: Option<crate::store::replication::Replication>,
+    /// Where the page was read, with a read replica (`[store] read_url`): the replica and its
+    /// lag, or the primary because the replica could not be read. `None`: no replica.
+    pub read_from: Option<crate::store::read_replica::ReadFrom>,
     /// This worker's instance name.
     pub instance: String,
     /// How the page writes the commands it suggests (with this worker's `--config`).
@@ -261,6 +264,7 @@ mod tests {
             open: vec![(OpenKind::Stuck, 120.0), (OpenKind::NeedsAttention, 4000.0)],
             store: "sqlite".into(),
             replication: None,
+            read_from: None,
             instance: "host-1".into(),
             commands: OperatorCommands::default(),
             failed: vec![],

@@ -72,6 +72,7 @@ pub fn render(d: &Dashboard) -> String {
     let body = html! {
         main {
             (search_form(&ClaimQuery::default(), &consumers))
+            (super::replication::render_read_from(d.read_from.as_ref()))
             (render_tiles(r, d.window))
             // What needs a person.
             (render_attention(r, &d.commands, d.session.as_ref()))

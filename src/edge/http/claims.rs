@@ -22,7 +22,12 @@ pub const PAYLOAD_SHOWN_BYTES: usize = 16 * 1024;
 
 /// `GET /v1/claims`: claims matching the query, newest first, and where the next page starts.
 pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimQuery>) -> Response {
-    let page = match q.page(state.claimer.store().as_ref(), DEFAULT_LIMIT).await {
+    // On the read replica when there is one ([store] read_url).
+    let reader = match state.reads.reader().await {
+        Ok(r) => r,
+        Err(e) => return store_down(e),
+    };
+    let page = match q.page(reader.store.as_ref(), DEFAULT_LIMIT).await {
         Ok(p) => p,
         Err(PageError::Query(e)) => {
             return problem(StatusCode::BAD_REQUEST, "bad query", &e.to_string());
@@ -38,7 +43,11 @@ pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimQue
         })
         .collect();
     let next = page.next.map(|c| c.encode());
-    Json(serde_json::json!({ "claims": views, "next_cursor": next })).into_response()
+    let mut body = serde_json::json!({ "claims": views, "next_cursor": next });
+    if state.reads.has_replica() {
+        body["read_from"] = serde_json::json!(reader.from);
+    }
+    Json(body).into_response()
 }
 
 /// `?tenant=` of `GET /v1/claims/{consumer}/{message_id}` and of the claim page.

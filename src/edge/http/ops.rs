@@ -45,8 +45,13 @@ pub async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQue
         return crate::edge::http::problem::bad_parameter(&e);
     }
     let names = state.config.consumer_names();
+    // On the read replica when there is one ([store] read_url).
+    let reader = match state.reads.reader().await {
+        Ok(r) => r,
+        Err(e) => return store_down(e),
+    };
     match report::build(
-        state.claimer.store(),
+        &reader.store,
         &names,
         q.consumer.as_deref(),
         window,
@@ -56,7 +61,12 @@ pub async fn get_report(State(state): State<AppState>, Query(q): Query<ReportQue
     {
         Ok(mut r) => {
             r.sweeper = state.sweeper_health(r.sweeper.last_run_utc, r.generated_utc);
-            Json(r).into_response()
+            if !state.reads.has_replica() {
+                return Json(r).into_response();
+            }
+            let mut v = serde_json::json!(r);
+            v["read_from"] = serde_json::json!(reader.from);
+            Json(v).into_response()
         }
         Err(e) => store_down(e),
     }
@@ -97,6 +107,10 @@ pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderM
         metrics
             .replication
             .set(mode.unwrap_or(crate::store::replication::ReplicationMode::Unknown));
+    }
+    if let Some(status) = state.reads.status().await {
+        let metrics = state.claimer.metrics();
+        metrics.replication.read_replica.set(&status);
     }
     match state
         .claimer

@@ -1,6 +1,8 @@
 //! `claimd_store_replication{mode}`: what the PostgreSQL store's replication means for an
 //! acknowledged claim, from the latest reading ([`crate::store::replication`]), set at each
-//! scrape. SQLite has no series.
+//! scrape. SQLite has no series. The read replica's series are in [`read_replica`].
+
+pub mod read_replica;
 
 use crate::store::replication::ReplicationMode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -17,6 +19,8 @@ struct ModeLabel {
 #[derive(Debug, Default)]
 pub struct ReplicationMetrics {
     mode: Family<ModeLabel, Gauge>,
+    /// The read replica's series (`[store] read_url`).
+    pub read_replica: read_replica::ReadReplicaMetrics,
 }
 
 impl ReplicationMetrics {
@@ -27,6 +31,7 @@ impl ReplicationMetrics {
             "1 for the PostgreSQL store's replication as last read (every minute): synchronous (no acknowledged claim is lost in a failover to the synchronous standby), asynchronous or none (a failover or the server's loss can lose acknowledged claims), unknown",
             self.mode.clone(),
         );
+        self.read_replica.register(registry);
     }
 
     /// Sets the series to `mode`.

@@ -168,6 +168,20 @@ pub async fn run<'c>(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> Result<LedgerRun, LedgerError> {
+    run_reading(store, store, consumers, commands, only, from, to).await
+}
+
+/// [`run`], reading the claims from `claims` (a read replica, `[store] read_url`) and
+/// keeping the summaries in `store` (the primary: a replica takes no writes).
+pub async fn run_reading<'c>(
+    store: &Store,
+    claims: &Store,
+    consumers: impl IntoIterator<Item = &'c Arc<Consumer>>,
+    commands: &OperatorCommands,
+    only: Option<&str>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<LedgerRun, LedgerError> {
     let mut run = LedgerRun {
         from,
         to,
@@ -180,7 +194,7 @@ pub async fn run<'c>(
         .collect();
     consumers.sort_by(|a, b| a.name().cmp(b.name()));
     for consumer in consumers {
-        match reconcile_consumer(store, consumer, commands, from, to).await? {
+        match reconcile_consumer(claims, consumer, commands, from, to).await? {
             Some(result) => {
                 let summary = Summary::of(&result, from, to);
                 let json = serde_json::to_string(&summary).unwrap_or_default();

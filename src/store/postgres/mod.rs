@@ -9,6 +9,7 @@ mod sql;
 mod applied;
 mod failover;
 mod many;
+mod replica;
 mod replication;
 
 pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
