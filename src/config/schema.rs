@@ -68,6 +68,12 @@ pub struct StoreConfig {
     /// acknowledged claim can be lost"). Default `false`.
     #[serde(default)]
     pub require_synchronous_standby: bool,
+    /// PostgreSQL only: what sits between claimd and the database. `"transaction"`: a pooler
+    /// in transaction mode (PgBouncer `pool_mode = transaction`, RDS Proxy), through which
+    /// claimd uses no session state (docs/postgresql.md, "Poolers"). Default `"none"` (also
+    /// right for a pooler in session mode).
+    #[serde(default)]
+    pub pooler: crate::store::pooler::Pooler,
 }
 
 fn default_max_connections() -> u32 {

@@ -127,10 +127,11 @@ impl App {
         let store = match supplied.store.take() {
             Some(store) => store,
             None => {
-                store::open_with(
+                store::open_through(
                     &config.store.url,
                     config.store.max_connections,
                     config.store.batch_writes,
+                    config.store.pooler,
                 )
                 .await?
             }

@@ -560,12 +560,16 @@ where
 pub struct SqlPool<DB: Database> {
     /// The connection pool.
     pub pool: Pool<DB>,
+    /// What sits between the pool and the database: how statements must be run
+    /// ([`super::pooler`]).
+    pub pooler: super::pooler::Pooler,
 }
 
 impl<DB: Database> Clone for SqlPool<DB> {
     fn clone(&self) -> Self {
         SqlPool {
             pool: self.pool.clone(),
+            pooler: self.pooler,
         }
     }
 }
@@ -630,7 +634,7 @@ where
 #[async_trait]
 impl<DB> Runner for SqlPool<DB>
 where
-    DB: SqlDb,
+    DB: SqlDb + sqlx::database::HasStatementCache,
     DB::Arguments: IntoArguments<DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Row: SqlRow,
@@ -643,8 +647,7 @@ where
         sql: &'static str,
         args: &[Arg<'_>],
     ) -> StoreResult<Vec<DB::Row>> {
-        Self::query(sql, args)
-            .fetch_all(&self.pool)
+        self.all(Self::query(sql, args))
             .await
             .map_err(|e| StoreError::from_sqlx(name, e))
     }
@@ -655,8 +658,7 @@ where
         sql: &'static str,
         args: &[Arg<'_>],
     ) -> StoreResult<u64> {
-        Self::query(sql, args)
-            .execute(&self.pool)
+        self.run(Self::query(sql, args))
             .await
             .map(|done| DB::rows_affected(&done))
             .map_err(|e| StoreError::from_sqlx(name, e))
