@@ -33,13 +33,11 @@ impl PgPair {
     /// failure.
     pub fn start(standby: Standby) -> Option<PgPair> {
         let root = Path::new("/usr/lib/postgresql");
-        let version = std::fs::read_dir(root)
-            .ok()
-            .and_then(|d| {
-                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .filter_map(|v| v.parse::<u32>().ok())
-                    .max()
-            });
+        let version = std::fs::read_dir(root).ok().and_then(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter_map(|v| v.parse::<u32>().ok())
+                .max()
+        });
         let Some(bin) = version.map(|v| root.join(v.to_string()).join("bin")) else {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 panic!("PostgreSQL server binaries are required under CI=true");
@@ -134,7 +132,12 @@ impl PgPair {
              -c max_wal_senders=4 -c max_connections=200 -c hot_standby=on \
              -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
         );
-        let log = self.dir.path().join(format!("{name}.log")).display().to_string();
+        let log = self
+            .dir
+            .path()
+            .join(format!("{name}.log"))
+            .display()
+            .to_string();
         let data = self.data(name).display().to_string();
         self.run(
             "pg_ctl",

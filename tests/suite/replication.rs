@@ -278,9 +278,10 @@ async fn sqlite_refuses_the_option_and_has_no_replication_series() {
 /// and `/readyz` unready; named again, messages are taken again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_synchronous_standby_lets_a_worker_that_requires_one_start_and_lose_it_later() {
-    let Some(pair) = tokio::task::spawn_blocking(|| pg_pair::PgPair::start(pg_pair::Standby::Synchronous))
-        .await
-        .unwrap()
+    let Some(pair) =
+        tokio::task::spawn_blocking(|| pg_pair::PgPair::start(pg_pair::Standby::Synchronous))
+            .await
+            .unwrap()
     else {
         return;
     };
