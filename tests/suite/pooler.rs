@@ -195,11 +195,13 @@ async fn retention_prunes_one_instance_at_a_time_through_pgbouncer() {
         .unwrap();
     assert_eq!(left, 0);
     // No session advisory lock is left behind on any server connection.
-    let advisory: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
-            .fetch_one(&mut direct)
-            .await
-            .unwrap();
+    let advisory: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&mut direct)
+    .await
+    .unwrap();
     assert_eq!(advisory, 0);
 }
 
