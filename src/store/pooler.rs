@@ -15,13 +15,10 @@
 //!   statement, `COMMIT`), which pins one server connection for both halves.
 //!
 //! This works the same with PgBouncer 1.21+ and `max_prepared_statements` set: that setting
-//! tracks named statements, which claimd then does not use.
+//! tracks named statements, which claimd then does not use. How a statement is run so is
+//! [`SqlPool`](super::dialect::SqlPool)'s (`all`, `optional`, `run`, `in_tx`).
 
-use super::dialect::{ClaimDb, SqlPool};
 use serde::{Deserialize, Serialize};
-use sqlx::database::HasStatementCache;
-use sqlx::query::Query;
-use sqlx::{Executor, IntoArguments};
 
 /// What sits between claimd and PostgreSQL (`[store] pooler`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -46,63 +43,6 @@ impl Pooler {
         match self {
             Pooler::None => "none",
             Pooler::Transaction => "transaction",
-        }
-    }
-}
-
-impl<DB> SqlPool<DB>
-where
-    DB: ClaimDb + HasStatementCache,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
-    /// Runs `q` and returns its rows: on the pool, or under a pooler in transaction mode
-    /// unnamed inside a transaction of its own (see the module).
-    pub async fn all(&self, q: Query<'_, DB, DB::Arguments>) -> Result<Vec<DB::Row>, sqlx::Error> {
-        if !self.pooler.per_transaction() {
-            return q.fetch_all(&self.pool).await;
-        }
-        let mut tx = self.pool.begin().await?;
-        let rows = q.persistent(false).fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(rows)
-    }
-
-    /// [`all`](SqlPool::all) for a statement that returns at most one row.
-    pub async fn optional(
-        &self,
-        q: Query<'_, DB, DB::Arguments>,
-    ) -> Result<Option<DB::Row>, sqlx::Error> {
-        if !self.pooler.per_transaction() {
-            return q.fetch_optional(&self.pool).await;
-        }
-        let mut tx = self.pool.begin().await?;
-        let row = q.persistent(false).fetch_optional(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(row)
-    }
-
-    /// Runs `q` and returns what it did, as [`all`](SqlPool::all) runs it.
-    pub async fn run(
-        &self,
-        q: Query<'_, DB, DB::Arguments>,
-    ) -> Result<DB::QueryResult, sqlx::Error> {
-        if !self.pooler.per_transaction() {
-            return q.execute(&self.pool).await;
-        }
-        let mut tx = self.pool.begin().await?;
-        let done = q.persistent(false).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(done)
-    }
-
-    /// `q` as it runs inside a transaction claimd already holds: unnamed under a pooler in
-    /// transaction mode, so it never meets another client's statement of the same name.
-    pub fn in_tx<'q>(&self, q: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments> {
-        if self.pooler.per_transaction() {
-            q.persistent(false)
-        } else {
-            q
         }
     }
 }
