@@ -25,7 +25,10 @@
 //! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,
 //! claimd-pg-wide,underway,apalis]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
 //! before claiming (the intake order before claims-ahead), `claimd-pg-unbatched` (and
-//! `claimd-sqlite-unbatched`, not run by default) has `[store] batch_writes = false`, `claimd-pg-wide` consumer concurrency
+//! `claimd-sqlite-unbatched`, not run by default) has `[store] batch_writes = false`,
+//! `claimd-pg-pooler` (not run by default) goes through a PgBouncer in transaction mode
+//! already running at `BENCH_PGBOUNCER` [postgres://postgres@127.0.0.1:6432] with
+//! `[store] pooler = "transaction"`, `claimd-pg-wide` consumer concurrency
 //! `BENCH_WIDE_CONCURRENCY` [256]: more effects in flight than client connections; `BENCH_DB_CALLERS` concurrent callers of the batched store
 //! [256]; `BENCH_DB_N` claims in the
 //! database-only section [50000, 0 skips it]; `BENCH_BATCH` batch size there [64];

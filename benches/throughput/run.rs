@@ -197,6 +197,14 @@ async fn spawn_server(run: &Run, mode: &str, provider: &str, store: &str, pool: 
         .env("BENCH_POOL", pool.to_string())
         .env("BENCH_LATENCY_MS", run.latency_ms.to_string())
         .env(
+            "CLAIMD__STORE__POOLER",
+            if run.design == "claimd-pg-pooler" {
+                "transaction"
+            } else {
+                "none"
+            },
+        )
+        .env(
             "CLAIMD__STORE__BATCH_WRITES",
             (!run.design.ends_with("-unbatched")).to_string(),
         )
@@ -288,6 +296,18 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
             migrate(&url).await;
             ("txn", url)
         }
+        // Through a PgBouncer in transaction mode started beforehand (`BENCH_PGBOUNCER`, its
+        // URL without a database), `[store] pooler = "transaction"`; migrated directly, as
+        // migrations never go through the pooler.
+        "claimd-pg-pooler" => {
+            let url = pg.create(&dbname).await;
+            migrate(&url).await;
+            let bouncer: String = env_or(
+                "BENCH_PGBOUNCER",
+                "postgres://postgres@127.0.0.1:6432".to_string(),
+            );
+            ("claimd", format!("{bouncer}/{dbname}"))
+        }
         "claimd-pg" if kept.is_some() => ("claimd", pg.url(&dbname)),
         "claimd-pg"
         | "claimd-pg-unbatched"
@@ -330,7 +350,13 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
     let client_s = t0.elapsed().as_secs_f64();
     let mut polls = 0i64;
     let (settled, elapsed) = if mode == "claimd" {
-        let (lat, last) = wait_settled(&store, &mut polls, start_wall).await;
+        // The bench's own reads go to the database itself, never through the pooler.
+        let direct = if run.design == "claimd-pg-pooler" {
+            pg.url(&dbname)
+        } else {
+            store.clone()
+        };
+        let (lat, last) = wait_settled(&direct, &mut polls, start_wall).await;
         (lat, (last - start_wall).max(client_s))
     } else if PEERS.contains(&mode) {
         let (lat, last) = wait_jobs(mode, &store, &mut polls).await;

@@ -80,6 +80,12 @@ pub struct StoreConfig {
     /// primary, one at a time, and says so) or `"refuse"` (answered busy).
     #[serde(default)]
     pub read_fallback: crate::store::read_replica::ReadFallback,
+    /// PostgreSQL only: what sits between claimd and the database. `"transaction"`: a pooler
+    /// in transaction mode (PgBouncer `pool_mode = transaction`, RDS Proxy), through which
+    /// claimd uses no session state (docs/postgresql.md, "Poolers"). Default `"none"` (also
+    /// right for a pooler in session mode).
+    #[serde(default)]
+    pub pooler: crate::store::pooler::Pooler,
 }
 
 fn default_max_connections() -> u32 {

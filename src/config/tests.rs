@@ -781,3 +781,21 @@ fn require_synchronous_standby_defaults_off_takes_the_environment_and_needs_post
     assert!(e.contains("SQLite is a single file"), "{e}");
     assert_eq!(e.lines().count(), 1, "{e}");
 }
+
+#[test]
+fn pooler_defaults_to_none_takes_the_environment_and_needs_postgresql() {
+    use crate::store::pooler::Pooler;
+    let l = load(BASE, &[]).unwrap();
+    assert_eq!(l.config.store.pooler, Pooler::None);
+    let pg = BASE.replace("sqlite://x.db", "postgres://claimd@pgbouncer:6432/claimd");
+    let l = load(&pg, &[("CLAIMD__STORE__POOLER", "transaction")]).unwrap();
+    assert_eq!(l.config.store.pooler, Pooler::Transaction);
+    let e = load(&pg, &[("CLAIMD__STORE__POOLER", "statement")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pooler"), "{e}");
+    let e = load(BASE, &[("CLAIMD__STORE__POOLER", "transaction")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("store.pooler"), "{e}");
+}

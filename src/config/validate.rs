@@ -20,6 +20,12 @@ impl Config {
             ));
         }
         self.validate_read_replica()?;
+        if self.store.pooler.per_transaction() && self.store.url.starts_with("sqlite:") {
+            return Err((
+                "store.pooler".into(),
+                "a pooler sits in front of PostgreSQL: set it only with a PostgreSQL store".into(),
+            ));
+        }
         if self.run.instance == crate::domain::claim::SCHEDULE_OWNER {
             return Err((
                 "run.instance".into(),

@@ -36,7 +36,8 @@ use tracing::warn;
 pub const CHANNEL: &str = "claimd_enqueued";
 /// How often the pickup looks on PostgreSQL without a notification.
 pub const PG_POLL: Duration = Duration::from_secs(1);
-/// How often the pickup looks on SQLite: the bound on an enqueued claim's wait for a worker.
+/// How often the pickup looks when it polls only (SQLite; PostgreSQL through a pooler in
+/// transaction mode): the bound on an enqueued claim's wait for a worker.
 pub const SQLITE_POLL: Duration = Duration::from_millis(200);
 /// Most claims one statement takes.
 const BATCH: usize = 64;
@@ -45,8 +46,8 @@ const BATCH: usize = 64;
 pub const TAIL: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(640));
 
 /// Starts the pickup for every consumer of `claimer`. `listen_url`: the PostgreSQL store's
-/// URL, to listen for notifications on (`None`: poll only, every [`SQLITE_POLL`]). The tasks
-/// end when `stop` turns true.
+/// URL, to listen for notifications on (`None`: poll only, every [`SQLITE_POLL`]: SQLite, or
+/// PostgreSQL through a pooler in transaction mode). The tasks end when `stop` turns true.
 pub fn start(
     claimer: Arc<Claimer>,
     listen_url: Option<String>,

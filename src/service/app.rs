@@ -131,10 +131,11 @@ impl App {
         let store = match supplied.store.take() {
             Some(store) => store,
             None => {
-                store::open_with(
+                store::open_through(
                     &config.store.url,
                     config.store.max_connections,
                     config.store.batch_writes,
+                    config.store.pooler,
                 )
                 .await?
             }
@@ -150,6 +151,7 @@ impl App {
                 &config.store.read_url,
                 config.store.read_max_connections,
                 config.store.read_fallback,
+                config.store.pooler,
             )?
         };
         // Settles of consumers with an outcome destination write outcome events.

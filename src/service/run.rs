@@ -242,7 +242,10 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             });
         }
     }
-    let listen_url = (app.store.dialect() == "postgres").then(|| config.store.url.clone());
+    // Through a pooler in transaction mode a LISTEN stays on one server connection while the
+    // client's next transaction runs on another: notifications would be lost. Poll instead.
+    let listen_url = (app.store.dialect() == "postgres" && !config.store.pooler.per_transaction())
+        .then(|| config.store.url.clone());
     background.extend(crate::engine::enqueued::start(
         app.claimer.clone(),
         listen_url,

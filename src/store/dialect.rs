@@ -566,12 +566,16 @@ where
 pub struct SqlPool<DB: Database> {
     /// The connection pool.
     pub pool: Pool<DB>,
+    /// What sits between the pool and the database: how statements must be run
+    /// ([`super::pooler`]).
+    pub pooler: super::pooler::Pooler,
 }
 
 impl<DB: Database> Clone for SqlPool<DB> {
     fn clone(&self) -> Self {
         SqlPool {
             pool: self.pool.clone(),
+            pooler: self.pooler,
         }
     }
 }
@@ -636,7 +640,7 @@ where
 #[async_trait]
 impl<DB> Runner for SqlPool<DB>
 where
-    DB: SqlDb,
+    DB: SqlDb + sqlx::database::HasStatementCache,
     DB::Arguments: IntoArguments<DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Row: SqlRow,
@@ -649,8 +653,7 @@ where
         sql: &'static str,
         args: &[Arg<'_>],
     ) -> StoreResult<Vec<DB::Row>> {
-        Self::query(sql, args)
-            .fetch_all(&self.pool)
+        self.all(Self::query(sql, args))
             .await
             .map_err(|e| StoreError::from_sqlx(name, e))
     }
@@ -661,10 +664,67 @@ where
         sql: &'static str,
         args: &[Arg<'_>],
     ) -> StoreResult<u64> {
-        Self::query(sql, args)
-            .execute(&self.pool)
+        self.run(Self::query(sql, args))
             .await
             .map(|done| DB::rows_affected(&done))
             .map_err(|e| StoreError::from_sqlx(name, e))
+    }
+}
+
+/// Running statements as [`SqlPool::pooler`] requires ([`super::pooler`]).
+impl<DB> SqlPool<DB>
+where
+    DB: ClaimDb + sqlx::database::HasStatementCache,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    /// Runs `q` and returns its rows: on the pool, or under a pooler in transaction mode
+    /// unnamed inside a transaction of its own (see [`super::pooler`]).
+    pub async fn all(&self, q: Query<'_, DB, DB::Arguments>) -> Result<Vec<DB::Row>, sqlx::Error> {
+        if !self.pooler.per_transaction() {
+            return q.fetch_all(&self.pool).await;
+        }
+        let mut tx = self.pool.begin().await?;
+        let rows = q.persistent(false).fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    /// [`all`](SqlPool::all) for a statement that returns at most one row.
+    pub async fn optional(
+        &self,
+        q: Query<'_, DB, DB::Arguments>,
+    ) -> Result<Option<DB::Row>, sqlx::Error> {
+        if !self.pooler.per_transaction() {
+            return q.fetch_optional(&self.pool).await;
+        }
+        let mut tx = self.pool.begin().await?;
+        let row = q.persistent(false).fetch_optional(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    /// Runs `q` and returns what it did, as [`all`](SqlPool::all) runs it.
+    pub async fn run(
+        &self,
+        q: Query<'_, DB, DB::Arguments>,
+    ) -> Result<DB::QueryResult, sqlx::Error> {
+        if !self.pooler.per_transaction() {
+            return q.execute(&self.pool).await;
+        }
+        let mut tx = self.pool.begin().await?;
+        let done = q.persistent(false).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    /// `q` as it runs inside a transaction claimd already holds: unnamed under a pooler in
+    /// transaction mode, so it never meets another client's statement of the same name.
+    pub fn in_tx<'q>(&self, q: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments> {
+        if self.pooler.per_transaction() {
+            q.persistent(false)
+        } else {
+            q
+        }
     }
 }

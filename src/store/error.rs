@@ -55,6 +55,15 @@ pub enum StoreError {
     /// `sqlite`, is off).
     #[error("store url {}: {}", redact_url(.0), crate::domain::features::missing(.1))]
     NotBuiltIn(String, &'static str),
+    /// Migrations are pending and the store is reached through a pooler in transaction mode
+    /// (`[store] pooler`), where sqlx's migration lock, a session advisory lock, would be
+    /// taken on one server connection and released on another.
+    #[error(
+        "migrations are pending, and with [store] pooler = \"transaction\" claimd does not apply \
+         them through the pooler: run `claimd migrate` against PostgreSQL itself (its own URL, \
+         with CLAIMD__STORE__POOLER=none), then start again"
+    )]
+    PendingBehindPooler,
 }
 
 impl StoreError {

@@ -15,6 +15,7 @@
 //! - `replication`: whether an acknowledged claim is on a standby yet (PostgreSQL).
 //! - `read_replica`: operators' searches, reports and ledger reads on a read replica
 //!   (`[store] read_url`), with its lag, and what happens when it cannot be read.
+//! - `pooler`: running statements through a pooler in transaction mode (PostgreSQL).
 //! - `rows`: claims from rows. `postgres` (`sql`, `many`) and `sqlite` (`sql`, `many`): the
 //!   dialects.
 //!
@@ -32,6 +33,7 @@ pub mod enqueue;
 mod error;
 pub mod hosts;
 pub mod outbox;
+pub mod pooler;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod read_replica;
@@ -511,15 +513,25 @@ pub async fn open(url: &str, max_connections: u32) -> StoreResult<Store> {
 /// Opens the store named by `url`. `batch_writes` lets the driver commit concurrent claims
 /// and settles together (see [`sql_store::SqlStore`]); `false` commits each on its own.
 pub async fn open_with(url: &str, max_connections: u32, batch_writes: bool) -> StoreResult<Store> {
+    open_through(url, max_connections, batch_writes, pooler::Pooler::None).await
+}
+
+/// [`open_with`], PostgreSQL reached through `pooler` ([`pooler`]; SQLite ignores it).
+pub async fn open_through(
+    url: &str,
+    max_connections: u32,
+    batch_writes: bool,
+    pooler: pooler::Pooler,
+) -> StoreResult<Store> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
         {
-            let pg = postgres::PgStore::connect(url, max_connections).await?;
+            let pg = postgres::PgStore::connect_with(url, max_connections, pooler).await?;
             Ok(Arc::new(if batch_writes { pg } else { pg.unbatched() }))
         }
         #[cfg(not(feature = "postgres"))]
         {
-            let _ = (max_connections, batch_writes);
+            let _ = (max_connections, batch_writes, pooler);
             Err(StoreError::NotBuiltIn(url.to_string(), "postgres"))
         }
     } else if url.starts_with("sqlite:") {

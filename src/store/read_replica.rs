@@ -158,7 +158,8 @@ impl Reads {
         }
     }
 
-    /// Reads on the replica at `url` (a pool of at most `max_connections`, connected lazily),
+    /// Reads on the replica at `url` (a pool of at most `max_connections`, connected lazily,
+    /// through `pooler` as the primary is),
     /// falling back as `fallback` says. Only PostgreSQL has replicas. Must be called inside a
     /// Tokio runtime.
     pub fn with_replica(
@@ -166,13 +167,15 @@ impl Reads {
         url: &str,
         max_connections: u32,
         fallback: ReadFallback,
+        pooler: crate::store::pooler::Pooler,
     ) -> StoreResult<Reads> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(StoreError::BadUrl(url.to_string()));
         }
         #[cfg(feature = "postgres")]
         {
-            let pg = crate::store::postgres::PgStore::connect_replica(url, max_connections)?;
+            let pg =
+                crate::store::postgres::PgStore::connect_replica(url, max_connections, pooler)?;
             Ok(Reads {
                 primary,
                 replica: Some(Arc::new(Replica {
@@ -189,7 +192,7 @@ impl Reads {
         }
         #[cfg(not(feature = "postgres"))]
         {
-            let _ = (primary, max_connections, fallback);
+            let _ = (primary, max_connections, fallback, pooler);
             Err(StoreError::NotBuiltIn(url.to_string(), "postgres"))
         }
     }

@@ -358,6 +358,7 @@ pub mod hangup;
 pub mod localstripe;
 pub mod nats;
 pub mod pg_pair;
+pub mod pgbouncer;
 pub mod provider;
 pub mod smtp;
 

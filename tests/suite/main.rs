@@ -45,6 +45,7 @@ mod operator;
 mod operator_api;
 mod outcomes;
 mod page_actions;
+mod pooler;
 mod properties;
 mod provider_events;
 mod providers;

@@ -211,7 +211,11 @@ impl DatabaseEffect for SqlEffect {
         match tx {
             #[cfg(feature = "postgres")]
             DbTx::Postgres(conn) => {
+                // Unnamed: the store may be reached through a pooler in transaction mode,
+                // where a named statement meets other clients' (inside the settle's
+                // transaction an unnamed one is safe).
                 bound!(sqlx::Postgres, self.statement.postgres.clone(), values)
+                    .persistent(false)
                     .execute(conn)
                     .await?;
             }

@@ -270,8 +270,11 @@ pub async fn enqueue<C: EnqueueConn + ?Sized>(
 impl EnqueueConn for sqlx::PgConnection {
     async fn enqueue_message(&mut self, e: &Enqueue<'_>) -> Result<Enqueued, EnqueueError> {
         use sqlx::Row;
+        // Unnamed statements: the producer's connection may go through a pooler in
+        // transaction mode, where a named one meets other clients' (docs/producers.md).
         let row = sqlx::query(sql::PG_REGISTRY)
             .bind(e.consumer)
+            .persistent(false)
             .fetch_optional(&mut *self)
             .await?
             .ok_or_else(|| EnqueueError::UnknownConsumer(e.consumer.to_string()))?;
@@ -288,6 +291,7 @@ impl EnqueueConn for sqlx::PgConnection {
             .bind(e.payload)
             .bind(e.tenant)
             .bind(e.content_type)
+            .persistent(false)
             .fetch_one(&mut *self)
             .await;
         let row = match answer {

@@ -6,8 +6,9 @@
 //! everything is applied nothing runs; anything else (a pending, failed, unknown or changed
 //! migration, a table it cannot read) goes to the migrator, which applies or reports it.
 
-use sqlx::PgPool;
+use crate::store::dialect::SqlPool;
 use sqlx::migrate::Migrator;
+use sqlx::{Postgres, Row};
 use std::collections::HashMap;
 
 /// The migrations table, when it exists: version, checksum, whether it succeeded.
@@ -17,17 +18,19 @@ const APPLIED: &str = "SELECT version, checksum, success FROM _sqlx_migrations";
 const HAS_TABLE: &str = "SELECT to_regclass('_sqlx_migrations') IS NOT NULL";
 
 /// `true` when every migration of `migrator` is applied with its checksum, and nothing else.
-pub(super) async fn up_to_date(pool: &PgPool, migrator: &Migrator) -> bool {
-    let Ok(true) = sqlx::query_scalar::<_, bool>(HAS_TABLE)
-        .fetch_one(pool)
-        .await
-    else {
+pub(super) async fn up_to_date(pool: &SqlPool<Postgres>, migrator: &Migrator) -> bool {
+    let has_table = pool.optional(sqlx::query(HAS_TABLE)).await;
+    let Ok(Some(true)) = has_table.map(|r| r.and_then(|r| r.try_get::<bool, _>(0).ok())) else {
         return false;
     };
-    let Ok(rows) = sqlx::query_as::<_, (i64, Vec<u8>, bool)>(APPLIED)
-        .fetch_all(pool)
-        .await
-    else {
+    let read = |r: &sqlx::postgres::PgRow| {
+        Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))
+    };
+    let Ok(rows) = pool.all(sqlx::query(APPLIED)).await.and_then(|rows| {
+        rows.iter()
+            .map(read)
+            .collect::<Result<Vec<(i64, Vec<u8>, bool)>, _>>()
+    }) else {
         return false;
     };
     if rows.iter().any(|(_, _, success)| !success) {

@@ -8,7 +8,7 @@
 
 use crate::store::hosts::{HostTargets, SessionAttrs};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool, Row};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,8 +104,11 @@ impl Primary {
     }
 
     async fn role(&self, conn: &mut PgConnection) -> Result<Role, sqlx::Error> {
-        let (recovery, read_only): (bool, bool) =
-            sqlx::query_as(ROLE_CHECK).fetch_one(&mut *conn).await?;
+        // The simple protocol: no prepared statement, named or not, so it is safe through a
+        // pooler in transaction mode (it is the first statement of every new connection).
+        let row = sqlx::raw_sql(ROLE_CHECK).fetch_one(&mut *conn).await?;
+        let recovery: bool = row.try_get(0)?;
+        let read_only: bool = row.try_get(1)?;
         let standby = match self.attrs {
             SessionAttrs::Primary => recovery,
             SessionAttrs::ReadWrite => recovery || read_only,

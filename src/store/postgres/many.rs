@@ -6,10 +6,11 @@
 
 use crate::domain::claim::{Claim, ClaimState, Handoff, NewClaim};
 use crate::store::args::{created as created_outcome, ms};
+use crate::store::dialect::SqlPool;
 use crate::store::outbox::{OutcomeConsumers, emits};
 use crate::store::rows::claim_from_row;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
-use sqlx::PgPool;
+use sqlx::{Postgres, Row};
 use std::collections::HashMap;
 
 /// Many claims in one statement (committed together, before any effect: I1). Rows that
@@ -133,11 +134,11 @@ pub(super) const SETTLE_MANY_PLAIN: &str = concat!(
 /// row went in is answered with it (the other is left to the one-row path, a repeat), as in
 /// SQLite's group commit.
 pub(super) async fn insert_batch(
-    pool: &PgPool,
+    pool: &SqlPool<Postgres>,
     new: &[&NewClaim],
 ) -> StoreResult<Vec<Option<ClaimOutcome>>> {
     let col = |f: fn(&NewClaim) -> &str| new.iter().map(|n| f(n)).collect::<Vec<&str>>();
-    let rows = sqlx::query(INSERT_CLAIMS)
+    let query = sqlx::query(INSERT_CLAIMS)
         .bind(col(|n| &n.consumer))
         .bind(col(|n| &n.tenant))
         .bind(col(|n| &n.message_id))
@@ -168,10 +169,8 @@ pub(super) async fn insert_batch(
             new.iter()
                 .map(|n| n.trace_parent.as_deref())
                 .collect::<Vec<Option<&str>>>(),
-        )
-        .fetch_all(pool)
-        .await
-        .map_err(err("insert_claims"))?;
+        );
+    let rows = pool.all(query).await.map_err(err("insert_claims"))?;
     let mut created: HashMap<(String, String, String), Claim> = rows
         .iter()
         .map(|r| {
@@ -210,21 +209,18 @@ pub(super) const MARK_CALLED_MANY: &str = "\
 
 /// Clears the "not called yet" markers of `marks` (distinct ids) in one statement.
 pub(super) async fn mark_called_batch(
-    pool: &PgPool,
+    pool: &SqlPool<Postgres>,
     marks: &[(i64, i32)],
 ) -> StoreResult<Vec<bool>> {
-    let changed: Vec<i64> = sqlx::query_scalar(MARK_CALLED_MANY)
+    let query = sqlx::query(MARK_CALLED_MANY)
         .bind(marks.iter().map(|m| m.0).collect::<Vec<_>>())
-        .bind(marks.iter().map(|m| m.1).collect::<Vec<_>>())
-        .fetch_all(pool)
-        .await
-        .map_err(|e| StoreError::from_sqlx("mark_called_many", e))?;
-    let changed: std::collections::HashSet<i64> = changed.into_iter().collect();
+        .bind(marks.iter().map(|m| m.1).collect::<Vec<_>>());
+    let changed = ids(pool.all(query).await, "mark_called_many")?;
     Ok(marks.iter().map(|m| changed.contains(&m.0)).collect())
 }
 
 pub(super) async fn settle_batch(
-    pool: &PgPool,
+    pool: &SqlPool<Postgres>,
     items: &[SettleItem<'_>],
     outcomes: &OutcomeConsumers,
 ) -> StoreResult<Vec<bool>> {
@@ -240,7 +236,7 @@ pub(super) async fn settle_batch(
     } else {
         SETTLE_MANY
     };
-    let query = sqlx::query_scalar(sql)
+    let query = sqlx::query(sql)
         .bind(items.iter().map(|i| i.id).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.attempt).collect::<Vec<_>>())
         .bind(items.iter().map(state).collect::<Vec<_>>())
@@ -301,9 +297,17 @@ pub(super) async fn settle_batch(
     } else {
         query.bind(writes.iter().map(|w| w.unwrap_or("[]")).collect::<Vec<_>>())
     };
-    let rows: Vec<i64> = query.fetch_all(pool).await.map_err(err("settle_many"))?;
-    let done: std::collections::HashSet<i64> = rows.into_iter().collect();
+    let done = ids(pool.all(query).await, "settle_many")?;
     Ok(items.iter().map(|i| done.contains(&i.id)).collect())
+}
+
+/// The ids (first column) of the rows a statement returned.
+fn ids(
+    rows: Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>,
+    query: &'static str,
+) -> StoreResult<std::collections::HashSet<i64>> {
+    rows.and_then(|rows| rows.iter().map(|r| r.try_get::<i64, _>(0)).collect())
+        .map_err(err(query))
 }
 
 fn err(query: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {

@@ -20,6 +20,7 @@ use crate::store::dialect::{
     Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, SqlPool, Statements, event_args,
 };
 use crate::store::outbox::OutcomeConsumers;
+use crate::store::pooler::Pooler;
 use crate::store::sql_store::SqlStore;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use async_trait::async_trait;
@@ -48,6 +49,15 @@ impl SqlStore<PgDialect> {
     /// Connects a pool to `url`, with concurrent claims and settles coalesced (see
     /// [`PgStore`]). Must be called inside a Tokio runtime (it starts the batching tasks).
     pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
+        Self::connect_with(url, max_connections, Pooler::None).await
+    }
+
+    /// [`connect`](Self::connect) through `pooler` ([`crate::store::pooler`]).
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        pooler: Pooler,
+    ) -> StoreResult<Self> {
         // A host list and `target_session_attrs` are read here (the driver reads neither).
         let targets = crate::store::hosts::split_hosts(url)
             .map_err(|e| StoreError::UrlRefused(url.to_string(), e))?;
@@ -61,7 +71,7 @@ impl SqlStore<PgDialect> {
             failover::with_hooks(options, &primary).connect_lazy_with(primary.current_options());
         failover::watch(pool.clone(), &primary);
         Ok(SqlStore::batched(PgDialect {
-            sql: SqlPool { pool },
+            sql: SqlPool { pool, pooler },
             primary,
         }))
     }
@@ -72,20 +82,18 @@ impl SqlStore<PgDialect> {
     }
 }
 
-/// The retention lock: a session advisory lock on a connection of its own.
+/// The retention lock: a transaction-scoped advisory lock, held by a transaction left open
+/// on a connection of its own for as long as the prune runs.
 struct PgRetentionLock(sqlx::PgConnection);
 
 #[async_trait]
 impl RetentionLock for PgRetentionLock {
-    /// Unlocks (so the next instance can take the lock at once), then ends the session: if
-    /// the unlock failed, the session's end frees the lock all the same (a little later, once
-    /// PostgreSQL has seen the connection close).
+    /// Ends the transaction (so the next instance can take the lock at once), then the
+    /// connection: if the rollback failed, the connection's end frees the lock all the same
+    /// (a little later, once PostgreSQL, or the pooler, has seen it close).
     async fn release(self: Box<Self>) {
         let mut conn = self.0;
-        let _ = sqlx::query(sql::PRUNE_UNLOCK)
-            .bind(sql::PRUNE_LOCK_KEY)
-            .execute(&mut conn)
-            .await;
+        let _ = sqlx::raw_sql(sql::PRUNE_UNLOCK).execute(&mut conn).await;
         let _ = sqlx::Connection::close(conn).await;
     }
 }
@@ -125,8 +133,13 @@ impl Dialect for PgDialect {
     /// `CREATE` on the schema passes the check at start (`applied`).
     async fn migrate(&self) -> StoreResult<()> {
         let migrator = sqlx::migrate!("migrations/postgres");
-        if applied::up_to_date(&self.sql.pool, &migrator).await {
+        if applied::up_to_date(&self.sql, &migrator).await {
             return Ok(());
+        }
+        // sqlx's migrator locks with a session advisory lock and prepares named statements:
+        // through a pooler in transaction mode neither holds (docs/postgresql.md, "Poolers").
+        if self.sql.pooler.per_transaction() {
+            return Err(StoreError::PendingBehindPooler);
         }
         migrator.run(&self.sql.pool).await?;
         Ok(())
@@ -135,7 +148,7 @@ impl Dialect for PgDialect {
     async fn replication(
         &self,
     ) -> StoreResult<Option<crate::store::replication::ReplicationSettings>> {
-        replication::read(&self.sql.pool).await.map(Some)
+        replication::read(&self.sql).await.map(Some)
     }
 
     /// PostgreSQL's statements write their history line themselves (a data-modifying CTE):
@@ -150,7 +163,7 @@ impl Dialect for PgDialect {
 
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<PgRow>> {
         logged_args(&w, |all| {
-            SqlPool::<Postgres>::query(w.sql, all).fetch_optional(&self.sql.pool)
+            self.sql.optional(SqlPool::<Postgres>::query(w.sql, all))
         })
         .await
         .map_err(err(w.name))
@@ -190,7 +203,9 @@ impl Dialect for PgDialect {
                 });
             }
             let row = logged_args(&w, |all| {
-                SqlPool::<Postgres>::query(w.sql, all).fetch_optional(&mut *tx)
+                self.sql
+                    .in_tx(SqlPool::<Postgres>::query(w.sql, all))
+                    .fetch_optional(&mut *tx)
             })
             .await
             .map_err(err(w.name))?;
@@ -215,12 +230,14 @@ impl Dialect for PgDialect {
         args: &[Arg<'_>],
     ) -> StoreResult<Vec<PgRow>> {
         let mut tx = self.sql.pool.begin().await.map_err(err("begin"))?;
-        sqlx::query(sql::LINE_LOCK)
-            .bind(format!("claimd:line:{consumer}"))
+        self.sql
+            .in_tx(sqlx::query(sql::LINE_LOCK).bind(format!("claimd:line:{consumer}")))
             .execute(&mut *tx)
             .await
             .map_err(err("line_lock"))?;
-        let rows = SqlPool::<Postgres>::query(sql, args)
+        let rows = self
+            .sql
+            .in_tx(SqlPool::<Postgres>::query(sql, args))
             .fetch_all(&mut *tx)
             .await
             .map_err(err(name))?;
@@ -228,10 +245,14 @@ impl Dialect for PgDialect {
         Ok(rows)
     }
 
-    /// A session advisory lock, on a connection taken out of the pool: it can never go back
-    /// to the pool still holding the lock (an unlock that failed, a task dropped mid-prune),
-    /// because dropping a detached connection closes it, and PostgreSQL frees a session's
-    /// locks when the session ends.
+    /// A transaction-scoped advisory lock in a transaction held open for the whole prune,
+    /// on a connection taken out of the pool. Not a session lock: through a pooler in
+    /// transaction mode a session lock stays on whichever server connection took it, and its
+    /// unlock may reach another one. A transaction keeps one server connection to the end,
+    /// and whatever ends it (the release, a task dropped mid-prune, which closes the detached
+    /// connection) frees the lock. It holds no snapshot between statements (read committed),
+    /// so it does not hold back vacuum. The key is the one the session lock of earlier
+    /// versions used: both kinds conflict, so mixed versions still prune one at a time.
     async fn retention_lock(&self) -> StoreResult<Option<Box<dyn RetentionLock>>> {
         let mut conn = self
             .sql
@@ -240,19 +261,28 @@ impl Dialect for PgDialect {
             .await
             .map_err(err("acquire"))?
             .detach();
+        sqlx::raw_sql(sql::PRUNE_BEGIN)
+            .execute(&mut conn)
+            .await
+            .map_err(err("begin"))?;
         let locked: bool = sqlx::query_scalar(sql::TRY_PRUNE_LOCK)
             .bind(sql::PRUNE_LOCK_KEY)
+            .persistent(false)
             .fetch_one(&mut conn)
             .await
             .map_err(err("try_prune_lock"))?;
-        Ok(locked.then(|| Box::new(PgRetentionLock(conn)) as Box<dyn RetentionLock>))
+        if !locked {
+            let _ = sqlx::Connection::close(conn).await;
+            return Ok(None);
+        }
+        Ok(Some(Box::new(PgRetentionLock(conn))))
     }
 
     async fn insert_many(
         &self,
         new: &[&NewClaim],
     ) -> Option<StoreResult<Vec<Option<ClaimOutcome>>>> {
-        Some(many::insert_batch(&self.sql.pool, new).await)
+        Some(many::insert_batch(&self.sql, new).await)
     }
 
     async fn settle_many(
@@ -260,11 +290,11 @@ impl Dialect for PgDialect {
         items: &[SettleItem<'_>],
         outcomes: &OutcomeConsumers,
     ) -> Option<StoreResult<Vec<bool>>> {
-        Some(many::settle_batch(&self.sql.pool, items, outcomes).await)
+        Some(many::settle_batch(&self.sql, items, outcomes).await)
     }
 
     async fn mark_called_many(&self, marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {
-        Some(many::mark_called_batch(&self.sql.pool, marks).await)
+        Some(many::mark_called_batch(&self.sql, marks).await)
     }
 }
 

@@ -30,7 +30,11 @@ impl SqlStore<PgDialect> {
     /// None of the primary's failover checks apply: they refuse a standby's connections, and a
     /// standby is what this pool is for. Its `primary` only names the server (the first host
     /// of `url`); it is never watched or switched.
-    pub fn connect_replica(url: &str, max_connections: u32) -> StoreResult<PgStore> {
+    pub fn connect_replica(
+        url: &str,
+        max_connections: u32,
+        pooler: crate::store::pooler::Pooler,
+    ) -> StoreResult<PgStore> {
         let targets = crate::store::hosts::split_hosts(url)
             .map_err(|e| StoreError::UrlRefused(url.to_string(), e))?;
         let server =
@@ -41,7 +45,7 @@ impl SqlStore<PgDialect> {
             .acquire_timeout(Duration::from_secs(2))
             .connect_lazy_with(options);
         Ok(SqlStore::batched(PgDialect {
-            sql: SqlPool { pool },
+            sql: SqlPool { pool, pooler },
             primary: server,
         })
         .unbatched())
@@ -49,7 +53,8 @@ impl SqlStore<PgDialect> {
 
     /// What the server says of itself as a replica ([`ReplicaReading`]).
     pub async fn replica_reading(&self) -> StoreResult<ReplicaReading> {
-        let row = sqlx::query(READING)
+        // The simple protocol: no prepared statement, safe through any pooler.
+        let row = sqlx::raw_sql(READING)
             .fetch_one(self.pool())
             .await
             .map_err(|e| StoreError::from_sqlx("replica_reading", e))?;

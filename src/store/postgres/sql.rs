@@ -6,13 +6,17 @@ use crate::store::dialect::Statements;
 /// Key of the advisory lock that serialises retention across instances ("claimd-prune").
 pub(super) const PRUNE_LOCK_KEY: i64 = 0x636c_6169_6d64_7072;
 
-pub(super) const TRY_PRUNE_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
+/// Opens the transaction that holds the retention lock.
+pub(super) const PRUNE_BEGIN: &str = "BEGIN";
+/// Takes the retention lock until the transaction ends (`$1`: [`PRUNE_LOCK_KEY`]).
+pub(super) const TRY_PRUNE_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
 /// The lock a take of waiting claims by order keys' lines holds until its commit, one per
 /// consumer (`$1`: `claimd:line:` and the consumer's name): such takes of one consumer run one
 /// at a time across instances, each seeing what the one before took.
 pub(super) const LINE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
 
-pub(super) const PRUNE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+/// Gives the retention lock back: ends its transaction.
+pub(super) const PRUNE_UNLOCK: &str = "ROLLBACK";
 
 /// The begin of a database effect's transaction, its `effect.timeout` in milliseconds
 /// following: the limit of each of its statements, set in the same round trip.

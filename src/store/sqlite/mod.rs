@@ -86,7 +86,10 @@ impl SqlStore<SqliteDialect> {
             .await
             .map_err(|e| StoreError::from_sqlx("connect", e))?;
         Ok(SqlStore::batched(SqliteDialect {
-            sql: SqlPool { pool },
+            sql: SqlPool {
+                pool,
+                pooler: crate::store::pooler::Pooler::None,
+            },
             writer: Arc::new(Mutex::new(())),
             prune_lock: Arc::new(Mutex::new(())),
             searches: Arc::new(Semaphore::new(search_turns(max_connections))),
