@@ -136,7 +136,7 @@ fn wave_end(events: &[OutcomeEvent], start: usize) -> usize {
 
 #[async_trait]
 impl Sink for HttpSink {
-    /// Up to [`IN_FLIGHT`] requests at once, a wave at a time, each claim's events in order;
+    /// Up to `IN_FLIGHT` (8) requests at once, a wave at a time, each claim's events in order;
     /// after a wave with a failure the rest of the round waits for the next (an endpoint that
     /// is down is not asked once per event). A slow endpoint ends the round at `deadline` (the
     /// round's [`super::ROUND_BUDGET`]): the rest stay unsent, untouched, for the next round,
