@@ -36,6 +36,10 @@ impl Spill {
             .synchronous(SqliteSynchronous::Off);
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
+            // No idle reaper: sqlx's maintenance task can spin at 100% CPU and stall the runtime
+            // (a num_idle underflow, launchbadge/sqlx #3645); connections live until they fail.
+            .idle_timeout(None)
+            .max_lifetime(None)
             .connect_with(options)
             .await
             .map_err(|e| LedgerError::Spill(e.to_string()))?;

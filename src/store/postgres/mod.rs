@@ -66,6 +66,10 @@ impl SqlStore<PgDialect> {
         );
         let options = PgPoolOptions::new()
             .max_connections(max_connections)
+            // No idle reaper: sqlx's maintenance task can spin at 100% CPU and stall the runtime
+            // (a num_idle underflow, launchbadge/sqlx #3645); connections live until they fail.
+            .idle_timeout(None)
+            .max_lifetime(None)
             .acquire_timeout(Duration::from_secs(5));
         let pool =
             failover::with_hooks(options, &primary).connect_lazy_with(primary.current_options());

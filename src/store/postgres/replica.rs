@@ -42,6 +42,10 @@ impl SqlStore<PgDialect> {
         let options = server.current_options().application_name("claimd-read");
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
+            // No idle reaper: sqlx's maintenance task can spin at 100% CPU and stall the runtime
+            // (a num_idle underflow, launchbadge/sqlx #3645); connections live until they fail.
+            .idle_timeout(None)
+            .max_lifetime(None)
             .acquire_timeout(Duration::from_secs(2))
             .connect_lazy_with(options);
         Ok(SqlStore::batched(PgDialect {

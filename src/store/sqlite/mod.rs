@@ -81,6 +81,10 @@ impl SqlStore<SqliteDialect> {
             .busy_timeout(Duration::from_secs(10));
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
+            // No idle reaper: sqlx's maintenance task can spin at 100% CPU and stall the runtime
+            // (a num_idle underflow, launchbadge/sqlx #3645); connections live until they fail.
+            .idle_timeout(None)
+            .max_lifetime(None)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await
