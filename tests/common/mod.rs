@@ -232,6 +232,18 @@ pub async fn get_json(url: &str) -> serde_json::Value {
         .unwrap()
 }
 
+/// The body of a `GET` of `url`, as text (`/metrics`, a page without a sign-in).
+pub async fn get_text(url: &str) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Polls `check` until it returns true or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
 where

@@ -329,23 +329,15 @@ async fn failover(pair: &PgPair) -> Outcome {
     let twice: Vec<_> = sb.effects().into_iter().filter(|e| e.applied > 1).collect();
     assert!(twice.is_empty(), "charged twice: {twice:?}");
     let mut restored = 0;
-    for (w, base) in workers.iter().zip(&bases) {
+    for base in &bases {
         let ready = get_json(&format!("{base}/readyz")).await;
         assert_eq!(ready["ready"], true, "{ready}");
-        let metrics = client()
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = get_text(&format!("{base}/metrics")).await;
         restored += metrics
             .lines()
             .filter(|l| l.starts_with("claimd_claims_vanished_total"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64;
-        let _ = w;
     }
     for w in workers {
         w.shutdown(Duration::from_secs(5)).await;

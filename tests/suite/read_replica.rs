@@ -176,14 +176,7 @@ async fn thirty_two_operators_searching_put_no_search_statement_on_the_primary()
         .await
         .unwrap();
     assert!(page.contains("read from the read replica"), "{page}");
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&format!("{base}/metrics")).await;
     for series in [
         "claimd_read_replica_up{replica=",
         "claimd_read_replica_in_recovery{replica=",
@@ -349,14 +342,7 @@ async fn a_replica_that_cannot_be_read_sends_the_search_to_the_primary_with_a_no
         page.contains("the read replica cannot be read") && page.contains("ran on the primary"),
         "{page}"
     );
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&format!("{base}/metrics")).await;
     let up = metrics
         .lines()
         .find(|l| l.starts_with("claimd_read_replica_up{"))
