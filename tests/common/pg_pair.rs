@@ -230,23 +230,39 @@ impl PgPair {
         panic!("the standby did not catch up with {lsn}");
     }
 
-    /// SIGKILLs the primary's postmaster (its backends exit when they notice).
+    /// SIGKILLs the primary's postmaster and every backend at once, and returns when none is
+    /// left. Killing the postmaster alone is not a crash: its backends go on answering until
+    /// they notice, so a transaction could still commit on the old primary after the "kill".
     pub fn kill_primary(&self) {
         let pid = std::fs::read_to_string(self.data("primary").join("postmaster.pid"))
             .expect("the primary's postmaster.pid");
         let pid = pid.lines().next().unwrap().trim().to_string();
+        // Stopped, the postmaster forks no backend between the listing and the kill.
+        let _ = Command::new("kill").args(["-STOP", &pid]).status();
+        let children = Command::new("pgrep")
+            .args(["-P", &pid])
+            .output()
+            .expect("pgrep");
+        let mut pids: Vec<String> = String::from_utf8_lossy(&children.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        pids.push(pid.clone());
         let ok = Command::new("kill")
-            .args(["-KILL", &pid])
+            .arg("-KILL")
+            .args(&pids)
             .status()
             .unwrap()
             .success();
-        assert!(ok, "kill the primary ({pid})");
-        // Its backends follow the postmaster; make sure none is left answering.
-        let _ = self
-            .command("pg_ctl")
-            .args(["-D", &self.data("primary").display().to_string()])
-            .args(["-m", "immediate", "stop"])
-            .output();
+        assert!(ok, "kill the primary ({pids:?})");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while pids.iter().any(|p| alive(p)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the primary's processes outlived SIGKILL: {pids:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// Promotes the standby to primary and waits until it accepts writes.
@@ -285,4 +301,15 @@ fn is_root() -> bool {
         .arg("-u")
         .output()
         .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
+
+/// Whether a process runs: a zombie counts as gone, since it can no longer answer.
+fn alive(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }

@@ -232,9 +232,10 @@ async fn failover(pair: &PgPair) -> Outcome {
     ));
     tokio::time::sleep(Duration::from_secs(3)).await;
 
+    tokio::task::block_in_place(|| pair.kill_primary());
+    // Read once every process of the old primary is gone: nothing commits there afterwards.
     let killed = Instant::now();
     let killed_utc = chrono::Utc::now();
-    tokio::task::block_in_place(|| pair.kill_primary());
     // A cluster manager takes some seconds to decide; meanwhile no server takes writes.
     tokio::time::sleep(Duration::from_secs(4)).await;
     tokio::task::block_in_place(|| pair.promote_standby());
