@@ -26,7 +26,7 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
         None => (Default::default(), Default::default()),
     };
     init_logging(cli.log_format, log);
-    let listen = listen.clone().unwrap_or(file.listen);
+    let listen = listen.clone().unwrap_or(file.listen.clone());
     let options = SandboxOptions {
         latency: Duration::from_millis(latency_ms.unwrap_or(file.latency_ms)),
         fail_rate: fail_rate.unwrap_or(file.fail_rate),
@@ -50,7 +50,7 @@ pub(super) async fn sandbox(cli: &Cli) -> Output {
     );
     let modes = crate::provider::sandbox::SandboxModes {
         key_field: key_field.clone(),
-        ..Default::default()
+        ..file.modes()
     };
     let state_file = state_file.clone().or(file.state_file).unwrap_or_default();
     let sandbox = match crate::provider::sandbox::open(options, modes, &state_file) {

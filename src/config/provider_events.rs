@@ -19,6 +19,28 @@ impl ProviderEventsConfig {
     }
 }
 
+/// The signing secret the shipped configuration gives the sandbox's events when
+/// `CLAIMD_SANDBOX_WEBHOOK_SECRET` is not set; refused for a provider elsewhere.
+pub const SANDBOX_WEBHOOK_SECRET: &str = "sandbox-only-not-a-secret";
+
+/// Whether an effect calls an HTTP provider on a loopback address.
+fn calls_loopback(effect: &crate::provider::effect::settings::EffectConfig) -> bool {
+    let crate::provider::effect::settings::EffectConfig::Http(http) = effect else {
+        return false;
+    };
+    let Some(host) = reqwest::Url::parse(&http.url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+    else {
+        return false;
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Checks consumer `i`'s `pe` against the rest of `config`: `Err((key, why))`.
 pub(super) fn check_event_limits(
     i: usize,
@@ -51,6 +73,18 @@ pub(super) fn check_event_limits(
                 "{} needs retention.keep_terminal_for ({keep}) to be more than twice it ({}): recorded event ids are pruned after keep_terminal_for, and a replay is taken up to twice the tolerance after the first delivery; it would be applied again",
                 pe.tolerance,
                 Dur(tolerance.saturating_mul(2))
+            ),
+        ));
+    }
+    // The default configuration's secret is written in it for the sandbox: anyone could sign
+    // with it. Taken only for a provider on this machine.
+    if pe.secrets.iter().any(|s| s == SANDBOX_WEBHOOK_SECRET)
+        && !calls_loopback(&config.consumers[i].effect)
+    {
+        return Err((
+            key("secrets"),
+            format!(
+                "{SANDBOX_WEBHOOK_SECRET:?} is the sandbox's published secret and this consumer calls a provider that is not on this machine: anyone could sign events with it; set the provider's own signing secret"
             ),
         ));
     }

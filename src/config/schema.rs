@@ -234,6 +234,31 @@ pub struct SandboxConfig {
     /// A file keeping the applied effects across restarts. Not set: under `claimd run` with a
     /// SQLite store, `<store file>.sandbox.jsonl` beside it; else (and `""`) memory only.
     pub state_file: Option<String>,
+    /// How long an effect a message asked to be `processing` (`"sandbox": "processing"`) stays
+    /// so before it succeeds.
+    pub processing_for: Dur,
+    /// Where the end of a `processing` effect is announced as a signed event (claimd's
+    /// `/v1/provider-events/{consumer}`); empty: nowhere (a status lookup finds it).
+    pub webhook_url: String,
+    /// The secret the events are signed with (`Stripe-Signature`).
+    #[serde(skip_serializing)]
+    pub webhook_secret: String,
+}
+
+impl SandboxConfig {
+    /// The provider shape these settings give (the default one, with its events).
+    pub fn modes(&self) -> crate::provider::sandbox::SandboxModes {
+        crate::provider::sandbox::SandboxModes {
+            processing_for: Some(self.processing_for.0),
+            webhook: (!self.webhook_url.is_empty()).then(|| {
+                crate::provider::sandbox::SandboxWebhook {
+                    url: self.webhook_url.clone(),
+                    secret: self.webhook_secret.clone(),
+                }
+            }),
+            ..Default::default()
+        }
+    }
 }
 
 impl Default for SandboxConfig {
@@ -247,6 +272,9 @@ impl Default for SandboxConfig {
             ignore_keys: false,
             rate_limit: 0,
             state_file: None,
+            processing_for: Dur(crate::provider::sandbox::DEFAULT_PROCESSING_FOR),
+            webhook_url: String::new(),
+            webhook_secret: String::new(),
         }
     }
 }

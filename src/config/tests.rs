@@ -269,6 +269,20 @@ fn the_shipped_configs_load() {
 }
 
 #[test]
+fn the_sandbox_s_published_webhook_secret_is_refused_for_a_real_provider() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "http://127.0.0.1:8090/v1/payments\"",
+        "https://api.example.com/v1/payments\"",
+    );
+    let e = load(&text, &[]).unwrap_err().to_string();
+    assert!(e.contains("provider_events.secrets"), "{e}");
+    assert!(e.contains("published secret"), "{e}");
+    // With the provider's own secret it loads.
+    load(&text, &[("CLAIMD_SANDBOX_WEBHOOK_SECRET", "whsec_real")]).unwrap();
+}
+
+#[test]
 fn a_section_left_out_has_the_same_defaults_as_one_given_empty() {
     let without = load(BASE, &[("PROVIDER_TOKEN", "x")]).unwrap().config;
     let with = load(

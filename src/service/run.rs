@@ -185,7 +185,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             config.sandbox.state_file.as_deref(),
             &config.store.url,
         );
-        let sandbox = crate::provider::sandbox::open(options, Default::default(), &state_file)
+        let sandbox = crate::provider::sandbox::open(options, config.sandbox.modes(), &state_file)
             .map_err(|e| RunError::Sandbox(e.to_string()))?;
         let mut rx = stopped.clone();
         background.push(tokio::spawn(async move {

@@ -350,12 +350,13 @@ async fn keep_alive_serves_many_requests_on_pooled_connections() {
 async fn unknown_routes_and_methods_are_rejected() {
     let sb = start(SandboxOptions::default()).await;
     let c = client();
-    let get = c
-        .get(format!("{}/v1/payments", sb.base))
+    let put = c
+        .put(format!("{}/v1/payments", sb.base))
         .send()
         .await
         .unwrap();
-    assert_eq!(get.status(), 405);
+    assert_eq!(put.status(), 405);
+    assert_eq!(put.headers()["allow"], "GET, POST");
     let outside = c.post(format!("{}/other", sb.base)).send().await.unwrap();
     assert_eq!(outside.status(), 404);
     let post_effects = post(&c, &format!("{}/v1/effects", sb.base), Some("k"), "x")
@@ -415,4 +416,54 @@ async fn effect_is_applied_even_when_the_client_gives_up_mid_flight() {
     assert_eq!(retry.status(), 200);
     assert_eq!(retry.headers().get("idempotent-replayed").unwrap(), "true");
     assert_eq!(sb.sandbox.effects()[0].applied, 1);
+}
+
+/// `GET /v1/<objects>` lists what was applied under that path, oldest first, a page at a
+/// time, as Stripe lists objects; `claimd reconcile --ledger` reads it.
+#[tokio::test]
+async fn the_list_of_a_path_pages_through_its_objects() {
+    let sb = start(SandboxOptions::default()).await;
+    let c = client();
+    for i in 0..3 {
+        let body = format!(r#"{{"amount": {}, "currency": "EUR"}}"#, 100 + i);
+        let r = post(
+            &c,
+            &format!("{}/v1/payments", sb.base),
+            Some(&format!("p{i}")),
+            &body,
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    post(&c, &format!("{}/v1/refunds", sb.base), Some("r0"), "{}")
+        .await
+        .unwrap();
+    let page = |query: String| {
+        let c = c.clone();
+        let url = format!("{}/v1/payments?{query}", sb.base);
+        async move { json(c.get(url).send().await.unwrap()).await }
+    };
+    let first = page("limit=2".into()).await;
+    assert_eq!(first["has_more"], true, "{first}");
+    let data = first["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    assert_eq!(data[0]["key"], "p0");
+    assert_eq!(data[0]["amount"], 100);
+    assert_eq!(data[0]["currency"], "EUR");
+    assert!(data[0]["created"].as_i64().unwrap() > 1_700_000_000);
+    let last = data[1]["id"].as_str().unwrap();
+    let second = page(format!("limit=2&starting_after={last}")).await;
+    assert_eq!(second["has_more"], false, "{second}");
+    assert_eq!(second["data"].as_array().unwrap().len(), 1);
+    assert_eq!(second["data"][0]["key"], "p2");
+    // Outside the window: nothing.
+    let none = page("created[lt]=1000".into()).await;
+    assert_eq!(none["data"].as_array().unwrap().len(), 0);
+    let bad = c
+        .get(format!("{}/v1/payments?limit=500", sb.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
 }

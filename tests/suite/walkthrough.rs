@@ -146,6 +146,110 @@ async fn the_walk_through_declines_a_payment_and_parks_a_refund() {
     running.shutdown(Duration::from_secs(2)).await;
 }
 
+/// README's pending payment on the shipped configuration: the sandbox answers "processing",
+/// the claim waits `pending`, the sandbox's signed webhook settles it (long before the first
+/// poll, a minute later), the search finds it by the provider's id, and `reconcile --ledger`
+/// reads the sandbox's list and finds the ledgers in agreement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_walk_through_s_pending_payment_is_settled_by_the_sandbox_s_webhook() {
+    let dir = tempfile::tempdir().unwrap();
+    let (http, sandbox) = (free_port(), free_port());
+    let toml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/default.toml"))
+        .unwrap()
+        .replace("127.0.0.1:8080", &format!("127.0.0.1:{http}"))
+        .replace("127.0.0.1:8090", &format!("127.0.0.1:{sandbox}"))
+        .replace(
+            "sqlite://claimd.db",
+            &format!("sqlite://{}", dir.path().join("claimd.db").display()),
+        )
+        .replace(r#"processing_for = "10s""#, r#"processing_for = "2s""#);
+    assert!(
+        toml.contains(r#"processing_for = "2s""#),
+        "the sandbox's wait is set"
+    );
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+    let s = running.app().store.clone();
+    let c = client();
+    for (key, body) in [
+        ("order-1001", r#"{"amount": 1250, "currency": "EUR"}"#),
+        (
+            "order-1003",
+            r#"{"amount": 4200, "currency": "EUR", "sandbox": "processing"}"#,
+        ),
+    ] {
+        let r = c
+            .post(format!("{base}/v1/messages/payments"))
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202, "{key}");
+    }
+    let state = |id: &'static str| {
+        let s = s.clone();
+        async move { s.get("payments", "", id).await.unwrap().map(|c| c.state) }
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            state("order-1003").await == Some(ClaimState::Pending)
+        })
+        .await,
+        "the processing payment waits pending: {:?}",
+        state("order-1003").await
+    );
+    // The sandbox says so too, until its wait is over.
+    let v = get_json(&format!(
+        "http://127.0.0.1:{sandbox}/v1/effects/payments::order-1003"
+    ))
+    .await;
+    assert_eq!(v["response"]["status"], "processing", "{v}");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            state("order-1003").await == Some(ClaimState::Completed)
+        })
+        .await,
+        "the webhook settles it long before the first poll (1 minute): {:?}",
+        state("order-1003").await
+    );
+    let done = s.get("payments", "", "order-1003").await.unwrap().unwrap();
+    let id = done.provider_id.clone().expect("the provider's id is kept");
+    assert!(id.starts_with("eff_"), "{id}");
+
+    let cfg = dir.path().join("claimd.toml");
+    std::fs::write(&cfg, &toml).unwrap();
+    let cfg = cfg.to_string_lossy().to_string();
+    // README: the search box and `claims list --search` find a claim by the provider's id.
+    let (code, out, err) = cli(&["--config", &cfg, "claims", "list", "--search", &id]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("order-1003"), "{out}");
+    // The sandbox lists what it applied; the ledgers agree.
+    let (code, out, err) = cli(&[
+        "--config",
+        &cfg,
+        "reconcile",
+        "--ledger",
+        "--since",
+        "1h",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "the ledgers match: {err}\n{out}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let payments = report["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["consumer"] == "payments")
+        .unwrap_or_else(|| panic!("payments has a ledger: {out}"))
+        .clone();
+    assert_eq!(payments["counts"]["agreeing"], 2, "{payments}");
+
+    running.shutdown(Duration::from_secs(2)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_run_on_one_sqlite_file_refuses_to_start() {
     let store = TestStore::sqlite();

@@ -164,6 +164,7 @@ impl Sandbox {
             .unwrap_or(0);
         inner.unkeyed.store(unkeyed + 1, Ordering::Relaxed);
         let restored = records.len();
+        let processing = super::pending::still_processing(&records);
         for record in records {
             let stored = Stored {
                 status: StatusCode::OK,
@@ -173,6 +174,7 @@ impl Sandbox {
             let key = stored.record.key.clone();
             inner.shard(&key).insert(key, Slot::Done(Box::new(stored)));
         }
+        super::pending::resume(inner, processing);
         if skipped > 0 {
             tracing::warn!(path = %path.display(), skipped, "sandbox: unreadable lines in the state file skipped (a write cut short)");
         }

@@ -39,12 +39,14 @@
 //! restarts.
 
 mod journal;
+mod ledger;
 mod limits;
 mod modes;
+mod pending;
 mod responses;
 
 pub use journal::{JournalError, open, state_file_under_run};
-pub use modes::SandboxModes;
+pub use modes::{DEFAULT_PROCESSING_FOR, SandboxModes, SandboxWebhook};
 use responses::*;
 use std::collections::HashMap;
 use std::fmt;
@@ -398,15 +400,21 @@ impl Inner {
         }
     }
 
-    /// Build the stored response for a newly applied effect.
-    fn new_stored(&self, key: String, path: String, body_sha256: String) -> Stored {
+    /// Build the stored response for a newly applied effect (`request`: its body); one a
+    /// message asked to stay `processing` is scheduled to succeed ([`pending`]).
+    fn new_stored(
+        self: &Arc<Self>,
+        key: String,
+        path: String,
+        body_sha256: String,
+        request: &[u8],
+    ) -> Stored {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let response = json!({
-            "id": format!("eff_{id}"),
-            "key": key,
-            "status": "succeeded",
-            "path": path,
-        });
+        let processing = pending::asks_processing(request);
+        let response = effect_object(id, &key, &path, request, processing);
+        if processing {
+            pending::succeed_later(Arc::clone(self), key.clone());
+        }
         let body = Bytes::from(response.to_string());
         Stored {
             record: EffectRecord {
@@ -429,10 +437,11 @@ impl Inner {
         key: String,
         path: String,
         body_sha256: String,
+        request: Bytes,
         directed: Option<Aftermath>,
     ) -> (StatusCode, Bytes, Aftermath) {
         tokio::time::sleep(self.options.latency).await;
-        let stored = self.new_stored(key.clone(), path, body_sha256);
+        let stored = self.new_stored(key.clone(), path, body_sha256, &request);
         let (status, body) = (stored.status, stored.body.clone());
         self.keep(&stored.record);
         self.shard(&key).insert(key, Slot::Done(Box::new(stored)));
@@ -445,6 +454,7 @@ impl Inner {
         key: Option<String>,
         path: String,
         body_sha256: String,
+        request: Bytes,
     ) -> (StatusCode, Bytes, Aftermath) {
         if !self.options.latency.is_zero() {
             tokio::time::sleep(self.options.latency).await;
@@ -453,7 +463,7 @@ impl Inner {
             let n = self.unkeyed.fetch_add(1, Ordering::Relaxed);
             format!("unkeyed-{n:012}")
         });
-        let fresh = self.new_stored(key.clone(), path, body_sha256);
+        let fresh = self.new_stored(key.clone(), path, body_sha256, &request);
         let (status, body) = (fresh.status, fresh.body.clone());
         {
             let mut map = self.shard(&key);
@@ -527,8 +537,11 @@ async fn handle(inner: Arc<Inner>, request: Request<Incoming>) -> Reply {
         .iter()
         .any(|p| path.len() > p.len() && path.starts_with(p));
     if api {
+        if method == Method::GET {
+            return Ok(ledger::list(&inner, &path, request.uri().query()));
+        }
         if method != Method::POST {
-            return Ok(method_not_allowed("POST"));
+            return Ok(method_not_allowed("GET, POST"));
         }
         return apply(inner, path, request).await;
     }
@@ -642,7 +655,7 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
     }
 
     let work = if options.ignore_keys {
-        tokio::spawn(Arc::clone(&inner).apply_unkeyed(key, path, body_sha256))
+        tokio::spawn(Arc::clone(&inner).apply_unkeyed(key, path, body_sha256, body))
     } else {
         let key = key.expect("keys are required unless ignore_keys");
         {
@@ -675,7 +688,7 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
                 }
                 None if options.latency.is_zero() => {
                     // Fast path: nothing to wait for, so apply under the lock.
-                    let stored = inner.new_stored(key.clone(), path, body_sha256);
+                    let stored = inner.new_stored(key.clone(), path, body_sha256, &body);
                     let (status, body) = (stored.status, stored.body.clone());
                     inner.keep(&stored.record);
                     map.insert(key, Slot::Done(Box::new(stored)));
@@ -693,7 +706,7 @@ async fn apply(inner: Arc<Inner>, path: String, request: Request<Incoming>) -> R
             }
         }
         // Applied in its own task: a client that gives up mid-flight does not undo it.
-        tokio::spawn(Arc::clone(&inner).apply_keyed(key, path, body_sha256, directed))
+        tokio::spawn(Arc::clone(&inner).apply_keyed(key, path, body_sha256, body, directed))
     };
     match work.await {
         Ok((status, body, aftermath)) => finish(status, body, aftermath),

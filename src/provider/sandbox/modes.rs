@@ -23,6 +23,25 @@ pub struct SandboxModes {
     /// second's worth), answering `429` with `Retry-After: 1` beyond it. A body without the
     /// field is not limited.
     pub per_key_limit: Option<(String, u32)>,
+    /// How long an effect a message asked to be `processing` (`"sandbox": "processing"`) stays
+    /// so before it succeeds; `None`: [`DEFAULT_PROCESSING_FOR`].
+    pub processing_for: Option<Duration>,
+    /// Where the end of a `processing` effect is announced as a signed event, if anywhere.
+    pub webhook: Option<SandboxWebhook>,
+}
+
+/// How long a `processing` effect lasts unless [`SandboxModes::processing_for`] says.
+pub const DEFAULT_PROCESSING_FOR: Duration = Duration::from_secs(10);
+
+/// A webhook endpoint the sandbox announces finished `processing` effects to, as a payment
+/// provider does: `POST` of a Stripe-shaped event (`{"id","type","created","data":{"object"}}`)
+/// signed with `Stripe-Signature` under `secret`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxWebhook {
+    /// The endpoint, e.g. claimd's `http://127.0.0.1:8080/v1/provider-events/payments`.
+    pub url: String,
+    /// The signing secret (any text; claimd's `provider_events.secrets` must hold it).
+    pub secret: String,
 }
 
 impl SandboxModes {

@@ -92,3 +92,33 @@ pub(super) fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
         .insert(header::ALLOW, HeaderValue::from_static(allow));
     response
 }
+
+/// The object the sandbox makes for an effect: its id, the key, the path, `status`
+/// (`succeeded`, or `processing` when asked), `created` (seconds since 1970), and the request's
+/// top-level `amount` and `currency` when it has them (for `claimd reconcile --ledger`).
+pub(super) fn effect_object(
+    id: u64,
+    key: &str,
+    path: &str,
+    request: &[u8],
+    processing: bool,
+) -> Value {
+    let mut object = json!({
+        "id": format!("eff_{id}"),
+        "key": key,
+        "status": if processing { pending::PROCESSING } else { "succeeded" },
+        "path": path,
+        "created": Utc::now().timestamp(),
+    });
+    // Only a JSON object body is read; the common case (no amount) costs one scan.
+    if request.windows(8).any(|w| w == b"\"amount\"")
+        && let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(request)
+    {
+        for field in ["amount", "currency"] {
+            if let Some(v) = body.get(field) {
+                object[field] = v.clone();
+            }
+        }
+    }
+    object
+}
