@@ -8,6 +8,7 @@ mod actor;
 mod bulk;
 mod claims;
 mod consumer_check;
+mod migrate_plan;
 mod reports;
 mod store_failure;
 mod worker;
@@ -82,7 +83,15 @@ pub enum Command {
     /// Run the worker: intake, claimer, sweeper, retention, HTTP API (and sandbox if enabled).
     Run,
     /// Apply migrations to the configured store.
-    Migrate,
+    Migrate {
+        /// Apply nothing: list each pending migration, its statements and the locks it takes
+        /// (with the table's rows, on PostgreSQL).
+        #[arg(long)]
+        plan: bool,
+        /// Output format of `--plan`.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
     /// One sweeper pass now.
     Sweep {
         /// Only print what would be done.
@@ -473,12 +482,15 @@ async fn execute_unescaped(cli: Cli) -> Output {
     };
     init_logging(cli.log_format, loaded.config.log.format);
     // Said by the commands that start work; a listing repeating them each time is noise.
-    if calls_providers || matches!(cli.command, Command::Migrate) {
+    if calls_providers || matches!(cli.command, Command::Migrate { .. }) {
         for w in &loaded.warnings {
             tracing::warn!("{}", w);
         }
     }
-    let migrate = matches!(cli.command, Command::Run | Command::Migrate);
+    if let Command::Migrate { plan: true, format } = cli.command {
+        return migrate_plan::show(&loaded.config.store.url, format).await;
+    }
+    let migrate = matches!(cli.command, Command::Run | Command::Migrate { .. });
     let mut note_only_in_store = String::new();
     // Held until this process ends: one `claimd run` per SQLite file.
     let _one_process = match &cli.command {
@@ -510,7 +522,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
     let traces = app.claimer.traces().clone();
     let out = match cli.command {
         Command::Run => run_worker(app).await,
-        Command::Migrate => Output::ok(format!(
+        Command::Migrate { .. } => Output::ok(format!(
             "migrations applied to the {} store\n",
             app.store.dialect()
         )),

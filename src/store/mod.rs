@@ -32,7 +32,9 @@ mod batch;
 pub mod enqueue;
 mod error;
 pub mod hosts;
+pub mod migration_plan;
 pub mod outbox;
+pub mod pending_migrations;
 pub mod pooler;
 #[cfg(feature = "postgres")]
 pub mod postgres;

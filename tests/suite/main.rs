@@ -39,6 +39,7 @@ mod localstripe_reconcile;
 mod memory_budget;
 mod metrics;
 mod metrics_format;
+mod migrate_plan;
 mod nats;
 mod openapi;
 mod operator;

@@ -1,0 +1,69 @@
+//! `claimd migrate --plan` on a real PostgreSQL: every migration pending on an empty database
+//! (locking nothing that has rows), none after `claimd migrate`, and an index build left
+//! pending on a table with rows is named as stopping intake (exit 3).
+
+use crate::common;
+
+use common::*;
+
+#[tokio::test]
+async fn the_plan_names_an_index_build_on_a_full_table_as_stopping_intake() {
+    let Some(db) = PgDb::create().await else {
+        return;
+    };
+    let env = [("CLAIMD__STORE__URL", db.url.as_str())];
+    let (code, out, err) = cli_with_env(&["migrate", "--plan"], &env);
+    assert_eq!(
+        code, 0,
+        "an empty database: nothing with rows is locked\n{out}{err}"
+    );
+    assert!(out.contains("migration(s) pending"), "{out}");
+    assert!(out.contains("0001 claims"), "{out}");
+    assert!(!out.contains("STOPS INTAKE"), "{out}");
+
+    let (code, _, err) = cli_with_env(&["migrate"], &env);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = cli_with_env(&["migrate", "--plan"], &env);
+    assert_eq!(code, 0);
+    assert_eq!(out, "no migration pending: the store is up to date\n");
+
+    // 20,000 claims, and migration 12 (an index on claims, IF NOT EXISTS) pending again.
+    let mut conn = {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&db.url).await.unwrap()
+    };
+    sqlx::query(
+        "INSERT INTO claims (consumer, message_id, idem_key, fingerprint, payload)
+         SELECT 'payments', 'm' || n, 'payments::m' || n, 'f', '\\x7b7d'::bytea
+         FROM generate_series(1, 20000) n",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE claims")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 12")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (code, out, err) = cli_with_env(&["migrate", "--plan"], &env);
+    assert_eq!(
+        code, 3,
+        "an index build on a full table stops intake\n{out}{err}"
+    );
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("claims "))
+        .unwrap_or_else(|| panic!("claims is listed: {out}"));
+    assert!(line.contains("SHARE"), "{line}");
+    assert!(line.contains("~20000 rows"), "{line}");
+    assert!(line.contains("STOPS INTAKE"), "{line}");
+    let (code, json, _) = cli_with_env(&["migrate", "--plan", "--format", "json"], &env);
+    assert_eq!(code, 3);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["stops_intake_while_reading_rows"], true);
+    assert_eq!(v["pending"][0]["version"], 12);
+    assert_eq!(v["pending"][0]["held"][0]["lock"], "SHARE");
+}
