@@ -197,6 +197,8 @@ pub struct Guard {
     pub bearer_log: LogEvery,
     /// Requests refused for their `Host` or `Origin`.
     pub host_log: LogEvery,
+    /// Operators' bearer credentials verified lately.
+    pub verified: super::operator_auth::VerifiedCredentials,
 }
 
 impl Default for Guard {
@@ -207,6 +209,7 @@ impl Default for Guard {
             throttled_log: LogEvery::new(LOG_EVERY),
             bearer_log: LogEvery::new(LOG_EVERY),
             host_log: LogEvery::new(LOG_EVERY),
+            verified: Default::default(),
         }
     }
 }

@@ -4,10 +4,12 @@
 //! assembles the router from these, `intake::http` and the operator page (`dashboard`).
 
 pub mod actions;
+pub mod audit;
 pub mod auth;
 pub mod cancel;
 pub mod claims;
 pub mod guard;
+pub mod operator_auth;
 pub mod ops;
 pub mod problem;
 pub mod provider_events;
