@@ -308,7 +308,7 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
 
     // The page sends a browser that is not signed in to the form.
     b.go(&format!("{base}/")).await;
-    b.wait_for("Admin token").await;
+    b.wait_for("Your credential").await;
     b.type_into("#name", "ann").await;
     b.type_into("#token", "s3cret-admin-token").await;
     b.click("button[type=submit]").await;
@@ -456,13 +456,152 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     )
     .await;
 
-    // Sign out: the page asks for the token again.
+    // Every action taken is on the audit page, newest first, with who and what it was on.
+    b.go(&format!("{base}/audit")).await;
+    let audit = b.wait_for("Audit").await;
+    for line in [
+        "payments/order-1001",
+        "payments/order-1002",
+        "payments/order-1003",
+        "admin-token",
+        "name given: ann",
+    ] {
+        assert!(audit.contains(line), "{line} on the audit page: {audit}");
+    }
+    let actions = b
+        .script("return [...document.querySelectorAll('table.audit tbody tr')].map(r => r.children[4].textContent + ' ' + r.children[5].textContent + ' ' + r.children[7].textContent);")
+        .await;
+    let actions: Vec<String> = actions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    for want in [
+        "resolve payments/order-1003 done",
+        "redrive payments/order-1002 done",
+        "resolve payments/order-1001 done",
+        "sign-in admin-token done",
+    ] {
+        assert!(actions.iter().any(|a| a == want), "{want}: {actions:?}");
+    }
+    let at = |w: &str| actions.iter().position(|a| a == w).unwrap();
+    assert!(
+        at("resolve payments/order-1003 done") < at("resolve payments/order-1001 done"),
+        "newest first: {actions:?}"
+    );
+
+    // Sign out: the page asks for the credential again.
     b.go(&format!("{base}/")).await;
     b.wait_for("Sign out").await;
     b.click("form.signout button").await;
-    b.wait_for("Admin token").await;
+    b.wait_for("Your credential").await;
     b.go(&format!("{base}/")).await;
-    b.wait_for("Admin token").await;
+    b.wait_for("Your credential").await;
+    b.quit().await;
+    running.shutdown(Duration::from_secs(2)).await;
+}
+
+/// A viewer signs in with their own account: the page opens, and every action it offers is
+/// answered 403 (the forms, and a change posted by a script on the page with the session's
+/// CSRF token); nothing moves, and each refusal is on the audit page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_may_look_but_every_action_is_refused_and_audited_in_chromium() {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin-token\"").await;
+    let base = format!("http://{}", running.http_addr);
+    let s = running.app().store.clone();
+    parked_claim(&s, "payments", "order-2001", "outcome unknown (timeout)").await;
+    let before = s.get("payments", "", "order-2001").await.unwrap().unwrap();
+    claimd::ops::accounts::add(
+        s.as_ref(),
+        "vera",
+        claimd::domain::operator_role::Role::Viewer,
+        Some("vera-credential-0123456789".into()),
+    )
+    .await
+    .unwrap();
+
+    b.go(&format!("{base}/")).await;
+    b.wait_for("Your credential").await;
+    b.type_into("#name", "vera").await;
+    b.type_into("#token", "vera-credential-0123456789").await;
+    b.click("button[type=submit]").await;
+    b.wait_for("signed in as").await;
+    assert!(b.source().await.contains("(viewer)"));
+
+    // Resolve from the claim's card: the preview is refused.
+    b.wait_for("order-2001").await;
+    let card = "form.act:has(input[value^=\"payments\t\torder-2001\t\"])";
+    b.select(&format!("{card} select[name=action]"), "complete")
+        .await;
+    b.type_into(&format!("{card} input[name=note]"), "looks paid")
+        .await;
+    b.click(&format!("{card} button")).await;
+    b.wait_for("not allowed for your role").await;
+    // Redrive from its card: refused.
+    b.go(&format!("{base}/")).await;
+    b.wait_for("order-2001").await;
+    b.click("form.act.redrive:has(input[value^=\"payments\t\torder-2001\t\"]) button")
+        .await;
+    b.wait_for("not allowed for your role").await;
+    // What the page does not offer a viewer's script either: the JSON actions and a
+    // confirmation posted straight to apply, each with the session's CSRF token.
+    b.go(&format!("{base}/")).await;
+    b.wait_for("order-2001").await;
+    let statuses = b
+        .script(r#"
+            const csrf = document.querySelector('input[name=csrf]').value;
+            const claim = document.querySelector('input[name=claim]').value;
+            const post = (path, body, type) => {
+                const x = new XMLHttpRequest();
+                x.open('POST', path, false);
+                x.setRequestHeader('Content-Type', type);
+                x.setRequestHeader('X-CSRF-Token', csrf);
+                x.send(body);
+                return x.status;
+            };
+            const json = 'application/json';
+            return [
+                post('/v1/claims/payments/order-2001/resolve', JSON.stringify({to: 'completed', note: 'x', actor: 'vera'}), json),
+                post('/v1/claims/payments/order-2001/redrive', JSON.stringify({actor: 'vera'}), json),
+                post('/v1/claims/payments/order-2001/cancel', JSON.stringify({reason: 'x', actor: 'vera'}), json),
+                post('/actions/apply', new URLSearchParams({csrf, action: 'fail', note: 'x', claim}).toString(), 'application/x-www-form-urlencoded'),
+            ];
+        "#)
+        .await;
+    assert_eq!(
+        statuses,
+        json!([403, 403, 403, 403]),
+        "every action refused"
+    );
+    let c = s.get("payments", "", "order-2001").await.unwrap().unwrap();
+    assert_eq!(c.state, ClaimState::NeedsAttention, "nothing moved");
+    assert_eq!(c.version, before.version, "not even touched");
+
+    // Each refusal is on the audit page, which a viewer may read.
+    b.go(&format!("{base}/audit?actor=vera")).await;
+    b.wait_for("Audit").await;
+    let rows = b
+        .script("return [...document.querySelectorAll('table.audit tbody tr')].map(r => r.children[4].textContent + ' ' + r.children[7].textContent);")
+        .await;
+    let rows: Vec<String> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let refused = |action: &str| {
+        rows.iter()
+            .filter(|r| r.starts_with(&format!("{action} refused: 403")))
+            .count()
+    };
+    assert_eq!(refused("resolve"), 3, "preview, JSON, apply: {rows:?}");
+    assert_eq!(refused("redrive"), 2, "card and JSON: {rows:?}");
+    assert_eq!(refused("cancel"), 1, "{rows:?}");
+    assert!(rows.iter().any(|r| r == "sign-in done"), "{rows:?}");
     b.quit().await;
     running.shutdown(Duration::from_secs(2)).await;
 }

@@ -7,13 +7,13 @@
 mod actor;
 mod bulk;
 mod claims;
+mod cli_audit;
 mod consumer_check;
 mod operators;
 mod reports;
 mod store_failure;
 mod worker;
 
-use claims::claims;
 use reports::{ledger_cmd, reconcile_cmd, report_cmd};
 use worker::{run_worker, sandbox, sweep};
 
@@ -557,7 +557,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
             format,
             ..
         } => reconcile_cmd(&app, consumer, since, format).await,
-        Command::Claims { command } => claims(&app, command).await,
+        Command::Claims { command } => claims::audited_claims(&app, command).await,
         Command::Operators { command } => operators::operators(&app, command).await,
         Command::Audit {
             since,

@@ -3,9 +3,9 @@
 //! they act as an admin; each account change is a line of the audit, by the operator the
 //! command line names (`CLAIMD_OPERATOR` or `USER`) from `cli:<OS user>`.
 
-use super::actor::operator_name;
+use super::cli_audit::cli_identity;
 use super::{App, Format, Output};
-use crate::domain::operator_role::{Identity, IdentitySource, Role};
+use crate::domain::operator_role::Role;
 use crate::domain::table::Table;
 use crate::ops::accounts::{self, AccountError};
 use crate::ops::audit::{self, AuditAction, AuditQuery, AuditResult, Origin, Record};
@@ -67,16 +67,6 @@ impl From<RoleArg> for Role {
             RoleArg::Admin => Role::Admin,
         }
     }
-}
-
-/// The command line's identity: the named operator, as an admin.
-fn cli_identity() -> Result<Identity, Output> {
-    let name = operator_name().map_err(|why| Output::fail(2, why))?;
-    Ok(Identity {
-        name: name.trim_start_matches("operator:").to_string(),
-        role: Role::Admin,
-        source: IdentitySource::Cli,
-    })
 }
 
 fn failed(app: &App, e: AccountError) -> Output {

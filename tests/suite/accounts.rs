@@ -90,19 +90,31 @@ async fn roles_and_audit(store: TestStore, http_extra: &str) {
         .await
         .unwrap();
     assert_eq!(vera, VIEWER_CRED);
-    accounts::add(s.as_ref(), "otto", Role::Operator, Some(OPERATOR_CRED.into()))
+    accounts::add(
+        s.as_ref(),
+        "otto",
+        Role::Operator,
+        Some(OPERATOR_CRED.into()),
+    )
+    .await
+    .unwrap();
+    let generated = accounts::add(s.as_ref(), "ada", Role::Admin, None)
         .await
         .unwrap();
-    let generated = accounts::add(s.as_ref(), "ada", Role::Admin, None).await.unwrap();
     assert!(generated.len() >= 40, "a generated credential: {generated}");
     assert!(
-        accounts::add(s.as_ref(), "vera", Role::Admin, None).await.is_err(),
+        accounts::add(s.as_ref(), "vera", Role::Admin, None)
+            .await
+            .is_err(),
         "a name is taken once"
     );
     let c = no_redirects();
 
     // A wrong credential: 401, no cookie, and a line in the audit with the address.
-    assert_eq!(sign_in(&c, &base, "vera", "not-her-credential").await, Err(401));
+    assert_eq!(
+        sign_in(&c, &base, "vera", "not-her-credential").await,
+        Err(401)
+    );
     assert_eq!(sign_in(&c, &base, "nobody", VIEWER_CRED).await, Err(401));
     let refused = audit_of(&s, "vera").await;
     assert!(
@@ -176,12 +188,15 @@ async fn roles_and_audit(store: TestStore, http_extra: &str) {
             .post(format!("{base}{path}"))
             .header("Cookie", &cookie)
             .header("Content-Type", "application/x-www-form-urlencoded")
-            .body(serde_urlencoded::to_string([
-                ("csrf", csrf.as_str()),
-                ("action", action),
-                ("note", "x"),
-                ("claim", &target),
-            ]).unwrap())
+            .body(
+                serde_urlencoded::to_string([
+                    ("csrf", csrf.as_str()),
+                    ("action", action),
+                    ("note", "x"),
+                    ("claim", &target),
+                ])
+                .unwrap(),
+            )
             .send()
             .await
             .unwrap();
@@ -204,9 +219,17 @@ async fn roles_and_audit(store: TestStore, http_extra: &str) {
         );
     }
     assert!(forbidden.iter().all(|e| e.origin == "127.0.0.1"));
-    assert!(lines.iter().any(|e| e.action == "sign-in" && e.source == "account"));
+    assert!(
+        lines
+            .iter()
+            .any(|e| e.action == "sign-in" && e.source == "account")
+    );
     let claim_now = s.get("payments", "", "paid-1").await.unwrap().unwrap();
-    assert_eq!(claim_now.state.to_string(), "needs_attention", "nothing moved");
+    assert_eq!(
+        claim_now.state.to_string(),
+        "needs_attention",
+        "nothing moved"
+    );
 
     // The operator resolves with their own credential: done, audited with name and address,
     // and the claim's history names them whatever the body says.
@@ -283,7 +306,9 @@ async fn roles_and_audit(store: TestStore, http_extra: &str) {
     assert_eq!(sign_in(&c, &base, "otto", OPERATOR_CRED).await, Err(401));
 
     // A role change applies at the next request.
-    accounts::set_role(s.as_ref(), "vera", Role::Operator).await.unwrap();
+    accounts::set_role(s.as_ref(), "vera", Role::Operator)
+        .await
+        .unwrap();
     let r = c
         .post(format!("{base}/v1/claims/payments/paid-2/redrive"))
         .header("Cookie", &cookie)
@@ -330,11 +355,7 @@ async fn roles_and_audit(store: TestStore, http_extra: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accounts_roles_and_the_audit_on_sqlite() {
-    roles_and_audit(
-        TestStore::sqlite(),
-        &format!("admin_token = \"{ADMIN}\""),
-    )
-    .await;
+    roles_and_audit(TestStore::sqlite(), &format!("admin_token = \"{ADMIN}\"")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -461,7 +482,11 @@ async fn audit_rows_cannot_be_changed_by_the_runtime_role_on_postgres() {
     owned.migrate().await.unwrap();
     let runtime = claimd::store::open(&as_role(&app), 2).await.unwrap();
     record_one(&runtime).await;
-    assert_eq!(audit_of(&runtime, "ann").await.len(), 1, "INSERT and SELECT");
+    assert_eq!(
+        audit_of(&runtime, "ann").await.len(),
+        1,
+        "INSERT and SELECT"
+    );
     let mut c = PgConnection::connect(&as_role(&app)).await.unwrap();
     for sql in [
         "UPDATE operator_audit SET result = 'done'",
@@ -517,8 +542,11 @@ impl Drop for DropRoles {
                 .unwrap();
             rt.block_on(async move {
                 if let Ok(mut admin) = PgConnection::connect(&pg_admin_url()).await {
-                    let _ = exec(&mut admin, &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-                        .await;
+                    let _ = exec(
+                        &mut admin,
+                        &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+                    )
+                    .await;
                     for r in roles {
                         let _ = exec(&mut admin, &format!("DROP ROLE IF EXISTS {r}")).await;
                     }

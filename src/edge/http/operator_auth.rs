@@ -30,66 +30,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
-/// How long a verified bearer credential is taken without PBKDF2 again (the account itself is
-/// still read on every request).
-pub const VERIFIED_FOR: Duration = Duration::from_secs(300);
-
-/// The most credentials remembered at once (past it the memory starts over).
-const VERIFIED_MAX: usize = 1024;
-
-/// Bearer credentials verified lately, by a salted digest of name and credential (never the
-/// credential), with the hash they matched: a new credential or a changed hash misses.
-#[derive(Debug)]
-pub struct VerifiedCredentials {
-    salt: [u8; 16],
-    seen: Mutex<HashMap<[u8; 32], (String, Instant)>>,
-}
-
-impl Default for VerifiedCredentials {
-    fn default() -> Self {
-        let mut salt = [0u8; 16];
-        for b in &mut salt {
-            *b = fastrand::u8(..);
-        }
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut salt);
-        VerifiedCredentials {
-            salt,
-            seen: Mutex::default(),
-        }
-    }
-}
-
-impl VerifiedCredentials {
-    fn key(&self, name: &str, credential: &str) -> [u8; 32] {
-        let mut h = Sha256::new();
-        h.update(self.salt);
-        h.update(name.as_bytes());
-        h.update([0]);
-        h.update(credential.as_bytes());
-        h.finalize().into()
-    }
-
-    fn hit(&self, name: &str, credential: &str, hash: &str) -> bool {
-        let key = self.key(name, credential);
-        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.get(&key)
-            .is_some_and(|(h, at)| h == hash && at.elapsed() < VERIFIED_FOR)
-    }
-
-    fn put(&self, name: &str, credential: &str, hash: String) {
-        let key = self.key(name, credential);
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.len() >= VERIFIED_MAX {
-            seen.clear();
-        }
-        seen.insert(key, (hash, Instant::now()));
-    }
-}
 
 /// What a change needs: an action a role may be allowed, or the admin role (a change that
 /// names no action of its own).
@@ -490,19 +430,5 @@ mod tests {
     fn claim_routes_name_their_claim_in_the_audit() {
         assert_eq!(target_of("/v1/claims/pay/m%201/resolve"), "pay/m 1");
         assert_eq!(target_of("/actions/apply"), "/actions/apply");
-    }
-
-    #[test]
-    fn a_verified_credential_is_remembered_with_its_hash() {
-        let v = VerifiedCredentials::default();
-        assert!(!v.hit("ann", "cred", "h1"));
-        v.put("ann", "cred", "h1".into());
-        assert!(v.hit("ann", "cred", "h1"));
-        assert!(
-            !v.hit("ann", "cred", "h2"),
-            "another hash: the credential changed"
-        );
-        assert!(!v.hit("ann", "other", "h1"));
-        assert!(!v.hit("bob", "cred", "h1"));
     }
 }
