@@ -1,8 +1,10 @@
 //! The operator page in a real browser (issue 15): headless Chromium, driven through
 //! ChromeDriver's WebDriver protocol (plain HTTP + JSON), signs in, resolves one parked claim
 //! and redrives another by clicking the page's own forms, searches for a third, opens its page
-//! and resolves it there, and the store is checked after each; at 900 px the page does not
-//! scroll sideways and what needs a person is in view.
+//! and resolves it there, and the store is checked after each, and each action is on the audit
+//! page; at 900 px the page does not scroll sideways and what needs a person is in view. A
+//! viewer signs in with an account of their own and every action is refused (`403`) and
+//! audited.
 //! Screenshots of the signed-in page and of a preview go to `target/`, and also to
 //! `$CLAIMD_SCREENSHOT_DIR` when set (`CLAIMD_SCREENSHOT_DIR=docs` regenerates docs' pictures). Needs `chromium` and `chromedriver` (Debian `chromium`, `chromium-driver`; `.ci/run`
 //! installs them): missing, the test fails under `CI=true` and skips with a reason elsewhere.
@@ -502,9 +504,10 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     running.shutdown(Duration::from_secs(2)).await;
 }
 
-/// A viewer signs in with their own account: the page opens, and every action it offers is
-/// answered 403 (the forms, and a change posted by a script on the page with the session's
-/// CSRF token); nothing moves, and each refusal is on the audit page.
+/// A viewer signs in with their own account: the page opens, and every action is answered
+/// 403 (the forms it offers, a confirmation posted straight to apply, and the JSON actions
+/// with the browser's session and CSRF token); nothing moves, and each refusal is on the audit
+/// page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_may_look_but_every_action_is_refused_and_audited_in_chromium() {
     let Some(b) = Browser::start().await else {
@@ -547,36 +550,57 @@ async fn a_viewer_may_look_but_every_action_is_refused_and_audited_in_chromium()
     b.click("form.act.redrive:has(input[value^=\"payments\t\torder-2001\t\"]) button")
         .await;
     b.wait_for("not allowed for your role").await;
-    // What the page does not offer a viewer's script either: the JSON actions and a
-    // confirmation posted straight to apply, each with the session's CSRF token.
+    // A confirmation posted straight to apply (a form the page never offers a viewer),
+    // with the session's CSRF token: refused.
     b.go(&format!("{base}/")).await;
     b.wait_for("order-2001").await;
-    let statuses = b
-        .script(r#"
-            const csrf = document.querySelector('input[name=csrf]').value;
-            const claim = document.querySelector('input[name=claim]').value;
-            const post = (path, body, type) => {
-                const x = new XMLHttpRequest();
-                x.open('POST', path, false);
-                x.setRequestHeader('Content-Type', type);
-                x.setRequestHeader('X-CSRF-Token', csrf);
-                x.send(body);
-                return x.status;
-            };
-            const json = 'application/json';
-            return [
-                post('/v1/claims/payments/order-2001/resolve', JSON.stringify({to: 'completed', note: 'x', actor: 'vera'}), json),
-                post('/v1/claims/payments/order-2001/redrive', JSON.stringify({actor: 'vera'}), json),
-                post('/v1/claims/payments/order-2001/cancel', JSON.stringify({reason: 'x', actor: 'vera'}), json),
-                post('/actions/apply', new URLSearchParams({csrf, action: 'fail', note: 'x', claim}).toString(), 'application/x-www-form-urlencoded'),
-            ];
-        "#)
+    let csrf = b
+        .script("return document.querySelector('input[name=csrf]').value;")
         .await;
-    assert_eq!(
-        statuses,
-        json!([403, 403, 403, 403]),
-        "every action refused"
-    );
+    let csrf = csrf.as_str().unwrap().to_string();
+    b.script(
+        r#"
+        const claim = document.querySelector('input[name=claim]').value;
+        const csrf = document.querySelector('input[name=csrf]').value;
+        const f = document.createElement('form');
+        f.method = 'post';
+        f.action = '/actions/apply';
+        for (const [k, v] of Object.entries({csrf, action: 'fail', note: 'x', claim})) {
+            const i = document.createElement('input');
+            i.type = 'hidden'; i.name = k; i.value = v; f.appendChild(i);
+        }
+        document.body.appendChild(f);
+        f.submit();
+        return null;
+    "#,
+    )
+    .await;
+    b.wait_for("not allowed for your role").await;
+    // The JSON actions with the browser's session cookie and CSRF token (the page's CSP lets
+    // no script on it make requests): each 403.
+    let cookie = b
+        .call(reqwest::Method::GET, "/cookie/claimd_session", Value::Null)
+        .await;
+    let cookie = format!("claimd_session={}", cookie["value"].as_str().unwrap());
+    let claim = format!("{base}/v1/claims/payments/order-2001");
+    for (verb, body) in [
+        (
+            "resolve",
+            json!({"to": "completed", "note": "x", "actor": "vera"}),
+        ),
+        ("redrive", json!({"actor": "vera"})),
+        ("cancel", json!({"reason": "x", "actor": "vera"})),
+    ] {
+        let r = client()
+            .post(format!("{claim}/{verb}"))
+            .header("Cookie", &cookie)
+            .header("X-CSRF-Token", &csrf)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 403, "{verb}");
+    }
     let c = s.get("payments", "", "order-2001").await.unwrap().unwrap();
     assert_eq!(c.state, ClaimState::NeedsAttention, "nothing moved");
     assert_eq!(c.version, before.version, "not even touched");
