@@ -556,3 +556,120 @@ impl Drop for DropRoles {
         .join();
     }
 }
+
+/// `claimd operators ...` and `claimd audit` from the command line: a generated credential is
+/// printed once and signs in; one read from stdin too; list, set-role, disable; each change a
+/// line of the audit from `cli:<OS user>`, by the named operator.
+#[test]
+fn operators_and_the_audit_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\nurl = \"sqlite://{}\"\n",
+            dir.path().join("claims.db").display()
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.to_string_lossy().into_owned();
+    let env = [("CLAIMD_OPERATOR", "root-ann"), ("USER", "ann")];
+    let run = |args: &[&str]| {
+        let mut all = vec!["--config", cfg.as_str()];
+        all.extend_from_slice(args);
+        cli_with_env(&all, &env)
+    };
+    assert_eq!(run(&["migrate"]).0, 0);
+    let (code, out, err) = run(&["operators", "add", "ann.lee", "--role", "operator"]);
+    assert_eq!(code, 0, "{err}");
+    let cred = out.lines().nth(1).unwrap().trim().to_string();
+    assert_eq!(cred.len(), 43, "{out}");
+    assert!(out.contains("Bearer ann.lee:<credential>"), "{out}");
+
+    let mut child = std::process::Command::new(claimd_bin())
+        .args([
+            "--config",
+            &cfg,
+            "operators",
+            "add",
+            "bot",
+            "--role",
+            "viewer",
+            "--credential-stdin",
+        ])
+        .envs(env)
+        .env("CLAIMD_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"bot-credential-0123456789\n")
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert!(done.status.success());
+    assert!(!String::from_utf8_lossy(&done.stdout).contains("bot-credential"));
+
+    let (code, _, err) = run(&["operators", "add", "ann.lee", "--role", "admin"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("exists already"), "{err}");
+    let (code, _, err) = run(&["operators", "add", "bad name", "--role", "admin"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("letters, digits"), "{err}");
+    let (code, _, err) = run(&["operators", "add", "x", "--role", "root"]);
+    assert_eq!(code, 2, "{err}");
+
+    assert_eq!(run(&["operators", "set-role", "ann.lee", "admin"]).0, 0);
+    assert_eq!(run(&["operators", "disable", "bot"]).0, 0);
+    let (code, _, err) = run(&["operators", "disable", "bot"]);
+    assert_eq!(code, 2, "disabled already: {err}");
+    let (code, out, _) = run(&["operators", "list", "--format", "json"]);
+    assert_eq!(code, 0);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list[0]["name"], "ann.lee");
+    assert_eq!(list[0]["role"], "admin");
+    assert!(list[0]["disabled_utc"].is_null());
+    assert_eq!(list[1]["name"], "bot");
+    assert!(list[1]["disabled_utc"].is_string());
+    assert!(!out.contains("pbkdf2"), "no hash shown: {out}");
+
+    let (code, out, err) = run(&["audit", "--actor", "root-ann", "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let seen: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            format!(
+                "{} {} {} {}",
+                l["action"].as_str().unwrap(),
+                l["target"].as_str().unwrap(),
+                l["origin"].as_str().unwrap(),
+                l["result"].as_str().unwrap().split(':').next().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            "account-disable bot cli:ann refused",
+            "account-disable bot cli:ann done",
+            "account-set-role ann.lee cli:ann done",
+            "account-add bad name cli:ann refused",
+            "account-add ann.lee cli:ann refused",
+            "account-add bot cli:ann done",
+            "account-add ann.lee cli:ann done",
+        ],
+        "newest first"
+    );
+    assert!(lines.iter().all(|l| l["source"] == "cli"));
+    let (code, out, _) = run(&["audit", "--since", "1h", "--limit", "2"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 3, "a header and two lines: {out}");
+    let (code, _, err) = run(&["audit", "--since", "yesterday"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("neither a duration"), "{err}");
+}
