@@ -28,12 +28,20 @@ CREATE INDEX IF NOT EXISTS operator_audit_actor ON operator_audit (actor, id);
 -- Nobody changes or deletes an audit row, whatever their grants: the owner too would have to
 -- drop these triggers first (which is itself DDL that database logs can show).
 CREATE OR REPLACE FUNCTION claimd.refuse_audit_change() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql AS $fn$
 BEGIN
     RAISE EXCEPTION 'operator_audit is append-only: % refused', TG_OP
         USING ERRCODE = 'insufficient_privilege';
 END
 $fn$;
+-- Its path pinned like every function in schema claimd (0018).
+DO $do$
+BEGIN
+    EXECUTE pg_catalog.format(
+        'ALTER FUNCTION claimd.refuse_audit_change() SET search_path = pg_catalog, %I, pg_temp',
+        pg_catalog.current_schema());
+END
+$do$;
 DROP TRIGGER IF EXISTS operator_audit_append_only ON operator_audit;
 CREATE TRIGGER operator_audit_append_only BEFORE UPDATE OR DELETE ON operator_audit
     FOR EACH ROW EXECUTE FUNCTION claimd.refuse_audit_change();
