@@ -110,12 +110,10 @@ pub async fn set_role(store: &dyn ClaimStore, name: &str, role: Role) -> Result<
     }
 }
 
-/// A hash no credential is checked against successfully, checked when there is no account, so
-/// a wrong name takes as long as a wrong credential.
-fn decoy_hash() -> &'static str {
-    static DECOY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    DECOY.get_or_init(|| credential::hash("decoy, matched by nothing").unwrap_or_default())
-}
+/// A hash of the same cost as a real one, checked when there is no account, so a wrong name
+/// takes as long as a wrong credential (made once, of a throwaway value).
+const DECOY_HASH: &str =
+    "pbkdf2-sha256$600000$Kui5R3CA3mB0EbGucVVX2g$zG+ZJHj6MUOTqERZ71V+5iHWBnkI/6uWMzsKYvlFBPc";
 
 /// Checks `name` and `credential`: the account's identity, or why it is refused.
 pub async fn authenticate(
@@ -130,7 +128,7 @@ pub async fn authenticate(
     };
     let stored = account
         .as_ref()
-        .map_or_else(|| decoy_hash().to_string(), |a| a.credential_hash.clone());
+        .map_or_else(|| DECOY_HASH.to_string(), |a| a.credential_hash.clone());
     let given = credential.to_string();
     let matches = tokio::task::spawn_blocking(move || credential::verify(&given, &stored))
         .await
@@ -151,4 +149,21 @@ pub async fn current(store: &dyn ClaimStore, name: &str) -> Result<Option<Identi
         .await?
         .filter(OperatorAccount::active)
         .map(|a| Identity::account(&a.name, a.role)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decoy_is_a_real_hash_of_full_cost_that_nothing_short_matches() {
+        assert!(DECOY_HASH.starts_with(&format!("pbkdf2-sha256${}$", credential::ITERATIONS)));
+        assert!(!credential::verify("", DECOY_HASH));
+        // Made by the same scheme (of a throwaway value; an unknown name is refused whatever
+        // the credential).
+        assert!(credential::verify(
+            "decoy: no credential is this",
+            DECOY_HASH
+        ));
+    }
 }
