@@ -2,9 +2,10 @@
 //! (`intake::http`), the read API, the operations routes (`http::ops`), the operator page
 //! (`dashboard`) and health — with the token checks of `http::auth`.
 //!
-//! Operations routes (`/`, the operator page; `/v1/claims`, `/v1/report`) need
-//! `Authorization: Bearer <admin_token>` when a token is configured; intake needs
-//! `intake_token` likewise; the comparison is constant-time.
+//! Operations routes (`/`, the operator page; `/v1/claims`, `/v1/report`, `/v1/audit`, the
+//! actions) need an operator's identity (`http::operator_auth`: an account's credential or
+//! session, or the break-glass admin token) whose role allows what is asked; intake needs
+//! `intake_token` when configured; token comparisons are constant-time.
 
 pub use crate::domain::constant_time::constant_time_eq;
 pub use crate::edge::AppState;
