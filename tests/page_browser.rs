@@ -1,8 +1,10 @@
 //! The operator page in a real browser (issue 15): headless Chromium, driven through
 //! ChromeDriver's WebDriver protocol (plain HTTP + JSON), signs in, resolves one parked claim
 //! and redrives another by clicking the page's own forms, searches for a third, opens its page
-//! and resolves it there, and the store is checked after each; at 900 px the page does not
-//! scroll sideways and what needs a person is in view.
+//! and resolves it there, and the store is checked after each, and each action is on the audit
+//! page; at 900 px the page does not scroll sideways and what needs a person is in view. A
+//! viewer signs in with an account of their own and every action is refused (`403`) and
+//! audited.
 //! Screenshots of the signed-in page and of a preview go to `target/`, and also to
 //! `$CLAIMD_SCREENSHOT_DIR` when set (`CLAIMD_SCREENSHOT_DIR=docs` regenerates docs' pictures). Needs `chromium` and `chromedriver` (Debian `chromium`, `chromium-driver`; `.ci/run`
 //! installs them): missing, the test fails under `CI=true` and skips with a reason elsewhere.
@@ -308,7 +310,7 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
 
     // The page sends a browser that is not signed in to the form.
     b.go(&format!("{base}/")).await;
-    b.wait_for("Admin token").await;
+    b.wait_for("Your credential").await;
     b.type_into("#name", "ann").await;
     b.type_into("#token", "s3cret-admin-token").await;
     b.click("button[type=submit]").await;
@@ -456,13 +458,174 @@ async fn a_person_signs_in_and_resolves_and_redrives_from_the_page_in_chromium()
     )
     .await;
 
-    // Sign out: the page asks for the token again.
+    // Every action taken is on the audit page, newest first, with who and what it was on.
+    b.go(&format!("{base}/audit")).await;
+    let audit = b.wait_for("Audit").await;
+    for line in [
+        "payments/order-1001",
+        "payments/order-1002",
+        "payments/order-1003",
+        "admin-token",
+        "name given: ann",
+    ] {
+        assert!(audit.contains(line), "{line} on the audit page: {audit}");
+    }
+    let actions = b
+        .script("return [...document.querySelectorAll('table.audit tbody tr')].map(r => r.children[4].textContent + ' ' + r.children[5].textContent + ' ' + r.children[7].textContent);")
+        .await;
+    let actions: Vec<String> = actions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    for want in [
+        "resolve payments/order-1003 done",
+        "redrive payments/order-1002 done",
+        "resolve payments/order-1001 done",
+        "sign-in admin-token done",
+    ] {
+        assert!(actions.iter().any(|a| a == want), "{want}: {actions:?}");
+    }
+    let at = |w: &str| actions.iter().position(|a| a == w).unwrap();
+    assert!(
+        at("resolve payments/order-1003 done") < at("resolve payments/order-1001 done"),
+        "newest first: {actions:?}"
+    );
+
+    // Sign out: the page asks for the credential again.
     b.go(&format!("{base}/")).await;
     b.wait_for("Sign out").await;
     b.click("form.signout button").await;
-    b.wait_for("Admin token").await;
+    b.wait_for("Your credential").await;
     b.go(&format!("{base}/")).await;
-    b.wait_for("Admin token").await;
+    b.wait_for("Your credential").await;
+    b.quit().await;
+    running.shutdown(Duration::from_secs(2)).await;
+}
+
+/// A viewer signs in with their own account: the page opens, and every action is answered
+/// 403 (the forms it offers, a confirmation posted straight to apply, and the JSON actions
+/// with the browser's session and CSRF token); nothing moves, and each refusal is on the audit
+/// page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_may_look_but_every_action_is_refused_and_audited_in_chromium() {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let (_store, _sandbox, running) = payments_worker("admin_token = \"s3cret-admin-token\"").await;
+    let base = format!("http://{}", running.http_addr);
+    let s = running.app().store.clone();
+    parked_claim(&s, "payments", "order-2001", "outcome unknown (timeout)").await;
+    let before = s.get("payments", "", "order-2001").await.unwrap().unwrap();
+    claimd::ops::accounts::add(
+        s.as_ref(),
+        "vera",
+        claimd::domain::operator_role::Role::Viewer,
+        Some("vera-credential-0123456789".into()),
+    )
+    .await
+    .unwrap();
+
+    b.go(&format!("{base}/")).await;
+    b.wait_for("Your credential").await;
+    b.type_into("#name", "vera").await;
+    b.type_into("#token", "vera-credential-0123456789").await;
+    b.click("button[type=submit]").await;
+    b.wait_for("signed in as").await;
+    assert!(b.source().await.contains("(viewer)"));
+
+    // Resolve from the claim's card: the preview is refused.
+    b.wait_for("order-2001").await;
+    let card = "form.act:has(input[value^=\"payments\t\torder-2001\t\"])";
+    b.select(&format!("{card} select[name=action]"), "complete")
+        .await;
+    b.type_into(&format!("{card} input[name=note]"), "looks paid")
+        .await;
+    b.click(&format!("{card} button")).await;
+    b.wait_for("not allowed for your role").await;
+    // Redrive from its card: refused.
+    b.go(&format!("{base}/")).await;
+    b.wait_for("order-2001").await;
+    b.click("form.act.redrive:has(input[value^=\"payments\t\torder-2001\t\"]) button")
+        .await;
+    b.wait_for("not allowed for your role").await;
+    // A confirmation posted straight to apply (a form the page never offers a viewer),
+    // with the session's CSRF token: refused.
+    b.go(&format!("{base}/")).await;
+    b.wait_for("order-2001").await;
+    let csrf = b
+        .script("return document.querySelector('input[name=csrf]').value;")
+        .await;
+    let csrf = csrf.as_str().unwrap().to_string();
+    b.script(
+        r#"
+        const claim = document.querySelector('input[name=claim]').value;
+        const csrf = document.querySelector('input[name=csrf]').value;
+        const f = document.createElement('form');
+        f.method = 'post';
+        f.action = '/actions/apply';
+        for (const [k, v] of Object.entries({csrf, action: 'fail', note: 'x', claim})) {
+            const i = document.createElement('input');
+            i.type = 'hidden'; i.name = k; i.value = v; f.appendChild(i);
+        }
+        document.body.appendChild(f);
+        f.submit();
+        return null;
+    "#,
+    )
+    .await;
+    b.wait_for("not allowed for your role").await;
+    // The JSON actions with the browser's session cookie and CSRF token (the page's CSP lets
+    // no script on it make requests): each 403.
+    let cookie = b
+        .call(reqwest::Method::GET, "/cookie/claimd_session", Value::Null)
+        .await;
+    let cookie = format!("claimd_session={}", cookie["value"].as_str().unwrap());
+    let claim = format!("{base}/v1/claims/payments/order-2001");
+    for (verb, body) in [
+        (
+            "resolve",
+            json!({"to": "completed", "note": "x", "actor": "vera"}),
+        ),
+        ("redrive", json!({"actor": "vera"})),
+        ("cancel", json!({"reason": "x", "actor": "vera"})),
+    ] {
+        let r = client()
+            .post(format!("{claim}/{verb}"))
+            .header("Cookie", &cookie)
+            .header("X-CSRF-Token", &csrf)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 403, "{verb}");
+    }
+    let c = s.get("payments", "", "order-2001").await.unwrap().unwrap();
+    assert_eq!(c.state, ClaimState::NeedsAttention, "nothing moved");
+    assert_eq!(c.version, before.version, "not even touched");
+
+    // Each refusal is on the audit page, which a viewer may read.
+    b.go(&format!("{base}/audit?actor=vera")).await;
+    b.wait_for("Audit").await;
+    let rows = b
+        .script("return [...document.querySelectorAll('table.audit tbody tr')].map(r => r.children[4].textContent + ' ' + r.children[7].textContent);")
+        .await;
+    let rows: Vec<String> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let refused = |action: &str| {
+        rows.iter()
+            .filter(|r| r.starts_with(&format!("{action} refused: 403")))
+            .count()
+    };
+    assert_eq!(refused("resolve"), 3, "preview, JSON, apply: {rows:?}");
+    assert_eq!(refused("redrive"), 2, "card and JSON: {rows:?}");
+    assert_eq!(refused("cancel"), 1, "{rows:?}");
+    assert!(rows.iter().any(|r| r == "sign-in done"), "{rows:?}");
     b.quit().await;
     running.shutdown(Duration::from_secs(2)).await;
 }

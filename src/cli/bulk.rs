@@ -8,6 +8,7 @@
 use super::actor::operator_name;
 use super::*;
 use crate::domain::claim::Claim;
+use crate::ops::audit::{AuditAction, AuditResult, claim_target};
 use crate::ops::operator_action::{Action, BULK_LIMIT, Outcome, Target, act, select_parked};
 use crate::ops::operator_command::OperatorCommands;
 
@@ -70,9 +71,32 @@ pub(super) async fn bulk(app: &App, args: &BulkArgs, action: Action, note: &str)
         return Output::ok(s);
     }
     let mut results = Vec::with_capacity(n);
+    let who = super::cli_audit::cli_who();
     for claim in &selection.claims {
         let outcome = act(app.store.as_ref(), action, &Target::of(claim), &actor, note).await;
         tracing::info!(actor = %actor, action = action.name(), claim = %Target::of(claim).label(), result = %outcome.describe(), "operator bulk action");
+        if let Some(who) = &who {
+            let result = if outcome.done() {
+                AuditResult::Done
+            } else {
+                AuditResult::Refused(outcome.describe())
+            };
+            let what = match action {
+                Action::Redrive => crate::domain::operator_role::Action::Redrive,
+                _ => crate::domain::operator_role::Action::Resolve,
+            };
+            let target = claim_target(&claim.consumer, &claim.tenant, &claim.message_id);
+            let detail = format!("{verb} in bulk; note: {note}");
+            super::cli_audit::record_cli(
+                app,
+                who,
+                AuditAction::Act(what),
+                &target,
+                result,
+                &detail,
+            )
+            .await;
+        }
         results.push(outcome);
     }
     s.push_str(&table(&selection.claims, Some(&results)).text());

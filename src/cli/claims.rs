@@ -10,6 +10,69 @@ pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
 }
 
+/// Runs `claimd claims ...`, recording a resolve, redrive or cancel of one claim in the audit
+/// with how it ended (bulk actions record each claim themselves).
+pub(super) async fn audited_claims(app: &App, command: ClaimsCommand) -> Output {
+    use crate::domain::operator_role::Action;
+    use ClaimsCommand as C;
+    let target = |c: &str, t: &str, m: &str| crate::ops::audit::claim_target(c, t, m);
+    let single = match &command {
+        C::Resolve {
+            consumer: Some(c),
+            message_id: Some(m),
+            tenant,
+            to,
+            note,
+            ..
+        } => Some((
+            Action::Resolve,
+            target(c, tenant, m),
+            format!("to {to}; note: {note}"),
+        )),
+        C::Redrive {
+            consumer: Some(c),
+            message_id: Some(m),
+            tenant,
+            note,
+            ..
+        } => Some((
+            Action::Redrive,
+            target(c, tenant, m),
+            format!("note: {note}"),
+        )),
+        C::Cancel {
+            consumer,
+            message_id,
+            tenant,
+            reason,
+        } => Some((
+            Action::Cancel,
+            target(consumer, tenant, message_id),
+            format!("reason: {reason}"),
+        )),
+        _ => None,
+    };
+    let out = claims(app, command).await;
+    if let (Some((action, target, detail)), Ok(who)) = (single, super::cli_audit::cli_identity()) {
+        let result = if out.code == 0 {
+            crate::ops::audit::AuditResult::Done
+        } else {
+            let why = out.stderr.lines().next().unwrap_or("");
+            crate::ops::audit::AuditResult::Refused(why.trim_start_matches("claimd: ").to_string())
+        };
+        super::cli_audit::record_cli(
+            app,
+            &who,
+            crate::ops::audit::AuditAction::Act(action),
+            &target,
+            result,
+            &detail,
+        )
+        .await;
+    }
+    out
+}
+
 pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
     let store = &app.store;
     match command {

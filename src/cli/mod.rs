@@ -7,13 +7,14 @@
 mod actor;
 mod bulk;
 mod claims;
+mod cli_audit;
 mod consumer_check;
 mod migrate_plan;
+mod operators;
 mod reports;
 mod store_failure;
 mod worker;
 
-use claims::claims;
 use reports::{ledger_cmd, reconcile_cmd, report_cmd};
 use worker::{run_worker, sandbox, sweep};
 
@@ -142,6 +143,27 @@ pub enum Command {
         /// What to do with claims.
         #[command(subcommand)]
         command: ClaimsCommand,
+    },
+    /// Operator accounts: add, list, disable, set-role.
+    Operators {
+        /// What to do with accounts.
+        #[command(subcommand)]
+        command: operators::OperatorsCommand,
+    },
+    /// The operator audit, newest first.
+    Audit {
+        /// Only lines at or after: a duration back (24h, 7d) or a time (2026-05-01 12:00).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only this actor's lines.
+        #[arg(long)]
+        actor: Option<String>,
+        /// At most this many lines (1-1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
     },
     /// Delete terminal claims older than the retention window, in batches.
     Prune {
@@ -547,7 +569,22 @@ async fn execute_unescaped(cli: Cli) -> Output {
             format,
             ..
         } => reconcile_cmd(&app, consumer, since, format).await,
-        Command::Claims { command } => claims(&app, command).await,
+        Command::Claims { command } => claims::audited_claims(&app, command).await,
+        Command::Operators { command } => operators::operators(&app, command).await,
+        Command::Audit {
+            since,
+            actor,
+            limit,
+            format,
+        } => {
+            let query = crate::ops::audit::AuditQuery {
+                since,
+                actor,
+                before: None,
+                limit: Some(limit),
+            };
+            operators::audit_cmd(&app, query, format).await
+        }
         Command::Prune { dry_run } => {
             match retention::prune(&app.store, &app.config.retention, dry_run).await {
                 Ok(r) if r.skipped_locked => {

@@ -109,6 +109,11 @@ pub struct HttpConfig {
     /// tenant.
     #[serde(skip_serializing)]
     pub intake_token: String,
+    /// The key of the operator page's session cookies when `admin_token` is empty (personal
+    /// operator accounts without a break-glass token); with an admin token set, the token is
+    /// the key and this is not used.
+    #[serde(skip_serializing)]
+    pub session_secret: String,
     /// Intake tokens that each speak for one tenant only (`super::tenant_tokens`).
     #[serde(skip_serializing)]
     pub tenant_tokens: super::TenantTokens,
@@ -154,6 +159,7 @@ impl Default for HttpConfig {
             listen: "127.0.0.1:8080".into(),
             admin_token: String::new(),
             intake_token: String::new(),
+            session_secret: String::new(),
             tenant_tokens: Default::default(),
             allow_insecure_admin: false,
             allow_open_intake: false,

@@ -38,6 +38,17 @@ impl TenantTokens {
 }
 
 impl HttpConfig {
+    /// The key that signs the operator page's session cookies: the admin token when set,
+    /// else `session_secret`. Empty: nobody signs in, and the operations routes answer
+    /// loopback requests only (see `http::guard`), as the open local identity.
+    pub fn session_key(&self) -> &str {
+        if self.admin_token.is_empty() {
+            &self.session_secret
+        } else {
+            &self.admin_token
+        }
+    }
+
     /// Whether intake takes requests without any token: neither `intake_token` nor a tenant
     /// token is set (then only requests naming this machine get through, see `http::guard`).
     pub fn intake_is_open(&self) -> bool {

@@ -339,6 +339,7 @@ impl Config {
             ));
         }
         check_tokens(&http.admin_token, &http.intake_token)?;
+        check_session_secret(&http.session_secret)?;
         super::tenant_tokens::check(http)?;
         crate::store::check_url(&self.store.url).map_err(|m| ("store.url".to_string(), m))?;
         if !self.store.read_url.is_empty() {
@@ -442,6 +443,24 @@ fn check_tokens(admin: &str, intake: &str) -> Result<(), (String, String)> {
     }
     Ok(())
 }
+
+/// `[http] session_secret`: empty, or at least [`MIN_SESSION_SECRET_CHARS`] characters (it
+/// signs every operator's session).
+fn check_session_secret(secret: &str) -> Result<(), (String, String)> {
+    let n = secret.chars().count();
+    if n > 0 && n < MIN_SESSION_SECRET_CHARS {
+        return Err((
+            "http.session_secret".into(),
+            format!(
+                "is {n} characters; it must have at least {MIN_SESSION_SECRET_CHARS} (e.g. `openssl rand -hex 32`), or be empty; the value is not shown"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Shortest `[http] session_secret` accepted.
+pub const MIN_SESSION_SECRET_CHARS: usize = 32;
 
 /// A consumer's `effect.rate_limit_key` and `effect.rate_limit_keys`.
 fn check_rate_key(effect: &super::EffectConfig) -> Result<(), (&'static str, String)> {

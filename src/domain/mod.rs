@@ -3,9 +3,11 @@
 
 pub mod claim;
 pub mod constant_time;
+pub mod credential;
 pub mod duration;
 pub mod features;
 pub mod json_body;
+pub mod operator_role;
 pub mod order_key;
 pub mod schedule;
 pub mod table;

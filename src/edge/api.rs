@@ -2,9 +2,10 @@
 //! (`intake::http`), the read API, the operations routes (`http::ops`), the operator page
 //! (`dashboard`) and health — with the token checks of `http::auth`.
 //!
-//! Operations routes (`/`, the operator page; `/v1/claims`, `/v1/report`) need
-//! `Authorization: Bearer <admin_token>` when a token is configured; intake needs
-//! `intake_token` likewise; the comparison is constant-time.
+//! Operations routes (`/`, the operator page; `/v1/claims`, `/v1/report`, `/v1/audit`, the
+//! actions) need an operator's identity (`http::operator_auth`: an account's credential or
+//! session, or the break-glass admin token) whose role allows what is asked; intake needs
+//! `intake_token` when configured; token comparisons are constant-time.
 
 pub use crate::domain::constant_time::constant_time_eq;
 pub use crate::edge::AppState;
@@ -12,7 +13,8 @@ pub use crate::edge::http::auth::bearer_token;
 pub use crate::edge::http::ops::{ClaimView, Readiness};
 pub use crate::edge::http::problem::problem;
 
-use crate::edge::http::auth::{require_admin, require_intake};
+use crate::edge::http::auth::require_intake;
+use crate::edge::http::operator_auth::require_admin;
 use crate::edge::http::{actions, claims, ops, provider_events, rejections, signin};
 use crate::edge::intake;
 use axum::Router;
@@ -43,6 +45,7 @@ pub fn router(state: AppState) -> Router {
             .route("/v1/claims", get(claims::list_claims))
             .route("/v1/claims/{consumer}/{message_id}", get(claims::get_claim))
             .route("/v1/report", get(ops::get_report))
+            .route("/v1/audit", get(crate::edge::http::audit::get_audit))
             .route(
                 "/v1/claims/{consumer}/{message_id}/resolve",
                 post(actions::resolve),
@@ -89,6 +92,7 @@ fn page_routes(admin: Router<AppState>) -> Router<AppState> {
             "/claims/{consumer}/{message_id}",
             get(crate::edge::dashboard::claims::claim),
         )
+        .route("/audit", get(crate::edge::dashboard::audit::audit_page))
         .route(
             "/actions/preview",
             post(crate::edge::dashboard::actions::preview),

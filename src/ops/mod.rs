@@ -2,6 +2,8 @@
 //! operator actions and commands, the ledger (claimd's claims against the provider's own
 //! list). Uses the engine and the layers below; the edges (CLI, HTTP, page) call it.
 
+pub mod accounts;
+pub mod audit;
 pub mod claim_query;
 pub mod ledger;
 pub mod operator_action;

@@ -58,7 +58,7 @@ pub enum RunError {
     },
     /// The admin API would be open to the network.
     #[error(
-        "[http] listen = {0:?} is not a loopback address and [http] admin_token is empty: set a token, or allow_insecure_admin = true"
+        "[http] listen = {0:?} is not a loopback address and [http] admin_token and session_secret are empty: set a token (or a session secret and operator accounts), or allow_insecure_admin = true"
     )]
     InsecureAdmin(String),
     /// Intake (which triggers payments) would be open to the network.
@@ -149,7 +149,7 @@ fn unix_now() -> i64 {
 pub async fn start(app: App) -> Result<Running, RunError> {
     let config = app.config.clone();
     if !is_loopback(&config.http.listen)
-        && config.http.admin_token.is_empty()
+        && config.http.session_key().is_empty()
         && !config.http.allow_insecure_admin
     {
         return Err(RunError::InsecureAdmin(config.http.listen.clone()));

@@ -317,6 +317,9 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// Its statements.
     const SQL: Statements;
 
+    /// Its statements of operator accounts and the audit.
+    const ACCOUNT_SQL: super::audit::AccountStatements;
+
     /// Applies the embedded migrations.
     async fn migrate(&self) -> StoreResult<()>;
 

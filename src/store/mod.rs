@@ -16,6 +16,7 @@
 //! - `read_replica`: operators' searches, reports and ledger reads on a read replica
 //!   (`[store] read_url`), with its lag, and what happens when it cannot be read.
 //! - `pooler`: running statements through a pooler in transaction mode (PostgreSQL).
+//! - `audit`: operator accounts and the operator audit ([`AccountStore`]).
 //! - `rows`: claims from rows. `postgres` (`sql`, `many`) and `sqlite` (`sql`, `many`): the
 //!   dialects.
 //!
@@ -24,6 +25,7 @@
 //! provider event, a poll, an operator's form) is fenced on that version too. Every time is
 //! the database's clock, never the worker's.
 
+pub mod audit;
 pub mod db_effect;
 #[macro_use]
 pub mod dialect;
@@ -50,8 +52,8 @@ pub mod writes;
 
 pub use error::{StoreError, StoreResult, driver_words};
 pub use roles::{
-    EngineStore, IntakeStore, LedgerStore, LineHead, LineStore, OperatorStore, OutboxStore,
-    ReportStore,
+    AccountStore, EngineStore, IntakeStore, LedgerStore, LineHead, LineStore, OperatorStore,
+    OutboxStore, ReportStore,
 };
 pub use url::{check_url, redact_url};
 
@@ -467,6 +469,7 @@ pub struct PruneResult {
 #[async_trait]
 pub trait ClaimStore:
     IntakeStore
+    + AccountStore
     + EngineStore
     + OperatorStore
     + OutboxStore

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod accounts;
 mod amqp;
 mod claim_search;
 mod cli_bulk;

@@ -59,7 +59,7 @@ async fn signing_in_opens_the_page_and_actions_need_the_csrf_token() {
     assert_eq!(r.headers()["location"], "/");
     let set = r.headers()["set-cookie"].to_str().unwrap().to_string();
     for attr in [
-        "claimd_session=v1.",
+        "claimd_session=v2.",
         "HttpOnly",
         "SameSite=Strict",
         "Max-Age=28800",

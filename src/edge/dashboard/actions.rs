@@ -3,15 +3,18 @@
 //! page's forms post to `/actions/preview`, which lists exactly the claims that will change
 //! and how; its confirm button posts that list to `/actions/apply`, which acts on each claim
 //! through the same fenced store transitions as `claimd claims resolve|redrive`, recorded in
-//! the history as `page:<name>` (the name given at sign-in).
+//! the history as `page:<name>` (the account's name; for the admin token, the name given at
+//! sign-in), each claim acted on a line of the operator audit (`ops::audit`).
 //!
 //! Only a signed-in browser acts (the forms carry the session's CSRF token, checked by the
 //! admin check before these handlers run); a page opened with the bearer header or without an
 //! admin token stays read-only. Apply acts on the claims the person saw, not on a filter run
 //! again: claims that moved meanwhile are reported as not actionable, not changed.
 
+use crate::domain::operator_role::{Action as DomainAction, Identity};
 use crate::edge::AppState;
 use crate::edge::http::session::Session;
+use crate::ops::audit::{AuditAction, AuditResult, Origin, Record, claim_target};
 pub use crate::ops::operator_action::{Action, BULK_LIMIT, Target};
 use crate::ops::operator_action::{act, select_parked};
 use axum::Form;
@@ -138,7 +141,7 @@ pub async fn preview(
             "Over {BULK_LIMIT} claims match: narrow the reason, or act on them in parts."
         ));
     }
-    let csrf = session.csrf(&state.config.http.admin_token);
+    let csrf = session.csrf(state.config.http.session_key());
     let n = p.claims.len();
     // What each claim is now, so the person confirms knowing the reason and the key.
     let mut now_shown = Vec::with_capacity(n);
@@ -193,8 +196,12 @@ pub async fn preview(
 pub async fn apply(
     State(state): State<AppState>,
     session: Option<Extension<Session>>,
+    who: Option<Extension<Identity>>,
+    origin: Option<Extension<Origin>>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
+    let who = who.map_or_else(Identity::admin_token, |Extension(w)| w);
+    let origin = origin.map_or(Origin::Unknown, |Extension(o)| o);
     let (session, p, action) = match admit(session, fields) {
         Ok(a) => a,
         Err(r) => return *r,
@@ -206,9 +213,28 @@ pub async fn apply(
     let store = state.claimer.store();
     let mut rows = Vec::new();
     for t in &p.claims {
-        let said = act(store.as_ref(), action, t, &actor, &p.note)
-            .await
-            .describe();
+        let outcome = act(store.as_ref(), action, t, &actor, &p.note).await;
+        let said = outcome.describe();
+        let detail = format!("{} from the page; note: {}", action.verb(), p.note);
+        crate::ops::audit::record_or_log(
+            store.as_ref(),
+            &Record {
+                who: &who,
+                action: AuditAction::Act(match action {
+                    Action::Redrive => DomainAction::Redrive,
+                    _ => DomainAction::Resolve,
+                }),
+                target: &claim_target(&t.consumer, &t.tenant, &t.message_id),
+                origin: &origin,
+                result: if outcome.done() {
+                    AuditResult::Done
+                } else {
+                    AuditResult::Refused(said.clone())
+                },
+                detail: &detail,
+            },
+        )
+        .await;
         tracing::info!(actor = %actor, action = action.name(), claim = %t.label(), result = %said, "operator page action");
         rows.push((t.label(), said));
     }

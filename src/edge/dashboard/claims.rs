@@ -28,10 +28,7 @@ use maud::{Markup, html};
 pub const PAGE_SIZE: u32 = 25;
 
 fn page_session(state: &AppState, session: Option<Extension<Session>>) -> Option<PageSession> {
-    session.map(|Extension(s)| PageSession {
-        csrf: s.csrf(&state.config.http.admin_token),
-        name: s.name,
-    })
+    session.map(|Extension(s)| PageSession::of(state, s))
 }
 
 fn fmt_time(t: DateTime<Utc>) -> String {

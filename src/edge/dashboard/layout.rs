@@ -37,8 +37,9 @@ pub(super) fn shell(
                     @if let Some(s) = session {
                         form.signout method="post" action="/signout" {
                             input type="hidden" name="csrf" value=(s.csrf);
-                            "signed in as " strong { (s.name) } " · "
-                            a href="/" { "reload" } " "
+                            "signed in as " strong { (s.name) } " (" (s.role) ") · "
+                            a href="/" { "reload" } " · "
+                            a href="/audit" { "audit" } " "
                             button type="submit" { "Sign out" }
                         }
                     } @else {

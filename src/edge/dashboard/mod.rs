@@ -13,6 +13,7 @@
 //! file holds what they share and the handler.
 
 pub mod actions;
+pub mod audit;
 mod chart;
 pub mod claims;
 mod commands;
@@ -104,10 +105,23 @@ pub struct BrokerView {
 /// Who is signed in, and the CSRF token the page's forms carry.
 #[derive(Debug, Clone)]
 pub struct PageSession {
-    /// The name given at sign-in.
+    /// The account's name (for the admin token, the name given at sign-in).
     pub name: String,
+    /// The role signed in with.
+    pub role: crate::domain::operator_role::Role,
     /// The session's CSRF token.
     pub csrf: String,
+}
+
+impl PageSession {
+    /// The page's view of a session.
+    pub fn of(state: &AppState, s: Session) -> PageSession {
+        PageSession {
+            csrf: s.csrf(state.config.http.session_key()),
+            role: s.role,
+            name: s.name,
+        }
+    }
 }
 
 /// `GET /?since=DUR`: the operator page. `since` bounds the throughput figures (default 24h).
@@ -126,10 +140,7 @@ pub async fn page(
     let window = match q.since.as_deref().map(str::parse::<Window>).transpose() {
         Ok(w) => w.unwrap_or_default(),
         Err(e) => {
-            let session = session.map(|Extension(s)| PageSession {
-                csrf: s.csrf(&state.config.http.admin_token),
-                name: s.name,
-            });
+            let session = session.map(|Extension(s)| PageSession::of(&state, s));
             return error_page(
                 StatusCode::BAD_REQUEST,
                 "bad since",
@@ -143,10 +154,7 @@ pub async fn page(
     }
     match gather(&state, window).await {
         Ok(mut d) => {
-            d.session = session.map(|Extension(s)| PageSession {
-                csrf: s.csrf(&state.config.http.admin_token),
-                name: s.name,
-            });
+            d.session = session.map(|Extension(s)| PageSession::of(&state, s));
             html(render(&d))
         }
         Err(e) => {

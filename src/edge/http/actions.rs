@@ -12,9 +12,12 @@
 use super::ops::ClaimView;
 use super::problem::{problem, store_down};
 use crate::domain::claim::{Claim, ClaimState};
+use crate::domain::operator_role::{Action, Identity, IdentitySource};
 use crate::edge::AppState;
+use crate::ops::audit::{self, AuditAction, AuditResult, Origin, Record};
 use crate::store::Seen;
 use axum::Json;
+use axum::extract::Extension;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -32,7 +35,9 @@ pub struct ResolveRequest {
     /// The claim's tenant (`""` when none).
     #[serde(default)]
     pub tenant: String,
-    /// Who acts, for the history (recorded as `api:<actor>`). Required.
+    /// Who acts, for the history (recorded as `api:<actor>`). Required with the admin token;
+    /// with an account's credential the account's name is recorded instead.
+    #[serde(default)]
     pub actor: String,
     /// The claim's version as the caller read it; absent: whatever it is now.
     #[serde(default)]
@@ -46,15 +51,21 @@ pub struct RedriveRequest {
     /// The claim's tenant (`""` when none).
     #[serde(default)]
     pub tenant: String,
-    /// Who acts, for the history (recorded as `api:<actor>`). Required.
+    /// Who acts, for the history (recorded as `api:<actor>`). Required with the admin token;
+    /// with an account's credential the account's name is recorded instead.
+    #[serde(default)]
     pub actor: String,
     /// The claim's version as the caller read it; absent: whatever it is now.
     #[serde(default)]
     pub version: Option<i64>,
 }
 
-/// `actor` as recorded: `api:` and the name, when it is 1-64 printable ASCII characters.
-pub(super) fn actor_of(actor: &str) -> Option<String> {
+/// Who is recorded in the claim's history: `api:` and the account's name for an account,
+/// else `api:` and the body's `actor`, when it is 1-64 printable ASCII characters.
+pub(super) fn actor_of(who: Option<&Identity>, actor: &str) -> Option<String> {
+    if let Some(w) = who.filter(|w| w.source == IdentitySource::Account) {
+        return Some(format!("api:{}", w.name));
+    }
     let actor = actor.trim();
     let printable = actor.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
     (!actor.is_empty() && actor.len() <= 64 && printable).then(|| format!("api:{actor}"))
@@ -64,7 +75,7 @@ pub(super) fn bad_actor() -> Response {
     problem(
         StatusCode::BAD_REQUEST,
         "bad actor",
-        "\"actor\" must name who acts: 1-64 printable ASCII characters",
+        "\"actor\" must name who acts: 1-64 printable ASCII characters (an account's credential names its account instead)",
     )
 }
 
@@ -122,6 +133,44 @@ async fn refused_since(state: &AppState, key: [&str; 3], seen: Option<Seen>) -> 
     }
 }
 
+/// Who asked and from where, as the admin check handed them to the route.
+pub(super) type Asker = (Option<Extension<Identity>>, Option<Extension<Origin>>);
+
+/// Records an action's answer (its status) in the operator audit: `done` for a `2xx`, else
+/// refused with the status.
+pub(super) async fn audit_answer(
+    state: &AppState,
+    asker: Asker,
+    action: Action,
+    target: &str,
+    status: StatusCode,
+    detail: &str,
+) {
+    let who = asker.0.map_or_else(Identity::admin_token, |Extension(w)| w);
+    let origin = asker.1.map_or(Origin::Unknown, |Extension(o)| o);
+    let result = if status.is_success() {
+        AuditResult::Done
+    } else {
+        AuditResult::Refused(format!(
+            "{} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        ))
+    };
+    audit::record_or_log(
+        state.claimer.store().as_ref(),
+        &Record {
+            who: &who,
+            action: AuditAction::Act(action),
+            target,
+            origin: &origin,
+            result,
+            detail,
+        },
+    )
+    .await;
+}
+
 /// The answer to a store transition: the claim, `409` for a state that allows no action,
 /// `404` for no such claim.
 fn answer(
@@ -163,6 +212,8 @@ fn answer(
 /// `POST /v1/claims/{consumer}/{message_id}/resolve`: settles a parked or failed claim by hand.
 pub async fn resolve(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    origin: Option<Extension<Origin>>,
     Path((consumer, message_id)): Path<(String, String)>,
     body: Result<Json<ResolveRequest>, JsonRejection>,
 ) -> Response {
@@ -170,6 +221,29 @@ pub async fn resolve(
         Ok(b) => b,
         Err(e) => return bad_body(e),
     };
+    let target = audit::claim_target(&consumer, &req.tenant, &message_id);
+    let detail = format!("to {}; note: {}", req.to, req.note);
+    let actor = actor_of(who.as_ref().map(|Extension(w)| w), &req.actor);
+    let answer = resolve_claim(&state, &consumer, &message_id, &req, actor).await;
+    audit_answer(
+        &state,
+        (who, origin),
+        Action::Resolve,
+        &target,
+        answer.status(),
+        &detail,
+    )
+    .await;
+    answer
+}
+
+async fn resolve_claim(
+    state: &AppState,
+    consumer: &str,
+    message_id: &str,
+    req: &ResolveRequest,
+    actor: Option<String>,
+) -> Response {
     let to = match req.to.as_str() {
         "completed" => ClaimState::Completed,
         "failed" => ClaimState::Failed,
@@ -188,18 +262,18 @@ pub async fn resolve(
             "\"note\" must say why (what the provider shows for this key)",
         );
     }
-    let Some(actor) = actor_of(&req.actor) else {
+    let Some(actor) = actor else {
         return bad_actor();
     };
     if let Some(refused) = crate::edge::http::problem::refusal([
-        ("consumer", consumer.as_str()),
-        ("message_id", &message_id),
+        ("consumer", consumer),
+        ("message_id", message_id),
         ("tenant", &req.tenant),
         ("note", &req.note),
     ]) {
         return refused;
     }
-    let seen = match seen(&state, &consumer, &req.tenant, &message_id, req.version).await {
+    let seen = match seen(state, consumer, &req.tenant, message_id, req.version).await {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -207,9 +281,9 @@ pub async fn resolve(
         .claimer
         .store()
         .resolve(
-            &consumer,
+            consumer,
             &req.tenant,
-            &message_id,
+            message_id,
             to,
             &actor,
             &req.note,
@@ -217,17 +291,19 @@ pub async fn resolve(
         )
         .await;
     if let Ok(Some(Err(_))) = outcome
-        && let Some(r) = refused_since(&state, [&consumer, &req.tenant, &message_id], seen).await
+        && let Some(r) = refused_since(state, [consumer, &req.tenant, message_id], seen).await
     {
         return r;
     }
-    answer(outcome, &consumer, &message_id, "resolved")
+    answer(outcome, consumer, message_id, "resolved")
 }
 
 /// `POST /v1/claims/{consumer}/{message_id}/redrive`: puts a parked or failed claim back to
 /// `started` (new attempt, same key) for the next sweep to perform.
 pub async fn redrive(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    origin: Option<Extension<Origin>>,
     Path((consumer, message_id)): Path<(String, String)>,
     body: Result<Json<RedriveRequest>, JsonRejection>,
 ) -> Response {
@@ -235,29 +311,51 @@ pub async fn redrive(
         Ok(b) => b,
         Err(e) => return bad_body(e),
     };
-    let Some(actor) = actor_of(&req.actor) else {
+    let target = audit::claim_target(&consumer, &req.tenant, &message_id);
+    let actor = actor_of(who.as_ref().map(|Extension(w)| w), &req.actor);
+    let answer = redrive_claim(&state, &consumer, &message_id, &req, actor).await;
+    audit_answer(
+        &state,
+        (who, origin),
+        Action::Redrive,
+        &target,
+        answer.status(),
+        "",
+    )
+    .await;
+    answer
+}
+
+async fn redrive_claim(
+    state: &AppState,
+    consumer: &str,
+    message_id: &str,
+    req: &RedriveRequest,
+    actor: Option<String>,
+) -> Response {
+    let Some(actor) = actor else {
         return bad_actor();
     };
     if let Some(refused) = crate::edge::http::problem::refusal([
-        ("consumer", consumer.as_str()),
-        ("message_id", &message_id),
+        ("consumer", consumer),
+        ("message_id", message_id),
         ("tenant", &req.tenant),
     ]) {
         return refused;
     }
-    let seen = match seen(&state, &consumer, &req.tenant, &message_id, req.version).await {
+    let seen = match seen(state, consumer, &req.tenant, message_id, req.version).await {
         Ok(s) => s,
         Err(r) => return r,
     };
     let outcome = state
         .claimer
         .store()
-        .redrive(&consumer, &req.tenant, &message_id, &actor, seen)
+        .redrive(consumer, &req.tenant, message_id, &actor, seen)
         .await;
     if let Ok(Some(Err(_))) = outcome
-        && let Some(r) = refused_since(&state, [&consumer, &req.tenant, &message_id], seen).await
+        && let Some(r) = refused_since(state, [consumer, &req.tenant, message_id], seen).await
     {
         return r;
     }
-    answer(outcome, &consumer, &message_id, "redriven")
+    answer(outcome, consumer, message_id, "redriven")
 }

@@ -1,8 +1,6 @@
-//! Bearer tokens: the admin token guards the operations routes and the page, the intake tokens
-//! guard intake; all compared in constant time. The intake token speaks for every tenant; a
-//! tenant's token (`[http] tenant_tokens`) only for requests that name its own tenant. A browser signed in on `/signin` passes the
-//! admin check with its session cookie instead ([`super::session`]), and must then send the
-//! session's CSRF token with anything that changes state.
+//! Bearer tokens: the intake tokens guard intake, compared in constant time (the operations
+//! routes and the page are guarded by `operator_auth`, with the helpers here). The intake token speaks for every tenant; a
+//! tenant's token (`[http] tenant_tokens`) only for requests that name its own tenant.
 //!
 //! A route whose token is empty (allowed on a loopback listener) answers only requests that name
 //! this machine ([`super::guard`]): `Host` a loopback name or one of `[http] allowed_hosts`
@@ -10,14 +8,13 @@
 //! the client's address, at most one line per [`super::guard::LOG_EVERY`].
 
 use super::problem::problem;
-use super::session::{self, Session};
 use crate::domain::constant_time::constant_time_eq;
 use crate::edge::AppState;
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 /// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
 /// (RFC 9110 §11.1: `bearer`, `BEARER`) and may be followed by several spaces.
@@ -37,7 +34,11 @@ pub fn peer_of(req: &axum::http::Extensions) -> Option<std::net::SocketAddr> {
 
 /// For a route without a token: the refusal of a request that does not name this machine (see
 /// the module); `None` lets it through. `token` names the empty key, for the answer.
-fn refused_unless_local(state: &AppState, req: &Request, token: &str) -> Option<Response> {
+pub(super) fn refused_unless_local(
+    state: &AppState,
+    req: &Request,
+    token: &str,
+) -> Option<Response> {
     let allowed = &state.config.http.allowed_hosts;
     let hosts: Vec<_> = req.headers().get_all(header::HOST).iter().collect();
     let host = match hosts.as_slice() {
@@ -91,7 +92,7 @@ fn refused_log(state: &AppState, req: &Request, what: &str, value: &str) {
 }
 
 /// Logs a wrong bearer token (at most one line per period, with the client's address).
-fn wrong_token_log(state: &AppState, req: &Request, which: &str) {
+pub(super) fn wrong_token_log(state: &AppState, req: &Request, which: &str) {
     if req.headers().get(header::AUTHORIZATION).is_none() {
         return;
     }
@@ -106,101 +107,13 @@ fn wrong_token_log(state: &AppState, req: &Request, which: &str) {
 }
 
 /// The bearer token of a request with exactly one `Authorization` header.
-fn sole_bearer(req: &Request) -> Option<&[u8]> {
+pub(super) fn sole_bearer(req: &Request) -> Option<&[u8]> {
     let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
     match (values.next(), values.next()) {
         (Some(v), None) => bearer_token(v.as_bytes()),
         // None, or two Authorization headers: which one counts would be a guess.
         _ => None,
     }
-}
-
-fn bearer_ok(expected: &str, req: &Request) -> bool {
-    sole_bearer(req).is_some_and(|got| constant_time_eq(got, expected.as_bytes()))
-}
-
-/// The session a request's cookie holds, when it is valid for `secret`.
-fn session_of(secret: &str, req: &Request) -> Option<Session> {
-    let cookies = req.headers().get(header::COOKIE)?.to_str().ok()?;
-    let value = session::cookie_value(cookies, session::COOKIE)?;
-    Session::verify(secret, value, chrono::Utc::now().timestamp())
-}
-
-/// The largest form body read to find its `csrf` field.
-const FORM_LIMIT: usize = 64 * 1024;
-
-/// Lets a request through only with the admin token (when one is configured), or with a
-/// signed-in browser's session cookie; a browser that is not signed in is sent to `/signin`.
-/// A cookie-authenticated request that is not `GET`/`HEAD` needs the session's CSRF token, in
-/// the `X-CSRF-Token` header or a `csrf` form field. The [`Session`] is handed to the route as
-/// a request extension.
-pub async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let secret = &state.config.http.admin_token;
-    if secret.is_empty() {
-        return match refused_unless_local(&state, &req, "admin_token") {
-            None => next.run(req).await,
-            Some(refused) => refused,
-        };
-    }
-    if bearer_ok(secret, &req) {
-        return next.run(req).await;
-    }
-    let Some(session) = session_of(secret, &req) else {
-        wrong_token_log(&state, &req, "admin token");
-        let wants_html = req
-            .headers()
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|a| a.contains("text/html"));
-        if wants_html && req.method() == Method::GET {
-            return (StatusCode::SEE_OTHER, [(header::LOCATION, "/signin")]).into_response();
-        }
-        return unauthorized(
-            "this route needs Authorization: Bearer <admin_token> (a browser signs in at /signin)",
-        );
-    };
-    let mut req = req;
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        let header_token = req
-            .headers()
-            .get(session::CSRF_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let token = match header_token {
-            Some(t) => Some(t),
-            None if is_form(&req) => {
-                let (parts, body) = req.into_parts();
-                let Ok(bytes) = axum::body::to_bytes(body, FORM_LIMIT).await else {
-                    return forbidden("the form is over 64 KiB");
-                };
-                let token = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&bytes)
-                    .ok()
-                    .and_then(|fields| fields.into_iter().find(|(k, _)| k == "csrf"))
-                    .map(|(_, v)| v);
-                req = Request::from_parts(parts, axum::body::Body::from(bytes));
-                token
-            }
-            None => None,
-        };
-        if !token.is_some_and(|t| session.csrf_ok(secret, &t)) {
-            return forbidden(
-                "a signed-in browser must send the page's CSRF token (X-CSRF-Token header or csrf form field) with this request; reload the page",
-            );
-        }
-    }
-    req.extensions_mut().insert(session);
-    next.run(req).await
-}
-
-fn is_form(req: &Request) -> bool {
-    req.headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/x-www-form-urlencoded"))
-}
-
-fn forbidden(detail: &str) -> Response {
-    problem(StatusCode::FORBIDDEN, "missing or wrong CSRF token", detail)
 }
 
 /// Lets a request through only with an intake token, when any is configured: the all-tenant
@@ -290,7 +203,7 @@ fn other_tenant<'v>(
     })
 }
 
-fn unauthorized(detail: &str) -> Response {
+pub(super) fn unauthorized(detail: &str) -> Response {
     let mut r = problem(StatusCode::UNAUTHORIZED, "unauthorized", detail);
     r.headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

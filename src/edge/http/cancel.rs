@@ -3,12 +3,15 @@
 //! the claim, now `failed`; `409` once its time came and the sweeper took it, or for a claim
 //! that was never scheduled; `404` for no such claim.
 
-use super::actions::{actor_of, bad_actor, bad_body};
+use super::actions::{actor_of, audit_answer, bad_actor, bad_body};
 use super::ops::ClaimView;
 use super::problem::{problem, store_down};
+use crate::domain::operator_role::{Action, Identity};
 use crate::edge::AppState;
+use crate::ops::audit::Origin;
 use crate::ops::schedule::{CancelError, cancel as cancel_scheduled};
 use axum::Json;
+use axum::extract::Extension;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -24,13 +27,17 @@ pub struct CancelRequest {
     /// The claim's tenant (`""` when none).
     #[serde(default)]
     pub tenant: String,
-    /// Who acts, for the history (recorded as `api:<actor>`). Required.
+    /// Who acts, for the history (recorded as `api:<actor>`). Required with the admin token;
+    /// with an account's credential the account's name is recorded instead.
+    #[serde(default)]
     pub actor: String,
 }
 
 /// `POST /v1/claims/{consumer}/{message_id}/cancel`.
 pub async fn cancel(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    origin: Option<Extension<Origin>>,
     Path((consumer, message_id)): Path<(String, String)>,
     body: Result<Json<CancelRequest>, JsonRejection>,
 ) -> Response {
@@ -38,6 +45,29 @@ pub async fn cancel(
         Ok(b) => b,
         Err(e) => return bad_body(e),
     };
+    let target = crate::ops::audit::claim_target(&consumer, &req.tenant, &message_id);
+    let actor = actor_of(who.as_ref().map(|Extension(w)| w), &req.actor);
+    let answer = cancel_claim(&state, &consumer, &message_id, &req, actor).await;
+    let detail = format!("reason: {}", req.reason);
+    audit_answer(
+        &state,
+        (who, origin),
+        Action::Cancel,
+        &target,
+        answer.status(),
+        &detail,
+    )
+    .await;
+    answer
+}
+
+async fn cancel_claim(
+    state: &AppState,
+    consumer: &str,
+    message_id: &str,
+    req: &CancelRequest,
+    actor: Option<String>,
+) -> Response {
     if req.reason.trim().is_empty() {
         return problem(
             StatusCode::BAD_REQUEST,
@@ -45,12 +75,12 @@ pub async fn cancel(
             "\"reason\" must say why the send is cancelled",
         );
     }
-    let Some(actor) = actor_of(&req.actor) else {
+    let Some(actor) = actor else {
         return bad_actor();
     };
     if let Some(refused) = crate::edge::http::problem::refusal([
-        ("consumer", consumer.as_str()),
-        ("message_id", &message_id),
+        ("consumer", consumer),
+        ("message_id", message_id),
         ("tenant", &req.tenant),
         ("reason", &req.reason),
     ]) {
@@ -58,7 +88,7 @@ pub async fn cancel(
     }
     let store = state.claimer.store();
     let reason = req.reason.trim();
-    match cancel_scheduled(store, &consumer, &req.tenant, &message_id, &actor, reason).await {
+    match cancel_scheduled(store, consumer, &req.tenant, message_id, &actor, reason).await {
         Ok(claim) => Json(ClaimView {
             stuck: false,
             claim: &claim,

@@ -12,6 +12,7 @@
 //! - **Refusal log lines** ([`LogEvery`]): one line per kind of refusal every few seconds, with
 //!   the client's address and how many were not logged, so guessing cannot fill the disk.
 
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -184,6 +185,64 @@ impl LogEvery {
     }
 }
 
+/// How long a verified bearer credential is taken without PBKDF2 again (the account itself is
+/// still read on every request).
+pub const VERIFIED_FOR: Duration = Duration::from_secs(300);
+
+/// The most credentials remembered at once (past it the memory starts over).
+const VERIFIED_MAX: usize = 1024;
+
+/// Bearer credentials verified lately, by a salted digest of name and credential (never the
+/// credential), with the hash they matched: a new credential or a changed hash misses.
+#[derive(Debug)]
+pub struct VerifiedCredentials {
+    salt: [u8; 16],
+    seen: Mutex<HashMap<[u8; 32], (String, Instant)>>,
+}
+
+impl Default for VerifiedCredentials {
+    fn default() -> Self {
+        let mut salt = [0u8; 16];
+        for b in &mut salt {
+            *b = fastrand::u8(..);
+        }
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut salt);
+        VerifiedCredentials {
+            salt,
+            seen: Mutex::default(),
+        }
+    }
+}
+
+impl VerifiedCredentials {
+    fn key(&self, name: &str, credential: &str) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(self.salt);
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(credential.as_bytes());
+        h.finalize().into()
+    }
+
+    /// Whether `name` and `credential` were verified lately against `hash`.
+    pub fn hit(&self, name: &str, credential: &str, hash: &str) -> bool {
+        let key = self.key(name, credential);
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(&key)
+            .is_some_and(|(h, at)| h == hash && at.elapsed() < VERIFIED_FOR)
+    }
+
+    /// Remembers that `name` and `credential` matched `hash`.
+    pub fn put(&self, name: &str, credential: &str, hash: String) {
+        let key = self.key(name, credential);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= VERIFIED_MAX {
+            seen.clear();
+        }
+        seen.insert(key, (hash, Instant::now()));
+    }
+}
+
 /// The edge's memory, shared by every route ([`crate::edge::AppState::guard`]).
 #[derive(Debug)]
 pub struct Guard {
@@ -197,6 +256,8 @@ pub struct Guard {
     pub bearer_log: LogEvery,
     /// Requests refused for their `Host` or `Origin`.
     pub host_log: LogEvery,
+    /// Operators' bearer credentials verified lately.
+    pub verified: VerifiedCredentials,
 }
 
 impl Default for Guard {
@@ -207,6 +268,7 @@ impl Default for Guard {
             throttled_log: LogEvery::new(LOG_EVERY),
             bearer_log: LogEvery::new(LOG_EVERY),
             host_log: LogEvery::new(LOG_EVERY),
+            verified: Default::default(),
         }
     }
 }
@@ -214,6 +276,20 @@ impl Default for Guard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verified_credential_is_remembered_with_its_hash() {
+        let v = VerifiedCredentials::default();
+        assert!(!v.hit("ann", "cred", "h1"));
+        v.put("ann", "cred", "h1".into());
+        assert!(v.hit("ann", "cred", "h1"));
+        assert!(
+            !v.hit("ann", "cred", "h2"),
+            "another hash: the credential changed"
+        );
+        assert!(!v.hit("ann", "other", "h1"));
+        assert!(!v.hit("bob", "cred", "h1"));
+    }
 
     #[test]
     fn loopback_names_and_listed_hosts_pass() {

@@ -130,6 +130,7 @@ impl Dialect for PgDialect {
     type Runner = SqlPool<Postgres>;
     const NAME: &'static str = "postgres";
     const SQL: Statements = sql::STATEMENTS;
+    const ACCOUNT_SQL: crate::store::audit::AccountStatements = sql::accounts::ACCOUNT_STATEMENTS;
     /// Several statements in flight at once: PostgreSQL commits them in parallel.
     const BATCH_WORKERS: usize = 4;
 

@@ -123,6 +123,7 @@ macro_rules! pg_settle_event {
 
 #[macro_use]
 mod lines;
+pub(super) mod accounts;
 mod restore;
 
 /// The statements the one body runs, in this dialect, each under its name.

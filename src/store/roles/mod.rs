@@ -1,6 +1,7 @@
 //! The store's traits by role, one file each: who calls what. [`ClaimStore`](super::ClaimStore)
 //! is all of them together, with the few methods every role shares.
 
+mod accounts;
 mod engine;
 mod intake;
 mod ledger;
@@ -9,6 +10,7 @@ mod operator;
 mod outbox;
 mod reports;
 
+pub use accounts::AccountStore;
 pub use engine::EngineStore;
 pub use intake::IntakeStore;
 pub use ledger::LedgerStore;

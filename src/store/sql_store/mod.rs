@@ -11,8 +11,9 @@
 //!
 //! This file holds the struct, the group commit's one-row path and what every role shares;
 //! each role's trait is implemented in a file of its own: `intake`, `engine`, `operator`,
-//! `outbox`, `ledger`, `reports` (as in [`roles`](crate::store::roles)).
+//! `outbox`, `ledger`, `reports`, `accounts` (as in [`roles`](crate::store::roles)).
 
+mod accounts;
 mod engine;
 mod intake;
 mod ledger;

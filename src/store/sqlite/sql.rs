@@ -97,6 +97,7 @@ const SETTLE: &str = concat!(
        RETURNING id, attempt"
 );
 
+pub(super) mod accounts;
 mod restore;
 
 /// The statements the one body runs, in this dialect, each under its name.
