@@ -7,6 +7,7 @@ pub mod duration;
 pub mod features;
 pub mod json_body;
 pub mod order_key;
+pub mod redaction;
 pub mod schedule;
 pub mod table;
 pub mod trace_context;

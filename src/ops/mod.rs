@@ -3,6 +3,8 @@
 //! list). Uses the engine and the layers below; the edges (CLI, HTTP, page) call it.
 
 pub mod claim_query;
+pub mod erasure;
+pub mod exposure;
 pub mod ledger;
 pub mod operator_action;
 pub mod operator_command;

@@ -12,7 +12,7 @@ macro_rules! claim_cols {
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
          resent_count, handoff, handoff_attempt, claim_token, waits, provider_id, pending_utc, \
-         version, order_key, not_before, trace_parent"
+         version, order_key, not_before, trace_parent, erased_utc"
     };
 }
 
@@ -140,6 +140,13 @@ pub struct Statements {
     /// lease owner. Run through [`Dialect::update_logged`] (its history line and outcome
     /// events as a settle's).
     pub restore_claim: &'static str,
+    /// Erase a finished claim not erased yet (payload emptied, provider response and error
+    /// cleared, `erased_utc` set, version bumped), returning it: id. Run through
+    /// [`Dialect::update_logged`] (its history line; no outcome event).
+    pub erase_claim: &'static str,
+    /// The ids of a consumer's finished claims not erased yet whose last change is older
+    /// than a window, oldest first: consumer, window ms, limit.
+    pub erase_due: &'static str,
     /// Clear the "not called yet" marker before a first call, fenced: id, attempt.
     pub mark_called: &'static str,
     /// Count a re-send, fenced: id, attempt.

@@ -7,6 +7,7 @@ pub mod actions;
 pub mod auth;
 pub mod cancel;
 pub mod claims;
+pub mod erasure;
 pub mod guard;
 pub mod ops;
 pub mod problem;

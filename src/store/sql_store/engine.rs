@@ -455,6 +455,10 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         .map(|_| ())
     }
 
+    async fn erase_due(&self, consumer: &str, keep: Duration, batch: u32) -> StoreResult<u64> {
+        self.erase_due_claims(consumer, keep, batch).await
+    }
+
     async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult> {
         let sql = &D::SQL;
         if dry_run {

@@ -14,6 +14,7 @@
 //! `outbox`, `ledger`, `reports` (as in [`roles`](crate::store::roles)).
 
 mod engine;
+mod erasure;
 mod intake;
 mod ledger;
 mod lines;
