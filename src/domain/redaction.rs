@@ -9,8 +9,9 @@
 //!   addresses ([`mask_line`]).
 //!
 //! How a value is masked ([`mask_value`]): a card-like value (13 to 19 digits, spaces and
-//! dashes aside) keeps its last four digits (`"••••4242"`), as receipts show them; anything
-//! else becomes `"[redacted]"` (objects and arrays whole); `null` stays `null`.
+//! dashes aside) keeps its last four digits (`"••••4242"`), as receipts show them; any other
+//! text or number becomes `"[redacted]"`; an object or array keeps its shape with every value
+//! in it masked so; `null` stays `null`.
 //!
 //! Text that may quote a payload (a provider's answer, an error, a payload that is not JSON)
 //! is masked by [`Redactor::text`]: the sensitive values found in the payload, card-like
@@ -20,6 +21,7 @@ use serde_json::Value;
 
 /// Field names masked in every payload, at any depth, whatever the consumer's settings.
 pub const DEFAULT_NAMES: &[&str] = &[
+    "card",
     "card_number",
     "cardnumber",
     "pan",
@@ -65,18 +67,29 @@ pub fn check_pointers(pointers: &[String]) -> Result<(), String> {
 }
 
 /// The masked form of one value: last four digits of a card-like value, `"[redacted]"` for
-/// anything else, `null` kept.
+/// any other text, number or boolean, objects and arrays masked value by value, `null` kept.
 pub fn mask_value(value: &Value) -> Value {
     match value {
         Value::Null => Value::Null,
         Value::String(s) => Value::String(mask_str(s)),
         Value::Number(n) => Value::String(mask_str(&n.to_string())),
-        _ => Value::String(REDACTED.into()),
+        Value::Bool(_) => Value::String(REDACTED.into()),
+        Value::Array(a) => Value::Array(a.iter().map(mask_value).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), mask_value(v))).collect())
+        }
     }
 }
 
 /// The masked form of a text value (see [`mask_value`]).
 pub fn mask_str(s: &str) -> String {
+    // Masked already (a field both a pointer and a default name cover): kept.
+    let masked_card = s
+        .strip_prefix("••••")
+        .is_some_and(|d| d.len() == 4 && d.bytes().all(|b| b.is_ascii_digit()));
+    if masked_card || s == REDACTED {
+        return s.to_string();
+    }
     match card_digits(s) {
         Some(digits) => format!("••••{}", &digits[digits.len() - 4..]),
         None => REDACTED.into(),
@@ -249,7 +262,7 @@ fn luhn(digits: &str) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// Masks card numbers written in text — runs of 13 to 19 digits that pass the Luhn check —
@@ -334,8 +347,12 @@ mod tests {
     fn other_values_are_redacted_whole() {
         assert_eq!(mask_str("someone@example.test"), REDACTED);
         assert_eq!(mask_str("123"), REDACTED, "too short to be a card");
-        assert_eq!(mask_value(&json!({"a": 1})), json!(REDACTED));
-        assert_eq!(mask_value(&json!(["x"])), json!(REDACTED));
+        assert_eq!(
+            mask_value(&json!({"a": 1, "b": {"c": "4242424242424242"}})),
+            json!({"a": REDACTED, "b": {"c": "••••4242"}}),
+            "an object keeps its shape"
+        );
+        assert_eq!(mask_value(&json!(["x", true])), json!([REDACTED, REDACTED]));
         assert_eq!(mask_value(&Value::Null), Value::Null);
     }
 
@@ -362,8 +379,8 @@ mod tests {
         );
         assert_eq!(
             shown,
-            json!({"card": {"number": "••••4444", "brand": "mc"}, "address": REDACTED,
-                   "amount": 5})
+            json!({"card": {"number": "••••4444", "brand": REDACTED},
+                   "address": {"street": REDACTED}, "amount": 5})
         );
     }
 
@@ -376,7 +393,7 @@ mod tests {
         );
         assert_eq!(
             shown,
-            json!({"card": {"number": "••••4242"}, "notify": REDACTED, "order": "1733500000001"})
+            json!({"card": {"number": "••••4242"}, "notify": REDACTED, "order": "1733500000001"}),
         );
         let shown = show(
             &[],

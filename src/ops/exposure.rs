@@ -56,9 +56,10 @@ pub fn shown_claims(config: &Config, claims: &mut [Claim], exposure: Exposure) {
 }
 
 fn mask_texts(r: &Redactor, claim: &mut Claim, secrets: &[String], exposure: Exposure) {
-    for text in [&mut claim.provider_response, &mut claim.last_error] {
-        if let Some(t) = text {
-            *t = r.text(t, secrets, exposure);
-        }
+    for t in [&mut claim.provider_response, &mut claim.last_error]
+        .into_iter()
+        .flatten()
+    {
+        *t = r.text(t, secrets, exposure);
     }
 }

@@ -269,6 +269,13 @@ pub(super) async fn check(
         terminated_in_effect: 0,
         pg_restarts: 0,
         alerts: None,
+        erasure: s.payload_retention.map(|_| super::outcome::ErasureCheck {
+            erased: claims.iter().filter(|c| c.erased_utc.is_some()).count(),
+            erased_open: claims
+                .iter()
+                .filter(|c| c.erased_utc.is_some() && !c.state.is_terminal())
+                .count(),
+        }),
         db_effect: None,
         settled_by_other: evidence.settled_by_other,
         never_sent_held: evidence.never_sent_held,

@@ -40,15 +40,16 @@ pub struct ErasureRequest {
     pub actor: String,
 }
 
-/// Whether `actor` may erase what `selection` names. Today every caller with the admin token
-/// may (the route's gate). This is the one place where the caller's role (admin only) is to
-/// be checked and the erasure's audit record written; `Err` is the answer to return.
+/// Whether `actor` may erase what `selection` names: `None` when it may, else the refusal to
+/// answer. Today every caller with the admin token may (the route's gate). This is the one
+/// place where the caller's role (admin only) is to be checked and the erasure's audit record
+/// written.
 pub fn authorize_erasure(
     _state: &AppState,
     _actor: &str,
     _selection: &Selection,
-) -> Result<(), Response> {
-    Ok(())
+) -> Option<Response> {
+    None
 }
 
 /// `POST /v1/erasures`.
@@ -91,7 +92,7 @@ pub async fn erase(
             return problem(StatusCode::BAD_REQUEST, "bad selection", &why);
         }
     };
-    if let Err(refused) = authorize_erasure(&state, &actor, &selection) {
+    if let Some(refused) = authorize_erasure(&state, &actor, &selection) {
         return refused;
     }
     let store = state.claimer.store();
