@@ -30,13 +30,26 @@ pub(super) async fn check(
     hostile: Option<(&hostile::HostileCounts, &lookalike::EventCounts)>,
 ) -> Outcome {
     let phase = Instant::now();
-    let claims = store
+    let mut claims = store
         .list(&ClaimFilter {
             limit: 10_000_000,
             ..Default::default()
         })
         .await
         .unwrap();
+    // Payload retention erased the reasons of finished claims; the checks read a failure's
+    // reason ("never sent"), which its history line keeps.
+    for c in claims
+        .iter_mut()
+        .filter(|c| c.erased_utc.is_some() && c.state == claimd::domain::claim::ClaimState::Failed)
+    {
+        let history = store.events(c.id).await.unwrap();
+        c.last_error = history
+            .iter()
+            .rev()
+            .filter(|e| e.action != "erase")
+            .find_map(|e| e.detail.clone());
+    }
     eprintln!(
         "check: {} claims read in {:.1} s",
         claims.len(),
