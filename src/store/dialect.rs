@@ -419,6 +419,15 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         None
     }
 
+    /// Erases one batch of payload retention in one statement, when the dialect can: a
+    /// consumer's finished claims due (as [`Statements::erase_due`] finds them), each with its
+    /// history line by `retention`; how many it erased. `None`: left to the one-claim path
+    /// ([`Statements::erase_claim`]). Arguments: consumer, window ms, limit, the history
+    /// line's detail.
+    async fn erase_due_batch(&self, _args: &[Arg<'_>]) -> Option<StoreResult<u64>> {
+        None
+    }
+
     /// Waits for a turn to search claims, when the dialect bounds how many run at once; the
     /// turn ends when the value is dropped. `None`: unbounded.
     async fn search_turn(&self) -> StoreResult<Option<tokio::sync::OwnedSemaphorePermit>> {

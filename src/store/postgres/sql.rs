@@ -126,6 +126,8 @@ mod lines;
 mod erasure;
 mod restore;
 
+pub(super) use erasure::ERASE_DUE_BATCH;
+
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
     // A claim that waits is written with its lease owner NULL (its line) or 'schedule' and

@@ -51,6 +51,27 @@ impl<D: Dialect> SqlStore<D> {
             provider_status: None,
             detail: Some(&detail),
         };
+        let limit = i64::from(batch.max(1));
+        let batch_args = [
+            Arg::Text(consumer),
+            Arg::I64(ms(keep)),
+            Arg::I64(limit),
+            Arg::Text(&detail),
+        ];
+        // One statement per batch where the dialect has one (PostgreSQL).
+        if let Some(first) = self.dialect.erase_due_batch(&batch_args).await {
+            let (mut erased, mut n) = (0, first?);
+            loop {
+                erased += n;
+                if n < limit as u64 {
+                    return Ok(erased);
+                }
+                n = match self.dialect.erase_due_batch(&batch_args).await {
+                    Some(next) => next?,
+                    None => 0,
+                };
+            }
+        }
         let mut erased = 0;
         loop {
             let rows = self
