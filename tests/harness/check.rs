@@ -229,6 +229,19 @@ pub(super) async fn check(
             *per_id.entry(id).or_default() += 1;
         }
     }
+    let erasure = s.payload_retention.map(|_| super::outcome::ErasureCheck {
+        erased: claims.iter().filter(|c| c.erased_utc.is_some()).count(),
+        erased_open: claims
+            .iter()
+            .filter(|c| c.erased_utc.is_some() && !c.state.is_terminal())
+            .count(),
+    });
+    if let Some(e) = erasure {
+        eprintln!(
+            "check: payload retention erased {} claims ({} of them open)",
+            e.erased, e.erased_open
+        );
+    }
     Outcome {
         name: s.name.clone(),
         via_broker: s.intake == Intake::Amqp,
@@ -282,13 +295,7 @@ pub(super) async fn check(
         terminated_in_effect: 0,
         pg_restarts: 0,
         alerts: None,
-        erasure: s.payload_retention.map(|_| super::outcome::ErasureCheck {
-            erased: claims.iter().filter(|c| c.erased_utc.is_some()).count(),
-            erased_open: claims
-                .iter()
-                .filter(|c| c.erased_utc.is_some() && !c.state.is_terminal())
-                .count(),
-        }),
+        erasure,
         db_effect: None,
         settled_by_other: evidence.settled_by_other,
         never_sent_held: evidence.never_sent_held,
