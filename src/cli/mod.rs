@@ -572,8 +572,17 @@ async fn execute_unescaped(cli: Cli) -> Output {
                     Output::ok("another instance is pruning; nothing done\n".into())
                 }
                 Ok(r) if dry_run => Output::ok(format!(
-                    "would delete {} terminal claims older than {}\n",
-                    r.deleted, app.config.retention.keep_terminal_for
+                    "{}would delete {} terminal claims older than {}\n",
+                    if r.erased > 0 {
+                        format!(
+                            "would erase the payloads of {} finished claims (payload_retention)\n",
+                            r.erased
+                        )
+                    } else {
+                        String::new()
+                    },
+                    r.deleted,
+                    app.config.retention.keep_terminal_for
                 )),
                 Ok(r) => Output::ok(format!(
                     "{}deleted {} terminal claims older than {} in {} batches\n",

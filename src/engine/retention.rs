@@ -9,7 +9,7 @@ use crate::store::{PruneResult, Store, StoreResult};
 use tracing::info;
 
 /// Runs one retention pass: the payload erasure of every consumer with a
-/// `payload_retention` (not on a dry run), then the deletion of old claims.
+/// `payload_retention`, then the deletion of old claims; a dry run only counts both.
 pub async fn prune(
     store: &Store,
     config: &RetentionConfig,
@@ -17,17 +17,20 @@ pub async fn prune(
     dry_run: bool,
 ) -> StoreResult<PruneResult> {
     let mut erased = 0;
-    if !dry_run {
-        for c in consumers {
-            if let Some(keep) = &c.payload_retention {
-                let n = store.erase_due(&c.name, keep.0, config.batch_size).await?;
-                if n > 0 {
-                    info!(consumer = %c.name, erased = n, payload_retention = %keep,
-                        "erased the payloads of finished claims");
-                }
-                erased += n;
-            }
+    for c in consumers {
+        let Some(keep) = &c.payload_retention else {
+            continue;
+        };
+        if dry_run {
+            erased += store.erase_due_count(&c.name, keep.0).await?;
+            continue;
         }
+        let n = store.erase_due(&c.name, keep.0, config.batch_size).await?;
+        if n > 0 {
+            info!(consumer = %c.name, erased = n, payload_retention = %keep,
+                "erased the payloads of finished claims");
+        }
+        erased += n;
     }
     let mut result = store
         .prune(config.keep_terminal_for.0, config.batch_size, dry_run)

@@ -147,6 +147,9 @@ pub struct Statements {
     /// The ids of a consumer's finished claims not erased yet whose last change is older
     /// than a window, oldest first: consumer, window ms, limit.
     pub erase_due: &'static str,
+    /// How many claims [`Statements::erase_due`] would find with no limit (`n`): consumer,
+    /// window ms.
+    pub erase_due_count: &'static str,
     /// Clear the "not called yet" marker before a first call, fenced: id, attempt.
     pub mark_called: &'static str,
     /// Count a re-send, fenced: id, attempt.

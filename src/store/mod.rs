@@ -458,7 +458,7 @@ pub struct PruneResult {
     /// eligible on a dry run, by the same window.
     pub dead_letters_deleted: u64,
     /// Finished claims whose payload, provider answer and error were erased by their
-    /// consumer's `payload_retention` (none on a dry run).
+    /// consumer's `payload_retention` (or, on a dry run, would be).
     pub erased: u64,
 }
 

@@ -458,6 +458,13 @@ async fn payload_retention(ts: TestStore) {
     .await;
     // Past the window (the database's clock decides).
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (code, out, err) = cli(&["prune", "--dry-run", "--config", &cfg]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("would erase the payloads of 1 finished claims"),
+        "{out}"
+    );
+    assert!(!row(&ts, "old-1").await.3, "a dry run erases nothing");
     let (code, out, err) = cli(&["prune", "--config", &cfg]);
     assert_eq!(code, 0, "{err}");
     assert!(

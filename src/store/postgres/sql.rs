@@ -198,6 +198,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     restore_claim: restore::RESTORE_CLAIM,
     erase_claim: erasure::ERASE_CLAIM,
     erase_due: erasure::ERASE_DUE,
+    erase_due_count: erasure::ERASE_DUE_COUNT,
     // The worker is about to make the first call of attempt 1: the claim's "not called yet"
     // marker goes (fenced: changes nothing unless the worker still holds the claim).
     mark_called: "UPDATE claims SET \

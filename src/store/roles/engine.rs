@@ -224,4 +224,7 @@ pub trait EngineStore: Send + Sync {
     /// `erased_utc` set, a history line by `retention` — `batch` per statement; the rows and
     /// their fingerprints stay. Returns how many it erased.
     async fn erase_due(&self, consumer: &str, keep: Duration, batch: u32) -> StoreResult<u64>;
+
+    /// How many claims [`EngineStore::erase_due`] would erase now, changing nothing.
+    async fn erase_due_count(&self, consumer: &str, keep: Duration) -> StoreResult<u64>;
 }

@@ -26,6 +26,11 @@ pub(super) const ERASE_DUE: &str = "\
       AND erased_utc IS NULL AND updated_utc < now() - $2 * interval '1 millisecond' \
     ORDER BY updated_utc LIMIT $3";
 
+/// How many claims payload retention would erase (`n`): consumer, window ms.
+pub(super) const ERASE_DUE_COUNT: &str = "\
+    SELECT COUNT(*) AS n FROM claims WHERE consumer = $1 AND state IN ('completed', 'failed') \
+      AND erased_utc IS NULL AND updated_utc < now() - $2 * interval '1 millisecond'";
+
 /// One batch of payload retention in one statement: a consumer's finished claims not erased
 /// yet whose last change is older than the window, oldest first, chosen once (materialised,
 /// locked, skipping rows someone holds), erased with a history line each by `retention`,

@@ -20,3 +20,11 @@ pub(super) const ERASE_DUE: &str = concat!(
     now_ms!(),
     " - ?2 ORDER BY updated_utc LIMIT ?3"
 );
+
+/// How many claims payload retention would erase (`n`): consumer, window ms.
+pub(super) const ERASE_DUE_COUNT: &str = concat!(
+    "SELECT COUNT(*) AS n FROM claims WHERE consumer = ?1 AND state IN ('completed', 'failed') \
+       AND erased_utc IS NULL AND updated_utc < ",
+    now_ms!(),
+    " - ?2"
+);
