@@ -122,6 +122,7 @@ async fn main() {
         intakes: env_or("CHAOS_INTAKES", 0),
         // CHAOS_HOOKS=1: outcome events also to a webhook down for the first half.
         second_destination: env_or("CHAOS_HOOKS", 0u8) == 1,
+        payload_retention: None,
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

@@ -39,6 +39,7 @@ fn base(name: &str, seed: u64) -> Scenario {
         alerts: false,
         intakes: 0,
         second_destination: false,
+        payload_retention: None,
     }
 }
 
@@ -57,6 +58,7 @@ fn every_feature(name: &str, seed: u64) -> Scenario {
         broker_outage: Some(Duration::from_secs(3)),
         intakes: 150,
         second_destination: true,
+        payload_retention: Some(Duration::from_secs(2)),
         ..base(name, seed)
     }
 }

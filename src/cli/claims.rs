@@ -1,9 +1,11 @@
-//! `claimd claims list|show|resolve|redrive` (the bulk forms of resolve and redrive are in
-//! `bulk.rs`).
+//! `claimd claims list|show|resolve|redrive|erase` (the bulk forms of resolve and redrive
+//! are in `bulk.rs`, erasure in `erase.rs`).
 
 use super::actor::operator_name;
 use super::*;
+use crate::domain::redaction::Exposure;
 use crate::ops::claim_query::{ClaimQuery, PageError};
+use crate::ops::exposure::{shown_claim, shown_claims};
 use crate::ops::operator_action::Action;
 
 pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
@@ -109,7 +111,8 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 Err(PageError::Query(e)) => return Output::fail(2, e),
                 Err(PageError::Store(e)) => return Output::read_store(app, &reader.from, &e),
             };
-            let (now, list) = (page.now, page.claims);
+            let (now, mut list) = (page.now, page.claims);
+            shown_claims(&app.config, &mut list, Exposure::Masked);
             let next = page.next.map(|c| c.encode());
             // Where it was read, on stderr: the listing itself stays clean for scripts.
             let read_from = reader
@@ -183,8 +186,9 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             message_id,
             tenant,
             format,
+            reveal,
         } => {
-            let claim = match store.get(&consumer, &tenant, &message_id).await {
+            let mut claim = match store.get(&consumer, &tenant, &message_id).await {
                 Ok(Some(c)) => c,
                 Ok(None) => {
                     return Output::fail(
@@ -194,9 +198,21 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 }
                 Err(e) => return Output::store(app, &e),
             };
-            let history = match store.events(claim.id).await {
+            let mut history = match store.events(claim.id).await {
                 Ok(h) => h,
                 Err(e) => return Output::store(app, &e),
+            };
+            // A local operator may see everything (--reveal); masked otherwise.
+            let exposure = if reveal {
+                Exposure::Revealed
+            } else {
+                Exposure::Masked
+            };
+            let stored_bytes = claim.payload.len();
+            shown_claim(&app.config, &mut claim, &mut history, exposure);
+            let payload = match claim.erased_utc {
+                Some(at) => format!("(erased {})", at.to_rfc3339()),
+                None => String::from_utf8_lossy(&claim.payload).into_owned(),
             };
             let now = store.now().await;
             let behind = match store.waiting_behind(&claim).await {
@@ -206,8 +222,8 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             let trace_id = claim.trace_id();
             if format == Format::Json {
                 return Output::ok(to_json(&serde_json::json!({
-                    "claim": claim, "history": history, "waiting_behind": behind,
-                    "trace_id": trace_id
+                    "claim": claim, "payload": payload, "history": history,
+                    "waiting_behind": behind, "trace_id": trace_id
                 })));
             }
             let mut s = String::new();
@@ -236,7 +252,8 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 ("processed", time_or_dash(claim.processed_utc)),
                 ("fingerprint", claim.fingerprint.clone()),
                 ("content type", claim.content_type.clone()),
-                ("payload bytes", claim.payload.len().to_string()),
+                ("payload bytes", stored_bytes.to_string()),
+                ("payload", payload),
                 ("duplicates", claim.duplicate_count.to_string()),
                 ("mismatches", claim.mismatch_count.to_string()),
                 ("re-sent", claim.resent_count.to_string()),
@@ -301,6 +318,24 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             }
             s.push_str(&t.text());
             Output::ok(s)
+        }
+        ClaimsCommand::Erase {
+            consumer,
+            message,
+            tenant,
+            note,
+            dry_run,
+            format,
+        } => {
+            let args = super::erase::EraseArgs {
+                consumer,
+                message,
+                tenant,
+                note,
+                dry_run,
+                format,
+            };
+            super::erase::erase(app, args).await
         }
         ClaimsCommand::Resolve {
             consumer,
@@ -417,6 +452,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                     1,
                     format!("no claim {consumer}/{message_id} (tenant {tenant:?})"),
                 ),
+                Err(e @ crate::store::StoreError::Erased(_)) => Output::fail(1, e),
                 Err(e) => Output::store(app, &e),
             }
         }

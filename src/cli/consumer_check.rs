@@ -4,7 +4,7 @@
 //!
 //! A consumer taken out of the configuration may still have claims in the store (kept until
 //! retention prunes them, parked ones until someone decides): the commands that read claims
-//! (`report`, `claims list|show`) and `claims resolve` (so its parked claims can be decided)
+//! (`report`, `claims list|show|erase`) and `claims resolve` (so its parked claims can be decided)
 //! take such a name with a note on stderr. `claims redrive` (no worker would send it),
 //! `reconcile` and `reconcile --ledger` (they need the consumer's provider settings) take only
 //! configured consumers.
@@ -42,6 +42,7 @@ pub fn named_consumer(command: &Command) -> Option<(&str, ConsumerUse)> {
                 .as_deref()
                 .or(bulk.consumer.as_deref())
                 .map(|c| (c, Configured)),
+            ClaimsCommand::Erase { consumer, .. } => consumer.as_deref().map(|c| (c, StoredClaims)),
         },
         _ => None,
     }

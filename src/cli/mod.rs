@@ -11,6 +11,8 @@ mod cli_audit;
 mod consumer_check;
 mod migrate_plan;
 mod operators;
+mod erase;
+mod masked_log;
 mod reports;
 mod store_failure;
 mod worker;
@@ -252,6 +254,33 @@ pub enum ClaimsCommand {
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
         format: Format,
+        /// Show the payload, provider answer, error and history as stored; without it their
+        /// sensitive fields are masked.
+        #[arg(long)]
+        reveal: bool,
+    },
+    /// Erase the payload, provider answer and error of finished claims: one message
+    /// (--consumer C --message ID [--tenant T]) or every claim of a tenant (--tenant T). Open
+    /// claims are listed as not erased, with what to do.
+    Erase {
+        /// Consumer (one message, with --message).
+        #[arg(long, requires = "message")]
+        consumer: Option<String>,
+        /// Message id (one message, with --consumer).
+        #[arg(long, requires = "consumer")]
+        message: Option<String>,
+        /// Tenant: of the message, or alone every claim of this tenant.
+        #[arg(long, default_value = "")]
+        tenant: String,
+        /// Why (kept in each claim's history, e.g. the request's reference; optional).
+        #[arg(long, default_value = "")]
+        note: String,
+        /// Only list what would be erased.
+        #[arg(long)]
+        dry_run: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
     },
     /// Operator decision on a needs_attention (or failed) claim, or (with --consumer and
     /// --reason-prefix) on every parked claim of a consumer with that reason: previewed unless
@@ -452,7 +481,7 @@ pub fn init_logging(cli: Option<LogFormat>, config: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(terminal)
-        .with_writer(std::io::stderr);
+        .with_writer(masked_log::masked_stderr);
     let _ = match format {
         LogFormat::Json => builder.json().with_current_span(true).try_init(),
         LogFormat::Pretty | LogFormat::Auto => builder.compact().try_init(),
@@ -586,17 +615,37 @@ async fn execute_unescaped(cli: Cli) -> Output {
             operators::audit_cmd(&app, query, format).await
         }
         Command::Prune { dry_run } => {
-            match retention::prune(&app.store, &app.config.retention, dry_run).await {
+            let consumers = &app.config.consumers;
+            match retention::prune(&app.store, &app.config.retention, consumers, dry_run).await {
                 Ok(r) if r.skipped_locked => {
                     Output::ok("another instance is pruning; nothing done\n".into())
                 }
                 Ok(r) if dry_run => Output::ok(format!(
-                    "would delete {} terminal claims older than {}\n",
-                    r.deleted, app.config.retention.keep_terminal_for
+                    "{}would delete {} terminal claims older than {}\n",
+                    if r.erased > 0 {
+                        format!(
+                            "would erase the payloads of {} finished claims (payload_retention)\n",
+                            r.erased
+                        )
+                    } else {
+                        String::new()
+                    },
+                    r.deleted,
+                    app.config.retention.keep_terminal_for
                 )),
                 Ok(r) => Output::ok(format!(
-                    "deleted {} terminal claims older than {} in {} batches\n",
-                    r.deleted, app.config.retention.keep_terminal_for, r.batches
+                    "{}deleted {} terminal claims older than {} in {} batches\n",
+                    if r.erased > 0 {
+                        format!(
+                            "erased the payloads of {} finished claims (payload_retention)\n",
+                            r.erased
+                        )
+                    } else {
+                        String::new()
+                    },
+                    r.deleted,
+                    app.config.retention.keep_terminal_for,
+                    r.batches
                 )),
                 Err(e) => Output::fail(1, e),
             }

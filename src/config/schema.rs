@@ -395,6 +395,14 @@ pub struct ConsumerConfig {
     /// `fairness`, `[consumers.tenant_weights]`.
     #[serde(flatten)]
     pub flow: FlowConfig,
+    /// `payload_retention`: how long after its last change a finished (`completed`, `failed`)
+    /// claim keeps its payload, provider answer and error; then retention erases them (the
+    /// row and its fingerprint stay). `None`: until the row is pruned.
+    pub payload_retention: Option<Dur>,
+    /// `sensitive_fields`: JSON pointers (`/card/number`) of payload fields masked wherever
+    /// claimd shows a payload, on top of the default names of
+    /// [`redaction`](crate::domain::redaction).
+    pub sensitive_fields: Vec<String>,
 }
 
 /// A consumer's flow control, read from its flat keys.
@@ -503,12 +511,23 @@ pub struct ConsumerEntry {
     fairness: Fairness,
     #[serde(default)]
     tenant_weights: BTreeMap<String, u32>,
+    payload_retention: Option<Dur>,
+    #[serde(default)]
+    sensitive_fields: Vec<String>,
 }
 
 impl TryFrom<ConsumerEntry> for ConsumerConfig {
     type Error = String;
 
     fn try_from(e: ConsumerEntry) -> Result<Self, String> {
+        if e.payload_retention.as_ref().is_some_and(|d| d.0.is_zero()) {
+            return Err(format!(
+                "consumer {:?}: payload_retention must be more than zero (leave it out to keep payloads until retention prunes the claim)",
+                e.name
+            ));
+        }
+        crate::domain::redaction::check_pointers(&e.sensitive_fields)
+            .map_err(|why| format!("consumer {:?}: sensitive_fields: {why}", e.name))?;
         // Which sources read each source-specific key; a key set for another source is refused.
         let keys: [(&str, bool, &[Source]); 14] = [
             (
@@ -619,6 +638,8 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
                 fairness: e.fairness,
                 tenant_weights: e.tenant_weights,
             },
+            payload_retention: e.payload_retention,
+            sensitive_fields: e.sensitive_fields,
         })
     }
 }

@@ -514,6 +514,10 @@ pub struct Claim {
     /// The W3C `traceparent` of the claim's intake span ([`NewClaim::trace_parent`]).
     #[serde(skip)]
     pub trace_parent: Option<String>,
+    /// When the claim's payload, provider answer and error were erased (payload retention or
+    /// an operator's erasure); `None`: not erased. An erased claim keeps its fingerprint (a
+    /// redelivery is still a duplicate) and is never sent again.
+    pub erased_utc: Option<DateTime<Utc>>,
 }
 
 impl NewClaim {
@@ -629,6 +633,7 @@ mod tests {
             order_key: new.order_key.clone(),
             not_before: new.not_before,
             trace_parent: None,
+            erased_utc: None,
         }
     }
 

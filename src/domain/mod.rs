@@ -9,6 +9,7 @@ pub mod features;
 pub mod json_body;
 pub mod operator_role;
 pub mod order_key;
+pub mod redaction;
 pub mod schedule;
 pub mod table;
 pub mod trace_context;

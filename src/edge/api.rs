@@ -57,7 +57,8 @@ pub fn router(state: AppState) -> Router {
             .route(
                 "/v1/claims/{consumer}/{message_id}/cancel",
                 post(crate::edge::http::cancel::cancel),
-            ),
+            )
+            .route("/v1/erasures", post(crate::edge::http::erasure::erase)),
     )
     .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()

@@ -1,20 +1,41 @@
-//! Retention: deletes terminal claims (`completed`, `failed`) older than `keep_terminal_for`,
-//! in bounded batches, one instance at a time (I7). `started` and `needs_attention` claims are
-//! never deleted: the statement names only terminal states.
+//! Retention: erases the payloads of finished claims older than their consumer's
+//! `payload_retention`, then deletes terminal claims (`completed`, `failed`) older than
+//! `keep_terminal_for`, in bounded batches, one instance at a time (I7). `started`,
+//! `pending` and `needs_attention` claims are never erased nor deleted: the statements name
+//! only terminal states.
 
-use crate::config::RetentionConfig;
+use crate::config::{ConsumerConfig, RetentionConfig};
 use crate::store::{PruneResult, Store, StoreResult};
 use tracing::info;
 
-/// Runs one retention pass.
+/// Runs one retention pass: the payload erasure of every consumer with a
+/// `payload_retention`, then the deletion of old claims; a dry run only counts both.
 pub async fn prune(
     store: &Store,
     config: &RetentionConfig,
+    consumers: &[ConsumerConfig],
     dry_run: bool,
 ) -> StoreResult<PruneResult> {
-    let result = store
+    let mut erased = 0;
+    for c in consumers {
+        let Some(keep) = &c.payload_retention else {
+            continue;
+        };
+        if dry_run {
+            erased += store.erase_due_count(&c.name, keep.0).await?;
+            continue;
+        }
+        let n = store.erase_due(&c.name, keep.0, config.batch_size).await?;
+        if n > 0 {
+            info!(consumer = %c.name, erased = n, payload_retention = %keep,
+                "erased the payloads of finished claims");
+        }
+        erased += n;
+    }
+    let mut result = store
         .prune(config.keep_terminal_for.0, config.batch_size, dry_run)
         .await?;
+    result.erased = erased;
     if !dry_run && (result.deleted > 0 || result.dead_letters_deleted > 0) {
         info!(
             deleted = result.deleted,

@@ -5,6 +5,8 @@
 pub mod accounts;
 pub mod audit;
 pub mod claim_query;
+pub mod erasure;
+pub mod exposure;
 pub mod ledger;
 pub mod operator_action;
 pub mod operator_command;

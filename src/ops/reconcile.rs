@@ -307,6 +307,12 @@ pub async fn audit(
                 let _permit = limit.acquire_owned().await;
                 // The listing carries no payload; the claim is read whole (as `claims show`
                 // reads it) when the lookup is built from its fields.
+                if needs_payload && claim.erased_utc.is_some() {
+                    let why = String::from(
+                        "the claim's payload was erased, and this consumer's status lookup is built from payload fields: check it at the provider by its key",
+                    );
+                    return (claim, Err(why));
+                }
                 let claim = if needs_payload {
                     match store
                         .get(&claim.consumer, &claim.tenant, &claim.message_id)

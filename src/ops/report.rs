@@ -3,6 +3,7 @@
 //! (tables and CSV through [`Table`]).
 
 use crate::domain::claim::ClaimState;
+use crate::domain::redaction::mask_text;
 use crate::domain::table::Table;
 use crate::store::{ClaimFilter, ConsumerCounts, Store, StoreResult};
 use chrono::{DateTime, Utc};
@@ -313,7 +314,8 @@ pub async fn build(
                 .zip(behind)
                 .map(|(c, behind)| AttentionItem {
                     behind_in_line: behind,
-                    reason: c.last_error.clone().unwrap_or_else(|| {
+                    // Masked: the report is shown on the page, over HTTP and in alerts.
+                    reason: c.last_error.as_deref().map(mask_text).unwrap_or_else(|| {
                         if stuck {
                             "lease expired; waiting for the sweeper".into()
                         } else {

@@ -323,12 +323,14 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         let store = app.store.clone();
         let metrics = app.claimer.metrics().clone();
         let retention_cfg = config.retention.clone();
+        let consumers = std::sync::Arc::new(config.consumers.clone());
         let job = Job::new_async(config.retention.schedule.as_str(), move |_id, _l| {
             let store = store.clone();
             let cfg = retention_cfg.clone();
             let metrics = metrics.clone();
+            let consumers = consumers.clone();
             Box::pin(async move {
-                match retention::prune(&store, &cfg, false).await {
+                match retention::prune(&store, &cfg, &consumers, false).await {
                     Ok(r) => metrics.pruned(r.deleted),
                     Err(e) => warn!(error = %e, "retention pass failed"),
                 }

@@ -12,7 +12,7 @@ macro_rules! claim_cols {
          lease_owner, lease_until, received_utc, started_utc, processed_utc, last_error, \
          provider_status, provider_response, duplicate_count, mismatch_count, reconciled, \
          resent_count, handoff, handoff_attempt, claim_token, waits, provider_id, pending_utc, \
-         version, order_key, not_before, trace_parent"
+         version, order_key, not_before, trace_parent, erased_utc"
     };
 }
 
@@ -140,6 +140,16 @@ pub struct Statements {
     /// lease owner. Run through [`Dialect::update_logged`] (its history line and outcome
     /// events as a settle's).
     pub restore_claim: &'static str,
+    /// Erase a finished claim not erased yet (payload emptied, provider response and error
+    /// cleared, `erased_utc` set, version bumped), returning it: id. Run through
+    /// [`Dialect::update_logged`] (its history line; no outcome event).
+    pub erase_claim: &'static str,
+    /// The ids of a consumer's finished claims not erased yet whose last change is older
+    /// than a window, oldest first: consumer, window ms, limit.
+    pub erase_due: &'static str,
+    /// How many claims [`Statements::erase_due`] would find with no limit (`n`): consumer,
+    /// window ms.
+    pub erase_due_count: &'static str,
     /// Clear the "not called yet" marker before a first call, fenced: id, attempt.
     pub mark_called: &'static str,
     /// Count a re-send, fenced: id, attempt.
@@ -412,6 +422,15 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// [`EngineStore::mark_called`](super::EngineStore::mark_called): per item, whether it
     /// still held the claim.
     async fn mark_called_many(&self, _marks: &[(i64, i32)]) -> Option<StoreResult<Vec<bool>>> {
+        None
+    }
+
+    /// Erases one batch of payload retention in one statement, when the dialect can: a
+    /// consumer's finished claims due (as [`Statements::erase_due`] finds them), each with its
+    /// history line by `retention`; how many it erased. `None`: left to the one-claim path
+    /// ([`Statements::erase_claim`]). Arguments: consumer, window ms, limit, the history
+    /// line's detail.
+    async fn erase_due_batch(&self, _args: &[Arg<'_>]) -> Option<StoreResult<u64>> {
         None
     }
 

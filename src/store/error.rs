@@ -64,6 +64,13 @@ pub enum StoreError {
          with CLAIMD__STORE__POOLER=none), then start again"
     )]
     PendingBehindPooler,
+    /// An operator asked to send a claim whose payload was erased (payload retention or
+    /// `claimd claims erase`): there is nothing left to send, so it is never sent again.
+    #[error(
+        "{0}: its payload was erased, so it can never be sent again; if the effect is still \
+         wanted, submit it as a new message (a new message id) with the full payload"
+    )]
+    Erased(String),
 }
 
 impl StoreError {

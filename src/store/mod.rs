@@ -461,6 +461,9 @@ pub struct PruneResult {
     /// Dead-letter records (counts only; the messages live in the broker) deleted, or
     /// eligible on a dry run, by the same window.
     pub dead_letters_deleted: u64,
+    /// Finished claims whose payload, provider answer and error were erased by their
+    /// consumer's `payload_retention` (or, on a dry run, would be).
+    pub erased: u64,
 }
 
 /// The claim store: every role's part together ([`roles`]), and what all of them share.

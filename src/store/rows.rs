@@ -41,6 +41,7 @@ pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
         order_key: row.opt_text("order_key")?,
         not_before: row.opt_time("not_before")?,
         trace_parent: row.opt_text("trace_parent")?,
+        erased_utc: row.opt_time("erased_utc")?,
     })
 }
 

@@ -30,13 +30,26 @@ pub(super) async fn check(
     hostile: Option<(&hostile::HostileCounts, &lookalike::EventCounts)>,
 ) -> Outcome {
     let phase = Instant::now();
-    let claims = store
+    let mut claims = store
         .list(&ClaimFilter {
             limit: 10_000_000,
             ..Default::default()
         })
         .await
         .unwrap();
+    // Payload retention erased the reasons of finished claims; the checks read a failure's
+    // reason ("never sent"), which its history line keeps.
+    for c in claims
+        .iter_mut()
+        .filter(|c| c.erased_utc.is_some() && c.state == claimd::domain::claim::ClaimState::Failed)
+    {
+        let history = store.events(c.id).await.unwrap();
+        c.last_error = history
+            .iter()
+            .rev()
+            .filter(|e| e.action != "erase")
+            .find_map(|e| e.detail.clone());
+    }
     eprintln!(
         "check: {} claims read in {:.1} s",
         claims.len(),
@@ -216,6 +229,19 @@ pub(super) async fn check(
             *per_id.entry(id).or_default() += 1;
         }
     }
+    let erasure = s.payload_retention.map(|_| super::outcome::ErasureCheck {
+        erased: claims.iter().filter(|c| c.erased_utc.is_some()).count(),
+        erased_open: claims
+            .iter()
+            .filter(|c| c.erased_utc.is_some() && !c.state.is_terminal())
+            .count(),
+    });
+    if let Some(e) = erasure {
+        eprintln!(
+            "check: payload retention erased {} claims ({} of them open)",
+            e.erased, e.erased_open
+        );
+    }
     Outcome {
         name: s.name.clone(),
         via_broker: s.intake == Intake::Amqp,
@@ -269,6 +295,7 @@ pub(super) async fn check(
         terminated_in_effect: 0,
         pg_restarts: 0,
         alerts: None,
+        erasure,
         db_effect: None,
         settled_by_other: evidence.settled_by_other,
         never_sent_held: evidence.never_sent_held,

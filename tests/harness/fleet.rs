@@ -251,7 +251,7 @@ schedule = "* * * * * *"
 batch_size = 500
 [retention]
 keep_terminal_for = "2h"
-[run]
+{retention_schedule}[run]
 shutdown_grace = "2s"
 [[consumers]]
 name = "payments"
@@ -261,7 +261,7 @@ max_attempts = 20
 redrive_within = "1h"
 on_unknown = "{on_unknown}"
 key = "{{consumer}}:{{tenant}}:{{message_id}}"
-{send_deadline}[consumers.effect]
+{send_deadline}{payload_retention}[consumers.effect]
 kind = "http"
 url = "{provider}/v1/payments"
 timeout = "1s"
@@ -288,6 +288,15 @@ timeout = "1s"
         on_unknown = s.on_unknown,
         lease_ms = WORKER_LEASE_MS,
         outcomes = outcomes.unwrap_or(""),
+        retention_schedule = if s.payload_retention.is_some() {
+            "schedule = \"* * * * * *\"\n"
+        } else {
+            ""
+        },
+        payload_retention = s
+            .payload_retention
+            .map(|d| format!("payload_retention = \"{}ms\"\n", d.as_millis()))
+            .unwrap_or_default(),
         send_deadline = s
             .hostile
             .as_ref()

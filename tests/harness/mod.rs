@@ -146,6 +146,10 @@ pub struct Scenario {
     /// The payments consumer's outcome events also go to a webhook receiver that is down for
     /// the first half of the send phase (needs `outcome_events`).
     pub second_destination: bool,
+    /// The payments consumer's `payload_retention`, with retention running every second:
+    /// finished claims are erased while their messages are still redelivered, which must
+    /// stay duplicates (and changed payloads mismatches); `None`: no erasure.
+    pub payload_retention: Option<Duration>,
 }
 
 /// `None` (skip, reason printed) when the scenario needs RabbitMQ and none answers outside CI.

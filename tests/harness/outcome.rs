@@ -80,6 +80,9 @@ pub struct Outcome {
     pub pg_restarts: usize,
     /// The paging rules against `/metrics` during the run (when the scenario has them on).
     pub alerts: Option<super::alerts::AlertCheck>,
+    /// Claims erased by payload retention, and of those any not finished (when the scenario
+    /// erases).
+    pub erasure: Option<ErasureCheck>,
     pub kills: usize,
     pub seconds: f64,
 }
@@ -221,7 +224,20 @@ impl Outcome {
 }
 
 /// The invariants every scenario must hold (at a provider that honours keys).
+/// What payload retention erased during a run.
+#[derive(Debug, Clone, Copy)]
+pub struct ErasureCheck {
+    /// Claims erased.
+    pub erased: usize,
+    /// Erased claims that are not `completed` or `failed` (must be none).
+    pub erased_open: usize,
+}
+
 pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
+    if let Some(e) = o.erasure {
+        assert_eq!(e.erased_open, 0, "an open claim was erased: {o:?}");
+        assert!(e.erased > 0, "payload retention erased nothing: {o:?}");
+    }
     assert_eq!(o.lost, 0, "acknowledged messages without a claim: {o:?}");
     assert_eq!(
         o.two_tenant_misapplied, 0,

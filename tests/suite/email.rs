@@ -66,6 +66,7 @@ fn claim(key: &str, payload: &str) -> Claim {
         order_key: None,
         not_before: None,
         trace_parent: None,
+        erased_utc: None,
     }
 }
 

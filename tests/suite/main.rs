@@ -25,6 +25,7 @@ mod email;
 mod end_to_end;
 mod enqueue;
 mod enqueue_search_path;
+mod erasure;
 mod evidence_send;
 mod examples_local;
 mod failover;

@@ -153,7 +153,13 @@ pub async fn preview(
             .await
             .ok()
             .flatten();
-        now_shown.push(c);
+        let mut c = c.into_iter().collect::<Vec<_>>();
+        crate::ops::exposure::shown_claims(
+            &state.config,
+            &mut c,
+            crate::edge::http::claims::viewer_exposure(),
+        );
+        now_shown.push(c.pop());
     }
     page(
         StatusCode::OK,

@@ -11,7 +11,7 @@ use super::text::visible;
 use super::{PageSession, html_page};
 use crate::domain::claim::{Claim, ClaimState};
 use crate::edge::AppState;
-use crate::edge::http::claims::{PayloadView, TenantQuery, claim_with_history};
+use crate::edge::http::claims::{PayloadView, TenantQuery, claim_with_history, viewer_exposure};
 use crate::edge::http::problem::{problem, store_down};
 use crate::edge::http::session::Session;
 use crate::ops::claim_query::{ClaimQuery, PageError, claim_path};
@@ -79,8 +79,10 @@ pub async fn search(
     };
     let consumers = state.config.consumer_names();
     let session = page_session(&state, session);
+    let mut claims = page.claims;
+    crate::ops::exposure::shown_claims(&state.config, &mut claims, viewer_exposure());
     let found = Found {
-        claims: &page.claims,
+        claims: &claims,
         next: page.next,
         now: page.now,
         read_from: state.reads.has_replica().then_some(&reader.from),
@@ -190,7 +192,8 @@ pub async fn claim(
         return refused;
     }
     let store = state.claimer.store();
-    let found = claim_with_history(store.as_ref(), &consumer, &t.tenant, &message_id).await;
+    let key = [consumer.as_str(), &t.tenant, &message_id];
+    let found = claim_with_history(store.as_ref(), &state.config, key, viewer_exposure()).await;
     let now = store.now().await;
     let session = page_session(&state, session);
     let commands = OperatorCommands::for_config(&state.config);
@@ -338,8 +341,13 @@ pub fn render_claim(
                         p { "status " strong { (c.provider_status.map(|s| s.to_string()).unwrap_or_else(|| "-".into())) }
                             @if c.reconciled { " (from its status endpoint)" } }
                         pre.answer { (visible(c.provider_response.as_deref().unwrap_or("(no answer recorded)"))) }
-                        h3 { "Payload (" (payload.bytes) " bytes" @if payload.truncated { ", first " (payload.text.len()) " shown" } ")" }
-                        pre.payload { (payload.text) }
+                        @if let Some(at) = c.erased_utc {
+                            h3 { "Payload" }
+                            p.erased { "Erased " (fmt_time(at)) ": the payload, the provider's answer and the error are gone; the claim still answers duplicates by its fingerprint and is never sent again." }
+                        } @else {
+                            h3 { "Payload (" (payload.bytes) " bytes" @if payload.truncated { ", first " (payload.text.len()) " shown" } ")" }
+                            pre.payload { (payload.text) }
+                        }
                     }
                 }
             }

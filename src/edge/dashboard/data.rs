@@ -44,7 +44,7 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
             ..Default::default()
         })
         .await?;
-    let failed = store
+    let mut failed = store
         .list(&ClaimFilter {
             state: Some(ClaimState::Failed),
             since,
@@ -52,6 +52,11 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
             ..Default::default()
         })
         .await?;
+    crate::ops::exposure::shown_claims(
+        &state.config,
+        &mut failed,
+        crate::edge::http::claims::viewer_exposure(),
+    );
     let brokers = state
         .amqp
         .iter()

@@ -205,6 +205,9 @@ fn answer(
             "no such claim",
             &format!("no claim {consumer}/{message_id} for that tenant"),
         ),
+        Err(e @ crate::store::StoreError::Erased(_)) => {
+            problem(StatusCode::CONFLICT, "erased", &e.to_string())
+        }
         Err(e) => store_down(e),
     }
 }

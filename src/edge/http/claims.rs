@@ -4,9 +4,12 @@
 
 use super::ops::ClaimView;
 use super::problem::{problem, store_down};
+use crate::config::Config;
 use crate::domain::claim::Claim;
+use crate::domain::redaction::Exposure;
 use crate::edge::AppState;
 use crate::ops::claim_query::{ClaimQuery, PageError};
+use crate::ops::exposure::{shown_claim, shown_claims};
 use crate::store::{ClaimEvent, ClaimStore, StoreResult};
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -34,8 +37,9 @@ pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimQue
         }
         Err(PageError::Store(e)) => return store_down(e),
     };
-    let views: Vec<ClaimView> = page
-        .claims
+    let mut claims = page.claims;
+    shown_claims(&state.config, &mut claims, viewer_exposure());
+    let views: Vec<ClaimView> = claims
         .iter()
         .map(|c| ClaimView {
             claim: c,
@@ -81,17 +85,27 @@ impl PayloadView {
     }
 }
 
-/// One claim, with its payload, and its history oldest first; `None`: no such claim.
+/// How much of a claim's sensitive data (payload fields, the provider's answer, errors) the
+/// operator page and the HTTP API show their viewer: masked for everyone for now. This is the
+/// one place where a viewer's role (an admin may see them) is to be checked.
+pub fn viewer_exposure() -> Exposure {
+    Exposure::Masked
+}
+
+/// One claim, with its payload, and its history oldest first, as a viewer with `exposure`
+/// sees them ([`shown_claim`]); `None`: no such claim.
 pub async fn claim_with_history(
     store: &dyn ClaimStore,
-    consumer: &str,
-    tenant: &str,
-    message_id: &str,
+    config: &Config,
+    key: [&str; 3],
+    exposure: Exposure,
 ) -> StoreResult<Option<(Claim, Vec<ClaimEvent>)>> {
-    let Some(claim) = store.get(consumer, tenant, message_id).await? else {
+    let [consumer, tenant, message_id] = key;
+    let Some(mut claim) = store.get(consumer, tenant, message_id).await? else {
         return Ok(None);
     };
-    let history = store.events(claim.id).await?;
+    let mut history = store.events(claim.id).await?;
+    shown_claim(config, &mut claim, &mut history, exposure);
     Ok(Some((claim, history)))
 }
 
@@ -109,7 +123,8 @@ pub async fn get_claim(
         return refused;
     }
     let store = state.claimer.store();
-    let found = claim_with_history(store.as_ref(), &consumer, &t.tenant, &message_id).await;
+    let key = [consumer.as_str(), &t.tenant, &message_id];
+    let found = claim_with_history(store.as_ref(), &state.config, key, viewer_exposure()).await;
     let now = store.now().await;
     match (found, now) {
         (Ok(Some((claim, history))), Ok(now)) => {

@@ -9,6 +9,7 @@ pub mod audit;
 pub mod auth;
 pub mod cancel;
 pub mod claims;
+pub mod erasure;
 pub mod guard;
 pub mod operator_auth;
 pub mod ops;

@@ -2,6 +2,7 @@
 //! and its Standard Webhooks headers. The same event always makes the same id and body, so a
 //! repeat after a crash is recognisable by its id.
 
+use crate::domain::redaction::mask_text;
 use crate::provider::provider_events::signature::{SignatureError, sign_standard};
 use crate::store::outbox::OutcomeEvent;
 use serde::Serialize;
@@ -44,10 +45,11 @@ pub struct Body<'a> {
     pub provider_status: Option<i32>,
     /// The provider's id of the object.
     pub provider_id: Option<&'a str>,
-    /// The provider's answer, at most 4 KiB (cut on a character boundary).
-    pub provider_answer: Option<&'a str>,
-    /// Why, when the claim did not complete (or the operator's note).
-    pub reason: Option<&'a str>,
+    /// The provider's answer, masked ([`mask_text`]: card numbers, e-mail addresses, and in
+    /// JSON the default sensitive names), at most 4 KiB (cut on a character boundary).
+    pub provider_answer: Option<String>,
+    /// Why, when the claim did not complete (or the operator's note), masked likewise.
+    pub reason: Option<String>,
     /// What made the change: `perform`, `reconcile`, `poll`, `event`, `resolve`, `redrive`, ...
     pub action: &'a str,
     /// Who: the worker instance, or the operator for `resolve` and `redrive`.
@@ -61,12 +63,14 @@ pub const MAX_ANSWER: usize = 4096;
 
 /// The body of `e`.
 pub fn body(e: &OutcomeEvent) -> Body<'_> {
+    // Masked before it is cut: a card number across the cut would keep its digits.
     let answer = e.provider_response.as_deref().map(|a| {
+        let a = mask_text(a);
         let mut end = a.len().min(MAX_ANSWER);
         while !a.is_char_boundary(end) {
             end -= 1;
         }
-        &a[..end]
+        a[..end].to_string()
     });
     Body {
         id: event_id(e),
@@ -80,7 +84,7 @@ pub fn body(e: &OutcomeEvent) -> Body<'_> {
         provider_status: e.provider_status,
         provider_id: e.provider_id.as_deref(),
         provider_answer: answer,
-        reason: e.reason.as_deref(),
+        reason: e.reason.as_deref().map(mask_text),
         action: &e.action,
         actor: &e.actor,
         occurred_at: e
@@ -173,6 +177,23 @@ mod tests {
             body_bytes(&e),
             "the same event, the same bytes"
         );
+    }
+
+    #[test]
+    fn the_body_carries_no_card_number_nor_address() {
+        let e = OutcomeEvent {
+            provider_response: Some(
+                r#"{"error":"card 4242424242424242 declined","email":"ann@example.test"}"#.into(),
+            ),
+            reason: Some("declined for ann@example.test, card 4242424242424242".into()),
+            ..event()
+        };
+        let body = String::from_utf8(body_bytes(&e)).unwrap();
+        assert!(!body.contains("4242424242424242"), "{body}");
+        assert!(!body.contains("ann@example.test"), "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["reason"], "declined for [redacted], card ••••4242");
+        assert!(v["provider_answer"].as_str().unwrap().contains("••••4242"));
     }
 
     #[test]

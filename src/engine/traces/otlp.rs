@@ -3,6 +3,7 @@
 
 use super::{Attributes, Step, TracesError, TracesSettings, Value};
 use crate::domain::claim::Claim;
+use crate::domain::redaction::mask_text;
 use crate::domain::trace_context::TraceParent;
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
@@ -109,7 +110,7 @@ impl Exporter {
             span.set_attribute(KeyValue::new("claimd.claim.id", id));
         }
         if let Some(why) = step.error {
-            span.set_status(Status::error(why));
+            span.set_status(Status::error(mask_text(&why)));
         }
         span.end_with_timestamp(step.end.max(step.start));
     }
@@ -169,7 +170,7 @@ impl OpenSpan {
             self.span.set_attribute(kv);
         }
         if let Some(why) = error {
-            self.span.set_status(Status::error(why.to_string()));
+            self.span.set_status(Status::error(mask_text(why)));
         }
         self.span.end();
     }
@@ -188,7 +189,7 @@ impl AttemptGuard {
         if let Some(mut span) = self.span.take() {
             span.set_attribute(KeyValue::new("claimd.attempt.end", end.to_string()));
             if let Some(why) = error {
-                span.set_status(Status::error(why.to_string()));
+                span.set_status(Status::error(mask_text(why)));
             }
             span.end();
         }
@@ -245,7 +246,8 @@ fn key_values(attributes: Attributes) -> Vec<KeyValue> {
     attributes
         .into_iter()
         .map(|(k, v)| match v {
-            Value::Str(s) => KeyValue::new(k, s),
+            // A step's text may quote a payload or a provider's answer.
+            Value::Str(s) => KeyValue::new(k, mask_text(&s)),
             Value::Int(i) => KeyValue::new(k, i),
         })
         .collect()

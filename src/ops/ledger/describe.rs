@@ -218,6 +218,8 @@ impl<'a> ObjectReader<'a> {
             amount: amount_v,
             currency: currency_v,
             provider_id: c.provider_id,
+            // An erased payload is empty (intake takes no empty message for a ledger's JSON).
+            erased: c.payload.is_empty(),
         }
     }
 }

@@ -104,6 +104,9 @@ pub struct ClaimSide {
     pub currency: Option<String>,
     /// The provider's id the claim recorded (from the call's answer or a lookup), if any.
     pub provider_id: Option<String>,
+    /// Its payload was erased: its amount and currency are unknown, so the provider's object
+    /// is taken at its word for them (the key, state and count are still compared).
+    pub erased: bool,
 }
 
 /// How the two ledgers disagree about a key, worst first.
@@ -346,8 +349,10 @@ impl<'a> Matcher<'a> {
         // The totals, from this key alone.
         let mut difference: BTreeMap<String, i64> = BTreeMap::new();
         if let Some(c) = claim.as_ref().filter(|c| c.state == ClaimState::Completed) {
-            let currency = currency_of(&c.currency);
-            let amount = c.amount.unwrap_or(0);
+            let (currency, amount) = match (c.erased, moved.first()) {
+                (true, Some(o)) => (currency_of(&o.currency), o.amount.unwrap_or(0)),
+                _ => (currency_of(&c.currency), c.amount.unwrap_or(0)),
+            };
             let b = self.bucket(&tenant, &currency);
             b.claims += 1;
             b.store_amount += amount;
@@ -452,6 +457,8 @@ impl<'a> Matcher<'a> {
         match (completed, moved.first()) {
             (true, None) if objects.is_empty() => Some(Kind::Missing),
             (true, None) | (false, Some(_)) => Some(Kind::StatusMismatch),
+            // An erased claim's amount and currency are gone: nothing to compare them with.
+            (true, Some(_)) if c.erased => None,
             (true, Some(o)) => {
                 if o.currency != c.currency {
                     Some(Kind::CurrencyMismatch)

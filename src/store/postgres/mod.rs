@@ -17,7 +17,8 @@ pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
 use crate::domain::claim::{Claim, NewClaim};
 use crate::store::db_effect::{DatabaseEffect, DbEffectError, DbTx};
 use crate::store::dialect::{
-    Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, SqlPool, Statements, event_args,
+    Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, Runner, SqlPool, SqlRow, Statements,
+    event_args,
 };
 use crate::store::outbox::OutcomeConsumers;
 use crate::store::pooler::Pooler;
@@ -225,6 +226,17 @@ impl Dialect for PgDialect {
         }
         tx.commit().await.map_err(err("commit"))?;
         Ok(true)
+    }
+
+    async fn erase_due_batch(&self, args: &[Arg<'_>]) -> Option<StoreResult<u64>> {
+        let rows = self
+            .sql
+            .fetch("erase_due_batch", sql::ERASE_DUE_BATCH, args)
+            .await;
+        Some(rows.and_then(|rows| {
+            let n = rows.first().map(|r| r.i64("n")).transpose()?;
+            Ok(n.unwrap_or(0).max(0) as u64)
+        }))
     }
 
     async fn fetch_alone(

@@ -218,4 +218,13 @@ pub trait EngineStore: Send + Sync {
     /// Deletes terminal claims last changed before `now - keep`, `batch` rows per statement,
     /// under a lock so one instance prunes at a time. `dry_run` only counts.
     async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult>;
+
+    /// Erases `consumer`'s finished (`completed`, `failed`) claims last changed more than
+    /// `keep` ago and not erased yet — payload emptied, provider response and error cleared,
+    /// `erased_utc` set, a history line by `retention` — `batch` per statement; the rows and
+    /// their fingerprints stay. Returns how many it erased.
+    async fn erase_due(&self, consumer: &str, keep: Duration, batch: u32) -> StoreResult<u64>;
+
+    /// How many claims [`EngineStore::erase_due`] would erase now, changing nothing.
+    async fn erase_due_count(&self, consumer: &str, keep: Duration) -> StoreResult<u64>;
 }

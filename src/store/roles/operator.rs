@@ -70,4 +70,12 @@ pub trait OperatorStore: Send + Sync {
         note: &str,
         expected: Option<Seen>,
     ) -> StoreResult<Option<Result<Claim, ClaimState>>>;
+
+    /// Erases claim `id` when it is finished (`completed`, `failed`) and not erased yet: its
+    /// payload emptied, provider response and error cleared, `erased_utc` set, the version
+    /// bumped and a history line (`erase`, by `actor`, with `note`) written in the same
+    /// transaction. The row and its fingerprint stay, so a redelivery is still a duplicate.
+    /// Returns the claim after the change; `None` when nothing changed (no such claim, an open
+    /// one, or one erased already).
+    async fn erase(&self, id: i64, actor: &str, note: &str) -> StoreResult<Option<Claim>>;
 }

@@ -455,6 +455,19 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         .map(|_| ())
     }
 
+    async fn erase_due(&self, consumer: &str, keep: Duration, batch: u32) -> StoreResult<u64> {
+        self.erase_due_claims(consumer, keep, batch).await
+    }
+
+    async fn erase_due_count(&self, consumer: &str, keep: Duration) -> StoreResult<u64> {
+        let args = [Arg::Text(consumer), Arg::I64(ms(keep))];
+        let rows = self
+            .fetch("erase_due_count", D::SQL.erase_due_count, &args)
+            .await?;
+        let n = rows.first().map(|r| r.i64("n")).transpose()?;
+        Ok(n.unwrap_or(0).max(0) as u64)
+    }
+
     async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult> {
         let sql = &D::SQL;
         if dry_run {

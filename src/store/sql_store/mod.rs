@@ -15,6 +15,7 @@
 
 mod accounts;
 mod engine;
+mod erasure;
 mod intake;
 mod ledger;
 mod lines;

@@ -7,7 +7,7 @@ use crate::store::args::{key_args, operator_from_states};
 use crate::store::dialect::{Arg, Dialect, LoggedWrite, SqlRow};
 use crate::store::rows::claim_from_row;
 use crate::store::{
-    ClaimEvent, ClaimFilter, NewEvent, OperatorStore, Seen, StoreError, StoreResult,
+    ClaimEvent, ClaimFilter, IntakeStore, NewEvent, OperatorStore, Seen, StoreError, StoreResult,
 };
 use async_trait::async_trait;
 use std::str::FromStr;
@@ -204,14 +204,39 @@ impl<D: Dialect> OperatorStore for SqlStore<D> {
             provider_status: None,
             detail: was.as_deref(),
         };
-        self.operator_move(
-            "redrive",
-            D::SQL.redrive,
-            [consumer, tenant, message_id],
-            ClaimState::Started,
-            expected,
-            &event,
-        )
-        .await
+        let moved = self
+            .operator_move(
+                "redrive",
+                D::SQL.redrive,
+                [consumer, tenant, message_id],
+                ClaimState::Started,
+                expected,
+                &event,
+            )
+            .await?;
+        // The statement leaves an erased claim alone (`erased_utc IS NULL`): say why.
+        if let Some(Err(_)) = moved
+            && let Some(claim) = self.get(consumer, tenant, message_id).await?
+            && claim.erased_utc.is_some()
+        {
+            let who = if tenant.is_empty() {
+                format!("{consumer}/{message_id}")
+            } else {
+                format!("{consumer}/{message_id} (tenant {tenant})")
+            };
+            return Err(StoreError::Erased(who));
+        }
+        Ok(moved)
+    }
+
+    async fn erase(&self, id: i64, actor: &str, note: &str) -> StoreResult<Option<Claim>> {
+        let event = NewEvent {
+            actor,
+            action: "erase",
+            outcome: "erased",
+            provider_status: None,
+            detail: (!note.is_empty()).then_some(note),
+        };
+        self.erase_one(id, &event).await
     }
 }

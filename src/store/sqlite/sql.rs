@@ -98,6 +98,7 @@ const SETTLE: &str = concat!(
 );
 
 pub(super) mod accounts;
+mod erasure;
 mod restore;
 
 /// The statements the one body runs, in this dialect, each under its name.
@@ -156,6 +157,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     locate_claim: restore::LOCATE_CLAIM,
     restore_claim: restore::RESTORE_CLAIM,
+    erase_claim: erasure::ERASE_CLAIM,
+    erase_due: erasure::ERASE_DUE,
+    erase_due_count: erasure::ERASE_DUE_COUNT,
     // The worker is about to make the first call of attempt 1: the claim's "not called yet"
     // marker goes (fenced: changes nothing unless the worker still holds the claim).
     mark_called: "UPDATE claims SET \
@@ -391,7 +395,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         " - 1, handoff = 'operator_redrive', handoff_attempt = attempt + 1, processed_utc = NULL, \
        operator_resolved = 0, version = version + 1, updated_utc = ",
         now_ms!(),
-        " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND state IN (?4, ?5) \
+        " WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3 AND erased_utc IS NULL AND state IN (?4, ?5) \
        AND (?6 IS NULL OR attempt = ?6) AND (?7 IS NULL OR version = ?7) RETURNING ",
         claim_cols!()
     ),

@@ -16,6 +16,7 @@ fn claim(key: &str, amount: i64, state: ClaimState) -> ClaimSide {
         amount: Some(amount),
         currency: Some("eur".into()),
         provider_id: None,
+        erased: false,
     }
 }
 
