@@ -12,7 +12,7 @@ pub(super) fn time_or_dash(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
 }
 
-/// Runs `claimd claims ...`, recording a resolve, redrive or cancel of one claim in the audit
+/// Runs `claimd claims ...`, recording a resolve, redrive, cancel or erasure in the audit
 /// with how it ended (bulk actions record each claim themselves).
 pub(super) async fn audited_claims(app: &App, command: ClaimsCommand) -> Output {
     use crate::domain::operator_role::Action;
@@ -40,6 +40,21 @@ pub(super) async fn audited_claims(app: &App, command: ClaimsCommand) -> Output 
         } => Some((
             Action::Redrive,
             target(c, tenant, m),
+            format!("note: {note}"),
+        )),
+        C::Erase {
+            consumer,
+            message,
+            tenant,
+            note,
+            dry_run: false,
+            ..
+        } => Some((
+            Action::Erase,
+            match (consumer, message) {
+                (Some(c), Some(m)) => target(c, tenant, m),
+                _ => format!("tenant {tenant}"),
+            },
             format!("note: {note}"),
         )),
         C::Cancel {

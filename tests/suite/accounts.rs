@@ -694,3 +694,99 @@ fn operators_and_the_audit_from_the_command_line() {
     assert_eq!(code, 2);
     assert!(err.contains("neither a duration"), "{err}");
 }
+
+/// Sensitive fields are shown in full only to a person signed in with an admin's own account;
+/// erasure is an admin's action: an operator's is refused `403`, an admin's is done, and both
+/// are in the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_admin_account_sees_card_numbers_and_erases() {
+    let (_store, _sandbox, running) =
+        worker(TestStore::sqlite(), &format!("admin_token = \"{ADMIN}\"")).await;
+    let base = format!("http://{}", running.http_addr);
+    let s = running.app().store.clone();
+    let ada = accounts::add(s.as_ref(), "ada", Role::Admin, None)
+        .await
+        .unwrap();
+    accounts::add(
+        s.as_ref(),
+        "otto",
+        Role::Operator,
+        Some(OPERATOR_CRED.into()),
+    )
+    .await
+    .unwrap();
+    let c = no_redirects();
+    let r = c
+        .post(format!("{base}/v1/messages/payments"))
+        .header("Idempotency-Key", "card-1")
+        .header("Content-Type", "application/json")
+        .body(r#"{"amount": 100, "card_number": "4242424242424242"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || async {
+            s.get("payments", "", "card-1")
+                .await
+                .unwrap()
+                .is_some_and(|c| c.state == claimd::domain::claim::ClaimState::Completed)
+        })
+        .await,
+        "the payment completes"
+    );
+    let read = |bearer: String| {
+        let c = c.clone();
+        let url = format!("{base}/v1/claims/payments/card-1");
+        async move {
+            let r = c.get(url).bearer_auth(bearer).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let as_otto = read(format!("otto:{OPERATOR_CRED}")).await;
+    assert!(!as_otto.contains("4242424242424242"), "{as_otto}");
+    assert!(as_otto.contains("4242"), "the last four stay: {as_otto}");
+    let as_token = read(ADMIN.to_string()).await;
+    assert!(
+        !as_token.contains("4242424242424242"),
+        "the shared token is not a person"
+    );
+    let as_ada = read(format!("ada:{ada}")).await;
+    assert!(as_ada.contains("4242424242424242"), "{as_ada}");
+
+    let erase = |bearer: String| {
+        let c = c.clone();
+        let url = format!("{base}/v1/erasures");
+        async move {
+            c.post(url)
+                .bearer_auth(bearer)
+                .json(&json!({"consumer": "payments", "message_id": "card-1", "note": "DSR-7"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(erase(format!("otto:{OPERATOR_CRED}")).await, 403);
+    assert_eq!(erase(format!("ada:{ada}")).await, 200);
+    let claim = s.get("payments", "", "card-1").await.unwrap().unwrap();
+    assert!(claim.payload.is_empty(), "erased");
+    let refused = audit_of(&s, "otto").await;
+    assert!(
+        refused
+            .iter()
+            .any(|e| e.action == "erase" && e.result.starts_with("refused: 403")),
+        "{refused:?}"
+    );
+    let done = audit_of(&s, "ada").await;
+    assert!(
+        done.iter().any(|e| e.action == "erase"
+            && e.result == "done"
+            && e.target == "payments/card-1"
+            && e.detail.starts_with("1 erased")),
+        "{done:?}"
+    );
+    running.shutdown(std::time::Duration::from_secs(2)).await;
+}

@@ -114,6 +114,7 @@ fn admit(
 pub async fn preview(
     State(state): State<AppState>,
     session: Option<Extension<Session>>,
+    who: Option<Extension<crate::domain::operator_role::Identity>>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
     let (session, mut p, action) = match admit(session, fields) {
@@ -157,7 +158,7 @@ pub async fn preview(
         crate::ops::exposure::shown_claims(
             &state.config,
             &mut c,
-            crate::edge::http::claims::viewer_exposure(),
+            crate::edge::http::claims::exposure_of(&who),
         );
         now_shown.push(c.pop());
     }

@@ -10,8 +10,9 @@ use super::text::human_secs;
 use super::text::visible;
 use super::{PageSession, html_page};
 use crate::domain::claim::{Claim, ClaimState};
+use crate::domain::operator_role::Identity;
 use crate::edge::AppState;
-use crate::edge::http::claims::{PayloadView, TenantQuery, claim_with_history, viewer_exposure};
+use crate::edge::http::claims::{PayloadView, TenantQuery, claim_with_history, exposure_of};
 use crate::edge::http::problem::{problem, store_down};
 use crate::edge::http::session::Session;
 use crate::ops::claim_query::{ClaimQuery, PageError, claim_path};
@@ -62,6 +63,7 @@ fn badge(state: &str) -> Markup {
 pub async fn search(
     State(state): State<AppState>,
     session: Option<Extension<Session>>,
+    who: Option<Extension<Identity>>,
     Query(q): Query<ClaimQuery>,
 ) -> Response {
     // On the read replica when there is one ([store] read_url): searching never loads the
@@ -80,7 +82,7 @@ pub async fn search(
     let consumers = state.config.consumer_names();
     let session = page_session(&state, session);
     let mut claims = page.claims;
-    crate::ops::exposure::shown_claims(&state.config, &mut claims, viewer_exposure());
+    crate::ops::exposure::shown_claims(&state.config, &mut claims, exposure_of(&who));
     let found = Found {
         claims: &claims,
         next: page.next,
@@ -181,6 +183,7 @@ fn summary(c: &Claim) -> String {
 pub async fn claim(
     State(state): State<AppState>,
     session: Option<Extension<Session>>,
+    who: Option<Extension<Identity>>,
     Path((consumer, message_id)): Path<(String, String)>,
     Query(t): Query<TenantQuery>,
 ) -> Response {
@@ -193,7 +196,7 @@ pub async fn claim(
     }
     let store = state.claimer.store();
     let key = [consumer.as_str(), &t.tenant, &message_id];
-    let found = claim_with_history(store.as_ref(), &state.config, key, viewer_exposure()).await;
+    let found = claim_with_history(store.as_ref(), &state.config, key, exposure_of(&who)).await;
     let now = store.now().await;
     let session = page_session(&state, session);
     let commands = OperatorCommands::for_config(&state.config);

@@ -20,7 +20,11 @@ pub const FAILED_SHOWN: u32 = super::render::SHOWN_PER_LIST as u32;
 
 /// Reads everything the page shows. `window` bounds the throughput figures and the
 /// time-to-complete sample; open work is counted in full.
-pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> {
+pub async fn gather(
+    state: &AppState,
+    window: Window,
+    exposure: crate::domain::redaction::Exposure,
+) -> StoreResult<Dashboard> {
     // On the read replica when there is one ([store] read_url): a page open in many
     // browsers, reloading itself, never loads the primary.
     let reader = state.reads.reader().await?;
@@ -52,11 +56,7 @@ pub async fn gather(state: &AppState, window: Window) -> StoreResult<Dashboard> 
             ..Default::default()
         })
         .await?;
-    crate::ops::exposure::shown_claims(
-        &state.config,
-        &mut failed,
-        crate::edge::http::claims::viewer_exposure(),
-    );
+    crate::ops::exposure::shown_claims(&state.config, &mut failed, exposure);
     let brokers = state
         .amqp
         .iter()

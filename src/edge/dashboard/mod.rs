@@ -135,6 +135,7 @@ pub struct PageQuery {
 pub async fn page(
     State(state): State<AppState>,
     session: Option<Extension<Session>>,
+    who: Option<Extension<crate::domain::operator_role::Identity>>,
     Query(q): Query<PageQuery>,
 ) -> Response {
     let window = match q.since.as_deref().map(str::parse::<Window>).transpose() {
@@ -152,7 +153,7 @@ pub async fn page(
     if let Err(e) = crate::ops::params::report_window("since", window) {
         return crate::edge::http::problem::bad_parameter(&e);
     }
-    match gather(&state, window).await {
+    match gather(&state, window, crate::edge::http::claims::exposure_of(&who)).await {
         Ok(mut d) => {
             d.session = session.map(|Extension(s)| PageSession::of(&state, s));
             html(render(&d))

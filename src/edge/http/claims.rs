@@ -6,12 +6,14 @@ use super::ops::ClaimView;
 use super::problem::{problem, store_down};
 use crate::config::Config;
 use crate::domain::claim::Claim;
+use crate::domain::operator_role::{Identity, IdentitySource};
 use crate::domain::redaction::Exposure;
 use crate::edge::AppState;
 use crate::ops::claim_query::{ClaimQuery, PageError};
 use crate::ops::exposure::{shown_claim, shown_claims};
 use crate::store::{ClaimEvent, ClaimStore, StoreResult};
 use axum::Json;
+use axum::extract::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -24,7 +26,11 @@ pub const DEFAULT_LIMIT: u32 = 100;
 pub const PAYLOAD_SHOWN_BYTES: usize = 16 * 1024;
 
 /// `GET /v1/claims`: claims matching the query, newest first, and where the next page starts.
-pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimQuery>) -> Response {
+pub async fn list_claims(
+    State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    Query(q): Query<ClaimQuery>,
+) -> Response {
     // On the read replica when there is one ([store] read_url).
     let reader = match state.reads.reader().await {
         Ok(r) => r,
@@ -38,7 +44,7 @@ pub async fn list_claims(State(state): State<AppState>, Query(q): Query<ClaimQue
         Err(PageError::Store(e)) => return store_down(e),
     };
     let mut claims = page.claims;
-    shown_claims(&state.config, &mut claims, viewer_exposure());
+    shown_claims(&state.config, &mut claims, exposure_of(&who));
     let views: Vec<ClaimView> = claims
         .iter()
         .map(|c| ClaimView {
@@ -86,10 +92,21 @@ impl PayloadView {
 }
 
 /// How much of a claim's sensitive data (payload fields, the provider's answer, errors) the
-/// operator page and the HTTP API show their viewer: masked for everyone for now. This is the
-/// one place where a viewer's role (an admin may see them) is to be checked.
-pub fn viewer_exposure() -> Exposure {
-    Exposure::Masked
+/// operator page and the HTTP API show their viewer: everything to a person signed in with an
+/// admin's own account, masked for everyone else — viewers, operators, and the shared admin
+/// token (break-glass, not a person).
+pub fn viewer_exposure(who: Option<&Identity>) -> Exposure {
+    match who {
+        Some(w) if w.source == IdentitySource::Account && w.role.may_see_sensitive() => {
+            Exposure::Revealed
+        }
+        _ => Exposure::Masked,
+    }
+}
+
+/// [`viewer_exposure`] of a request's identity, as the operator check handed it on.
+pub fn exposure_of(who: &Option<Extension<Identity>>) -> Exposure {
+    viewer_exposure(who.as_ref().map(|Extension(w)| w))
 }
 
 /// One claim, with its payload, and its history oldest first, as a viewer with `exposure`
@@ -112,6 +129,7 @@ pub async fn claim_with_history(
 /// `GET /v1/claims/{consumer}/{message_id}?tenant=`: the claim, its payload and its history.
 pub async fn get_claim(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
     Path((consumer, message_id)): Path<(String, String)>,
     Query(t): Query<TenantQuery>,
 ) -> Response {
@@ -124,7 +142,7 @@ pub async fn get_claim(
     }
     let store = state.claimer.store();
     let key = [consumer.as_str(), &t.tenant, &message_id];
-    let found = claim_with_history(store.as_ref(), &state.config, key, viewer_exposure()).await;
+    let found = claim_with_history(store.as_ref(), &state.config, key, exposure_of(&who)).await;
     let now = store.now().await;
     match (found, now) {
         (Ok(Some((claim, history))), Ok(now)) => {

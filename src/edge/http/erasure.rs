@@ -1,18 +1,20 @@
-//! `POST /v1/erasures` (admin token): erases the payload, provider answer and error of one
+//! `POST /v1/erasures` (an admin: the admin token or an admin's account): erases the payload, provider answer and error of one
 //! message's finished claim, or of every finished claim of a tenant (a data-subject request),
 //! through [`crate::ops::erasure`] — the same as `claimd claims erase`. `200` with the report
 //! (open claims listed as not erased, with what to do); `404` when nothing matches.
 //!
-//! Erasure is an admin's action: [`authorize_erasure`] is where the caller's role is checked
-//! and the audit record written; for now the admin token the route sits behind is the gate.
+//! Erasure is an admin's action: the operator check refuses other roles (`403`, audited), and
+//! each erasure done or refused here is a line of the operator audit.
 
-use super::actions::{actor_of, bad_actor, bad_body};
+use super::actions::{Asker, actor_of, audit_answer, bad_actor, bad_body};
 use super::problem::{problem, store_down};
+use crate::domain::operator_role::{Action, Identity};
 use crate::edge::AppState;
-use crate::ops::erasure::{self, Report, Selection};
+use crate::ops::audit::{self, Origin};
+use crate::ops::erasure::{self, Report, Selection, Verdict};
 use axum::Json;
-use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -36,32 +38,24 @@ pub struct ErasureRequest {
     /// Only report what would be erased.
     #[serde(default)]
     pub dry_run: bool,
-    /// Who acts, for the history (recorded as `api:<actor>`). Required.
+    /// Who acts, for the history (recorded as `api:<actor>`). Required with the admin token;
+    /// an account's credential names its account instead.
+    #[serde(default)]
     pub actor: String,
-}
-
-/// Whether `actor` may erase what `selection` names: `None` when it may, else the refusal to
-/// answer. Today every caller with the admin token may (the route's gate). This is the one
-/// place where the caller's role (admin only) is to be checked and the erasure's audit record
-/// written.
-pub fn authorize_erasure(
-    _state: &AppState,
-    _actor: &str,
-    _selection: &Selection,
-) -> Option<Response> {
-    None
 }
 
 /// `POST /v1/erasures`.
 pub async fn erase(
     State(state): State<AppState>,
+    who: Option<Extension<Identity>>,
+    origin: Option<Extension<Origin>>,
     body: Result<Json<ErasureRequest>, JsonRejection>,
 ) -> Response {
     let Json(req) = match body {
         Ok(b) => b,
         Err(e) => return bad_body(e),
     };
-    let Some(actor) = actor_of(&req.actor) else {
+    let Some(actor) = actor_of(who.as_ref().map(|Extension(w)| w), &req.actor) else {
         return bad_actor();
     };
     if let Some(refused) = crate::edge::http::problem::refusal([
@@ -92,11 +86,8 @@ pub async fn erase(
             return problem(StatusCode::BAD_REQUEST, "bad selection", &why);
         }
     };
-    if let Some(refused) = authorize_erasure(&state, &actor, &selection) {
-        return refused;
-    }
     let store = state.claimer.store();
-    match erasure::erase(
+    let answer = match erasure::erase(
         store.as_ref(),
         &selection,
         &actor,
@@ -105,12 +96,41 @@ pub async fn erase(
     )
     .await
     {
-        Ok(Report { claims, .. }) if claims.is_empty() => problem(
+        Ok(Report { claims, .. }) if claims.is_empty() => Err(problem(
             StatusCode::NOT_FOUND,
             "no such claim",
             "no claim matches: check the consumer, message id and tenant",
-        ),
+        )),
+        Ok(report) => Ok(report),
+        Err(e) => Err(store_down(e)),
+    };
+    // A dry run changes nothing and is not an action; an erasure done or refused is.
+    if !req.dry_run {
+        let (status, detail) = match &answer {
+            Ok(r) => (
+                StatusCode::OK,
+                format!(
+                    "{} erased, {} already erased, {} open not erased",
+                    r.count(Verdict::Erased),
+                    r.count(Verdict::AlreadyErased),
+                    r.count(Verdict::Open)
+                ),
+            ),
+            Err(refusal) => (refusal.status(), String::new()),
+        };
+        let target = match &selection {
+            Selection::Message {
+                consumer,
+                tenant,
+                message_id,
+            } => audit::claim_target(consumer, tenant, message_id),
+            Selection::Tenant(tenant) => format!("tenant {tenant}"),
+        };
+        let asker: Asker = (who, origin);
+        audit_answer(&state, asker, Action::Erase, &target, status, &detail).await;
+    }
+    match answer {
         Ok(report) => Json(report).into_response(),
-        Err(e) => store_down(e),
+        Err(refusal) => refusal,
     }
 }

@@ -70,6 +70,9 @@ pub fn needs(path: &str, page_action: Option<&str>) -> Needs {
     if path.starts_with("/v1/operators") {
         return act(Action::ManageAccounts);
     }
+    if path == "/v1/erasures" {
+        return act(Action::Erase);
+    }
     if path.starts_with("/v1/keys") || path.ends_with("/rotate") {
         return act(Action::RotateKeys);
     }
@@ -397,6 +400,7 @@ mod tests {
         );
         assert_eq!(n("/v1/claims/pay/m1/cancel"), Needs::Action(Action::Cancel));
         assert_eq!(n("/v1/claims/pay/m1/erase"), Needs::Action(Action::Erase));
+        assert_eq!(n("/v1/erasures"), Needs::Action(Action::Erase));
         assert_eq!(n("/v1/keys/rotate"), Needs::Action(Action::RotateKeys));
         assert_eq!(
             n("/v1/operators/ann"),
