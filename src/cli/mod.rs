@@ -8,11 +8,13 @@ mod actor;
 mod bulk;
 mod claims;
 mod consumer_check;
+mod keys;
 mod reports;
 mod store_failure;
 mod worker;
 
 use claims::claims;
+pub use keys::KeysCommand;
 use reports::{ledger_cmd, reconcile_cmd, report_cmd};
 use worker::{run_worker, sandbox, sweep};
 
@@ -133,6 +135,12 @@ pub enum Command {
         /// What to do with claims.
         #[command(subcommand)]
         command: ClaimsCommand,
+    },
+    /// Encryption at rest: count values per key, rotate to the active key.
+    Keys {
+        /// What to do with the keys.
+        #[command(subcommand)]
+        command: KeysCommand,
     },
     /// Delete terminal claims older than the retention window, in batches.
     Prune {
@@ -536,6 +544,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
             ..
         } => reconcile_cmd(&app, consumer, since, format).await,
         Command::Claims { command } => claims(&app, command).await,
+        Command::Keys { command } => keys::keys_cmd(&app, command).await,
         Command::Prune { dry_run } => {
             match retention::prune(&app.store, &app.config.retention, dry_run).await {
                 Ok(r) if r.skipped_locked => {

@@ -8,6 +8,7 @@ pub mod features;
 pub mod json_body;
 pub mod order_key;
 pub mod schedule;
+pub mod sealed;
 pub mod table;
 pub mod trace_context;
 pub mod url_segment;

@@ -3,6 +3,7 @@
 //! list). Uses the engine and the layers below; the edges (CLI, HTTP, page) call it.
 
 pub mod claim_query;
+pub mod keys;
 pub mod ledger;
 pub mod operator_action;
 pub mod operator_command;

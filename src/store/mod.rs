@@ -40,6 +40,7 @@ pub mod read_replica;
 pub mod replication;
 pub mod roles;
 mod rows;
+pub mod sealing;
 pub mod sql_store;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -49,7 +50,7 @@ pub mod writes;
 pub use error::{StoreError, StoreResult, driver_words};
 pub use roles::{
     EngineStore, IntakeStore, LedgerStore, LineHead, LineStore, OperatorStore, OutboxStore,
-    ReportStore,
+    ReportStore, SealStore,
 };
 pub use url::{check_url, redact_url};
 
@@ -471,6 +472,7 @@ pub trait ClaimStore:
     + LedgerStore
     + LineStore
     + ReportStore
+    + SealStore
     + Send
     + Sync
     + 'static

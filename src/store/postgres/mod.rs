@@ -130,6 +130,7 @@ impl Dialect for PgDialect {
     type Runner = SqlPool<Postgres>;
     const NAME: &'static str = "postgres";
     const SQL: Statements = sql::STATEMENTS;
+    const SEAL_SQL: crate::store::sealing::SealStatements = sql::seal::SEAL_STATEMENTS;
     /// Several statements in flight at once: PostgreSQL commits them in parallel.
     const BATCH_WORKERS: usize = 4;
 

@@ -124,6 +124,7 @@ macro_rules! pg_settle_event {
 #[macro_use]
 mod lines;
 mod restore;
+pub(super) mod seal;
 
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {

@@ -8,6 +8,7 @@ mod lines;
 mod operator;
 mod outbox;
 mod reports;
+mod seal;
 
 pub use engine::EngineStore;
 pub use intake::IntakeStore;
@@ -16,3 +17,4 @@ pub use lines::{LineHead, LineStore};
 pub use operator::OperatorStore;
 pub use outbox::OutboxStore;
 pub use reports::ReportStore;
+pub use seal::SealStore;

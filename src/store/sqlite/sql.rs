@@ -98,6 +98,7 @@ const SETTLE: &str = concat!(
 );
 
 mod restore;
+pub(super) mod seal;
 
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
