@@ -201,7 +201,7 @@ pub fn resealed(keys: &Keyring, row: &SealedRow) -> Result<Option<SealedRow>, Se
             other => other.clone(),
         });
     }
-    Ok(changed.then(|| SealedRow {
+    Ok(changed.then_some(SealedRow {
         id: row.id,
         version: row.version,
         values,
