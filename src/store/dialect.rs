@@ -626,8 +626,15 @@ where
                 Arg::OptI64(v) => q.bind(v),
                 Arg::Bool(v) => q.bind(v),
                 Arg::Bytes(v) => q.bind(v),
-                Arg::SealedBytes(v) => q.bind(super::sealing::seal_bytes(v).into_owned()),
-                Arg::SealedText(v) => q.bind(super::sealing::seal_text(v).map(|t| t.into_owned())),
+                // Encryption off binds the value itself, as `Bytes` and `OptText` do.
+                Arg::SealedBytes(v) => match super::sealing::keyring() {
+                    Some(k) => q.bind(k.seal(v)),
+                    None => q.bind(v),
+                },
+                Arg::SealedText(v) => match super::sealing::keyring() {
+                    Some(k) => q.bind(v.map(|t| k.seal_text(t))),
+                    None => q.bind(v),
+                },
                 Arg::Time(t) => DB::bind_time(q, Some(t)),
                 Arg::OptTime(t) => DB::bind_time(q, t),
             };

@@ -473,3 +473,62 @@ async fn bad_keys_stop_claimd_naming_the_key() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("active key \"k9\""), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_enqueued_in_clear_is_sealed_when_a_worker_takes_it() {
+    let store = TestStore::sqlite();
+    let url = store.url();
+    let provider = TestProvider::start(Script::default()).await;
+    let s = setup(&store, &provider.url, &[K1, FP], "k1", "");
+    let w = s.spawn().await;
+    // The producer's transaction has no key: the row is written in clear.
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    for i in 0..5 {
+        let body = payload(i);
+        let mut tx = pool.begin().await.unwrap();
+        let id = format!("m{i}");
+        claimd::enqueue(
+            &mut *tx,
+            &claimd::Enqueue::new("payments", &id, body.as_bytes())
+                .content_type("application/json"),
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    assert!(all_completed(&url, 0, 5, Duration::from_secs(30)).await);
+    for i in 0..5 {
+        assert_eq!(provider.applied(&format!("m{i}")), 1);
+        let stored: Vec<u8> = sqlx::query("SELECT payload FROM claims WHERE message_id = ?1")
+            .bind(format!("m{i}"))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            stored.starts_with(b"$claimd$v1$k1$"),
+            "m{i}: {}",
+            String::from_utf8_lossy(&stored)
+        );
+        let page = shown(&s, i);
+        assert!(
+            page.contains(&format!("payload bytes    {}\n", payload(i).len())),
+            "{page}"
+        );
+    }
+    // Enqueuing the same message again is still recognised (the fingerprint stays plain).
+    let mut tx = pool.begin().await.unwrap();
+    let again = claimd::enqueue(
+        &mut *tx,
+        &claimd::Enqueue::new("payments", "m0", payload(0).as_bytes())
+            .content_type("application/json"),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        matches!(again, claimd::Enqueued::Duplicate(_)),
+        "a repeat, not a new claim"
+    );
+    w.terminate();
+}
