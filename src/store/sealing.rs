@@ -207,3 +207,54 @@ pub fn resealed(keys: &Keyring, row: &SealedRow) -> Result<Option<SealedRow>, Se
         values,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEYS: &str = "k1=AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n\
+                        k2=HyAhIiMkJSYnKCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4=\n\
+                        fp=QEFCQ0RFRkdISUpLTE1OT1BRUlNUVVZXWFlaW1xdXl8=";
+
+    #[test]
+    fn a_row_is_sealed_again_under_the_active_key_keeping_erased_and_null_values() {
+        let old = Keyring::new(KEYS, "k1", "fp").expect("keys");
+        let new = Keyring::new(KEYS, "k2", "fp").expect("keys");
+        let row = SealedRow {
+            id: 7,
+            version: 3,
+            values: vec![
+                Some(old.seal(b"{\"card\":\"tok\"}")),
+                None,
+                Some(b"timeout".to_vec()),
+            ],
+        };
+        let again = resealed(&new, &row).expect("opens").expect("changed");
+        assert_eq!((again.id, again.version), (7, 3));
+        let payload = again.values[0].as_deref().expect("payload");
+        assert_eq!(crate::domain::sealed::key_id(payload), Some("k2"));
+        assert_eq!(new.open(payload).expect("opens"), b"{\"card\":\"tok\"}");
+        assert_eq!(again.values[1], None);
+        let error = again.values[2].as_deref().expect("error");
+        assert_eq!(
+            new.open(error).expect("opens"),
+            b"timeout",
+            "a clear value is sealed"
+        );
+        assert_eq!(resealed(&new, &again), Ok(None), "nothing left to do");
+        let erased = SealedRow {
+            values: vec![Some(Vec::new()), None, None],
+            ..row.clone()
+        };
+        assert_eq!(
+            resealed(&new, &erased),
+            Ok(None),
+            "an erased row stays erased"
+        );
+        let retired = Keyring::new(&KEYS.replace("k1=", "k3="), "k2", "fp").expect("keys");
+        assert_eq!(
+            resealed(&retired, &row),
+            Err(SealError::MissingKey("k1".into()))
+        );
+    }
+}
