@@ -22,8 +22,10 @@
 //! `BENCH_LATENCIES` provider latency in ms, comma-separated [0,10,50];
 //! `BENCH_CONCURRENCY` client connections [64]; `BENCH_POOL` database pool size [16];
 //! `BENCH_CONSUMER_CONCURRENCY` claimd's consumer `concurrency` [= BENCH_CONCURRENCY];
-//! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,
-//! claimd-pg-wide,underway,apalis]: `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
+//! `BENCH_DESIGNS` [direct,txn,claimd-sqlite,claimd-sqlite-sealed,claimd-pg,claimd-pg-sealed,
+//! claimd-pg-park,claimd-pg-unbatched,claimd-pg-wide,underway,apalis]: `claimd-sqlite-sealed`
+//! and `claimd-pg-sealed` have `[encryption]` on (payloads, answers and errors sealed, keyed
+//! fingerprints; docs/operations.md, "Encryption at rest"), `claimd-pg-park` is `on_unknown = "park"`, which takes the call slot
 //! before claiming (the intake order before claims-ahead), `claimd-pg-unbatched` (and
 //! `claimd-sqlite-unbatched`, not run by default) has `[store] batch_writes = false`,
 //! `claimd-pg-pooler` (not run by default) goes through a PgBouncer in transaction mode
@@ -133,8 +135,8 @@ async fn main() {
         .collect();
     let designs: Vec<String> = env_or(
         "BENCH_DESIGNS",
-        "direct,txn,claimd-sqlite,claimd-pg,claimd-pg-park,claimd-pg-unbatched,claimd-pg-wide,\
-         underway,apalis"
+        "direct,txn,claimd-sqlite,claimd-sqlite-sealed,claimd-pg,claimd-pg-sealed,claimd-pg-park,\
+         claimd-pg-unbatched,claimd-pg-wide,underway,apalis"
             .to_string(),
     )
     .split(',')

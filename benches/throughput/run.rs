@@ -190,6 +190,21 @@ async fn spawn_server(run: &Run, mode: &str, provider: &str, store: &str, pool: 
         }
         None => tokio::process::Command::new(&exe),
     };
+    if run.design.ends_with("-sealed") {
+        // `[encryption]` on, with keys from the environment (two keys: one seals, one keys
+        // the fingerprints).
+        command.envs([
+            ("CLAIMD__ENCRYPTION__ENABLED", "true"),
+            ("CLAIMD__ENCRYPTION__KEYS_ENV", "BENCH_KEYS"),
+            ("CLAIMD__ENCRYPTION__ACTIVE", "k1"),
+            ("CLAIMD__ENCRYPTION__FINGERPRINT_KEY", "fp"),
+            (
+                "BENCH_KEYS",
+                "k1=AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=,\
+                 fp=QEFCQ0RFRkdISUpLTE1OT1BRUlNUVVZXWFlaW1xdXl8=",
+            ),
+        ]);
+    }
     let mut child = command
         .args(["--mode", mode])
         .env("BENCH_PROVIDER", provider)
@@ -313,10 +328,11 @@ pub(crate) async fn run_one(pg: &Pg, run: &Run, pool: u32, idx: usize, kept: Opt
         | "claimd-pg-unbatched"
         | "claimd-pg-wide"
         | "claimd-pg-memory"
+        | "claimd-pg-sealed"
         | "claimd-pg-park" => ("claimd", pg.create(&dbname).await),
         "underway" => ("underway", pg.create(&dbname).await),
         "apalis" => ("apalis", pg.create(&dbname).await),
-        "claimd-sqlite" | "claimd-sqlite-unbatched" => (
+        "claimd-sqlite" | "claimd-sqlite-unbatched" | "claimd-sqlite-sealed" => (
             "claimd",
             format!("sqlite://{}", tmp.path().join("claims.db").display()),
         ),

@@ -13,10 +13,12 @@ mod erase;
 mod masked_log;
 mod migrate_plan;
 mod operators;
+mod keys;
 mod reports;
 mod store_failure;
 mod worker;
 
+pub use keys::KeysCommand;
 use reports::{ledger_cmd, reconcile_cmd, report_cmd};
 use worker::{run_worker, sandbox, sweep};
 
@@ -166,6 +168,12 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
         format: Format,
+    },
+    /// Encryption at rest: count values per key, rotate to the active key.
+    Keys {
+        /// What to do with the keys.
+        #[command(subcommand)]
+        command: KeysCommand,
     },
     /// Delete terminal claims older than the retention window, in batches.
     Prune {
@@ -614,6 +622,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
             };
             operators::audit_cmd(&app, query, format).await
         }
+        Command::Keys { command } => keys::keys_cmd(&app, command).await,
         Command::Prune { dry_run } => {
             let consumers = &app.config.consumers;
             match retention::prune(&app.store, &app.config.retention, consumers, dry_run).await {

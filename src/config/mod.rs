@@ -4,6 +4,7 @@
 //! Every error names the file and the key (`consumers[0].lease: ...`) on one line; `main` turns
 //! it into exit code 2. Unknown keys are errors, never ignored.
 
+mod encryption;
 mod features;
 mod layering;
 mod log;
@@ -16,6 +17,7 @@ mod validate;
 
 pub use crate::provider::effect::settings::*;
 pub use crate::provider::provider_events::settings::ProviderEventsConfig;
+pub use encryption::EncryptionConfig;
 pub use log::{LogConfig, LogFormat};
 pub use outcomes::{
     MAX_DESTINATIONS, OutcomeKind, OutcomesConfig, check_destinations, render_routing_key,
@@ -253,6 +255,10 @@ impl Config {
             .map_err(|(key, message)| invalid(key, message))?;
         config
             .validate(&mut warnings)
+            .map_err(|(key, message)| invalid(key, message))?;
+        config
+            .encryption
+            .load_keys(&env)
             .map_err(|(key, message)| invalid(key, message))?;
         Ok(Loaded { config, warnings })
     }

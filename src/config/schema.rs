@@ -36,6 +36,9 @@ pub struct Config {
     /// OpenTelemetry traces (off unless `endpoint` is set).
     #[serde(default)]
     pub traces: TracesConfig,
+    /// Encryption at rest (off unless `enabled`).
+    #[serde(default)]
+    pub encryption: super::EncryptionConfig,
     /// The consumers: one per kind of side effect.
     #[serde(default)]
     pub consumers: Vec<ConsumerConfig>,

@@ -11,6 +11,7 @@ pub mod operator_role;
 pub mod order_key;
 pub mod redaction;
 pub mod schedule;
+pub mod sealed;
 pub mod table;
 pub mod trace_context;
 pub mod url_segment;

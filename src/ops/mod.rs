@@ -7,6 +7,7 @@ pub mod audit;
 pub mod claim_query;
 pub mod erasure;
 pub mod exposure;
+pub mod keys;
 pub mod ledger;
 pub mod operator_action;
 pub mod operator_command;

@@ -32,6 +32,9 @@ pub enum AppError {
     /// `[traces]` could not be started.
     #[error("{0}")]
     Traces(String),
+    /// `[encryption]`'s keys could not be put in use.
+    #[error("encryption: {0}")]
+    Encryption(String),
 }
 
 /// The assembled application.
@@ -127,6 +130,9 @@ impl App {
                     "an effect was given for it, but no consumer of that name has kind = \"custom\""
                         .into(),
             });
+        }
+        if let Some(keys) = &config.encryption.keyring {
+            crate::store::sealing::install(keys.clone()).map_err(AppError::Encryption)?;
         }
         let store = match supplied.store.take() {
             Some(store) => store,

@@ -37,7 +37,7 @@ pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; INSERT_PARAMS] {
         Arg::Text(&new.message_id),
         Arg::Text(&new.idem_key),
         Arg::Text(&new.fingerprint),
-        Arg::Bytes(&new.payload),
+        Arg::SealedBytes(&new.payload),
         Arg::Text(&new.content_type),
         Arg::OptText(new.lease_owner()),
         Arg::I64(ms(new.lease)),
@@ -84,8 +84,8 @@ pub(crate) fn settle_from_args(
         Arg::I32(attempt),
         Arg::OptText(s.state.map(ClaimState::as_str)),
         Arg::OptI32(s.provider_status),
-        Arg::OptText(s.provider_response.as_deref()),
-        Arg::OptText(s.error.as_deref()),
+        Arg::SealedText(s.provider_response.as_deref()),
+        Arg::SealedText(s.error.as_deref()),
         Arg::Bool(s.reconciled),
         Arg::OptText(s.handoff.map(Handoff::as_str)),
         Arg::OptI64(s.lease_for.map(ms)),
@@ -124,17 +124,17 @@ pub(crate) fn restore_args<'a>(
         Arg::Text(&claim.message_id),
         Arg::Text(&claim.idem_key),
         Arg::Text(&claim.fingerprint),
-        Arg::Bytes(&claim.payload),
+        Arg::SealedBytes(&claim.payload),
         Arg::Text(&claim.content_type),
         Arg::Text(state.as_str()),
         Arg::I32(claim.attempt),
         Arg::OptI32(s.provider_status.or(claim.provider_status)),
-        Arg::OptText(
+        Arg::SealedText(
             s.provider_response
                 .as_deref()
                 .or(claim.provider_response.as_deref()),
         ),
-        Arg::OptText(last_error),
+        Arg::SealedText(last_error),
         Arg::Bool(s.reconciled || claim.reconciled),
         Arg::OptText(s.provider_id.as_deref().or(claim.provider_id.as_deref())),
         Arg::OptI64(lease_ms),
@@ -161,7 +161,9 @@ pub(crate) fn repeat_outcome(new: &NewClaim, claim: Claim) -> ClaimOutcome {
         // This call's own row: its commit's reply was lost (or its batch failed as a whole
         // after committing). It is new, not a duplicate.
         created(new, claim)
-    } else if claim.fingerprint == new.fingerprint {
+    } else if claim.fingerprint == new.fingerprint
+        || super::sealing::fingerprint_matches(&claim.fingerprint, &new.payload)
+    {
         ClaimOutcome::Duplicate(claim)
     } else {
         ClaimOutcome::Mismatch(claim)

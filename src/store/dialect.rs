@@ -69,6 +69,10 @@ pub enum Arg<'a> {
     Bool(bool),
     /// Bytes (payloads).
     Bytes(&'a [u8]),
+    /// Bytes stored sealed when encryption is on (payloads; see the `sealing` module).
+    SealedBytes(&'a [u8]),
+    /// Text or NULL, stored sealed when encryption is on (provider answers, errors).
+    SealedText(Option<&'a str>),
     /// A point in time.
     Time(DateTime<Utc>),
     /// A point in time or NULL.
@@ -329,6 +333,8 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 
     /// Its statements of operator accounts and the audit.
     const ACCOUNT_SQL: super::audit::AccountStatements;
+    /// Its statements of `claimd keys` (see the `sealing` module).
+    const SEAL_SQL: super::sealing::SealStatements;
 
     /// Applies the embedded migrations.
     async fn migrate(&self) -> StoreResult<()>;
@@ -510,7 +516,7 @@ pub(crate) fn event_args<'a>(id: i64, attempt: i32, e: &NewEvent<'a>) -> [Arg<'a
         Arg::Text(e.action),
         Arg::Text(e.outcome),
         Arg::OptI32(e.provider_status),
-        Arg::OptText(e.detail),
+        Arg::SealedText(e.detail),
     ]
 }
 
@@ -621,6 +627,8 @@ where
     for<'t> &'t str: Encode<'t, DB> + Type<DB>,
     for<'t> Option<&'t str>: Encode<'t, DB> + Type<DB>,
     for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
+    for<'t> Vec<u8>: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<String>: Encode<'t, DB> + Type<DB>,
     for<'t> i64: Encode<'t, DB> + Type<DB>,
     for<'t> i32: Encode<'t, DB> + Type<DB>,
     for<'t> Option<i32>: Encode<'t, DB> + Type<DB>,
@@ -639,6 +647,15 @@ where
                 Arg::OptI64(v) => q.bind(v),
                 Arg::Bool(v) => q.bind(v),
                 Arg::Bytes(v) => q.bind(v),
+                // Encryption off binds the value itself, as `Bytes` and `OptText` do.
+                Arg::SealedBytes(v) => match super::sealing::keyring() {
+                    Some(k) => q.bind(k.seal(v)),
+                    None => q.bind(v),
+                },
+                Arg::SealedText(v) => match super::sealing::keyring() {
+                    Some(k) => q.bind(v.map(|t| k.seal_text(t))),
+                    None => q.bind(v),
+                },
                 Arg::Time(t) => DB::bind_time(q, Some(t)),
                 Arg::OptTime(t) => DB::bind_time(q, t),
             };

@@ -44,6 +44,7 @@ pub mod read_replica;
 pub mod replication;
 pub mod roles;
 mod rows;
+pub mod sealing;
 pub mod sql_store;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -53,7 +54,7 @@ pub mod writes;
 pub use error::{StoreError, StoreResult, driver_words};
 pub use roles::{
     AccountStore, EngineStore, IntakeStore, LedgerStore, LineHead, LineStore, OperatorStore,
-    OutboxStore, ReportStore,
+    OutboxStore, ReportStore, SealStore,
 };
 pub use url::{check_url, redact_url};
 
@@ -479,6 +480,7 @@ pub trait ClaimStore:
     + LedgerStore
     + LineStore
     + ReportStore
+    + SealStore
     + Send
     + Sync
     + 'static

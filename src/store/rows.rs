@@ -2,6 +2,7 @@
 //! statements select (`claim_cols!`, plus `payload`, `age_ms` and the hand-off columns).
 
 use super::dialect::SqlRow;
+use super::sealing;
 use super::{StoreError, StoreResult, TakenClaim};
 use crate::domain::claim::{Claim, ClaimState, Handoff, SCHEDULE_OWNER};
 use std::str::FromStr;
@@ -10,14 +11,16 @@ use std::time::Duration;
 /// A claim from a row selecting the claim columns (and, optionally, `payload`).
 pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
     let state = row.text("state")?;
+    let id = row.i64("id")?;
+    let what = || format!("claim {id}");
     Ok(Claim {
-        id: row.i64("id")?,
+        id,
         consumer: row.text("consumer")?,
         tenant: row.text("tenant")?,
         message_id: row.text("message_id")?,
         idem_key: row.text("idem_key")?,
         fingerprint: row.text("fingerprint")?,
-        payload: row.bytes_or_empty("payload").into(),
+        payload: sealing::open_bytes(row.bytes_or_empty("payload"), &what).into(),
         content_type: row.text("content_type")?,
         state: ClaimState::from_str(&state).map_err(|e| StoreError::Corrupt(e.to_string()))?,
         attempt: row.i32("attempt")?,
@@ -26,9 +29,9 @@ pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
         received_utc: row.time("received_utc")?,
         started_utc: row.time("started_utc")?,
         processed_utc: row.opt_time("processed_utc")?,
-        last_error: row.opt_text("last_error")?,
+        last_error: sealing::open_text(row.opt_text("last_error")?, &what),
         provider_status: row.opt_i32("provider_status")?,
-        provider_response: row.opt_text("provider_response")?,
+        provider_response: sealing::open_text(row.opt_text("provider_response")?, &what),
         duplicate_count: row.i64("duplicate_count")?,
         mismatch_count: row.i64("mismatch_count")?,
         reconciled: row.boolean("reconciled")?,

@@ -27,6 +27,9 @@ pub struct Script {
     /// Apply, then sleep this long before answering (a kill then lands between the
     /// provider's effect and the worker's settle).
     pub delay_after_apply_ms: u64,
+    /// Answer with the request's body in the answer (`{"key":..,"echo":<body>}`), as
+    /// providers that repeat what they were sent do.
+    pub echo_body: bool,
 }
 
 #[derive(Default)]
@@ -60,7 +63,10 @@ async fn apply(State(s): State<S>, headers: HeaderMap, body: Bytes) -> Response 
     else {
         return (StatusCode::BAD_REQUEST, "no key").into_response();
     };
-    let _ = body;
+    let echo = s
+        .script
+        .echo_body
+        .then(|| String::from_utf8_lossy(&body).into_owned());
     let n = {
         let mut l = s.ledger.lock().unwrap();
         let n = l.requests.entry(key.clone()).or_default();
@@ -106,7 +112,14 @@ async fn apply(State(s): State<S>, headers: HeaderMap, body: Bytes) -> Response 
         ))
         .await;
     }
-    (StatusCode::OK, format!("{{\"key\":\"{key}\"}}")).into_response()
+    match echo {
+        Some(body) => (
+            StatusCode::OK,
+            format!("{{\"key\":\"{key}\",\"echo\":{body}}}"),
+        )
+            .into_response(),
+        None => (StatusCode::OK, format!("{{\"key\":\"{key}\"}}")).into_response(),
+    }
 }
 
 async fn status(State(s): State<S>, Path(key): Path<String>) -> Response {

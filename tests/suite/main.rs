@@ -58,6 +58,7 @@ mod reconcile_by_value;
 mod replication;
 mod report_waits;
 mod sandbox;
+mod sealed;
 mod signin;
 mod store;
 mod traces;

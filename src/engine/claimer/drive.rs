@@ -93,6 +93,23 @@ impl Claimer {
             ))
             .await;
         }
+        if let Some(key) = crate::domain::sealed::key_id(&claim.payload) {
+            // Its payload did not open (its key was retired from the keys): calling with the
+            // sealed text would send garbage. Parked, naming the key; never sent.
+            self.metrics.vanished.sealed_unreadable(&claim.consumer);
+            let reason = format!(
+                "payload sealed with key {key:?}, which is not among the keys: not sent; put the key back in the keys and redrive"
+            );
+            return Box::pin(self.settler.settle(
+                &mut slot,
+                claim,
+                settle_until,
+                crate::engine::settle::park(reason, None),
+                "perform",
+                "unreadable",
+            ))
+            .await;
+        }
         if let Some(effect) = consumer.effect.database() {
             // A database effect commits with its settle: no marker to clear, no call to
             // classify, nothing to look up (settle::db).

@@ -11,8 +11,8 @@
 //! [`crate::engine::consumer`].
 
 use crate::domain::claim::{
-    Claim, IdError, NewClaim, fingerprint, new_claim_token, validate_content_type,
-    validate_message_id, validate_tenant,
+    Claim, IdError, NewClaim, new_claim_token, validate_content_type, validate_message_id,
+    validate_tenant,
 };
 use crate::engine::consumer::Admission;
 pub use crate::engine::consumer::{Consumer, Hold, Slot};
@@ -197,7 +197,7 @@ mod tests {
             tenant: String::new(),
             message_id: "m-1".into(),
             idem_key: "payments:m-1".into(),
-            fingerprint: fingerprint(b"{}"),
+            fingerprint: crate::domain::claim::fingerprint(b"{}"),
             payload: bytes::Bytes::from_static(b"{}"),
             content_type: "application/json".into(),
             worker: "w".into(),

@@ -265,7 +265,7 @@ impl Claimer {
             tenant,
             message_id,
             idem_key,
-            fingerprint: fingerprint(&d.payload),
+            fingerprint: crate::store::sealing::fingerprint(&d.payload),
             payload: d.payload,
             content_type,
             worker: self.instance.clone(),

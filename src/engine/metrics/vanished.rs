@@ -3,6 +3,10 @@
 //! store lost a claim it had committed (a failover to a standby that had not received it).
 //! Each is written back by the instance that held it (`crate::engine::settle`); the counter
 //! pages all the same, because the store lost acknowledged data.
+//!
+//! Beside it, claims whose sealed payload did not open (`claimd_claims_sealed_unreadable_total`,
+//! see [`sealing`](crate::store::sealing)): its key was retired from the keys, so the claim is
+//! parked, never sent.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -18,6 +22,7 @@ struct ConsumerLabel {
 #[derive(Debug, Default)]
 pub struct VanishedMetrics {
     vanished: Family<ConsumerLabel, Counter>,
+    unreadable: Family<ConsumerLabel, Counter>,
 }
 
 impl VanishedMetrics {
@@ -28,18 +33,29 @@ impl VanishedMetrics {
             "Claims that vanished from the store while this instance held them (a fenced settle found no row of their key): the store lost acknowledged data; each is written back",
             self.vanished.clone(),
         );
+        registry.register(
+            "claims_sealed_unreadable",
+            "Claims whose sealed payload did not open (its key is not among the keys): parked, never sent",
+            self.unreadable.clone(),
+        );
     }
 
     /// Creates each consumer's series at zero, so `increase()` sees the first one.
     pub fn init(&self, consumers: &[String]) {
         for c in consumers {
             let _ = self.vanished.get_or_create(&label(c));
+            let _ = self.unreadable.get_or_create(&label(c));
         }
     }
 
     /// A claim of `consumer` vanished from the store.
     pub fn vanished(&self, consumer: &str) {
         self.vanished.get_or_create(&label(consumer)).inc();
+    }
+
+    /// A claim of `consumer` was not sent: its sealed payload did not open.
+    pub fn sealed_unreadable(&self, consumer: &str) {
+        self.unreadable.get_or_create(&label(consumer)).inc();
     }
 }
 

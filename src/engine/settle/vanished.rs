@@ -14,7 +14,7 @@
 //! [`EngineStore::restore_claim`]: crate::store::EngineStore::restore_claim
 
 use super::Settler;
-use crate::domain::claim::{Claim, ClaimState, fingerprint};
+use crate::domain::claim::{Claim, ClaimState};
 use crate::store::{NewEvent, Settlement};
 use std::time::Duration;
 use tracing::{error, warn};
@@ -87,7 +87,7 @@ impl Settler {
             outcome = %state,
             "claim vanished from the store while this instance held it (the store lost acknowledged data: a failover?); writing it back"
         );
-        if fingerprint(&claim.payload) != claim.fingerprint {
+        if !crate::store::sealing::fingerprint_matches(&claim.fingerprint, &claim.payload) {
             error!(
                 claim_id = claim.id,
                 message_id = %claim.message_id,

@@ -9,6 +9,7 @@ use crate::store::args::{created as created_outcome, ms};
 use crate::store::dialect::SqlPool;
 use crate::store::outbox::{OutcomeConsumers, emits};
 use crate::store::rows::claim_from_row;
+use crate::store::sealing;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use sqlx::{Postgres, Row};
 use std::collections::HashMap;
@@ -146,8 +147,8 @@ pub(super) async fn insert_batch(
         .bind(col(|n| &n.fingerprint))
         .bind(
             new.iter()
-                .map(|n| n.payload.as_ref())
-                .collect::<Vec<&[u8]>>(),
+                .map(|n| sealing::seal_bytes(&n.payload).into_owned())
+                .collect::<Vec<Vec<u8>>>(),
         )
         .bind(col(|n| &n.content_type))
         .bind(
@@ -249,13 +250,13 @@ pub(super) async fn settle_batch(
         .bind(
             items
                 .iter()
-                .map(|i| i.settlement.provider_response.as_deref())
+                .map(|i| sealed_text(i.settlement.provider_response.as_deref()))
                 .collect::<Vec<_>>(),
         )
         .bind(
             items
                 .iter()
-                .map(|i| i.settlement.error.as_deref())
+                .map(|i| sealed_text(i.settlement.error.as_deref()))
                 .collect::<Vec<_>>(),
         )
         .bind(
@@ -285,7 +286,12 @@ pub(super) async fn settle_batch(
                 .map(|i| i.event.provider_status)
                 .collect::<Vec<_>>(),
         )
-        .bind(items.iter().map(|i| i.event.detail).collect::<Vec<_>>())
+        .bind(
+            items
+                .iter()
+                .map(|i| sealed_text(i.event.detail))
+                .collect::<Vec<_>>(),
+        )
         .bind(
             items
                 .iter()
@@ -312,4 +318,9 @@ fn ids(
 
 fn err(query: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |e| StoreError::from_sqlx(query, e)
+}
+
+/// A text column's value as stored (sealed when encryption is on).
+fn sealed_text(plain: Option<&str>) -> Option<String> {
+    sealing::seal_text(plain).map(std::borrow::Cow::into_owned)
 }

@@ -132,6 +132,7 @@ impl Dialect for PgDialect {
     const NAME: &'static str = "postgres";
     const SQL: Statements = sql::STATEMENTS;
     const ACCOUNT_SQL: crate::store::audit::AccountStatements = sql::accounts::ACCOUNT_STATEMENTS;
+    const SEAL_SQL: crate::store::sealing::SealStatements = sql::seal::SEAL_STATEMENTS;
     /// Several statements in flight at once: PostgreSQL commits them in parallel.
     const BATCH_WORKERS: usize = 4;
 

@@ -126,6 +126,7 @@ mod lines;
 pub(super) mod accounts;
 mod erasure;
 mod restore;
+pub(super) mod seal;
 
 pub(super) use erasure::ERASE_DUE_BATCH;
 

@@ -9,6 +9,7 @@ mod lines;
 mod operator;
 mod outbox;
 mod reports;
+mod seal;
 
 pub use accounts::AccountStore;
 pub use engine::EngineStore;
@@ -18,3 +19,4 @@ pub use lines::{LineHead, LineStore};
 pub use operator::OperatorStore;
 pub use outbox::OutboxStore;
 pub use reports::ReportStore;
+pub use seal::SealStore;

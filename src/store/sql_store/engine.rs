@@ -325,8 +325,19 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         lease: Duration,
     ) -> StoreResult<Vec<TakenClaim>> {
         let sql = D::SQL.take_enqueued;
-        self.take_leased("take_enqueued", sql, consumer, limit, owner, lease)
-            .await
+        let taken = self
+            .take_leased("take_enqueued", sql, consumer, limit, owner, lease)
+            .await?;
+        // The producer's transaction has no key: its row was written in clear. Sealed now,
+        // when claimd takes it (docs/producers.md, "Encryption at rest").
+        if crate::store::sealing::keyring().is_some() {
+            for t in &taken {
+                if let Err(e) = crate::store::SealStore::seal_claim(self, t.claim.id).await {
+                    tracing::warn!(claim_id = t.claim.id, error = %e, "enqueued claim not sealed yet; `claimd keys rotate` seals it");
+                }
+            }
+        }
+        Ok(taken)
     }
 
     #[instrument(skip(self))]

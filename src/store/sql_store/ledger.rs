@@ -35,15 +35,17 @@ impl<D: Dialect> LedgerStore for SqlStore<D> {
             .await?;
         rows.iter()
             .map(|r| {
+                let id = r.i64("id")?;
+                let what = || format!("claim {id}");
                 Ok(LedgerClaim {
-                    id: r.i64("id")?,
+                    id,
                     tenant: r.text("tenant")?,
                     message_id: r.text("message_id")?,
                     idem_key: r.text("idem_key")?,
                     state: ClaimState::from_str(&r.text("state")?)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?,
                     received_utc: r.time("received_utc")?,
-                    payload: r.bytes_or_empty("payload"),
+                    payload: crate::store::sealing::open_bytes(r.bytes_or_empty("payload"), &what),
                     provider_id: r.opt_text("provider_id")?,
                 })
             })

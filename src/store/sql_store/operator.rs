@@ -114,18 +114,33 @@ impl<D: Dialect> OperatorStore for SqlStore<D> {
         reason_prefix: &str,
         limit: u32,
     ) -> StoreResult<Vec<Claim>> {
+        // Sealed errors cannot be compared in SQL: every parked claim of the consumer is read,
+        // opened, and compared here.
+        let sealed = crate::store::sealing::keyring().is_some();
+        let (prefix, most) = match sealed {
+            true => ("", i64::MAX),
+            false => (reason_prefix, i64::from(limit)),
+        };
         let rows = self
             .fetch(
                 "list_parked_by_reason",
                 D::SQL.list_parked_by_reason,
-                &[
-                    Arg::Text(consumer),
-                    Arg::Text(reason_prefix),
-                    Arg::I64(i64::from(limit)),
-                ],
+                &[Arg::Text(consumer), Arg::Text(prefix), Arg::I64(most)],
             )
             .await?;
-        rows.iter().map(claim_from_row).collect()
+        let claims = rows.iter().map(claim_from_row);
+        if !sealed {
+            return claims.collect();
+        }
+        let mut out = Vec::new();
+        for claim in claims {
+            let claim = claim?;
+            let reason = claim.last_error.as_deref().unwrap_or_default();
+            if reason.starts_with(reason_prefix) && out.len() < limit as usize {
+                out.push(claim);
+            }
+        }
+        Ok(out)
     }
 
     async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>> {
@@ -141,7 +156,9 @@ impl<D: Dialect> OperatorStore for SqlStore<D> {
                     action: r.text("action")?,
                     outcome: r.text("outcome")?,
                     provider_status: r.opt_i32("provider_status")?,
-                    detail: r.opt_text("detail")?,
+                    detail: crate::store::sealing::open_text(r.opt_text("detail")?, &|| {
+                        format!("claim {id}'s history")
+                    }),
                 })
             })
             .collect()

@@ -5,6 +5,7 @@ use super::SqlStore;
 use crate::store::args::ms;
 use crate::store::dialect::{Arg, Dialect, SqlRow};
 use crate::store::outbox::{OutcomeConsumers, OutcomeEvent, first_per_claim};
+use crate::store::sealing;
 use crate::store::{OutboxStore, StoreResult};
 use async_trait::async_trait;
 use std::time::Duration;
@@ -153,7 +154,11 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
         self.execute(
             "retry_outcomes",
             D::SQL.retry_outcomes,
-            &[Arg::Text(&ids), Arg::I64(ms(after)), Arg::Text(error)],
+            &[
+                Arg::Text(&ids),
+                Arg::I64(ms(after)),
+                Arg::SealedText(Some(error)),
+            ],
         )
         .await
         .map(|_| ())
@@ -162,8 +167,10 @@ impl<D: Dialect> OutboxStore for SqlStore<D> {
 
 /// An event row as the relay reads it (`outcome_cols!()`).
 fn event_of<R: SqlRow>(r: &R) -> StoreResult<OutcomeEvent> {
+    let seq = r.i64("id")?;
+    let what = || format!("outcome event {seq}");
     Ok(OutcomeEvent {
-        seq: r.i64("id")?,
+        seq,
         destination: r.text("destination")?,
         claim_version: r.opt_i64("claim_version")?,
         claim_id: r.i64("claim_id")?,
@@ -175,8 +182,8 @@ fn event_of<R: SqlRow>(r: &R) -> StoreResult<OutcomeEvent> {
         attempt: r.i32("attempt")?,
         provider_status: r.opt_i32("provider_status")?,
         provider_id: r.opt_text("provider_id")?,
-        provider_response: r.opt_text("provider_response")?,
-        reason: r.opt_text("reason")?,
+        provider_response: sealing::open_text(r.opt_text("provider_response")?, &what),
+        reason: sealing::open_text(r.opt_text("reason")?, &what),
         actor: r.text("actor")?,
         action: r.text("action")?,
         at_utc: r.time("at_utc")?,

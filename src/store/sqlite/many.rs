@@ -229,7 +229,7 @@ async fn insert_outcome(
             Arg::I64(id),
             Arg::Text(event.actor),
             Arg::Text(event.action),
-            Arg::OptText(event.detail),
+            Arg::SealedText(event.detail),
             Arg::Text(outcomes),
         ],
     )
@@ -358,7 +358,7 @@ impl SqliteDialect {
                         Arg::I64(i.id),
                         Arg::Text(i.event.actor),
                         Arg::Text(i.event.action),
-                        Arg::OptText(i.event.detail),
+                        Arg::SealedText(i.event.detail),
                     ]);
                 }
                 args.push(Arg::Text(outcomes.bound(true)));

@@ -152,6 +152,7 @@ impl Dialect for SqliteDialect {
     const NAME: &'static str = "sqlite";
     const SQL: Statements = sql::STATEMENTS;
     const ACCOUNT_SQL: crate::store::audit::AccountStatements = sql::accounts::ACCOUNT_STATEMENTS;
+    const SEAL_SQL: crate::store::sealing::SealStatements = sql::seal::SEAL_STATEMENTS;
     /// One writer: a second task would only wait for the first one's lock, while the calls
     /// arriving meanwhile make the next batch larger.
     const BATCH_WORKERS: usize = 1;

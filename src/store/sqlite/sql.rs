@@ -100,6 +100,7 @@ const SETTLE: &str = concat!(
 pub(super) mod accounts;
 mod erasure;
 mod restore;
+pub(super) mod seal;
 
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {

@@ -1,11 +1,11 @@
 //! Reading a NATS message's headers into a verdict, and writing a dead letter's headers.
 
 use super::Ctx;
-use crate::domain::claim::fingerprint;
 use crate::domain::trace_context::TRACEPARENT;
 use crate::edge::intake::refusal::{
     DeadLetterReason, Received, STORE_RETRY_DELAY, Verdict, delivery_of, verdict_of,
 };
+use crate::store::sealing::fingerprint_matches;
 use async_nats::HeaderMap;
 
 /// The header asking for a scheduled send (docs/flow-control.md); matched in any case.
@@ -113,7 +113,9 @@ pub(super) async fn judge(
         let tenant = String::from_utf8_lossy(&delivery.tenant);
         let id = String::from_utf8_lossy(&delivery.message_id);
         return match ctx.claimer.store().get(&c.name, &tenant, &id).await {
-            Ok(Some(claim)) if claim.fingerprint == fingerprint(&delivery.payload) => Verdict::Ack,
+            Ok(Some(claim)) if fingerprint_matches(&claim.fingerprint, &delivery.payload) => {
+                Verdict::Ack
+            }
             Ok(Some(_)) => verdict_of(
                 &c.name,
                 ctx.claimer.submit(delivery).await,

@@ -1,0 +1,24 @@
+//! SQLite's statements of `claimd keys` and of sealing enqueued claims
+//! ([`SealStatements`]): pages of the sealed columns read as stored, and fenced writes back.
+
+use crate::store::sealing::SealStatements;
+
+/// The statements (see [`SealStatements`]).
+pub(crate) const SEAL_STATEMENTS: SealStatements = SealStatements {
+    claims_page: "SELECT id, version, payload, provider_response, last_error FROM claims \
+        WHERE id > ?1 ORDER BY id LIMIT ?2",
+    claim_one: "SELECT id, version, payload, provider_response, last_error FROM claims \
+        WHERE id = ?1",
+    reseal_claim: "UPDATE claims SET payload = ?2, provider_response = ?3, last_error = ?4 \
+        WHERE id = ?1 AND version = ?5 AND payload = ?6 \
+          AND provider_response IS ?7 AND last_error IS ?8",
+    outcome_events_page: "SELECT id, provider_response, reason, last_error FROM outcome_events \
+        WHERE id > ?1 ORDER BY id LIMIT ?2",
+    reseal_outcome_event: "UPDATE outcome_events \
+        SET provider_response = ?2, reason = ?3, last_error = ?4 \
+        WHERE id = ?1 AND provider_response IS ?5 \
+          AND reason IS ?6 AND last_error IS ?7",
+    claim_events_page: "SELECT id, detail FROM claim_events WHERE id > ?1 ORDER BY id LIMIT ?2",
+    reseal_claim_event: "UPDATE claim_events SET detail = ?2 \
+        WHERE id = ?1 AND detail IS ?3",
+};
