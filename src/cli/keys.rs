@@ -60,7 +60,38 @@ pub(super) async fn keys_cmd(app: &App, command: KeysCommand) -> Output {
                     p.last_id
                 );
             };
-            match keys::rotate(app.store.as_ref(), after, log).await {
+            let rotated = keys::rotate(app.store.as_ref(), after, log).await;
+            // A rotation, finished or not, is an admin's act: a line of the operator audit.
+            if let Ok(who) = super::cli_audit::cli_identity() {
+                let (result, detail) = match &rotated {
+                    Ok(p) => (
+                        crate::ops::audit::AuditResult::Done,
+                        format!(
+                            "to {:?}: {} read, {} sealed again, {} unreadable",
+                            app.config.encryption.active,
+                            p.read,
+                            p.resealed,
+                            p.unreadable.len()
+                        ),
+                    ),
+                    Err(e) => (
+                        crate::ops::audit::AuditResult::Refused(e.to_string()),
+                        String::new(),
+                    ),
+                };
+                super::cli_audit::record_cli(
+                    app,
+                    &who,
+                    crate::ops::audit::AuditAction::Act(
+                        crate::domain::operator_role::Action::RotateKeys,
+                    ),
+                    "keys",
+                    result,
+                    &detail,
+                )
+                .await;
+            }
+            match rotated {
                 Ok(p) => {
                     let mut stdout = format!(
                         "rotated to key {:?}: {} rows read, {} sealed again, {} changed meanwhile (already under the active key)\n",

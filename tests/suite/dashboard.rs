@@ -132,6 +132,7 @@ async fn seed(s: &Store, url: &str) {
     }
     let mut other = new_claim("payments", "", "done-001", long);
     other.fingerprint = fingerprint(b"another payload");
+    other.payload = b"another payload".to_vec().into();
     assert!(matches!(
         s.claim(&other).await.unwrap(),
         ClaimOutcome::Mismatch(_)

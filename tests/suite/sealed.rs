@@ -180,7 +180,8 @@ fn unreachable_outcomes() -> String {
 
 /// What `claims show m{i}` says (it opens the payload with the configured keys).
 fn shown(s: &Setup, i: usize) -> String {
-    let (code, out, err) = s.cli(&["claims", "show", "payments", &format!("m{i}")]);
+    // `--reveal`: the card token is a sensitive field, masked otherwise.
+    let (code, out, err) = s.cli(&["claims", "show", "payments", &format!("m{i}"), "--reveal"]);
     assert_eq!(code, 0, "claims show m{i}: {err}");
     out
 }
@@ -219,7 +220,7 @@ async fn nothing_personal_is_in_the_sqlite_file_in_clear() {
     assert_eq!(repeat(payload(7)).await.unwrap().status().as_u16(), 200);
     assert_eq!(repeat(payload(8)).await.unwrap().status().as_u16(), 422);
     w.terminate();
-    // Operators still read everything, opened with the keys.
+    // Operators still read everything (revealed), opened with the keys.
     let page = shown(&s, 7);
     assert!(page.contains("tok_secretcard_00007"), "{page}");
     assert!(page.contains("hmac-sha256:"), "keyed fingerprint: {page}");
@@ -387,6 +388,13 @@ async fn a_rotation_while_messages_flow_and_workers_die_leaves_every_claim_reada
     assert_eq!(code, 0, "{out}{err}");
     let status: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(status["to_rotate"], 0, "{status}");
+    // Each rotation is an admin's act in the operator audit.
+    let (code, out, err) = s.cli(&["audit", "--format", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.matches("\"rotate-keys\"").count() >= 3,
+        "every rotation is audited: {out}"
+    );
     assert_eq!(status["counts"]["claims.payload"]["k2"], 400, "{status}");
     // With k1 retired, every claim still reads.
     s.rekey(&[K2, FP], "k2");

@@ -140,6 +140,7 @@ async fn duplicates_and_mismatches(store: TestStore) {
     ));
     let mut changed = new_claim("d1", Duration::from_secs(60));
     changed.fingerprint = fingerprint(b"other");
+    changed.payload = b"other".to_vec().into();
     assert!(matches!(
         s.claim(&changed).await.unwrap(),
         ClaimOutcome::Mismatch(_)

@@ -17,6 +17,7 @@ async fn batches(store: TestStore) {
     ));
     let mut mismatch = new_claim("b0", lease);
     mismatch.fingerprint = fingerprint(b"other");
+    mismatch.payload = b"other".to_vec().into();
     let batch = vec![
         new_claim("b1", lease),
         new_claim("b0", lease),
@@ -148,6 +149,7 @@ async fn concurrent_calls(store: TestStore) {
     calls.push((new_claim("c2", lease), "duplicate"));
     let mut other = new_claim("c3", lease);
     other.fingerprint = fingerprint(b"another payload");
+    other.payload = b"another payload".to_vec().into();
     calls.push((other, "mismatch"));
     // The lost batch's calls, retried: their own rows, new claims, nothing counted.
     calls.extend(lost.iter().map(|n| (n.clone(), "created")));
