@@ -42,6 +42,9 @@ use crate::common::smtp::SmtpSink;
 use crate::common::{amqp::amqp_url, claimd_bin, free_port, proxy, try_raw_post};
 use gate::Gate;
 
+/// The keys of the combined runs' encryption at rest (test keys, never used elsewhere).
+const CHAOS_KEYS: &str = "k1=Y2xhaW1kLWNoYW9zLXNlYWxpbmcta2V5LW9uZS0zMmI=\nfp=Y2xhaW1kLWNoYW9zLWZpbmdlcnByaW50LWtleS0zMmI=\n";
+
 use claimd::provider::sandbox::{Sandbox, SandboxOptions};
 use claimd::store::{ClaimFilter, Store};
 use lapin::options::{
@@ -228,31 +231,47 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let proxy = Arc::new(proxy::Proxy::start("127.0.0.1:5432").await);
     let worker_db = db_url.replacen("127.0.0.1:5432", &proxy.addr.to_string(), 1);
     let config = dir.path().join("claimd.toml");
+    // Every run seals what the workers store (encryption at rest), under keys this process
+    // opens its own store with: the checks read the rows as an operator's tools do.
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, CHAOS_KEYS).unwrap();
+    claimd::store::sealing::install(std::sync::Arc::new(
+        claimd::domain::sealed::Keyring::new(CHAOS_KEYS, "k1", "fp").unwrap(),
+    ))
+    .unwrap();
+    let encryption = format!(
+        "[encryption]\nenabled = true\nkeys_file = \"{}\"\nactive = \"k1\"\nfingerprint_key = \"fp\"\n",
+        keys.display()
+    );
     std::fs::write(
         &config,
-        worker_toml(
-            s,
-            &worker_db,
-            &provider,
-            smtp_gate.port,
-            queues.as_deref(),
-            outcomes.as_deref(),
-        ) + &if s.orders > 0 {
-            orders::consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port), s)
-        } else {
-            String::new()
-        } + &if s.db_effect > 0 {
-            let source = match &queues {
-                Some(q) => q.consumer_toml("ledger"),
-                None => "source = \"http\"\n".to_string(),
-            };
-            dbeffect::consumer_toml().replacen("source = \"http\"\n", &source, 1)
-        } else {
-            String::new()
-        } + &intakes
-            .as_ref()
-            .map(|i| i.consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port)))
-            .unwrap_or_default(),
+        encryption
+            + &worker_toml(
+                s,
+                &worker_db,
+                &provider,
+                smtp_gate.port,
+                queues.as_deref(),
+                outcomes.as_deref(),
+            )
+            + &if s.orders > 0 {
+                orders::consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port), s)
+            } else {
+                String::new()
+            }
+            + &if s.db_effect > 0 {
+                let source = match &queues {
+                    Some(q) => q.consumer_toml("ledger"),
+                    None => "source = \"http\"\n".to_string(),
+                };
+                dbeffect::consumer_toml().replacen("source = \"http\"\n", &source, 1)
+            } else {
+                String::new()
+            }
+            + &intakes
+                .as_ref()
+                .map(|i| i.consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port)))
+                .unwrap_or_default(),
     )
     .unwrap();
     if s.db_effect > 0 {
@@ -577,6 +596,22 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     outcome.alerts = alerts;
     if s.db_effect > 0 {
         outcome.db_effect = Some(dbeffect::check(db_url, &store).await);
+    }
+    // Encryption at rest held through every fault: each payload the payments and email
+    // consumers (HTTP or a broker) kept is sealed; erased ones are empty. (The SQL enqueue path
+    // writes in clear until a worker takes the claim, so its consumers are left out.)
+    {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(db_url).await.unwrap();
+        let (payloads, clear): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE position('$claimd$v1$'::bytea IN payload) <> 1)
+             FROM claims WHERE consumer IN ('payments', 'email') AND length(payload) > 0",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        assert!(payloads > 0, "stored payloads to look at");
+        assert_eq!(clear, 0, "payloads stored in clear, of {payloads}");
     }
     if let Some(sent) = &intake_sends {
         let c = intakes::check(db_url, &store, &sandbox, sent).await;
