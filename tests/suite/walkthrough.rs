@@ -9,8 +9,9 @@ use claimd::domain::claim::ClaimState;
 use common::*;
 use std::time::Duration;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_walk_through_declines_a_payment_and_parks_a_refund() {
+/// The shipped `config/default.toml` with its ports (intake, sandbox) and SQLite file moved
+/// aside: the folder, the sandbox's port and the text.
+fn shipped_default() -> (tempfile::TempDir, u16, String) {
     let dir = tempfile::tempdir().unwrap();
     let (http, sandbox) = (free_port(), free_port());
     let toml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/default.toml"))
@@ -20,8 +21,14 @@ async fn the_walk_through_declines_a_payment_and_parks_a_refund() {
         .replace(
             "sqlite://claimd.db",
             &format!("sqlite://{}", dir.path().join("claimd.db").display()),
-        )
-        .replace("*/10 * * * * *", "* * * * * *");
+        );
+    (dir, sandbox, toml)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_walk_through_declines_a_payment_and_parks_a_refund() {
+    let (dir, sandbox, toml) = shipped_default();
+    let toml = toml.replace("*/10 * * * * *", "* * * * * *");
     let running = start(&toml).await;
     let base = format!("http://{}", running.http_addr);
     let s = running.app().store.clone();
@@ -152,17 +159,8 @@ async fn the_walk_through_declines_a_payment_and_parks_a_refund() {
 /// reads the sandbox's list and finds the ledgers in agreement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_walk_through_s_pending_payment_is_settled_by_the_sandbox_s_webhook() {
-    let dir = tempfile::tempdir().unwrap();
-    let (http, sandbox) = (free_port(), free_port());
-    let toml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/default.toml"))
-        .unwrap()
-        .replace("127.0.0.1:8080", &format!("127.0.0.1:{http}"))
-        .replace("127.0.0.1:8090", &format!("127.0.0.1:{sandbox}"))
-        .replace(
-            "sqlite://claimd.db",
-            &format!("sqlite://{}", dir.path().join("claimd.db").display()),
-        )
-        .replace(r#"processing_for = "10s""#, r#"processing_for = "2s""#);
+    let (dir, sandbox, toml) = shipped_default();
+    let toml = toml.replace(r#"processing_for = "10s""#, r#"processing_for = "2s""#);
     assert!(
         toml.contains(r#"processing_for = "2s""#),
         "the sandbox's wait is set"
