@@ -34,6 +34,19 @@ pub enum StoreError {
     /// Migrations could not be applied.
     #[error("migrations failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database has a contract migration this build does not know (it removed or changed
+    /// what this build reads): a newer release migrated it.
+    #[error(
+        "this database has migration {version:04} ({description}), which a newer claimd applied and \
+         which changes what this build reads: deploy claimd built with migration {version:04} or \
+         newer (docs/operations.md, \"Upgrading\")"
+    )]
+    SchemaTooNew {
+        /// The contract migration's version.
+        version: i64,
+        /// Its description.
+        description: String,
+    },
     /// A stored value makes no sense (an unknown state name, say).
     #[error("corrupt row in claims: {0}")]
     Corrupt(String),

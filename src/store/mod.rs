@@ -44,6 +44,7 @@ pub mod read_replica;
 pub mod replication;
 pub mod roles;
 mod rows;
+pub mod schema_window;
 pub mod sealing;
 pub mod sql_store;
 #[cfg(feature = "sqlite")]

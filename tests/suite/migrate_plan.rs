@@ -67,3 +67,71 @@ async fn the_plan_names_an_index_build_on_a_full_table_as_stopping_intake() {
     assert_eq!(v["pending"][0]["version"], 12);
     assert_eq!(v["pending"][0]["held"][0]["lock"], "SHARE");
 }
+
+/// Rolling upgrades: a build runs on a schema a newer build expanded (migrations it does not
+/// know that only add), and refuses one a newer build contracted, naming the migration.
+async fn an_older_build_runs_beside_expand_and_refuses_contract(url: &str, pg: bool) {
+    let env = [("CLAIMD__STORE__URL", url)];
+    let (code, _, err) = cli_with_env(&["migrate"], &env);
+    assert_eq!(code, 0, "{err}");
+    // What a newer release would have applied, as sqlx records it.
+    let insert = |version: i64, description: &str| {
+        if pg {
+            format!(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                 VALUES ({version}, '{description}', true, '\\x00'::bytea, 1)"
+            )
+        } else {
+            format!(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                 VALUES ({version}, '{description}', 1, x'00', 1)"
+            )
+        }
+    };
+    let exec = |sql: String| {
+        let url = url.to_string();
+        async move {
+            use sqlx::Connection;
+            if pg {
+                let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+                    .execute(&mut c)
+                    .await
+                    .unwrap();
+            } else {
+                let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+                    .execute(&mut c)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    exec(insert(9000, "expand add column")).await;
+    let (code, out, err) = cli_with_env(&["migrate"], &env);
+    assert_eq!(code, 0, "an expand-only newer schema: {out}{err}");
+    let (code, _, err) = cli_with_env(&["claims", "list"], &env);
+    assert_eq!(code, 0, "{err}");
+    exec(insert(9001, "contract drop handoff")).await;
+    let (code, out, err) = cli_with_env(&["migrate"], &env);
+    assert_ne!(code, 0, "a contracted newer schema is refused: {out}");
+    assert!(
+        err.contains("migration 9001 (contract drop handoff)")
+            && err.contains("deploy claimd built with migration 9001 or newer"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_older_build_runs_beside_expand_and_refuses_contract_on_postgres() {
+    let Some(db) = PgDb::create().await else {
+        return;
+    };
+    an_older_build_runs_beside_expand_and_refuses_contract(&db.url, true).await;
+}
+
+#[tokio::test]
+async fn an_older_build_runs_beside_expand_and_refuses_contract_on_sqlite() {
+    let store = TestStore::sqlite();
+    an_older_build_runs_beside_expand_and_refuses_contract(&store.url(), false).await;
+}

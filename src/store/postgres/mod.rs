@@ -22,6 +22,7 @@ use crate::store::dialect::{
 };
 use crate::store::outbox::OutcomeConsumers;
 use crate::store::pooler::Pooler;
+use crate::store::schema_window::{self, Window};
 use crate::store::sql_store::SqlStore;
 use crate::store::{ClaimOutcome, SettleItem, StoreError, StoreResult};
 use async_trait::async_trait;
@@ -139,15 +140,35 @@ impl Dialect for PgDialect {
     /// Runs the migrator only when something is left to do, so that a runtime role without
     /// `CREATE` on the schema passes the check at start (`applied`).
     async fn migrate(&self) -> StoreResult<()> {
-        let migrator = sqlx::migrate!("migrations/postgres");
-        if applied::up_to_date(&self.sql, &migrator).await {
-            return Ok(());
+        let mut migrator = sqlx::migrate!("migrations/postgres");
+        if let Some(rows) = applied::read(&self.sql).await {
+            let embedded: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+            let done: Vec<(i64, String)> = rows
+                .iter()
+                .filter(|r| r.success)
+                .map(|r| (r.version, r.description.clone()))
+                .collect();
+            if let Window::TooNew {
+                version,
+                description,
+            } = schema_window::window(&embedded, &done)
+            {
+                return Err(StoreError::SchemaTooNew {
+                    version,
+                    description,
+                });
+            }
+            if applied::up_to_date(&rows, &migrator) {
+                return Ok(());
+            }
         }
         // sqlx's migrator locks with a session advisory lock and prepares named statements:
         // through a pooler in transaction mode neither holds (docs/postgresql.md, "Poolers").
         if self.sql.pooler.per_transaction() {
             return Err(StoreError::PendingBehindPooler);
         }
+        // Newer expand-only migrations of a newer build are left as they are.
+        migrator.set_ignore_missing(true);
         migrator.run(&self.sql.pool).await?;
         Ok(())
     }

@@ -159,9 +159,27 @@ impl Dialect for SqliteDialect {
     const BATCH_SINGLES: bool = true;
 
     async fn migrate(&self) -> StoreResult<()> {
-        sqlx::migrate!("migrations/sqlite")
-            .run(&self.sql.pool)
-            .await?;
+        let mut migrator = sqlx::migrate!("migrations/sqlite");
+        // A newer build's contract migration: refuse, naming it; its expand-only ones are
+        // left as they are (docs/operations.md, "Upgrading").
+        let applied: Vec<(i64, String)> =
+            sqlx::query_as("SELECT version, description FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.sql.pool)
+                .await
+                .unwrap_or_default();
+        let embedded: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+        if let crate::store::schema_window::Window::TooNew {
+            version,
+            description,
+        } = crate::store::schema_window::window(&embedded, &applied)
+        {
+            return Err(StoreError::SchemaTooNew {
+                version,
+                description,
+            });
+        }
+        migrator.set_ignore_missing(true);
+        migrator.run(&self.sql.pool).await?;
         Ok(())
     }
 
