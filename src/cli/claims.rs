@@ -51,10 +51,12 @@ pub(super) async fn audited_claims(app: &App, command: ClaimsCommand) -> Output 
             ..
         } => Some((
             Action::Erase,
-            match (consumer, message) {
-                (Some(c), Some(m)) => target(c, tenant, m),
-                _ => format!("tenant {tenant}"),
-            },
+            crate::ops::erasure::Selection::from_parts(
+                consumer.as_deref(),
+                message.as_deref(),
+                tenant,
+            )
+            .map_or_else(|_| format!("tenant {tenant}"), |s| s.audit_target()),
             format!("note: {note}"),
         )),
         C::Cancel {

@@ -50,6 +50,18 @@ impl Selection {
             _ => Err("--consumer and --message go together (one message)".into()),
         }
     }
+
+    /// What the operator audit names as the erasure's target: the claim, or `tenant T`.
+    pub fn audit_target(&self) -> String {
+        match self {
+            Selection::Message {
+                consumer,
+                tenant,
+                message_id,
+            } => crate::ops::audit::claim_target(consumer, tenant, message_id),
+            Selection::Tenant(tenant) => format!("tenant {tenant}"),
+        }
+    }
 }
 
 /// What became of one claim.

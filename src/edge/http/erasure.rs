@@ -10,7 +10,7 @@ use super::actions::{Asker, actor_of, audit_answer, bad_actor, bad_body};
 use super::problem::{problem, store_down};
 use crate::domain::operator_role::{Action, Identity};
 use crate::edge::AppState;
-use crate::ops::audit::{self, Origin};
+use crate::ops::audit::Origin;
 use crate::ops::erasure::{self, Report, Selection, Verdict};
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
@@ -118,15 +118,8 @@ pub async fn erase(
             ),
             Err(refusal) => (refusal.status(), String::new()),
         };
-        let target = match &selection {
-            Selection::Message {
-                consumer,
-                tenant,
-                message_id,
-            } => audit::claim_target(consumer, tenant, message_id),
-            Selection::Tenant(tenant) => format!("tenant {tenant}"),
-        };
         let asker: Asker = (who, origin);
+        let target = selection.audit_target();
         audit_answer(&state, asker, Action::Erase, &target, status, &detail).await;
     }
     match answer {

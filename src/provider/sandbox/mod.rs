@@ -410,7 +410,7 @@ impl Inner {
         request: &[u8],
     ) -> Stored {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let processing = pending::asks_processing(request);
+        let processing = directive(request) == Some(pending::PROCESSING);
         let response = effect_object(id, &key, &path, request, processing);
         if processing {
             pending::succeed_later(Arc::clone(self), key.clone());
@@ -730,6 +730,7 @@ fn directive(body: &[u8]) -> Option<&'static str> {
     match v.get("sandbox")?.as_str()? {
         "decline" => Some("decline"),
         "unknown" => Some("unknown"),
+        pending::PROCESSING => Some(pending::PROCESSING),
         _ => None,
     }
 }

@@ -17,17 +17,6 @@ const WEBHOOK_TRIES: u32 = 20;
 /// The longest wait between two deliveries of an event.
 const WEBHOOK_MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// Whether a request body asks to stay `processing` for a while.
-pub(super) fn asks_processing(body: &[u8]) -> bool {
-    if !body.windows(9).any(|w| w == b"\"sandbox\"") {
-        return false; // the common case: no parse
-    }
-    serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("sandbox")?.as_str().map(|s| s == PROCESSING))
-        .unwrap_or(false)
-}
-
 /// Ends the `processing` effect of `key` after [`SandboxModes::processing_for`], then
 /// announces it. Outside a Tokio runtime nothing is scheduled (the effect stays processing).
 pub(super) fn succeed_later(inner: Arc<Inner>, key: String) {
@@ -163,16 +152,6 @@ async fn announce(hook: &SandboxWebhook, object: Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_the_processing_directive_asks_for_it() {
-        assert!(asks_processing(
-            br#"{"amount": 1, "sandbox": "processing"}"#
-        ));
-        assert!(!asks_processing(br#"{"sandbox": "decline"}"#));
-        assert!(!asks_processing(br#"{"amount": 1}"#));
-        assert!(!asks_processing(b"\"sandbox\": not json"));
-    }
 
     #[test]
     fn the_event_wraps_the_object_as_stripe_does() {
