@@ -120,7 +120,7 @@ pub(super) fn sqlite_run_lock(url: &str) -> Result<Option<std::fs::File>, String
 
 pub(super) async fn run_worker(app: App) -> Output {
     let grace = app.config.run.shutdown_grace.0;
-    let running = match run::start(app).await {
+    let mut running = match run::start(app).await {
         Ok(r) => r,
         // Configuration problems (exit 2): fixed in the file, not by trying again.
         Err(
@@ -133,13 +133,22 @@ pub(super) async fn run_worker(app: App) -> Output {
         ) => {
             return Output::fail(2, e);
         }
+        // Exit 4: another instance runs a newer configuration of a consumer.
+        Err(e @ run::RunError::Superseded(_)) => return Output::fail(4, e),
         Err(e) => return Output::fail(1, e),
     };
-    shutdown_signal().await;
+    let superseded = tokio::select! {
+        _ = shutdown_signal() => None,
+        why = running.superseded() => Some(why),
+    };
     tracing::info!("shutting down: no new work; finishing in-flight effects");
     let left = running.shutdown(grace).await;
     tracing::info!(left_started = left, "stopped");
-    Output::default()
+    match superseded {
+        // Exit 4: replaced by a newer configuration (docs/operations.md, "Upgrading").
+        Some(why) => Output::fail(4, why),
+        None => Output::default(),
+    }
 }
 
 pub(super) async fn sweep(app: &App, dry_run: bool) -> Output {

@@ -406,6 +406,11 @@ pub struct ConsumerConfig {
     /// claimd shows a payload, on top of the default names of
     /// [`redaction`](crate::domain::redaction).
     pub sensitive_fields: Vec<String>,
+    /// `generation`: raised by the operator when a changed configuration of this consumer
+    /// must not be performed by instances still running the old one (a rolling upgrade,
+    /// docs/operations.md): once an instance with a higher generation registers, the others
+    /// take no claim of the consumer and stop. Default 0.
+    pub generation: u32,
 }
 
 /// A consumer's flow control, read from its flat keys.
@@ -517,6 +522,8 @@ pub struct ConsumerEntry {
     payload_retention: Option<Dur>,
     #[serde(default)]
     sensitive_fields: Vec<String>,
+    #[serde(default)]
+    generation: u32,
 }
 
 impl TryFrom<ConsumerEntry> for ConsumerConfig {
@@ -643,6 +650,7 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
             },
             payload_retention: e.payload_retention,
             sensitive_fields: e.sensitive_fields,
+            generation: e.generation,
         })
     }
 }

@@ -1,9 +1,11 @@
 //! The service: the application assembled from its parts (`app`), `claimd run` (`run`), what
 //! it says about the store's replication (`replication`) and its read replica
-//! (`read_replica`), and the embeddable
+//! (`read_replica`), whether its configuration is the fleet's (`generation_watch`), and the
+//! embeddable
 //! [`Worker`](crate::Worker) (`worker`).
 
 pub mod app;
+pub mod generation_watch;
 pub mod read_replica;
 pub mod replication;
 pub mod run;

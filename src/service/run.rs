@@ -83,6 +83,10 @@ pub enum RunError {
         /// The store's error.
         source: crate::store::StoreError,
     },
+    /// Another instance runs a newer configuration of a consumer (its `generation`, or its
+    /// effect kind at the same generation): this one takes none of its claims.
+    #[error("{0}")]
+    Superseded(String),
     /// The scheduler refused a job.
     #[error("scheduler: {0}")]
     Scheduler(String),
@@ -109,6 +113,8 @@ pub struct Running {
     pub nats: Arc<NatsIntake>,
     app: App,
     stop: watch::Sender<bool>,
+    /// Set when another instance registered a newer configuration of a consumer.
+    superseded: watch::Receiver<Option<String>>,
     http: JoinHandle<()>,
     scheduler: JobScheduler,
     background: Vec<JoinHandle<()>>,
@@ -233,6 +239,8 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             max_payload_bytes: config.http.max_body_bytes,
             ordered: consumer.order_key.is_some(),
             url_segments: consumer.effect.url_segments().to_string(),
+            generation: i64::from(consumer.config.generation),
+            effect_kind: consumer.config.effect.kind().to_string(),
         };
         if let Err(source) = app.store.register_consumer(&entry).await {
             let _ = stop.send(true);
@@ -242,6 +250,18 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             });
         }
     }
+    // An instance whose configuration of a consumer is behind the fleet's takes none of its
+    // claims: it does not start.
+    if let Some(why) = crate::service::generation_watch::behind(&app.claimer).await {
+        let _ = stop.send(true);
+        return Err(RunError::Superseded(why));
+    }
+    let (superseded_tx, superseded) = watch::channel(None);
+    background.push(crate::service::generation_watch::watch(
+        app.claimer.clone(),
+        stopped.clone(),
+        superseded_tx,
+    ));
     // Through a pooler in transaction mode a LISTEN stays on one server connection while the
     // client's next transaction runs on another: notifications would be lost. Poll instead.
     let listen_url = (app.store.dialect() == "postgres" && !config.store.pooler.per_transaction())
@@ -403,6 +423,7 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         http,
         scheduler,
         background,
+        superseded,
     })
 }
 
@@ -417,6 +438,17 @@ async fn run_pass(sweeper: &Sweeper, last_pass: &AtomicI64, activity: &SweeperAc
 }
 
 impl Running {
+    /// Resolves when another instance registered a newer configuration of one of this
+    /// instance's consumers (docs/operations.md, "Upgrading"), with the sentence saying
+    /// which: the caller then stops this instance ([`Running::shutdown`]).
+    pub async fn superseded(&mut self) -> String {
+        match self.superseded.wait_for(|s| s.is_some()).await {
+            Ok(s) => s.clone().unwrap_or_default(),
+            // The watcher ended without a finding (the worker is stopping): never resolves.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
     /// The application (store, claimer) behind this worker.
     pub fn app(&self) -> &App {
         &self.app

@@ -218,8 +218,12 @@ pub struct Statements {
     /// Upsert a consumer's entry in the registry producers' transactions read
     /// (`claimd_consumers`): name, key template, max key length, whether the key mentions
     /// `{tenant}`, max payload bytes, whether it orders claims by an order key, the URL's
-    /// path segments a message fills (JSON; PostgreSQL keeps them, SQLite ignores them).
+    /// path segments a message fills (JSON; PostgreSQL keeps them, SQLite ignores them), the
+    /// configuration generation and the effect kind. Leaves a higher generation, or the same
+    /// one with another effect kind, as it is.
     pub register_consumer: &'static str,
+    /// A consumer's registered configuration generation and effect kind: name.
+    pub registered_consumer: &'static str,
     /// Operator resolve, bumping the version, returning the claim: consumer, tenant, message
     /// id, to-state, two from-states the move is allowed from, the attempt and the version
     /// seen (each NULL: any). Run through [`Dialect::update_logged`].

@@ -259,7 +259,17 @@ fn volatile_default(text: &str) -> bool {
 
 /// Every statement of a migration's SQL, classified.
 pub fn analyze(sql: &str) -> Vec<StatementLock> {
-    split_statements(sql).iter().map(|s| classify(s)).collect()
+    analyze_after(sql, |_| None)
+}
+
+/// As [`analyze`], for a migration some of whose statements run ahead of it, outside its
+/// transaction: `ahead` gives the statement that runs instead (an index built
+/// `CONCURRENTLY`), or `None`.
+pub fn analyze_after(sql: &str, ahead: impl Fn(&str) -> Option<String>) -> Vec<StatementLock> {
+    split_statements(sql)
+        .iter()
+        .map(|s| classify(&ahead(s).unwrap_or_else(|| s.clone())))
+        .collect()
 }
 
 /// Whether the migration runs outside a transaction (sqlx's `-- no-transaction` first line):
@@ -273,6 +283,15 @@ pub fn runs_outside_a_transaction(sql: &str) -> bool {
 /// The strongest lock a migration holds on each table, and whether it is held while something
 /// scales with rows: in one transaction, every lock lasts until the commit.
 pub fn held(sql: &str) -> Vec<(String, LockLevel, bool)> {
+    held_after(sql, |_| None)
+}
+
+/// As [`held`], for a migration some of whose statements run ahead of it (see
+/// [`analyze_after`]): those hold their lock for their own length only.
+pub fn held_after(
+    sql: &str,
+    ahead: impl Fn(&str) -> Option<String>,
+) -> Vec<(String, LockLevel, bool)> {
     let split = split_statements(sql);
     // A table this migration creates has no rows and no readers yet: its locks stop nothing.
     let created: Vec<String> = split
@@ -287,17 +306,22 @@ pub fn held(sql: &str) -> Vec<(String, LockLevel, bool)> {
                 .flatten()
         })
         .collect();
-    let statements: Vec<StatementLock> = split
+    let statements: Vec<(StatementLock, bool)> = split
         .iter()
-        .map(|s| classify(s))
-        .filter(|s| s.table.as_ref().is_none_or(|t| !created.contains(t)))
+        .map(|s| match ahead(s) {
+            Some(instead) => (classify(&instead), true),
+            None => (classify(s), false),
+        })
+        .filter(|(s, _)| s.table.as_ref().is_none_or(|t| !created.contains(t)))
         .collect();
     let whole_tx = !runs_outside_a_transaction(sql);
-    let any_scales = statements.iter().any(|s| s.scales_with_rows);
+    let any_scales = statements
+        .iter()
+        .any(|(s, ran_ahead)| s.scales_with_rows && !ran_ahead);
     let mut held: Vec<(String, LockLevel, bool)> = Vec::new();
-    for s in &statements {
+    for (s, ran_ahead) in &statements {
         let Some(table) = &s.table else { continue };
-        let long = s.scales_with_rows || (whole_tx && any_scales);
+        let long = s.scales_with_rows || (whole_tx && any_scales && !ran_ahead);
         match held.iter_mut().find(|(t, _, _)| t == table) {
             Some(h) => {
                 h.1 = h.1.max(s.lock);

@@ -35,6 +35,7 @@ pub mod enqueue;
 mod error;
 pub mod hosts;
 pub mod migration_plan;
+pub mod online_steps;
 pub mod outbox;
 pub mod pending_migrations;
 pub mod pooler;

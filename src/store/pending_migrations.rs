@@ -4,6 +4,7 @@
 //! table a migration locks ([`super::migration_plan`] reads the SQL).
 
 use super::migration_plan::{self, LockLevel, StatementLock};
+use super::online_steps;
 use super::{StoreError, StoreResult};
 use serde::Serialize;
 use sqlx::migrate::Migrator;
@@ -60,17 +61,26 @@ fn left(migrator: &Migrator, applied: &HashSet<i64>, postgres: bool) -> Vec<Pend
         .filter(|m| !applied.contains(&m.version))
         .map(|m| {
             let sql = m.sql.as_str();
+            // What claimd runs ahead of the migration, outside its transaction (none for a
+            // migration that has no transaction).
+            let ahead = |s: &str| {
+                if m.no_tx {
+                    None
+                } else {
+                    online_steps::concurrent_form(s)
+                }
+            };
             PendingMigration {
                 version: m.version,
                 description: m.description.to_string(),
                 outside_a_transaction: m.no_tx,
                 statements: if postgres {
-                    migration_plan::analyze(sql)
+                    migration_plan::analyze_after(sql, ahead)
                 } else {
                     Vec::new()
                 },
                 held: if postgres {
-                    migration_plan::held(sql)
+                    migration_plan::held_after(sql, ahead)
                         .into_iter()
                         .map(|(table, lock, long)| HeldLock {
                             table,

@@ -1,13 +1,14 @@
 //! `claimd migrate --plan` on a real PostgreSQL: every migration pending on an empty database
-//! (locking nothing that has rows), none after `claimd migrate`, and an index build left
-//! pending on a table with rows is named as stopping intake (exit 3).
+//! (locking nothing that has rows), none after `claimd migrate`; an index build left pending
+//! on a table with rows is built concurrently ahead of its migration, and a backfill under an
+//! exclusive lock is named as stopping intake (exit 3).
 
 use crate::common;
 
 use common::*;
 
 #[tokio::test]
-async fn the_plan_names_an_index_build_on_a_full_table_as_stopping_intake() {
+async fn the_plan_builds_indexes_concurrently_and_names_a_locked_backfill_as_stopping_intake() {
     let Some(db) = PgDb::create().await else {
         return;
     };
@@ -48,24 +49,54 @@ async fn the_plan_names_an_index_build_on_a_full_table_as_stopping_intake() {
         .execute(&mut conn)
         .await
         .unwrap();
+    sqlx::query("DROP INDEX claims_started_received")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    // Its index is built concurrently ahead of the migration: writes go on.
+    let (code, out, err) = cli_with_env(&["migrate", "--plan"], &env);
+    assert_eq!(code, 0, "a concurrent build stops nothing\n{out}{err}");
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("claims "))
+        .unwrap_or_else(|| panic!("claims is listed: {out}"));
+    assert!(line.contains("SHARE UPDATE EXCLUSIVE"), "{line}");
+    assert!(line.contains("~20000 rows"), "{line}");
+    assert!(!line.contains("STOPS INTAKE"), "{line}");
+    let (code, _, err) = cli_with_env(&["migrate"], &env);
+    assert_eq!(code, 0, "{err}");
+    let valid: bool = sqlx::query_scalar(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE c.relname = 'claims_started_received'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(valid, "the index built ahead is there and valid");
+
+    // Migration 11 adds a column and updates rows in one transaction: the table's strongest
+    // lock is held while rows are read.
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 11")
+        .execute(&mut conn)
+        .await
+        .unwrap();
     let (code, out, err) = cli_with_env(&["migrate", "--plan"], &env);
     assert_eq!(
         code, 3,
-        "an index build on a full table stops intake\n{out}{err}"
+        "a backfill under an exclusive lock on a full table stops intake\n{out}{err}"
     );
     let line = out
         .lines()
         .find(|l| l.trim_start().starts_with("claims "))
         .unwrap_or_else(|| panic!("claims is listed: {out}"));
-    assert!(line.contains("SHARE"), "{line}");
-    assert!(line.contains("~20000 rows"), "{line}");
+    assert!(line.contains("ACCESS EXCLUSIVE"), "{line}");
     assert!(line.contains("STOPS INTAKE"), "{line}");
     let (code, json, _) = cli_with_env(&["migrate", "--plan", "--format", "json"], &env);
     assert_eq!(code, 3);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["stops_intake_while_reading_rows"], true);
-    assert_eq!(v["pending"][0]["version"], 12);
-    assert_eq!(v["pending"][0]["held"][0]["lock"], "SHARE");
+    assert_eq!(v["pending"][0]["version"], 11);
+    assert_eq!(v["pending"][0]["held"][0]["lock"], "ACCESS_EXCLUSIVE");
 }
 
 /// Rolling upgrades: a build runs on a schema a newer build expanded (migrations it does not

@@ -40,6 +40,12 @@ pub struct Registration {
     /// refused (`CD011`), as HTTP intake refuses it: on PostgreSQL by the SQL function, on
     /// SQLite by [`enqueue`] itself.
     pub url_segments: String,
+    /// The consumer's configuration generation (`generation`): a registration never
+    /// overwrites a higher one, nor the same one with another effect kind
+    /// ([`crate::domain::generation`]).
+    pub generation: i64,
+    /// Its effect's kind (`http`, `smtp`, `sql`, `custom`).
+    pub effect_kind: String,
 }
 
 /// One message to enqueue. [`Enqueue::new`] takes no tenant and `application/json`.

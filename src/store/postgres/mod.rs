@@ -9,6 +9,7 @@ mod sql;
 mod applied;
 mod failover;
 mod many;
+mod online_migrate;
 mod replica;
 mod replication;
 
@@ -169,7 +170,7 @@ impl Dialect for PgDialect {
         }
         // Newer expand-only migrations of a newer build are left as they are.
         migrator.set_ignore_missing(true);
-        migrator.run(&self.sql.pool).await?;
+        online_migrate::run(&self.sql.pool, &migrator).await?;
         Ok(())
     }
 

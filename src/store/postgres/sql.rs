@@ -431,14 +431,21 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(not_before, received_utc)) * 1000)::bigint AS age_ms, \
        stale.held_by"
     ),
+    // A registration never overwrites a higher generation, nor the same one with another
+    // effect kind (the first registered stands: `registered_consumer` tells the loser).
     register_consumer: "\
     INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \
-      max_payload_bytes, ordered, url_segments, updated_utc) \
-      VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, now()) \
+      max_payload_bytes, ordered, url_segments, generation, effect_kind, updated_utc) \
+      VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, now()) \
     ON CONFLICT (name) DO UPDATE SET key_template = EXCLUDED.key_template, \
       max_key_length = EXCLUDED.max_key_length, keys_tenant = EXCLUDED.keys_tenant, \
       max_payload_bytes = EXCLUDED.max_payload_bytes, ordered = EXCLUDED.ordered, \
-      url_segments = EXCLUDED.url_segments, updated_utc = now()",
+      url_segments = EXCLUDED.url_segments, generation = EXCLUDED.generation, \
+      effect_kind = EXCLUDED.effect_kind, updated_utc = now() \
+    WHERE claimd_consumers.generation < EXCLUDED.generation \
+       OR (claimd_consumers.generation = EXCLUDED.generation \
+           AND claimd_consumers.effect_kind IN ('', EXCLUDED.effect_kind))",
+    registered_consumer: "SELECT generation, effect_kind FROM claimd_consumers WHERE name = $1",
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),

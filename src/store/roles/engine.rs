@@ -199,6 +199,13 @@ pub trait EngineStore: Send + Sync {
     /// Writes (or rewrites) `consumer`'s entry in the registry producers' transactions read.
     async fn register_consumer(&self, consumer: &Registration) -> StoreResult<()>;
 
+    /// `consumer`'s registered configuration generation and effect kind (the newest an
+    /// instance registered); `None` when it is not registered.
+    async fn registered_consumer(
+        &self,
+        consumer: &str,
+    ) -> StoreResult<Option<crate::domain::generation::ConsumerGeneration>>;
+
     /// Stuck claims of `consumer` the sweeper would take (dry run), oldest lease first,
     /// shown with the attempt number a takeover would give them. Changes nothing.
     async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>>;

@@ -419,10 +419,33 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
                 Arg::I64(i64::try_from(c.max_payload_bytes).unwrap_or(i64::MAX)),
                 Arg::Bool(c.ordered),
                 Arg::Text(&c.url_segments),
+                Arg::I64(c.generation),
+                Arg::Text(&c.effect_kind),
             ],
         )
         .await
         .map(|_| ())
+    }
+
+    async fn registered_consumer(
+        &self,
+        consumer: &str,
+    ) -> StoreResult<Option<crate::domain::generation::ConsumerGeneration>> {
+        let rows = self
+            .fetch(
+                "registered_consumer",
+                D::SQL.registered_consumer,
+                &[Arg::Text(consumer)],
+            )
+            .await?;
+        rows.first()
+            .map(|r| {
+                Ok(crate::domain::generation::ConsumerGeneration {
+                    generation: r.i64("generation")?,
+                    effect_kind: r.text("effect_kind")?,
+                })
+            })
+            .transpose()
     }
 
     async fn peek_stale(&self, consumer: &str, limit: u32) -> StoreResult<Vec<TakenClaim>> {

@@ -359,14 +359,19 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     register_consumer: concat!(
         "INSERT INTO claimd_consumers (name, key_template, max_key_length, keys_tenant, \
-      max_payload_bytes, ordered, url_segments, updated_utc) \
-      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ",
+      max_payload_bytes, ordered, url_segments, generation, effect_kind, updated_utc) \
+      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ",
         now_ms!(),
         ") ON CONFLICT (name) DO UPDATE SET key_template = excluded.key_template, \
       max_key_length = excluded.max_key_length, keys_tenant = excluded.keys_tenant, \
       max_payload_bytes = excluded.max_payload_bytes, ordered = excluded.ordered, \
-      url_segments = excluded.url_segments, updated_utc = excluded.updated_utc"
+      url_segments = excluded.url_segments, generation = excluded.generation, \
+      effect_kind = excluded.effect_kind, updated_utc = excluded.updated_utc \
+    WHERE claimd_consumers.generation < excluded.generation \
+       OR (claimd_consumers.generation = excluded.generation \
+           AND claimd_consumers.effect_kind IN ('', excluded.effect_kind))"
     ),
+    registered_consumer: "SELECT generation, effect_kind FROM claimd_consumers WHERE name = ?1",
     peek_stale: concat!(
         "SELECT ",
         claim_cols!(),

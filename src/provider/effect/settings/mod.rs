@@ -68,6 +68,16 @@ impl<'de> Deserialize<'de> for EffectConfig {
 }
 
 impl EffectConfig {
+    /// The effect's kind, as the configuration names it (`kind = "http"`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EffectConfig::Http(_) => "http",
+            EffectConfig::Smtp(_) => "smtp",
+            EffectConfig::Custom(_) => "custom",
+            EffectConfig::Sql(_) => "sql",
+        }
+    }
+
     /// Where its calls go, as traces name it: `https://host:port` of an HTTP provider's URL
     /// (its path, which may carry message values, left out), `smtp://host:port`, `sql` or
     /// `custom`.
