@@ -371,6 +371,7 @@ pub mod localstripe;
 pub mod nats;
 pub mod pg_pair;
 pub mod pgbouncer;
+pub mod previous_build;
 pub mod provider;
 pub mod smtp;
 

@@ -43,6 +43,7 @@ mod memory_budget;
 mod metrics;
 mod metrics_format;
 mod migrate_plan;
+mod mixed_versions;
 mod nats;
 mod openapi;
 mod operator;
