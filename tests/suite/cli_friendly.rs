@@ -1,7 +1,8 @@
 //! The command line where people look first (issue 15): `--state` and `--as` list their
 //! allowed values, `report --since` defaults to `24h` as README says, and a database that was
 //! never migrated is answered with what to run; `[log] format` chooses the log lines;
-//! `claimd sandbox --config` applies `[sandbox]`; a refused status probe is exit 2.
+//! `claimd sandbox --config` applies `[sandbox]`; a refused status probe is exit 2; `--version`
+//! names the release and the commit.
 
 use crate::common;
 
@@ -297,5 +298,19 @@ async fn a_provider_outage_does_not_stop_the_start_but_a_refused_key_does() {
     assert!(
         err.contains("consumer payments: effect.status_url") && err.contains("401"),
         "{err}"
+    );
+}
+
+/// `claimd --version`: the package's version, and what it says of the commit (a release
+/// build records it; this test runs a development build).
+#[test]
+fn the_version_names_the_release_and_the_commit_or_why_not() {
+    let (code, out, err) = cli(&["--version"]);
+    assert_eq!(code, 0, "{err}");
+    let expected = format!("claimd {} (", env!("CARGO_PKG_VERSION"));
+    assert!(out.starts_with(&expected), "{out}");
+    assert!(
+        out.contains("(commit ") || out.contains("(development build: commit not recorded)"),
+        "{out}"
     );
 }
