@@ -45,7 +45,11 @@ fn main() {
                 println!("cargo:rerun-if-changed={common}/packed-refs");
             }
             let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some();
-            Some(if dirty { format!("{commit}-modified") } else { commit })
+            Some(if dirty {
+                format!("{commit}-modified")
+            } else {
+                commit
+            })
         })
         .or_else(packaged);
     if let Some(commit) = commit {

@@ -143,7 +143,9 @@ fn column_step(statement: &str) -> Option<OnlineStep> {
     ];
     let has_default = words.iter().any(|w| w == "DEFAULT");
     let not_null_without_default = text.contains("NOT NULL") && !has_default;
-    let after_table = text.split_once(words[table_at].as_str()).map_or("", |x| x.1);
+    let after_table = text
+        .split_once(words[table_at].as_str())
+        .map_or("", |x| x.1);
     if adds == 0
         || adds != idempotent_adds
         || forbidden.iter().any(|f| after_table.contains(f))

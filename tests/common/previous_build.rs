@@ -41,7 +41,11 @@ pub fn previous_claimd() -> Option<PathBuf> {
         eprintln!("skipped: {why}");
         return None;
     }
-    eprintln!("building the previous claimd ({}) once, into {}", &PREVIOUS[..12], dir.display());
+    eprintln!(
+        "building the previous claimd ({}) once, into {}",
+        &PREVIOUS[..12],
+        dir.display()
+    );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let built = Command::new(cargo)
         .args(["build", "--locked", "--bin", "claimd"])
@@ -84,6 +88,10 @@ pub async fn spawn_ready(bin: &Path, config: &Path, port: u16, log: &Path) -> Wo
         }
     })
     .await;
-    assert!(ready, "{} did not become ready on port {port}", bin.display());
+    assert!(
+        ready,
+        "{} did not become ready on port {port}",
+        bin.display()
+    );
     Worker { child, base }
 }

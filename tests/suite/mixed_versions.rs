@@ -58,7 +58,10 @@ async fn load(ports: [u16; 2], done: Arc<Mutex<Intake>>) {
                         Ok(r) => {
                             let status = r.status();
                             let body = r.text().await.unwrap_or_default();
-                            done.lock().await.errors.push(format!("{id}: {status} {body}"));
+                            done.lock()
+                                .await
+                                .errors
+                                .push(format!("{id}: {status} {body}"));
                             break;
                         }
                         // Down (killed, not started yet): the other instance.
@@ -136,7 +139,11 @@ async fn a_rolling_upgrade_under_load_loses_and_doubles_nothing() {
     loading.await.unwrap();
 
     let intake = intake.lock().await;
-    assert!(intake.errors.is_empty(), "intake answered errors: {:?}", intake.errors);
+    assert!(
+        intake.errors.is_empty(),
+        "intake answered errors: {:?}",
+        intake.errors
+    );
     assert_eq!(intake.accepted.len(), N, "every message accepted");
     let url = store.url();
     let s = claimd::store::open(&url, 2).await.unwrap();
