@@ -184,6 +184,8 @@ pub struct Report {
     pub outcome_events: Vec<crate::store::outbox::OutboxBacklog>,
     /// Claims waiting in order keys' lines, per consumer that has some.
     pub in_line: std::collections::BTreeMap<String, i64>,
+    /// The store's tables and what holds back vacuum (PostgreSQL; `null` on SQLite).
+    pub storage: Option<crate::store::storage_health::StorageHealth>,
 }
 
 /// How long after its last write an instance's view of a provider is taken as gone (each
@@ -247,7 +249,8 @@ pub fn provider_detail(s: &crate::engine::destination::DestinationStatus) -> Str
 }
 
 impl Report {
-    /// Whether anything is stuck or needs attention (`report --check` exits 3 then).
+    /// Whether anything is stuck or needs attention, or a table is bloated or vacuum held
+    /// back (`report --check` exits 3 then).
     ///
     /// A sweeper that is not running is shown (and turns `/readyz` red) but is not counted
     /// here: `report` is often run when no worker is up, and what matters to the check is
@@ -256,6 +259,10 @@ impl Report {
         self.consumers
             .iter()
             .any(|c| c.stuck > 0 || c.needs_attention > 0)
+            || self
+                .storage
+                .as_ref()
+                .is_some_and(|s| s.horizon.held_back() || s.tables.iter().any(|t| t.bloated()))
     }
 }
 
@@ -354,6 +361,7 @@ pub async fn build(
         providers,
         ledger: crate::ops::ledger::LedgerView::all(store, only).await?,
         outcome_events,
+        storage: store.storage_health().await?,
     })
 }
 
@@ -486,6 +494,12 @@ pub fn render_table(r: &Report) -> String {
         out.push_str(&attention_table(&r.attention, false).text());
     }
     out.push_str(&crate::ops::ledger::render::report_section(&r.ledger));
+    if let Some(storage) = &r.storage {
+        out.push_str("\nStorage\n");
+        for line in storage.describe() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
     out
 }
 

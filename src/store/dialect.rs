@@ -351,6 +351,14 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         Ok(None)
     }
 
+    /// How the store's tables are doing (sizes, dead rows, what holds back vacuum); `None`
+    /// (the default) for a database without vacuum.
+    async fn storage_health(
+        &self,
+    ) -> StoreResult<Option<crate::store::storage_health::StorageHealth>> {
+        Ok(None)
+    }
+
     /// Runs statements: the shared [`SqlPool`] over the dialect's database.
     fn runner(&self) -> &Self::Runner;
 

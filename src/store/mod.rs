@@ -50,6 +50,7 @@ pub mod sealing;
 pub mod sql_store;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod storage_health;
 mod url;
 pub mod writes;
 
@@ -512,6 +513,9 @@ pub trait ClaimStore:
     /// The server's replication settings ([`replication`]); `None` for a store that has no
     /// replication (SQLite, a single file).
     async fn replication(&self) -> StoreResult<Option<replication::ReplicationSettings>>;
+
+    /// How the store's tables are doing ([`storage_health`]); `None` for SQLite.
+    async fn storage_health(&self) -> StoreResult<Option<storage_health::StorageHealth>>;
 }
 
 /// A shared store handle.

@@ -62,6 +62,7 @@ mod report_waits;
 mod sandbox;
 mod sealed;
 mod signin;
+mod storage_health;
 mod store;
 mod traces;
 mod upgrade_locks;

@@ -234,6 +234,7 @@ mod tests {
         let now = Utc::now();
         Dashboard {
             report: Report {
+                storage: None,
                 generated_utc: now,
                 sweeper: SweeperHealth {
                     last_run_utc: healthy.then(|| now - chrono::Duration::seconds(4)),
@@ -383,6 +384,7 @@ mod tests {
         );
         let clear = render(&Dashboard {
             report: Report {
+                storage: None,
                 consumers: vec![],
                 attention: vec![],
                 ..dashboard(vec![], true).report

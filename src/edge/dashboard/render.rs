@@ -655,6 +655,7 @@ mod tests {
     fn the_page_shows_control_and_bidi_characters_visibly() {
         let hostile = "<b>x</b>\x1b]8;;https://evil.example\x07\u{202e}txt.exe\r\nline";
         let report = Report {
+            storage: None,
             providers: vec![],
             ledger: vec![],
             outcome_events: vec![],

@@ -6,9 +6,11 @@
 //! claims, oldest `started` age, sweeper last run) are read from the store at scrape time,
 //! from the same cheap queries `report` uses for open work.
 
+pub mod ledger;
 pub mod outbox;
 pub mod rate_keys;
 pub mod replication;
+pub mod storage;
 pub mod vanished;
 pub mod waits;
 
@@ -45,12 +47,6 @@ struct StateLabels {
 struct ReasonLabels {
     consumer: String,
     reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabels {
-    consumer: String,
-    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -91,8 +87,10 @@ pub struct Metrics {
     destination_resumes: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
     destination_held: Family<ReasonLabels, Counter>,
     provider_events: Family<ReasonLabels, Counter>,
-    ledger_mismatches: Family<KindLabels, Gauge>,
-    ledger_last_run: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
+    /// The ledger reconciliation's series.
+    pub ledger: ledger::LedgerMetrics,
+    /// The store's tables and vacuum.
+    pub storage: storage::StorageMetrics,
     /// The outcome relay's series.
     pub outbox: outbox::OutboxMetrics,
     /// The per-key paces' series (`effect.rate_limit_key`).
@@ -164,8 +162,8 @@ impl Metrics {
             destination_resumes: Family::default(),
             destination_held: Family::default(),
             provider_events: Family::default(),
-            ledger_mismatches: Family::default(),
-            ledger_last_run: Family::default(),
+            ledger: Default::default(),
+            storage: Default::default(),
             outbox: Default::default(),
             rate_keys: Default::default(),
             waits: Default::default(),
@@ -175,6 +173,8 @@ impl Metrics {
             registry: Registry::default(),
         };
         m.outbox.register(&mut registry);
+        m.ledger.register(&mut registry);
+        m.storage.register(&mut registry);
         m.rate_keys.register(&mut registry);
         m.waits.register(&mut registry);
         m.replication.register(&mut registry);
@@ -325,16 +325,6 @@ impl Metrics {
             "provider_events",
             "Provider events (webhooks) received, by what came of them: settled, same, stale, conflict, unmapped, duplicate, ignored, unknown_object, foreign_object, other_object, or refused (unsigned, bad_signature, expired, malformed)",
             m.provider_events.clone(),
-        );
-        registry.register(
-            "ledger_mismatches",
-            "Disagreements the last `claimd reconcile --ledger` found, by kind: double, missing, orphan, amount_mismatch, currency_mismatch, status_mismatch",
-            m.ledger_mismatches.clone(),
-        );
-        registry.register(
-            "ledger_last_run_timestamp_seconds",
-            "When the last `claimd reconcile --ledger` of the consumer ran",
-            m.ledger_last_run.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -583,27 +573,8 @@ impl Metrics {
             self.sweeper_last_run
                 .set(t.timestamp_millis() as f64 / 1000.0);
         }
-        for run in store.ledger_runs().await? {
-            // The run's `mismatches` (`crate::ops::ledger::Summary`), read from its JSON: the
-            // metrics sit below the ledger. A summary without it (another version's) is skipped.
-            let Some(mismatches) = run.summary.get("mismatches").and_then(|m| m.as_object()) else {
-                continue;
-            };
-            self.ledger_last_run
-                .get_or_create(&consumer(&run.consumer))
-                .set(run.at_utc.timestamp_millis() as f64 / 1000.0);
-            for (kind, n) in mismatches {
-                self.ledger_mismatches
-                    .get_or_create(&KindLabels {
-                        consumer: run.consumer.clone(),
-                        kind: kind.clone(),
-                    })
-                    .set(
-                        n.as_u64()
-                            .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX)),
-                    );
-            }
-        }
+        self.ledger.read(store).await?;
+        self.storage.read(store).await?;
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

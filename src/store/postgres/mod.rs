@@ -12,6 +12,7 @@ mod many;
 mod online_migrate;
 mod replica;
 mod replication;
+mod storage_health;
 
 pub use sql::{COUNT_OPEN, COUNT_WINDOW, TAKE_STALE};
 
@@ -178,6 +179,12 @@ impl Dialect for PgDialect {
         &self,
     ) -> StoreResult<Option<crate::store::replication::ReplicationSettings>> {
         replication::read(&self.sql).await.map(Some)
+    }
+
+    async fn storage_health(
+        &self,
+    ) -> StoreResult<Option<crate::store::storage_health::StorageHealth>> {
+        storage_health::read(&self.sql).await.map(Some)
     }
 
     /// PostgreSQL's statements write their history line themselves (a data-modifying CTE):

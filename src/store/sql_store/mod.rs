@@ -175,4 +175,10 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     ) -> StoreResult<Option<crate::store::replication::ReplicationSettings>> {
         self.dialect.replication().await
     }
+
+    async fn storage_health(
+        &self,
+    ) -> StoreResult<Option<crate::store::storage_health::StorageHealth>> {
+        self.dialect.storage_health().await
+    }
 }
