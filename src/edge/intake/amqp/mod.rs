@@ -51,6 +51,8 @@ use tracing::{Instrument, debug, info, info_span, instrument, warn};
 mod decode_fuzz;
 mod disposition;
 pub mod frame_guard;
+#[cfg(test)]
+mod frame_guard_tests;
 mod guard;
 mod session;
 mod verdict;
