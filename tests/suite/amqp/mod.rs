@@ -25,6 +25,7 @@ use std::time::Duration;
 mod dead_letters;
 mod delivery;
 mod email;
+mod embedder;
 mod poison;
 mod schedule;
 

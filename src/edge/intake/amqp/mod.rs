@@ -17,7 +17,7 @@
 //!
 //! A message whose headers nest tables or arrays more than [`MAX_HEADER_DEPTH`] levels deep is
 //! dead-lettered (`headers_too_deep`) with those headers left out of the copy. lapin never sees
-//! such a header: it connects to a broker guard on a loopback port ([`guard`], [`frame_guard`])
+//! such a header: it connects to a broker guard on a loopback port (`guard`, [`frame_guard`])
 //! that reads RabbitMQ's frames first, takes headers nested past the bound, or whose names are
 //! not UTF-8, out of the frame and names them in [`TOO_DEEP_HEADER`] or [`UNREADABLE_HEADER`],
 //! so no header can overflow the stack of lapin's recursive decoder; short strings that are not
