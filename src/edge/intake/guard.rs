@@ -52,7 +52,8 @@ pub(crate) struct SplitUrl<'a> {
     pub scheme: &'a str,
     /// `user:password@` when present (with the `@`), kept for the client.
     pub userinfo: &'a str,
-    /// The host, without IPv6 brackets.
+    /// The host, without IPv6 brackets; `localhost` when the URL has none (as the clients
+    /// read it).
     pub host: &'a str,
     /// The port, when written.
     pub port: Option<u16>,
@@ -82,9 +83,7 @@ pub(crate) fn split_url(url: &str) -> Option<SplitUrl<'_>> {
         Some(p) => Some(p.parse().ok()?),
         None => None,
     };
-    if host.is_empty() {
-        return None;
-    }
+    let host = if host.is_empty() { "localhost" } else { host };
     Some(SplitUrl {
         scheme,
         userinfo,
@@ -291,6 +290,7 @@ mod tests {
         assert_eq!((u.host, u.port, u.rest), ("::1", Some(4222), ""));
         let u = split_url("tls://nats.example").unwrap();
         assert_eq!((u.host, u.port, u.userinfo), ("nats.example", None, ""));
+        assert_eq!(split_url("amqp:///%2f").unwrap().host, "localhost");
         assert!(split_url("localhost:4222").is_none());
         assert!(split_url("amqp://host:notaport/").is_none());
     }
