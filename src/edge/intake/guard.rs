@@ -206,7 +206,12 @@ async fn relay(
     let _ = client.set_nodelay(true);
     let mut tcp = TcpStream::connect((upstream.host.as_str(), upstream.port))
         .await
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot connect to the broker: {e}")))?;
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("{}:{}: {e}", upstream.host, upstream.port),
+            )
+        })?;
     let _ = tcp.set_nodelay(true);
     let mut first = Vec::new();
     let broker: Box<dyn Stream> = match tls {

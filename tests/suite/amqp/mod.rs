@@ -28,6 +28,7 @@ mod email;
 mod embedder;
 mod poison;
 mod schedule;
+mod tls;
 
 fn http_effect(provider: &str) -> String {
     format!(

@@ -103,7 +103,10 @@ pub(super) async fn session(
         r = connect => r
             .map_err(|_| AmqpError::ConnectTimeout(CONNECT_TIMEOUT))?
             // lapin saw the guard close; the guard knows why (the broker unreachable, TLS).
-            .map_err(|e| guard.take_error().map_or(AmqpError::Connect(e), AmqpError::Guard))?,
+            .map_err(|e| match guard.take_error() {
+                Some(why) => AmqpError::Guard(format!("cannot connect to the broker: {why}")),
+                None => AmqpError::Connect(e),
+            })?,
         _ = stop.wait_for(|s| *s) => return Ok(SessionEnd::Stopped),
     };
     let result = consume(ctx, &conn, &instance, stop, consumed).await;
