@@ -374,6 +374,7 @@ pub mod pgbouncer;
 pub mod previous_build;
 pub mod provider;
 pub mod smtp;
+pub mod tls;
 
 /// A free loopback port (bound and released; good enough for tests).
 pub fn free_port() -> u16 {

@@ -11,6 +11,8 @@ pub use amqp_off as amqp;
 pub mod answer;
 pub mod broker;
 pub mod cloudevents;
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) mod guard;
 pub mod http;
 #[cfg(feature = "nats")]
 pub mod nats;

@@ -25,8 +25,10 @@ use std::time::Duration;
 mod dead_letters;
 mod delivery;
 mod email;
+mod embedder;
 mod poison;
 mod schedule;
+mod tls;
 
 fn http_effect(provider: &str) -> String {
     format!(

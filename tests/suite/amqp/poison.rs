@@ -242,6 +242,80 @@ async fn ids_that_are_not_utf8_are_dead_lettered_not_redelivered_for_ever() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_name_that_is_not_utf8_is_dead_lettered_with_the_readable_headers_kept() {
+    let Some(q) = TestQueues::new("poison-name").await else {
+        return;
+    };
+    let store = TestStore::sqlite();
+    let (_sandbox, provider) = sandbox(SandboxOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("worker.log");
+    let mut w = worker(&q, &store, &provider, dir.path()).await;
+
+    // A good id, a readable header and one whose name is not UTF-8: which header that was
+    // meant to be is unknown (it may have been the tenant), so the message is set aside.
+    let queue = q.queue.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut entries = Vec::new();
+        for (name, value) in [(&b"kept"[..], &b"yes"[..]), (b"\xffk", b"v")] {
+            entries.push(name.len() as u8);
+            entries.extend_from_slice(name);
+            entries.push(b'S');
+            entries.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            entries.extend_from_slice(value);
+        }
+        let mut table = (entries.len() as u32).to_be_bytes().to_vec();
+        table.extend_from_slice(&entries);
+        let mut p = RawPublisher::connect().expect("raw AMQP connection");
+        p.publish(&queue, b"name-1", Some(&table), b"{}").unwrap();
+    })
+    .await
+    .unwrap();
+    q.publish_json("good-after-name", r#"{"amount":1}"#).await;
+
+    let mut dead = Vec::new();
+    let end = tokio::time::Instant::now() + Duration::from_secs(15);
+    while dead.is_empty() && tokio::time::Instant::now() < end {
+        dead.extend(q.take_dead().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(dead.len(), 1);
+    let props = &dead[0].delivery.properties;
+    let reason = header(props, "claimd-reason").unwrap();
+    assert!(
+        reason.contains("cannot be read in full") && reason.contains("not UTF-8"),
+        "{reason}"
+    );
+    assert_eq!(header(props, "kept").as_deref(), Some("yes"));
+    assert_eq!(
+        props.message_id().as_ref().map(|s| s.as_str()),
+        Some("name-1")
+    );
+    let good = eventually(Duration::from_secs(10), || {
+        let url = format!("{}/v1/messages/payments/good-after-name", w.base);
+        async move {
+            client()
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    })
+    .await;
+    assert!(good, "the good message was not claimed");
+    let m = metrics(&w).await;
+    assert_eq!(
+        sample(
+            &m,
+            "claimd_dead_lettered_total{consumer=\"payments\",reason=\"unreadable_headers\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    alive_and_ready(&mut w, &log).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_never_confirmed_show_in_metrics_and_readiness_and_logs_stay_short() {
     let Some(q) = TestQueues::new("poison-noq").await else {
         return;

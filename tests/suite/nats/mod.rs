@@ -23,6 +23,7 @@ mod dead_letters;
 mod delivery;
 mod kill;
 mod poison;
+mod tls;
 
 fn http_effect(provider: &str) -> String {
     format!(

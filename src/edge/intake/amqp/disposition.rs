@@ -69,7 +69,7 @@ pub(super) fn dead_letter_properties(props: &BasicProperties, sentence: &str) ->
         .as_ref()
         .map(|h| h.inner().clone())
         .unwrap_or_default();
-    for (name, _) in verdict::too_deep_headers(props) {
+    for name in verdict::too_deep_names(props) {
         kept.remove(name.as_str());
     }
     let mut headers = FieldTable::from(kept);

@@ -16,11 +16,14 @@
 //!   is requeued instead: never dropped, never uncounted.
 //!
 //! A message whose headers nest tables or arrays more than [`MAX_HEADER_DEPTH`] levels deep is
-//! dead-lettered (`headers_too_deep`) with those headers left out of the copy. The AMQP value
-//! decoder itself (the patched `amq-protocol-types` in `vendor/`) decodes at most 100 levels
-//! and keeps anything deeper as bytes, so no header can overflow the stack of lapin's I/O
-//! thread, and short strings that are not UTF-8 decode lossily instead of closing the
-//! connection (the message id is then refused as not visible ASCII).
+//! dead-lettered (`headers_too_deep`) with those headers left out of the copy. lapin never sees
+//! such a header: it connects to a broker guard on a loopback port (`guard`, [`frame_guard`])
+//! that reads RabbitMQ's frames first, takes headers nested past the bound, or whose names are
+//! not UTF-8, out of the frame and names them in [`TOO_DEEP_HEADER`] or [`UNREADABLE_HEADER`],
+//! so no header can overflow the stack of lapin's recursive decoder; short strings that are not
+//! UTF-8 reach lapin with U+FFFD instead of failing the frame and closing the connection (the
+//! message id is then refused as not visible ASCII). A message with unreadable headers is
+//! dead-lettered (`unreadable_headers`).
 //!
 //! A connection lost mid-flight loses nothing: unacknowledged messages go back to the queue,
 //! and a redelivery of a message whose claim had committed is a duplicate (acknowledged, not
@@ -47,6 +50,10 @@ use tracing::{Instrument, debug, info, info_span, instrument, warn};
 #[cfg(test)]
 mod decode_fuzz;
 mod disposition;
+pub mod frame_guard;
+#[cfg(test)]
+mod frame_guard_tests;
+mod guard;
 mod session;
 mod verdict;
 
@@ -54,6 +61,7 @@ pub use crate::edge::intake::broker::{ConsumerState as AmqpConsumerState, DeadLe
 use crate::edge::intake::refusal::Verdict;
 pub use crate::edge::intake::refusal::{DeadLetterReason, LOGGED_ID_CHARS, id_for_log};
 use disposition::handle;
+pub use frame_guard::{TOO_DEEP_HEADER, UNREADABLE_HEADER};
 use session::run_consumer;
 use verdict::judge;
 
@@ -61,9 +69,8 @@ use verdict::judge;
 pub const REASON_HEADER: &str = "claimd-reason";
 
 /// How many tables or arrays deep a message's headers may nest, the `headers` table itself
-/// being level 1. Below the decoder's own bound (`lapin::types::parsing::MAX_NESTING_DEPTH`,
-/// 100, past which a level is kept undecoded), so a header the decoder cut short is always
-/// over this limit too.
+/// being level 1. The broker guard takes deeper headers out before lapin's decoder, which
+/// recurses once per level, sees them.
 pub const MAX_HEADER_DEPTH: usize = 32;
 
 /// How long a connection attempt (TCP, TLS, AMQP handshake) may take.
@@ -89,6 +96,9 @@ pub enum AmqpError {
         /// The client's error.
         source: lapin::Error,
     },
+    /// The broker guard could not start (the URL), or could not reach the broker.
+    #[error("{0}")]
+    Guard(String),
     /// A queue or exchange name is longer than AMQP allows.
     #[error("name {0:?} is longer than 255 bytes")]
     Name(String),

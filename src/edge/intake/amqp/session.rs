@@ -6,18 +6,31 @@ use super::*;
 use broker::SessionEnd;
 
 /// Connects, consumes, reconnects with backoff, until stopped.
+/// The consumer's broker guard lives as long as this task: started at the first session,
+/// kept across reconnections.
 pub(super) async fn run_consumer(ctx: Arc<Ctx>, stop: watch::Receiver<bool>) {
     let state = ctx.state.clone();
+    let guard: Arc<tokio::sync::Mutex<Option<Guarded>>> = Arc::default();
     broker::run_sessions(&state, "RabbitMQ", stop, |mut stop| {
-        let ctx = ctx.clone();
+        let (ctx, guard) = (ctx.clone(), guard.clone());
         async move {
             let mut consumed = false;
-            let end = session(&ctx, &mut stop, &mut consumed).await;
+            let mut guard = guard.lock().await;
+            let end = match &*guard {
+                Some(g) => session(&ctx, g, &mut stop, &mut consumed).await,
+                None => match super::guard::start(&ctx.amqp.url).await {
+                    Ok(g) => session(&ctx, guard.insert(g), &mut stop, &mut consumed).await,
+                    Err(e) => Err(e),
+                },
+            };
             (end, consumed)
         }
     })
     .await
 }
+
+/// A running guard and the URL lapin connects to through it.
+type Guarded = (crate::edge::intake::guard::Guard, lapin::uri::AMQPUri);
 
 /// Declares the dead-letter exchange (durable fanout), `<queue>.dead` bound to it, and the
 /// durable work queue dead-lettering to it. Idempotent; a queue that exists with other
@@ -74,6 +87,7 @@ pub(super) async fn declare(ch: &Channel, c: &AmqpSourceConfig) -> Result<(), Am
 /// One connection: set up, consume until stopped or lost, then clean up.
 pub(super) async fn session(
     ctx: &Arc<Ctx>,
+    (guard, uri): &Guarded,
     stop: &mut watch::Receiver<bool>,
     consumed: &mut bool,
 ) -> Result<SessionEnd, AmqpError> {
@@ -81,12 +95,18 @@ pub(super) async fn session(
     let instance = ctx.claimer.instance().to_string();
     let props = ConnectionProperties::default()
         .with_connection_name(LongString::from(format!("claimd {instance} {}", c.name)));
-    let connect = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&ctx.amqp.url, props));
+    let _stale = guard.take_error();
+    let connect =
+        tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect_uri(uri.clone(), props));
     // A stop while connecting (broker unreachable) does not wait for the connect timeout.
     let conn = tokio::select! {
         r = connect => r
             .map_err(|_| AmqpError::ConnectTimeout(CONNECT_TIMEOUT))?
-            .map_err(AmqpError::Connect)?,
+            // lapin saw the guard close; the guard knows why (the broker unreachable, TLS).
+            .map_err(|e| match guard.take_error() {
+                Some(why) => AmqpError::Guard(format!("cannot connect to the broker: {why}")),
+                None => AmqpError::Connect(e),
+            })?,
         _ = stop.wait_for(|s| *s) => return Ok(SessionEnd::Stopped),
     };
     let result = consume(ctx, &conn, &instance, stop, consumed).await;

@@ -1,6 +1,7 @@
 //! What to do with one delivery, decided from its properties and the claimer's answer:
 //! acknowledge, requeue after a pause, or dead-letter with a readable reason.
 
+use super::frame_guard::{TOO_DEEP_HEADER, UNREADABLE_HEADER};
 use super::*;
 use crate::domain::trace_context::TRACEPARENT;
 use crate::edge::intake::refusal::{Received, delivery_of, lossy, verdict_of};
@@ -74,35 +75,50 @@ pub(super) fn nesting(value: &AMQPValue) -> usize {
 }
 
 /// The headers nested more than [`MAX_HEADER_DEPTH`] levels deep (the `headers` table being
-/// level 1), with their depth, in name order.
-pub(super) fn too_deep_headers(props: &BasicProperties) -> Vec<(String, usize)> {
+/// level 1), each as `"name" (N levels)`: those the broker guard took out and named in
+/// [`TOO_DEEP_HEADER`], then any still in the table.
+pub(super) fn too_deep_headers(props: &BasicProperties) -> Vec<String> {
+    let Some(headers) = props.headers().as_ref() else {
+        return Vec::new();
+    };
+    let mut deep: Vec<String> = marker(props, TOO_DEEP_HEADER).into_iter().collect();
+    deep.extend(
+        headers
+            .inner()
+            .iter()
+            .map(|(name, v)| (name.as_str(), 1 + nesting(v)))
+            .filter(|(_, levels)| *levels > MAX_HEADER_DEPTH)
+            .map(|(name, levels)| format!("{name:?} ({levels} levels)")),
+    );
+    deep
+}
+
+/// The headers still in the table that nest too deep, by name (left out of a dead letter).
+pub(super) fn too_deep_names(props: &BasicProperties) -> Vec<String> {
     let Some(headers) = props.headers().as_ref() else {
         return Vec::new();
     };
     headers
         .inner()
         .iter()
-        .map(|(name, v)| (name.as_str().to_string(), 1 + nesting(v)))
-        .filter(|(_, levels)| *levels > MAX_HEADER_DEPTH)
+        .filter(|(_, v)| 1 + nesting(v) > MAX_HEADER_DEPTH)
+        .map(|(name, _)| name.as_str().to_string())
         .collect()
 }
 
+/// The text of one of the broker guard's headers, when present.
+fn marker(props: &BasicProperties, name: &str) -> Option<String> {
+    match props.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        _ => None,
+    }
+}
+
 /// The sentence for headers nested too deep.
-pub(super) fn depth_sentence(deep: &[(String, usize)]) -> String {
-    let cut = lapin::types::parsing::MAX_NESTING_DEPTH;
-    let each: Vec<String> = deep
-        .iter()
-        .map(|(name, levels)| {
-            if *levels >= cut {
-                format!("{name:?} ({cut} levels or more)")
-            } else {
-                format!("{name:?} ({levels} levels)")
-            }
-        })
-        .collect();
+pub(super) fn depth_sentence(deep: &[String]) -> String {
     format!(
         "headers nest tables or arrays deeper than {MAX_HEADER_DEPTH} levels: {}; they are left out of this copy",
-        each.join(", ")
+        deep.join(", ")
     )
 }
 
@@ -150,15 +166,27 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
         trace_parent: header_bytes(props, TRACEPARENT).ok().flatten(),
     };
     let shown_id = received.shown_id();
-    match delivery_of(received) {
-        Ok(delivery) => verdict_of(
-            &c.name,
-            ctx.claimer.submit(delivery).await,
-            shown_id,
-            "content_type property",
-        ),
-        Err(refused) => refused,
+    let delivery = match delivery_of(received) {
+        Ok(delivery) => delivery,
+        Err(refused) => return refused,
+    };
+    // Which header could not be read is unknown here: it may have been the tenant. Checked
+    // after the id, so a message whose id is bad as well is refused for its id.
+    if let Some(what) = marker(props, UNREADABLE_HEADER) {
+        return Verdict::DeadLetter {
+            reason: DeadLetterReason::UnreadableHeaders,
+            sentence: format!(
+                "the headers cannot be read in full ({what}); the readable ones are kept in this copy"
+            ),
+            message_id: shown_id,
+        };
     }
+    verdict_of(
+        &c.name,
+        ctx.claimer.submit(delivery).await,
+        shown_id,
+        "content_type property",
+    )
 }
 
 #[cfg(test)]
@@ -212,25 +240,18 @@ mod tests {
         let mut h = FieldTable::default();
         h.insert("ok".into(), nested(MAX_HEADER_DEPTH - 1));
         h.insert("deep".into(), nested(MAX_HEADER_DEPTH));
+        // What the broker guard says of a header it took out.
         h.insert(
-            "cut".into(),
-            nested(lapin::types::parsing::MAX_NESTING_DEPTH),
+            TOO_DEEP_HEADER.into(),
+            AMQPValue::LongString("\"cut\" (2000 levels)".into()),
         );
         let props = BasicProperties::default().with_headers(h);
         let deep = too_deep_headers(&props);
-        assert_eq!(
-            deep,
-            vec![
-                (
-                    "cut".to_string(),
-                    lapin::types::parsing::MAX_NESTING_DEPTH + 1
-                ),
-                ("deep".to_string(), MAX_HEADER_DEPTH + 1)
-            ]
-        );
+        assert_eq!(deep, vec!["\"cut\" (2000 levels)", "\"deep\" (33 levels)"]);
+        assert_eq!(too_deep_names(&props), vec!["deep"]);
         assert_eq!(
             depth_sentence(&deep),
-            "headers nest tables or arrays deeper than 32 levels: \"cut\" (100 levels or more), \"deep\" (33 levels); they are left out of this copy"
+            "headers nest tables or arrays deeper than 32 levels: \"cut\" (2000 levels), \"deep\" (33 levels); they are left out of this copy"
         );
     }
 }

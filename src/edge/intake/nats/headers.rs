@@ -63,7 +63,7 @@ pub(super) async fn judge(
     delivered: i64,
 ) -> Verdict {
     let c = &ctx.config;
-    if let Ok(Some(what)) = header_bytes(headers, async_nats::header::UNREADABLE_HEADERS) {
+    if let Ok(Some(what)) = header_bytes(headers, super::UNREADABLE_HEADERS) {
         // Which header a broken line was meant to be is unknown: it may have been the tenant.
         return Verdict::DeadLetter {
             reason: DeadLetterReason::UnreadableHeaders,

@@ -23,6 +23,13 @@
 //! a delivery count is never used as one. The server's own `max_deliver` is left unlimited:
 //! claimd counts deliveries itself so that a message past the limit is dead-lettered, not left
 //! unacknowledged and silent on the server.
+//!
+//! The client connects to a broker guard on a loopback port ([`line_guard`]), not to the
+//! server: a message whose header section async-nats could not read (bytes that are not UTF-8,
+//! a line without a colon, a name a header cannot have) would close its connection, and
+//! JetStream would deliver it again after every reconnect. Through the guard it arrives with
+//! the readable headers and [`UNREADABLE_HEADERS`], and is dead-lettered
+//! (`unreadable_headers`).
 
 use crate::config::{Config, ConsumerConfig, NatsSourceConfig};
 use crate::edge::intake::broker;
@@ -34,7 +41,9 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, info_span};
 
 mod disposition;
+mod guard;
 mod headers;
+pub mod line_guard;
 mod session;
 
 pub use crate::edge::intake::broker::{ConsumerState as NatsConsumerState, DeadLetterFailing};
@@ -43,6 +52,7 @@ pub use headers::{
     NOT_BEFORE_HEADER, ORIGINAL_MESSAGE_ID_HEADER, ORIGINAL_SUBJECT_HEADER, REASON_CODE_HEADER,
     REASON_HEADER,
 };
+pub use line_guard::UNREADABLE_HEADERS;
 
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,6 +73,9 @@ pub enum NatsError {
         /// The client's or the server's error.
         why: String,
     },
+    /// The broker guard could not start (the URL), or could not reach the server.
+    #[error("{0}")]
+    Guard(String),
     /// The existing stream or consumer cannot be used as it is.
     #[error("{0}")]
     Unusable(String),

@@ -6,6 +6,7 @@ use super::disposition::handle;
 use super::{CONNECT_TIMEOUT, Ctx, HANDLER_GRACE, NatsError, jetstream};
 use crate::config::NatsSourceConfig;
 use crate::edge::intake::broker::{self, SessionEnd};
+use crate::edge::intake::guard::Guard;
 use async_nats::connection::State;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self as js, stream};
@@ -16,19 +17,31 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-/// Connects, pulls, reconnects with backoff, until stopped.
+/// Connects, pulls, reconnects with backoff, until stopped. The consumer's broker guards live
+/// as long as this task: started at the first session, kept across reconnections.
 pub(super) async fn run_consumer(ctx: Arc<Ctx>, stop: watch::Receiver<bool>) {
     let state = ctx.state.clone();
+    let guards: Arc<tokio::sync::Mutex<Option<Guarded>>> = Arc::default();
     broker::run_sessions(&state, "NATS", stop, |mut stop| {
-        let ctx = ctx.clone();
+        let (ctx, guards) = (ctx.clone(), guards.clone());
         async move {
             let mut consumed = false;
-            let end = session(&ctx, &mut stop, &mut consumed).await;
+            let mut guards = guards.lock().await;
+            let end = match &*guards {
+                Some(g) => session(&ctx, g, &mut stop, &mut consumed).await,
+                None => match super::guard::start(&ctx.nats.url).await {
+                    Ok(g) => session(&ctx, guards.insert(g), &mut stop, &mut consumed).await,
+                    Err(e) => Err(e),
+                },
+            };
             (end, consumed)
         }
     })
     .await
 }
+
+/// The running guards and the URL the client connects to through them.
+type Guarded = (Vec<Guard>, String);
 
 /// The durable consumer's settings as claimd creates it: explicit acks, no server-side
 /// delivery limit (claimd counts deliveries and dead-letters past `max_deliver` itself).
@@ -110,20 +123,30 @@ async fn existing(js: &js::Context, n: &NatsSourceConfig) -> Result<PullConsumer
 /// One connection: set up, pull until stopped or lost, then clean up.
 async fn session(
     ctx: &Arc<Ctx>,
+    (guards, url): &Guarded,
     stop: &mut watch::Receiver<bool>,
     consumed: &mut bool,
 ) -> Result<SessionEnd, NatsError> {
     let n = &ctx.nats;
+    for g in guards {
+        let _stale = g.take_error();
+    }
+    // Servers the cluster announces are not dialled: they would bypass the guard.
     let options = async_nats::ConnectOptions::new()
+        .ignore_discovered_servers()
         .name(format!(
             "claimd {} {}",
             ctx.claimer.instance(),
             ctx.config.name
         ))
         .connection_timeout(CONNECT_TIMEOUT);
-    let connect = options.connect(n.url.as_str());
+    let connect = options.connect(url.as_str());
     let client = tokio::select! {
-        r = connect => r.map_err(|e| NatsError::Connect(crate::store::redact_url(&e.to_string()).to_string()))?,
+        r = connect => r.map_err(|e| match guards.iter().find_map(Guard::take_error) {
+            // The client saw the guard close; the guard knows why (the server unreachable, TLS).
+            Some(why) => NatsError::Connect(why),
+            None => NatsError::Connect(crate::store::redact_url(&e.to_string()).to_string()),
+        })?,
         _ = stop.wait_for(|s| *s) => return Ok(SessionEnd::Stopped),
     };
     let js = js::new(client.clone());

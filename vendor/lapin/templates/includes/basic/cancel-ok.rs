@@ -1,1 +1,0 @@
-/// Server confirmation that the consumer identified by the consumer tag has been cancelled.

@@ -1,1 +1,0 @@
-/// Server confirmation of a `basic.consume` request, returning the consumer tag.

@@ -1,1 +1,0 @@
-/// Server response to `basic.get` indicating the queue is empty.

@@ -1,1 +1,0 @@
-/// Server response to `basic.get`, carrying the next message from the queue.

@@ -1,1 +1,0 @@
-/// Server acknowledgement of a `basic.qos` request.

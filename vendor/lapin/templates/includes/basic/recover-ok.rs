@@ -1,1 +1,0 @@
-/// Server confirmation that unacknowledged messages have been requeued.

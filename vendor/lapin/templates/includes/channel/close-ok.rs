@@ -1,1 +1,0 @@
-/// Acknowledgement of a `channel.close` request; the channel is now closed.

@@ -1,1 +1,0 @@
-/// Server confirmation of the current message flow state on the channel.

@@ -1,1 +1,0 @@
-/// Server confirmation that the channel has been opened and is ready for use.

@@ -1,1 +1,0 @@
-/// Open a new channel on the connection, identified by its channel number.

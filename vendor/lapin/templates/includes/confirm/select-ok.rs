@@ -1,1 +1,0 @@
-/// Server confirmation that publisher confirm mode has been enabled on this channel.

@@ -1,1 +1,0 @@
-/// Acknowledgement of a `connection.close` request; the TCP connection may now be closed.

@@ -1,1 +1,0 @@
-/// Server confirmation that the virtual host has been opened; the connection is now ready.

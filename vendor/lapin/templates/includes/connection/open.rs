@@ -1,1 +1,0 @@
-/// Client request to open a virtual host, completing the connection handshake.

@@ -1,1 +1,0 @@
-/// Client response to a `connection.secure` challenge, providing the SASL response data.

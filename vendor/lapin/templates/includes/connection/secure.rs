@@ -1,1 +1,0 @@
-/// Server challenge for multi-step SASL authentication (e.g. `RABBIT-CR-DEMO`).

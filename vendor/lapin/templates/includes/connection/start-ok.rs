@@ -1,1 +1,0 @@
-/// Client response to `connection.start`, providing the chosen security mechanism and initial credentials.

@@ -1,1 +1,0 @@
-/// Server-initiated connection handshake, advertising supported AMQP versions and security mechanisms.

@@ -1,1 +1,0 @@
-/// Client confirmation of negotiated connection parameters (channel max, frame max, heartbeat).

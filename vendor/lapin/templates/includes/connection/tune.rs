@@ -1,1 +1,0 @@
-/// Server proposal for connection parameters: maximum channel count, maximum frame size, and heartbeat interval.

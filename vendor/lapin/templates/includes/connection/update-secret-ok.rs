@@ -1,1 +1,0 @@
-/// Server confirmation that the authentication secret has been successfully updated.

@@ -1,1 +1,0 @@
-/// Server confirmation that the exchange has been deleted.

@@ -1,1 +1,0 @@
-/// Delete an exchange

@@ -1,1 +1,0 @@
-/// Server confirmation that the exchange-to-exchange binding has been removed.

@@ -1,1 +1,0 @@
-/// Server confirmation of a `queue.declare`, returning the queue name, message count, and consumer count.

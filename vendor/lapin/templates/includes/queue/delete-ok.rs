@@ -1,1 +1,0 @@
-/// Server confirmation of `queue.delete`, returning the number of messages that were in the queue.

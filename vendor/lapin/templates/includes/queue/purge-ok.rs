@@ -1,1 +1,0 @@
-/// Server confirmation of `queue.purge`, returning the number of messages deleted.

@@ -1,1 +1,0 @@
-/// Server confirmation that the queue-to-exchange binding has been removed.

@@ -1,1 +1,0 @@
-/// Server confirmation that the transaction has been committed.

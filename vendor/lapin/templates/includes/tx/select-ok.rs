@@ -1,1 +1,0 @@
-/// Server confirmation that transaction mode has been enabled on this channel.
