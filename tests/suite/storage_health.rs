@@ -79,10 +79,11 @@ async fn an_open_transaction_is_shown_holding_back_vacuum_until_it_ends() {
         .await
         .unwrap();
     drop(forgotten);
-    let m = metrics().await;
-    assert_eq!(
-        sample(&m, "claimd_store_oldest_transaction_seconds"),
-        Some(0.0),
-        "nothing holds vacuum back once it ended\n{m}"
-    );
+    // claimd's own transactions are short: the reading falls back within a moment.
+    let cleared = eventually(Duration::from_secs(10), || async {
+        let m = metrics().await;
+        sample(&m, "claimd_store_oldest_transaction_seconds").is_some_and(|s| s < 1.0)
+    })
+    .await;
+    assert!(cleared, "nothing holds vacuum back once it ended");
 }
