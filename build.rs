@@ -1,8 +1,13 @@
-//! Records the git commit a release build is made from, for `claimd --version`
-//! (docs/decisions.md, "The commit in --version"). Only for the release profile: a development
-//! build would otherwise rebuild the whole crate at every commit. The commit comes from
-//! `CLAIMD_COMMIT` when set, then `git`, then the `.cargo_vcs_info.json` that `cargo package`
-//! writes into a published crate.
+//! Two things the crate embeds:
+//! - the migrations under `migrations/<dialect>/`, listed for `store::embedded_migrations`
+//!   (`$OUT_DIR/migrations_<dialect>.rs`): sqlx's `migrate!` macro would do it, but its
+//!   `macros` feature builds sqlx and SQLite a second time for the compiler
+//!   (docs/decisions.md, "The first build");
+//! - the git commit a release build is made from, for `claimd --version` (docs/decisions.md,
+//!   "The commit in --version"). Only for the release profile: a development build would
+//!   otherwise rebuild the whole crate at every commit. The commit comes from `CLAIMD_COMMIT`
+//!   when set, then `git`, then the `.cargo_vcs_info.json` that `cargo package` writes into a
+//!   published crate.
 
 use std::process::Command;
 
@@ -22,7 +27,38 @@ fn packaged() -> Option<String> {
     Some(rest[start..start + len].chars().take(12).collect())
 }
 
+/// Writes `$OUT_DIR/migrations_<dialect>.rs`: an array of (file name, SQL) in version order.
+fn list_migrations(dialect: &str) {
+    let dir = std::path::Path::new("migrations").join(dialect);
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".sql"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
+    let mut out = String::from("&[\n");
+    for f in &files {
+        let path = std::path::Path::new(&manifest).join(&dir).join(f);
+        out.push_str(&format!(
+            "    ({f:?}, include_str!({:?})),\n",
+            path.display().to_string()
+        ));
+    }
+    out.push_str("]\n");
+    let target = std::path::Path::new(&std::env::var("OUT_DIR").unwrap())
+        .join(format!("migrations_{dialect}.rs"));
+    std::fs::write(target, out).unwrap();
+}
+
 fn main() {
+    list_migrations("postgres");
+    list_migrations("sqlite");
     println!("cargo:rerun-if-env-changed=CLAIMD_COMMIT");
     println!("cargo:rerun-if-changed=build.rs");
     if std::env::var("PROFILE").as_deref() != Ok("release") {

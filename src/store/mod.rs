@@ -31,6 +31,7 @@ pub mod db_effect;
 pub mod dialect;
 mod args;
 mod batch;
+pub mod embedded_migrations;
 pub mod enqueue;
 mod error;
 pub mod hosts;

@@ -137,7 +137,7 @@ async fn postgres(url: &str) -> StoreResult<Vec<PendingMigration>> {
     } else {
         HashSet::new()
     };
-    let mut plan = left(&sqlx::migrate!("migrations/postgres"), &applied, true);
+    let mut plan = left(&super::embedded_migrations::postgres(), &applied, true);
     for m in &mut plan {
         for h in &mut m.held {
             // Not there yet: created by an earlier pending migration, so empty.
@@ -188,5 +188,5 @@ async fn sqlite(url: &str) -> StoreResult<Vec<PendingMigration>> {
         }
         Err(_) => HashSet::new(),
     };
-    Ok(left(&sqlx::migrate!("migrations/sqlite"), &applied, false))
+    Ok(left(&super::embedded_migrations::sqlite(), &applied, false))
 }

@@ -19,7 +19,7 @@ async fn no_migration_stops_intake_on_a_million_claims() {
     };
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let migrator = sqlx::migrate!("migrations/postgres");
+    let migrator = claimd::store::embedded_migrations::postgres();
     migrator.run_to(1, &mut conn).await.unwrap();
     let loaded = Instant::now();
     sqlx::query(

@@ -142,7 +142,7 @@ impl Dialect for PgDialect {
     /// Runs the migrator only when something is left to do, so that a runtime role without
     /// `CREATE` on the schema passes the check at start (`applied`).
     async fn migrate(&self) -> StoreResult<()> {
-        let mut migrator = sqlx::migrate!("migrations/postgres");
+        let mut migrator = crate::store::embedded_migrations::postgres();
         if let Some(rows) = applied::read(&self.sql).await {
             let embedded: Vec<i64> = migrator.iter().map(|m| m.version).collect();
             let done: Vec<(i64, String)> = rows

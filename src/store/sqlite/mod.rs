@@ -159,7 +159,7 @@ impl Dialect for SqliteDialect {
     const BATCH_SINGLES: bool = true;
 
     async fn migrate(&self) -> StoreResult<()> {
-        let mut migrator = sqlx::migrate!("migrations/sqlite");
+        let mut migrator = crate::store::embedded_migrations::sqlite();
         // A newer build's contract migration: refuse, naming it; its expand-only ones are
         // left as they are (docs/operations.md, "Upgrading").
         let applied: Vec<(i64, String)> =
