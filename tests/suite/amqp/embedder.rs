@@ -1,7 +1,8 @@
 //! The poison-message safety as an embedder gets it: the crate as `cargo package` makes it
 //! (what crates.io would serve), unpacked, is the dependency of a small program with no
-//! `[patch]` section; its worker takes a header nested 2,000 levels deep from the real broker,
-//! dead-letters it and performs the message behind it. Long: it builds that program (minutes).
+//! `[patch]` section; its worker takes a header nested 2,000 levels deep from RabbitMQ and a
+//! header section that is not one from NATS JetStream, dead-letters both and performs the
+//! messages behind them. Long: it builds that program (minutes).
 
 use super::*;
 use common::amqp_raw::{Nesting, RawPublisher, nested_headers};
@@ -110,8 +111,11 @@ opt-level = 1
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: builds a program against the packaged crate (minutes): cargo test --test suite amqp::embedder -- --ignored"]
-async fn an_embedder_without_a_patch_section_dead_letters_a_deep_header() {
+async fn an_embedder_without_a_patch_section_dead_letters_poison_from_both_brokers() {
     let Some(q) = TestQueues::new("embed").await else {
+        return;
+    };
+    let Some(s) = common::nats::TestStream::new("embed").await else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -123,11 +127,13 @@ async fn an_embedder_without_a_patch_section_dead_letters_a_deep_header() {
     let store = TestStore::sqlite();
     let (_sandbox, provider) = sandbox(SandboxOptions::default()).await;
     let port = free_port();
-    let toml = config_toml(
-        &store.url(),
-        &q.consumer_toml("payments", "", &http_effect(&provider)),
-    )
-    .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    let consumers = format!(
+        "{}{}",
+        q.consumer_toml("payments", "", &http_effect(&provider)),
+        s.consumer_toml("notify", "", &http_effect(&provider))
+    );
+    let toml =
+        config_toml(&store.url(), &consumers).replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
     let config = dir.path().join("embedded.toml");
     std::fs::write(&config, toml).unwrap();
     let log = std::fs::File::create(dir.path().join("embedded.log")).unwrap();
@@ -168,20 +174,50 @@ async fn an_embedder_without_a_patch_section_dead_letters_a_deep_header() {
     .unwrap();
     q.publish_json("good-after-deep", r#"{"amount":1}"#).await;
 
-    let url = format!("{}/v1/messages/payments/good-after-deep", w.base);
-    let done = eventually(Duration::from_secs(20), || {
-        let url = url.clone();
-        async move {
-            match client().get(url).send().await {
-                Ok(r) if r.status() == 200 => r
-                    .json::<serde_json::Value>()
-                    .await
-                    .is_ok_and(|v| v["state"] == "completed"),
-                _ => false,
-            }
-        }
+    // A header section with a line that is not `Name: value` closed async-nats' connection
+    // (JetStream redelivered it for ever) without the fix.
+    let subject = s.subject.clone();
+    tokio::task::spawn_blocking(move || {
+        crate::nats::poison::publish_raw(
+            &subject,
+            &[(
+                b"no colon here\r\n".to_vec(),
+                b"{\"case\":\"no-colon\"}".to_vec(),
+            )],
+        )
     })
-    .await;
+    .await
+    .unwrap();
+    s.publish_json("good-after-unreadable", r#"{"amount":2}"#)
+        .await;
+
+    let completed = |consumer: &str, id: &str| {
+        let url = format!("{}/v1/messages/{consumer}/{id}", w.base);
+        eventually(Duration::from_secs(20), move || {
+            let url = url.clone();
+            async move {
+                match client().get(url).send().await {
+                    Ok(r) if r.status() == 200 => r
+                        .json::<serde_json::Value>()
+                        .await
+                        .is_ok_and(|v| v["state"] == "completed"),
+                    _ => false,
+                }
+            }
+        })
+    };
+    let done = completed("payments", "good-after-deep").await;
+    let nats_done = completed("notify", "good-after-unreadable").await;
+    assert!(
+        nats_done,
+        "the good NATS message after the unreadable one was not completed"
+    );
+    let nats_dead = s.dead_letters().await;
+    assert_eq!(nats_dead.len(), 1, "one NATS dead letter");
+    assert_eq!(
+        common::nats::header(&nats_dead[0], "Claimd-Reason-Code").as_deref(),
+        Some("unreadable_headers")
+    );
     let mut w = w;
     let exited = w.child.try_wait().unwrap();
     assert!(exited.is_none(), "the embedded worker exited: {exited:?}");

@@ -22,7 +22,7 @@ use std::time::Duration;
 mod dead_letters;
 mod delivery;
 mod kill;
-mod poison;
+pub(crate) mod poison;
 mod tls;
 
 fn http_effect(provider: &str) -> String {

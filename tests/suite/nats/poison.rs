@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 
 /// Publishes raw HPUB frames to `subject` on the shared server (the stream stores them as
 /// they are). `frames`: (header section after the `NATS/1.0` line, body).
-fn publish_raw(subject: &str, frames: &[(Vec<u8>, Vec<u8>)]) {
+pub(crate) fn publish_raw(subject: &str, frames: &[(Vec<u8>, Vec<u8>)]) {
     let addr = common::nats::nats_url()
         .trim_start_matches("nats://")
         .to_string();
