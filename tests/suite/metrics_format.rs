@@ -134,11 +134,32 @@ async fn metrics_pass_promtool_and_the_shipped_rules_and_dashboard_name_real_ser
     let rules_path = format!("{root}/docs/alerts.yml");
     let (code, said) = run_promtool(tool, &["check", "rules", &rules_path], "");
     assert_eq!(code, 0, "promtool check rules: {said}");
-    let served: BTreeSet<String> = text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| l.split(['{', ' ']).next().unwrap_or_default().to_string())
-        .collect();
+    let series_of = |text: &str| -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| l.split(['{', ' ']).next().unwrap_or_default().to_string())
+            .collect()
+    };
+    let mut served = series_of(&text);
+    // The store's storage series are PostgreSQL's only: a worker on PostgreSQL serves them.
+    if let Some(pg) = TestStore::pg().await {
+        let (_sb, provider) = sandbox(Default::default()).await;
+        let on_pg = start(&config_toml(
+            &pg.url(),
+            &consumer_toml("payments", &provider, ""),
+        ))
+        .await;
+        let pg_text = client()
+            .get(format!("http://{}/metrics", on_pg.http_addr))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        served.extend(series_of(&pg_text));
+        on_pg.shutdown(std::time::Duration::from_secs(2)).await;
+    }
     for doc in ["docs/alerts.yml", "docs/grafana-dashboard.json"] {
         let body = std::fs::read_to_string(format!("{root}/{doc}")).unwrap();
         let named = names_in(&body);
