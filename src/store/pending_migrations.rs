@@ -100,7 +100,7 @@ fn left(migrator: &Migrator, applied: &HashSet<i64>, postgres: bool) -> Vec<Pend
 
 #[cfg(feature = "postgres")]
 async fn postgres(url: &str) -> StoreResult<Vec<PendingMigration>> {
-    use sqlx::{Connection, Row};
+    use sqlx::Connection;
     use std::str::FromStr;
     let hosts =
         super::hosts::split_hosts(url).map_err(|why| StoreError::UrlRefused(url.into(), why))?;
@@ -122,21 +122,7 @@ async fn postgres(url: &str) -> StoreResult<Vec<PendingMigration>> {
             last.unwrap_or(sqlx::Error::PoolClosed),
         ));
     };
-    let has: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(&mut conn)
-        .await
-        .map_err(|e| StoreError::from_sqlx("migrations table", e))?;
-    let applied: HashSet<i64> = if has {
-        sqlx::query("SELECT version FROM _sqlx_migrations WHERE success")
-            .fetch_all(&mut conn)
-            .await
-            .map_err(|e| StoreError::from_sqlx("applied migrations", e))?
-            .iter()
-            .filter_map(|r| r.try_get::<i64, _>(0).ok())
-            .collect()
-    } else {
-        HashSet::new()
-    };
+    let applied = super::postgres::applied_versions(&mut conn).await?;
     let mut plan = left(&super::embedded_migrations::postgres(), &applied, true);
     for m in &mut plan {
         for h in &mut m.held {

@@ -349,17 +349,7 @@ pub async fn ready_worker(toml: &str, dir: &Path, name: &str) -> Worker {
     let config = dir.join(format!("{name}.toml"));
     std::fs::write(&config, toml).unwrap();
     let w = Worker::spawn(&config, port, &dir.join(format!("{name}.log"))).await;
-    let ready = eventually(Duration::from_secs(15), || {
-        let url = format!("{}/readyz", w.base);
-        async move {
-            client()
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    })
-    .await;
+    let ready = w.ready_within(Duration::from_secs(15)).await;
     assert!(ready, "the worker did not become ready");
     w
 }
@@ -394,12 +384,17 @@ pub struct Worker {
 impl Worker {
     /// Starts `claimd run` with `config` (a file path) and waits until it answers /healthz.
     pub async fn spawn(config: &Path, port: u16, log: &Path) -> Worker {
+        Worker::spawn_bin(&claimd_bin(), config, port, log).await
+    }
+
+    /// [`Worker::spawn`] with another `claimd` binary (an earlier build).
+    pub async fn spawn_bin(bin: &Path, config: &Path, port: u16, log: &Path) -> Worker {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .unwrap();
-        let child = std::process::Command::new(claimd_bin())
+        let child = std::process::Command::new(bin)
             .args(["run", "--config"])
             .arg(config)
             .env("CLAIMD_LOG", "info")
@@ -431,6 +426,21 @@ impl Worker {
         .await;
         assert!(up, "claimd did not come up on port {port}");
         Worker { child, base }
+    }
+
+    /// Whether `/readyz` answers `200` within `within`.
+    pub async fn ready_within(&self, within: Duration) -> bool {
+        eventually(within, || {
+            let url = format!("{}/readyz", self.base);
+            async move {
+                client()
+                    .get(url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
+        })
+        .await
     }
 
     /// SIGKILL: no cleanup, no settle.

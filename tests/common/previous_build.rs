@@ -2,7 +2,7 @@
 //! commit (`git archive` of this repository, `cargo build --locked --bin claimd`) into
 //! `~/.cache/claimd/previous/<commit>/` and reused after. The first build takes a few minutes.
 
-use super::{Worker, client, eventually};
+use super::Worker;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -63,35 +63,11 @@ pub fn previous_claimd() -> Option<PathBuf> {
 
 /// `bin run --config config`, once it answers `/readyz` on `port`.
 pub async fn spawn_ready(bin: &Path, config: &Path, port: u16, log: &Path) -> Worker {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    let child = Command::new(bin)
-        .args(["run", "--config"])
-        .arg(config)
-        .env("CLAIMD_LOG", "info")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn claimd");
-    let base = format!("http://127.0.0.1:{port}");
-    let ready = eventually(Duration::from_secs(60), || {
-        let url = format!("{base}/readyz");
-        async move {
-            client()
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    })
-    .await;
+    let w = Worker::spawn_bin(bin, config, port, log).await;
     assert!(
-        ready,
+        w.ready_within(Duration::from_secs(60)).await,
         "{} did not become ready on port {port}",
         bin.display()
     );
-    Worker { child, base }
+    w
 }

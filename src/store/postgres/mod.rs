@@ -10,6 +10,7 @@ mod applied;
 mod failover;
 mod many;
 mod online_migrate;
+pub(crate) use online_migrate::applied_versions;
 mod replica;
 mod replication;
 mod storage_health;

@@ -89,7 +89,9 @@ async fn upgrade(conn: &mut PgConnection, migrator: &Migrator) -> StoreResult<()
     Ok(())
 }
 
-async fn applied_versions(conn: &mut PgConnection) -> StoreResult<HashSet<i64>> {
+/// The versions of the migrations applied successfully; none when `_sqlx_migrations` is not
+/// there yet. On one connection (`claimd migrate --plan` reads it too).
+pub(crate) async fn applied_versions(conn: &mut PgConnection) -> StoreResult<HashSet<i64>> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
         .fetch_one(&mut *conn)
         .await

@@ -145,17 +145,7 @@ async fn an_embedder_without_a_patch_section_dead_letters_poison_from_both_broke
         .spawn()
         .expect("spawn the embedder");
     let w = Worker::attach(child, port).await;
-    let ready = eventually(Duration::from_secs(15), || {
-        let url = format!("{}/readyz", w.base);
-        async move {
-            client()
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    })
-    .await;
+    let ready = w.ready_within(Duration::from_secs(15)).await;
     assert!(ready, "the embedded worker did not become ready");
 
     // 2,000 levels overflowed lapin's I/O thread and aborted the process without the fix.

@@ -84,17 +84,7 @@ async fn an_amqps_url_is_guarded_with_tls_to_the_broker() {
         .spawn()
         .expect("spawn claimd");
     let w = Worker::attach(child, port).await;
-    let ready = eventually(Duration::from_secs(15), || {
-        let url = format!("{}/readyz", w.base);
-        async move {
-            client()
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    })
-    .await;
+    let ready = w.ready_within(Duration::from_secs(15)).await;
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         ready,

@@ -95,17 +95,7 @@ async fn a_server_that_requires_tls_is_reached_through_the_guard() {
         .expect("spawn claimd");
     let w = Worker::attach(child, port).await;
     // Ready: the stream and the durable consumer were made over TLS and it is pulling.
-    let ready = eventually(Duration::from_secs(15), || {
-        let url = format!("{}/readyz", w.base);
-        async move {
-            client()
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    })
-    .await;
+    let ready = w.ready_within(Duration::from_secs(15)).await;
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         ready && text.contains("\"pulling\""),
