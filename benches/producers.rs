@@ -71,6 +71,13 @@ impl Row {
     }
 }
 
+/// Milliseconds since the Unix epoch now.
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -182,23 +189,28 @@ async fn run_row(row: Row, n: usize, concurrency: usize, pool_size: u32) -> Stri
         );
         let provider = format!("{provider}/v1/payments");
         tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
+            let (mut latencies, mut commits) = (Vec::new(), Vec::new());
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if i >= n {
-                    return latencies;
+                    return (latencies, commits);
                 }
                 let id = format!("order-{i}");
                 let body = format!(r#"{{"order_id":"{id}","amount_cents":{}}}"#, 100 + i);
                 let t = Instant::now();
                 produce(row, &producers, &http, &intake, &provider, &id, &body).await;
                 latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                // When the producer saw its commit (or intake's answer) return, on the clock
+                // PostgreSQL stamps `started_utc` with (one machine).
+                commits.push((id, unix_ms()));
             }
         }));
     }
-    let mut produced = Vec::new();
+    let (mut produced, mut commits) = (Vec::new(), std::collections::HashMap::new());
     for t in tasks {
-        produced.extend(t.await.unwrap());
+        let (latencies, committed) = t.await.unwrap();
+        produced.extend(latencies);
+        commits.extend(committed);
     }
     // Wait for every claim (or inbox row) to be settled.
     let settled_sql = if row.way == Way::Txn {
@@ -238,9 +250,27 @@ async fn run_row(row: Row, n: usize, concurrency: usize, pool_size: u32) -> Stri
         .await
         .unwrap()
     };
+    // How long an enqueued claim waited for the pickup after its producer's commit returned:
+    // the figure a producer sees (`taken` above also counts the producer's own transaction,
+    // since `received_utc` is its start).
+    let mut after_commit: Vec<f64> = if row.way == Way::Enqueue {
+        let started: Vec<(String, f64)> = sqlx::query_as(
+            "SELECT message_id, (EXTRACT(EPOCH FROM started_utc) * 1000)::float8 FROM claims",
+        )
+        .fetch_all(&producers)
+        .await
+        .unwrap();
+        started
+            .into_iter()
+            .filter_map(|(id, at)| commits.get(&id).map(|c| at - c))
+            .collect()
+    } else {
+        Vec::new()
+    };
     produced.sort_by(f64::total_cmp);
     settled.sort_by(f64::total_cmp);
     taken.sort_by(f64::total_cmp);
+    after_commit.sort_by(f64::total_cmp);
     if row.sql {
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_ledger")
             .fetch_one(&producers)
@@ -267,21 +297,21 @@ async fn run_row(row: Row, n: usize, concurrency: usize, pool_size: u32) -> Stri
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let after = xacts(&mut admin).await;
+    let pair = |v: &[f64]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.1} / {:.1}", percentile(v, 0.5), percentile(v, 0.99))
+        }
+    };
     let line = format!(
-        "| {} | {n} | {:.0} | {:.1} / {:.1} | {} | {:.1} / {:.1} | {:.2} | {:.2} |",
+        "| {} | {n} | {:.0} | {:.1} / {:.1} | {} | {} | {:.1} / {:.1} | {:.2} | {:.2} |",
         row.name(),
         n as f64 / wall,
         percentile(&produced, 0.5),
         percentile(&produced, 0.99),
-        if taken.is_empty() {
-            "-".to_string()
-        } else {
-            format!(
-                "{:.1} / {:.1}",
-                percentile(&taken, 0.5),
-                percentile(&taken, 0.99)
-            )
-        },
+        pair(&taken),
+        pair(&after_commit),
         percentile(&settled, 0.5),
         percentile(&settled, 0.99),
         (after - before) as f64 / n as f64,
@@ -408,9 +438,9 @@ async fn main() {
         "PostgreSQL; {n} messages per row, {concurrency} producers at a time; claimd's pool {pool}; provider on loopback, no added latency\n"
     );
     println!(
-        "| how it arrives → effect | messages | msgs/s | producer p50 / p99 ms | taken p50 / p99 ms | settled p50 / p99 ms | PG xacts/msg | load1 |"
+        "| how it arrives → effect | messages | msgs/s | producer p50 / p99 ms | taken p50 / p99 ms | taken after commit p50 / p99 ms | settled p50 / p99 ms | PG xacts/msg | load1 |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (i, row) in rows.into_iter().enumerate() {
         if !wanted.is_empty() && !wanted.iter().any(|w| w == &i.to_string()) {
             continue;

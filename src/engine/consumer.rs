@@ -267,12 +267,13 @@ impl Hold {
     }
 
     /// A hold on an enqueued claim whose lease began `since` (taken before the statement),
-    /// `age` after it was enqueued: it carries the "not called yet" marker.
-    pub fn enqueued(since: Instant, age: Duration) -> Self {
+    /// `age` after it was enqueued; `not_called`: it still carries the "not called yet"
+    /// marker (the take did not clear it).
+    pub fn enqueued(since: Instant, age: Duration, not_called: bool) -> Self {
         Hold {
             since,
             age,
-            not_called: true,
+            not_called,
         }
     }
 

@@ -6,19 +6,21 @@
 //! intake's do), in one statement (several instances never take one claim twice: the
 //! statement's `lease_owner IS NULL` and, on PostgreSQL, `SKIP LOCKED`; lines are taken under
 //! the consumer's line lock), and drives each like a fresh claim from intake, its "not called
-//! yet" marker cleared before the first call.
+//! yet" marker cleared before the first call (in the take itself when the consumer settles a
+//! crash before the call by reconciling, as intake commits its claims).
 //!
-//! Wake-ups: on PostgreSQL the enqueue's `pg_notify('claimd_enqueued', consumer)`, delivered
-//! on commit, through one listening connection, with a poll every [`PG_POLL`] in case a
+//! Wake-ups: on PostgreSQL a notification on `claimd_enqueued` (payload: the consumer), sent
+//! as the producer's transaction commits by a deferred trigger on the claims the enqueue
+//! inserts, through one listening connection, with a poll every [`PG_POLL`] in case a
 //! notification was lost (and one after each reconnect); on SQLite a poll every
 //! [`SQLITE_POLL`], one indexed statement on the enqueued claims' partial index.
 //!
-//! The enqueue notifies only when no earlier enqueued claim of its consumer waits to be taken
-//! (every notifying commit of a PostgreSQL cluster queues behind one lock, so a notification
-//! per enqueue would serialize busy producers' commits). So after a take that found claims,
-//! the pickup keeps looking on its own, at [`TAIL`] growing intervals (about 1.3 s in all),
-//! before it waits for a notification again: a producer that saw waiting claims and
-//! commits within that time is taken at once, a later one by the next poll.
+//! The commit notifies only when no earlier claim of its consumer waits for a worker (every
+//! notifying commit of a PostgreSQL cluster queues behind one lock, so a notification per
+//! enqueue would serialize busy producers' commits). So after a take that found claims, the
+//! pickup keeps looking on its own, at [`TAIL`] growing intervals (about 1.3 s in all), before
+//! it waits for a notification again: a commit that rang no bell had a claim ahead of it that a
+//! worker was woken for, and is taken by that worker's next look.
 
 use crate::config::{Fairness, OrderHold};
 use crate::engine::claimer::Claimer;
@@ -32,7 +34,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::warn;
 
-/// The notification channel the enqueue function signals on commit (payload: the consumer).
+/// The notification channel enqueued claims ring on commit (payload: the consumer).
 pub const CHANNEL: &str = "claimd_enqueued";
 /// How often the pickup looks on PostgreSQL without a notification.
 pub const PG_POLL: Duration = Duration::from_secs(1);
@@ -120,7 +122,10 @@ async fn take_loop(
             let wanted = permits.len() + places.len();
             // The local clock starts before the statement sets the lease (as intake's).
             let since = Instant::now();
-            let taken = take(&claimer, &consumer, wanted as u32).await;
+            // The marker goes with the take when a crash before the call is settled by
+            // reconciling (as intake commits such claims without it): one write less a claim.
+            let called = consumer.claims_ahead();
+            let taken = take(&claimer, &consumer, wanted as u32, called).await;
             let taken = match taken {
                 Ok(taken) => taken,
                 Err(e) => {
@@ -155,7 +160,7 @@ async fn take_loop(
                         }
                     };
                     let slot = Slot::held(permit, &consumer);
-                    let hold = Hold::enqueued(since, t.age);
+                    let hold = Hold::enqueued(since, t.age, !called);
                     if let Some(ahead) = &t.went_ahead_of {
                         note_went_ahead(&claimer, &t.claim, ahead).await;
                     }
@@ -187,11 +192,12 @@ async fn take(
     claimer: &Claimer,
     consumer: &Consumer,
     limit: u32,
+    called: bool,
 ) -> crate::store::StoreResult<Vec<crate::store::TakenClaim>> {
     let (store, owner, lease) = (claimer.store(), claimer.instance(), consumer.config.lease.0);
     if !consumer.takes_in_order() {
         return store
-            .take_enqueued(consumer.name(), limit, owner, lease)
+            .take_enqueued(consumer.name(), limit, owner, lease, called)
             .await;
     }
     let flow = &consumer.config.flow;
@@ -203,7 +209,7 @@ async fn take(
         fair: (flow.fairness == Fairness::Tenant).then(|| flow.tenant_weights.clone()),
     };
     store
-        .take_waiting(consumer.name(), limit, owner, lease, &order)
+        .take_waiting(consumer.name(), limit, owner, lease, &order, called)
         .await
 }
 

@@ -479,16 +479,25 @@ async fn thousand_producers(store: TestStore) {
             }
         }));
     }
-    // Meanwhile a worker takes a batch of enqueued claims and dies before calling: the
-    // sweeper finds them when their lease ends and sends them, knowing they were never sent.
+    // Meanwhile a worker takes batches of enqueued claims and dies before calling. Every other
+    // take keeps the "not called yet" marker: the sweeper finds those claims when their lease
+    // ends and sends them, knowing they were never sent. The others clear it, as this
+    // consumer's worker does (it reconciles): the sweeper asks the provider, which has not
+    // seen them, and sends them.
     let store_of = first.app().store.clone();
     let dead = tokio::spawn(async move {
         let mut taken = 0;
-        for _ in 0..50 {
+        for round in 0..50 {
             // A busy SQLite file on a loaded machine may refuse a take: this worker only
             // needs to take some claims before it dies.
             match store_of
-                .take_enqueued("payments", 20, "dead-worker", Duration::from_millis(500))
+                .take_enqueued(
+                    "payments",
+                    20,
+                    "dead-worker",
+                    Duration::from_millis(500),
+                    round % 2 == 1,
+                )
                 .await
             {
                 Ok(claims) => taken += claims.len(),
@@ -550,6 +559,13 @@ async fn thousand_producers_with_rollbacks_and_kills_claim_exactly_the_commits_p
     thousand_producers(store).await;
 }
 
+/// Whether the doorbell rings within `ms` milliseconds.
+async fn rings(bell: &mut sqlx::postgres::PgListener, ms: u64) -> bool {
+    tokio::time::timeout(Duration::from_millis(ms), bell.recv())
+        .await
+        .is_ok()
+}
+
 /// Whether one connection to the database listens (within 10 s).
 async fn listens(producer: &Producer) -> bool {
     const LISTENING: &str = "SELECT count(*) FROM pg_stat_activity \
@@ -602,11 +618,12 @@ async fn a_cut_listening_connection_delays_no_claim_for_long_postgres() {
     running.shutdown(Duration::from_secs(5)).await;
 }
 
-/// The doorbell: an enqueue that finds an earlier enqueued claim waiting sends no
-/// notification (the worker taking that one keeps looking for a while); a producer that
-/// commits long after is still taken by the pickup's poll, not left for the sweeper.
+/// The doorbell rings as a producer commits, unless an earlier claim of the consumer waits for
+/// the pickup then (the worker taking that one keeps looking for a while): a producer that
+/// commits long after the claims ahead of it were taken rings it and is taken at once, not by
+/// the poll; an operator's redrive, which waits for the sweeper, silences nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_enqueue_behind_a_waiting_claim_rings_no_bell_and_is_still_taken_postgres() {
+async fn the_doorbell_rings_at_commit_unless_an_earlier_claim_waits_postgres() {
     let Some(store) = TestStore::pg().await else {
         return;
     };
@@ -622,45 +639,83 @@ async fn an_enqueue_behind_a_waiting_claim_rings_no_bell_and_is_still_taken_post
         .unwrap();
     bell.listen("claimd_enqueued").await.unwrap();
     let body = br#"{"amount":700}"#;
-    producer
-        .run(&Enqueue::new("payments", "first", body), End::Commit)
-        .await
-        .unwrap()
-        .unwrap();
-    let rang = tokio::time::timeout(Duration::from_secs(5), bell.recv()).await;
-    assert!(rang.is_ok(), "the first enqueue rings the bell");
-    // The second producer enqueues while the first claim waits, and commits late.
+    let commit = |id: &'static str| {
+        let producer = producer.clone();
+        async move {
+            producer
+                .run(&Enqueue::new("payments", id, body), End::Commit)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    };
+    commit("first").await;
+    assert!(
+        rings(&mut bell, 500).await,
+        "the first enqueue rings the bell"
+    );
+    commit("second").await;
+    assert!(
+        !rings(&mut bell, 500).await,
+        "an enqueue committed while an earlier claim waits rings none"
+    );
+    // A producer enqueues while those wait, and commits late.
     let mut conn = pool.acquire().await.unwrap().detach();
     let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
-    enqueue(&mut tx, &Enqueue::new("payments", "second", body))
+    enqueue(&mut tx, &Enqueue::new("payments", "late", body))
         .await
         .unwrap();
     let running = start(&toml).await;
-    assert!(
-        eventually(Duration::from_secs(15), || async {
-            completed(&running, "first").await.is_some()
-        })
-        .await,
-        "the waiting claim is taken when a worker starts"
-    );
-    // Past the pickup's busy tail: only its poll can find the second claim now.
+    for id in ["first", "second"] {
+        assert!(
+            eventually(Duration::from_secs(15), || async {
+                completed(&running, id).await.is_some()
+            })
+            .await,
+            "{id} is taken when a worker starts"
+        );
+    }
+    // Past the pickup's busy tail, with nothing ahead of it: it rings.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    while rings(&mut bell, 50).await {}
     tx.commit().await.unwrap();
     let committed = std::time::Instant::now();
-    let silent = tokio::time::timeout(Duration::from_millis(500), bell.recv()).await;
-    assert!(silent.is_err(), "the second enqueue rang no bell");
+    assert!(
+        rings(&mut bell, 500).await,
+        "a commit with no claim ahead of it rings the bell, though the enqueue saw one waiting"
+    );
     assert!(
         eventually(Duration::from_secs(15), || async {
-            completed(&running, "second").await.is_some()
+            completed(&running, "late").await.is_some()
         })
         .await,
-        "the second claim is taken by the poll"
+        "the late claim is taken"
     );
     println!(
-        "an enqueue that rang no bell completed {:?} after its commit",
+        "an enqueue committed after the claims ahead of it were taken completed {:?} after its commit",
         committed.elapsed()
     );
-    let second = completed(&running, "second").await.unwrap();
-    assert_eq!(second.attempt, 1, "taken by the pickup, not the sweeper");
+    let late = completed(&running, "late").await.unwrap();
+    assert_eq!(late.attempt, 1, "taken by the pickup, not the sweeper");
+    // An operator redrives a claim while no worker runs: it waits for the sweeper, and an
+    // enqueue behind it still rings.
     running.shutdown(Duration::from_secs(5)).await;
+    // As `claimd claims redrive` leaves a parked claim (attempt + 1, no lease owner, lease
+    // ended), which the sweeper takes.
+    let Producer::Pg(pool) = &producer else {
+        unreachable!()
+    };
+    sqlx::query(
+        "UPDATE claims SET state = 'started', attempt = attempt + 1, lease_owner = NULL, \
+         lease_until = now() - interval '1 millisecond', handoff = 'operator_redrive', \
+         handoff_attempt = attempt + 1, processed_utc = NULL WHERE message_id = 'first'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    commit("after-redrive").await;
+    assert!(
+        rings(&mut bell, 500).await,
+        "a redriven claim waiting for the sweeper silences no enqueue"
+    );
 }

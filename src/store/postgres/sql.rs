@@ -320,8 +320,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     // partial index (and its dead entries) once per statement: 0.7 s at 65,000 claims.
     take_enqueued: concat!(
         "UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond', \
-       started_utc = now(), updated_utc = now() \
-     WHERE id = ANY (ARRAY( \
+       started_utc = now(), updated_utc = now(), ",
+        pg_clear_marker!("$5"),
+        " WHERE id = ANY (ARRAY( \
        SELECT id FROM claims \
        WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
        ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)) \
@@ -332,7 +333,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     // As take_enqueued, the rows locked by the inner SELECT are updated by primary key.
     take_ordered: concat!(
-        pg_take_waiting_set!(),
+        pg_take_waiting_set!("$7"),
         "WHERE id = ANY (ARRAY( \
        SELECT w.id FROM claims w \
        WHERE w.consumer = $1 AND w.state = 'started' AND w.lease_owner IS NULL \
@@ -349,7 +350,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     // them: with `tenant = t` the planner may walk the primary key instead, filtering, which
     // reads a whole backlog of one tenant to reach another's first claim.
     take_fair: concat!(
-        pg_take_waiting_set!(),
+        pg_take_waiting_set!("$8"),
         "WHERE id = ANY (ARRAY( \
        SELECT c.id FROM claims c WHERE c.id = ANY (ARRAY( \
          WITH RECURSIVE tenants(t) AS ( \

@@ -323,11 +323,22 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         limit: u32,
         owner: &str,
         lease: Duration,
+        called: bool,
     ) -> StoreResult<Vec<TakenClaim>> {
-        let sql = D::SQL.take_enqueued;
-        let taken = self
-            .take_leased("take_enqueued", sql, consumer, limit, owner, lease)
+        let args = [
+            Arg::Text(consumer),
+            Arg::I64(i64::from(limit)),
+            Arg::Text(owner),
+            Arg::I64(ms(lease)),
+            Arg::Bool(called),
+        ];
+        let rows = self
+            .fetch("take_enqueued", D::SQL.take_enqueued, &args)
             .await?;
+        let taken = rows
+            .iter()
+            .map(|r| taken_from_row(r, 0))
+            .collect::<StoreResult<Vec<_>>>()?;
         // The producer's transaction has no key: its row was written in clear. Sealed now,
         // when claimd takes it (docs/producers.md, "Encryption at rest").
         if crate::store::sealing::keyring().is_some() {
@@ -348,6 +359,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         owner: &str,
         lease: Duration,
         order: &WaitingOrder,
+        called: bool,
     ) -> StoreResult<Vec<TakenClaim>> {
         let weights = order.weights_json();
         let mut args = vec![
@@ -358,12 +370,14 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             Arg::Bool(order.lines.unwrap_or(true)),
             Arg::Bool(order.lines.is_some()),
         ];
+        // `called` is the last parameter: $7 of take_ordered, $8 of take_fair.
         let (name, sql) = if order.fair.is_some() {
             args.push(Arg::Text(&weights));
             ("take_fair", D::SQL.take_fair)
         } else {
             ("take_ordered", D::SQL.take_ordered)
         };
+        args.push(Arg::Bool(called));
         let rows = if order.lines.is_some() {
             self.dialect.fetch_alone(consumer, name, sql, &args).await?
         } else {

@@ -48,9 +48,11 @@ macro_rules! sqlite_held_in_line {
     };
 }
 
-/// What a take of waiting claims sets: the lease to the taker, attempt unchanged.
+/// What a take of waiting claims sets: the lease to the taker, attempt unchanged, and the
+/// "not called yet" marker cleared when the parameter `$called` is true (see the PostgreSQL
+/// statement).
 macro_rules! sqlite_take_waiting_set {
-    () => {
+    ($called:literal) => {
         concat!(
             "UPDATE claims SET lease_owner = ?3, lease_until = ",
             now_ms!(),
@@ -58,7 +60,24 @@ macro_rules! sqlite_take_waiting_set {
             now_ms!(),
             ", updated_utc = ",
             now_ms!(),
+            ", ",
+            sqlite_clear_marker!($called),
             " "
+        )
+    };
+}
+
+/// The `SET` items that clear the "not called yet" marker when the parameter `$called` is true.
+macro_rules! sqlite_clear_marker {
+    ($called:literal) => {
+        concat!(
+            "handoff = CASE WHEN ",
+            $called,
+            " AND handoff = 'not_called' THEN NULL ELSE handoff END, \
+             handoff_attempt = CASE WHEN ",
+            $called,
+            " AND handoff = 'not_called' THEN NULL \
+               ELSE handoff_attempt END"
         )
     };
 }

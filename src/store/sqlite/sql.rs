@@ -270,6 +270,8 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         ", updated_utc = ",
         now_ms!(),
+        ", ",
+        sqlite_clear_marker!("?5"),
         " WHERE id IN (SELECT id FROM claims WHERE consumer = ?1 AND state = 'started' \
        AND lease_owner IS NULL AND attempt = 1 ORDER BY id LIMIT ?2) \
        AND state = 'started' AND lease_owner IS NULL AND attempt = 1 RETURNING ",
@@ -280,7 +282,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     // One writer at a time: the statement alone is atomic, no lock needed.
     take_ordered: concat!(
-        sqlite_take_waiting_set!(),
+        sqlite_take_waiting_set!("?7"),
         "WHERE id IN (SELECT w.id FROM claims w \
        WHERE w.consumer = ?1 AND w.state = 'started' AND w.lease_owner IS NULL \
          AND w.attempt = 1 AND NOT ",
@@ -291,7 +293,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     // SQLite has no LATERAL: every waiting claim of the consumer is ranked within its tenant
     // (the cost grows with the waiting claims, only when fairness is on).
     take_fair: concat!(
-        sqlite_take_waiting_set!(),
+        sqlite_take_waiting_set!("?8"),
         "WHERE id IN (SELECT r.id FROM ( \
          SELECT w.id, w.tenant, row_number() OVER (PARTITION BY w.tenant ORDER BY w.id) AS rn \
          FROM claims w \
