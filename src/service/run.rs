@@ -402,6 +402,13 @@ pub async fn start(app: App) -> Result<Running, RunError> {
         }));
     }
 
+    // The slots of `[[schedules]]`, claimed through intake like any message.
+    background.extend(crate::service::periodic::start(
+        app.claimer.clone(),
+        &config.schedules,
+        stopped.clone(),
+    ));
+
     // Outcome events to each consumer's destination (`[consumers.outcomes]`).
     background.extend(crate::edge::outcome_relay::start(
         app.store.clone(),
