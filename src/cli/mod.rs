@@ -176,7 +176,7 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
-    /// The configured [[schedules]]: cron, consumer, catch_up, last and next slot.
+    /// The configured `[[schedules]]`: cron, consumer, catch_up, last and next slot.
     Schedules {
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
