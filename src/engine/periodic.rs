@@ -204,6 +204,62 @@ impl Periodic {
     }
 }
 
+/// Whether each schedule's messages can be sent by its consumer, checked on a sample slot as
+/// intake checks a message before claiming (the effect's checks of the payload and its URL
+/// values, the order key, the rate-limit key, the idempotency key's length): a schedule whose
+/// every slot would be refused is refused at start instead. `Err`: the first such schedule,
+/// in words.
+pub fn check_messages(claimer: &Claimer, schedules: &[ScheduleConfig]) -> Result<(), String> {
+    let slot = Utc::now();
+    for s in schedules {
+        let Some(consumer) = claimer.consumer(&s.consumer) else {
+            return Err(format!(
+                "schedule {:?}: no consumer {:?}",
+                s.name, s.consumer
+            ));
+        };
+        let message_id = periodic::message_id(&s.name, slot);
+        let payload = periodic::render_payload(&s.payload, &s.name, slot);
+        let key = consumer
+            .template
+            .render(&consumer.config.name, &s.tenant, &message_id);
+        let refused = |why: String| {
+            format!(
+                "schedule {:?}: consumer {:?} would refuse its messages: {why}",
+                s.name, s.consumer
+            )
+        };
+        let incoming = crate::provider::effect::Incoming {
+            key: &key,
+            message_id: &message_id,
+            tenant: &s.tenant,
+            consumer: &consumer.config.name,
+            payload: payload.as_bytes(),
+            content_type: "application/json",
+        };
+        consumer
+            .effect
+            .check_message(&incoming)
+            .map_err(|e| refused(e.to_string()))?;
+        let templates = consumer
+            .order_key
+            .iter()
+            .chain(consumer.rate_key.iter().map(|r| &r.template));
+        for t in templates {
+            t.render(payload.as_bytes(), &s.tenant, &message_id)
+                .map_err(|e| refused(e.to_string()))?;
+        }
+        let max = consumer.config.effect.max_key_length();
+        if key.len() > max {
+            return Err(refused(format!(
+                "its idempotency key is {} bytes, more than max_key_length {max}",
+                key.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The warning of a catch-up that skipped slots.
 fn skipped_words(plan: &periodic::SlotPlan) -> String {
     if plan.skipped_uncounted {

@@ -429,3 +429,41 @@ async fn three_instances_with_a_downtime_perform_each_slot_once_or_as_catch_up_s
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_whose_messages_its_consumer_would_refuse_stops_the_start() {
+    // The consumer orders its claims by a payload field the schedule's payload lacks: every
+    // slot would be refused, so `claimd run` does not start.
+    let store = TestStore::sqlite();
+    let toml = config_toml(
+        &store.url(),
+        &format!(
+            "{}{}",
+            consumer_toml(
+                "payments",
+                "http://127.0.0.1:9",
+                "order_key = \"{order_id}\""
+            ),
+            schedule_toml("nightly", "0 0 2 * * *", "latest")
+        ),
+    );
+    let app = claimd::service::app::App::open(load(&toml), true)
+        .await
+        .unwrap();
+    let e = claimd::service::run::start(app)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("schedule \"nightly\": consumer \"payments\" would refuse its messages")
+            && e.contains("order_id"),
+        "{e}"
+    );
+    // With the field in its payload, it starts.
+    let fixed = toml.replace(
+        "\"amount\": 100",
+        "\"amount\": 100, \"order_id\": \"{{slot}}\"",
+    );
+    let w = start(&fixed).await;
+    w.shutdown(Duration::from_secs(1)).await;
+}
