@@ -15,6 +15,7 @@ mod masked_log;
 mod migrate_plan;
 mod operators;
 mod reports;
+mod schedules;
 mod store_failure;
 mod worker;
 
@@ -174,6 +175,12 @@ pub enum Command {
         /// What to do with the keys.
         #[command(subcommand)]
         command: KeysCommand,
+    },
+    /// The configured `[[schedules]]`: cron, consumer, catch_up, last and next slot.
+    Schedules {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
     },
     /// Delete terminal claims older than the retention window, in batches.
     Prune {
@@ -623,6 +630,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
             operators::audit_cmd(&app, query, format).await
         }
         Command::Keys { command } => keys::keys_cmd(&app, command).await,
+        Command::Schedules { format } => schedules::schedules_cmd(&app, format).await,
         Command::Prune { dry_run } => {
             let consumers = &app.config.consumers;
             match retention::prune(&app.store, &app.config.retention, consumers, dry_run).await {

@@ -10,6 +10,7 @@ mod layering;
 mod log;
 mod outcomes;
 mod provider_events;
+mod schedules;
 mod schema;
 mod sources;
 mod tenant_tokens;
@@ -23,6 +24,7 @@ pub use outcomes::{
     MAX_DESTINATIONS, OutcomeKind, OutcomesConfig, check_destinations, render_routing_key,
 };
 pub use provider_events::MAX_EVENT_TOLERANCE;
+pub use schedules::{ScheduleConfig, parse_schedule_cron};
 pub use schema::*;
 pub use sources::{AmqpSourceConfig, NatsSourceConfig, Source, SourceConfig};
 pub use tenant_tokens::TenantTokens;

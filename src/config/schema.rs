@@ -42,6 +42,9 @@ pub struct Config {
     /// The consumers: one per kind of side effect.
     #[serde(default)]
     pub consumers: Vec<ConsumerConfig>,
+    /// Periodic effects: a message to a consumer at each slot of a cron expression.
+    #[serde(default)]
+    pub schedules: Vec<super::ScheduleConfig>,
     /// The file this configuration was read from (`None` when it was built from text). Not a
     /// key of the file: [`Config::load`] sets it, so the commands claimd suggests name it.
     #[serde(skip)]

@@ -296,6 +296,7 @@ impl Config {
                 }
             }
         }
+        self.validate_schedules()?;
         if let Some(w) = pool_warning(&in_transactions, self.store.max_connections) {
             warnings.push(w);
         }

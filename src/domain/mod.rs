@@ -10,6 +10,7 @@ pub mod generation;
 pub mod json_body;
 pub mod operator_role;
 pub mod order_key;
+pub mod periodic;
 pub mod redaction;
 pub mod schedule;
 pub mod sealed;

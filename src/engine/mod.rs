@@ -9,6 +9,7 @@ pub mod destination;
 pub mod enqueued;
 pub mod key_pace;
 pub mod metrics;
+pub mod periodic;
 pub mod policy;
 pub mod provider_event;
 pub mod retention;

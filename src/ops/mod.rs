@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod operator_action;
 pub mod operator_command;
 pub mod params;
+pub mod periodic;
 pub mod reconcile;
 pub mod report;
 pub mod schedule;

@@ -87,6 +87,9 @@ pub enum RunError {
     /// effect kind at the same generation): this one takes none of its claims.
     #[error("{0}")]
     Superseded(String),
+    /// A `[[schedules]]` entry whose messages its consumer would refuse.
+    #[error("{0}")]
+    Schedule(String),
     /// The scheduler refused a job.
     #[error("scheduler: {0}")]
     Scheduler(String),
@@ -250,6 +253,10 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             });
         }
     }
+    if let Err(why) = crate::engine::periodic::check_messages(&app.claimer, &config.schedules) {
+        let _ = stop.send(true);
+        return Err(RunError::Schedule(why));
+    }
     // An instance whose configuration of a consumer is behind the fleet's takes none of its
     // claims: it does not start.
     if let Some(why) = crate::service::generation_watch::behind(&app.claimer).await {
@@ -401,6 +408,13 @@ pub async fn start(app: App) -> Result<Running, RunError> {
             write_provider_views(&claimer, &mut rx).await;
         }));
     }
+
+    // The slots of `[[schedules]]`, claimed through intake like any message.
+    background.extend(crate::service::periodic::start(
+        app.claimer.clone(),
+        &config.schedules,
+        stopped.clone(),
+    ));
 
     // Outcome events to each consumer's destination (`[consumers.outcomes]`).
     background.extend(crate::edge::outcome_relay::start(

@@ -154,6 +154,13 @@ pub struct Statements {
     /// How many claims [`Statements::erase_due`] would find with no limit (`n`): consumer,
     /// window ms.
     pub erase_due_count: &'static str,
+    /// Start a schedule's row unless it exists: name, last slot.
+    pub schedule_start: &'static str,
+    /// Move a schedule's last slot forward, never back (inserting the row when missing):
+    /// name, slot.
+    pub schedule_advance: &'static str,
+    /// Every schedule's row, by name: `name, last_slot_utc, updated_utc`.
+    pub schedule_slots: &'static str,
     /// Clear the "not called yet" marker before a first call, fenced: id, attempt.
     pub mark_called: &'static str,
     /// Count a re-send, fenced: id, attempt.

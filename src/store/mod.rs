@@ -58,7 +58,7 @@ pub mod writes;
 pub use error::{StoreError, StoreResult, driver_words};
 pub use roles::{
     AccountStore, EngineStore, IntakeStore, LedgerStore, LineHead, LineStore, OperatorStore,
-    OutboxStore, ReportStore, SealStore,
+    OutboxStore, ReportStore, ScheduleSlot, ScheduleStore, SealStore,
 };
 pub use url::{check_url, redact_url};
 
@@ -484,6 +484,7 @@ pub trait ClaimStore:
     + LedgerStore
     + LineStore
     + ReportStore
+    + ScheduleStore
     + SealStore
     + Send
     + Sync

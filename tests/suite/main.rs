@@ -60,6 +60,7 @@ mod reconcile_by_value;
 mod replication;
 mod report_waits;
 mod sandbox;
+mod schedules;
 mod sealed;
 mod signin;
 mod storage_health;

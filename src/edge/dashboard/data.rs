@@ -74,6 +74,7 @@ pub async fn gather(
                 .collect(),
         })
         .collect();
+    let schedules = crate::ops::periodic::list(store.as_ref(), &state.config, now).await?;
     let secs = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
     let completed_s = completed
         .iter()
@@ -109,6 +110,7 @@ pub async fn gather(
         commands: OperatorCommands::for_config(&state.config),
         failed,
         brokers,
+        schedules,
         session: None,
     })
 }

@@ -23,6 +23,7 @@ mod ledger;
 mod outcomes;
 mod render;
 mod replication;
+mod schedules;
 mod text;
 
 pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};
@@ -86,6 +87,8 @@ pub struct Dashboard {
     /// Each RabbitMQ consumer's connection and the dead letters it wrote since this worker
     /// started, by reason (the durable count per consumer is in the report's counts).
     pub brokers: Vec<BrokerView>,
+    /// The configured `[[schedules]]` with their last and next slots.
+    pub schedules: Vec<crate::ops::periodic::ScheduleView>,
     /// The signed-in person, when the page was opened with a session cookie: the page then
     /// offers actions (see [`actions`]). `None`: read-only.
     pub session: Option<PageSession>,
@@ -279,6 +282,7 @@ mod tests {
             commands: OperatorCommands::default(),
             failed: vec![],
             brokers: vec![],
+            schedules: vec![],
             session: None,
         }
     }

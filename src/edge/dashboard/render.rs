@@ -82,6 +82,7 @@ pub fn render(d: &Dashboard) -> String {
             (super::replication::render_replication(d.replication.as_ref()))
             (super::ledger::render_ledger(&r.ledger))
             (super::outcomes::render_outcome_events(r))
+            (super::schedules::render_schedules(&d.schedules, r.generated_utc))
             // How it is going.
             (render_counts(&r.consumers, d.window))
             (render_charts(d))

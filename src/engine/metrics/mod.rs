@@ -10,6 +10,7 @@ pub mod ledger;
 pub mod outbox;
 pub mod rate_keys;
 pub mod replication;
+pub mod schedules;
 pub mod storage;
 pub mod vanished;
 pub mod waits;
@@ -103,6 +104,8 @@ pub struct Metrics {
     pub waiters: crate::engine::waiters::WaiterMetrics,
     /// The series of claims that vanished from the store.
     pub vanished: vanished::VanishedMetrics,
+    /// The periodic schedules' series.
+    pub schedules: schedules::ScheduleMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -170,6 +173,7 @@ impl Metrics {
             replication: Default::default(),
             waiters: Default::default(),
             vanished: Default::default(),
+            schedules: Default::default(),
             registry: Registry::default(),
         };
         m.outbox.register(&mut registry);
@@ -180,6 +184,7 @@ impl Metrics {
         m.replication.register(&mut registry);
         m.waiters.register(&mut registry);
         m.vanished.register(&mut registry);
+        m.schedules.register(&mut registry);
         registry.register(
             "messages_received",
             "Deliveries that reached intake for a known consumer",

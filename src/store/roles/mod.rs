@@ -9,6 +9,7 @@ mod lines;
 mod operator;
 mod outbox;
 mod reports;
+mod schedules;
 mod seal;
 
 pub use accounts::AccountStore;
@@ -19,4 +20,5 @@ pub use lines::{LineHead, LineStore};
 pub use operator::OperatorStore;
 pub use outbox::OutboxStore;
 pub use reports::ReportStore;
+pub use schedules::{ScheduleSlot, ScheduleStore};
 pub use seal::SealStore;

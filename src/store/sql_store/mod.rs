@@ -22,6 +22,7 @@ mod lines;
 mod operator;
 mod outbox;
 mod reports;
+mod schedules;
 mod seal;
 
 use crate::domain::claim::NewClaim;

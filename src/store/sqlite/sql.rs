@@ -100,6 +100,7 @@ const SETTLE: &str = concat!(
 pub(super) mod accounts;
 mod erasure;
 mod restore;
+mod schedules;
 pub(super) mod seal;
 
 /// The statements the one body runs, in this dialect, each under its name.
@@ -161,6 +162,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     erase_claim: erasure::ERASE_CLAIM,
     erase_due: erasure::ERASE_DUE,
     erase_due_count: erasure::ERASE_DUE_COUNT,
+    schedule_start: schedules::SCHEDULE_START,
+    schedule_advance: schedules::SCHEDULE_ADVANCE,
+    schedule_slots: schedules::SCHEDULE_SLOTS,
     // The worker is about to make the first call of attempt 1: the claim's "not called yet"
     // marker goes (fenced: changes nothing unless the worker still holds the claim).
     mark_called: "UPDATE claims SET \
