@@ -74,6 +74,15 @@ async fn an_open_transaction_is_shown_holding_back_vacuum_until_it_ends() {
         "{out}"
     );
 
+    // The operator page shows the same, in its "Storage" section.
+    let page = c.get(format!("{}/", worker.base)).send().await.unwrap();
+    assert!(page.status().is_success(), "{}", page.status());
+    let page = page.text().await.unwrap();
+    assert!(
+        page.contains("<h2>Storage</h2>") && page.contains("(forgotten, idle in transaction)"),
+        "{page}"
+    );
+
     sqlx::raw_sql("COMMIT")
         .execute(&mut forgotten)
         .await

@@ -24,6 +24,7 @@ mod outcomes;
 mod render;
 mod replication;
 mod schedules;
+mod storage;
 mod text;
 
 pub use chart::{BUCKETS, Series, bucket, histogram, histogram_svg};

@@ -83,6 +83,7 @@ pub fn render(d: &Dashboard) -> String {
             (super::ledger::render_ledger(&r.ledger))
             (super::outcomes::render_outcome_events(r))
             (super::schedules::render_schedules(&d.schedules, r.generated_utc))
+            (super::storage::render_storage(r.storage.as_ref()))
             // How it is going.
             (render_counts(&r.consumers, d.window))
             (render_charts(d))
