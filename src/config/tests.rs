@@ -201,6 +201,25 @@ fn a_key_window_shorter_than_the_lease_is_refused() {
     assert!(e.contains("consumers[0].effect.max_key_length"), "{e}");
 }
 
+/// A RabbitMQ consumer loads in a build with `amqp`; a build without it (the default) refuses
+/// it, naming the key, the feature and the command that builds claimd with it.
+#[test]
+fn a_setting_whose_feature_the_build_left_out_is_refused_with_the_command_that_builds_it() {
+    let text = "[store]\nurl = \"sqlite://x.db\"\n[[consumers]]\nname = \"a\"\nsource = \"amqp\"\namqp_url = \"amqp://x\"\nqueue = \"q.a\"\ndead_letter_exchange = \"dlx.a\"\nprefetch = 8\n[consumers.effect]\nkind = \"http\"\nurl = \"http://127.0.0.1:8090/v1/a\"\n";
+    let loaded = load(text, &[]);
+    if cfg!(feature = "amqp") {
+        assert!(loaded.is_ok(), "{:?}", loaded.err());
+    } else {
+        let e = loaded.unwrap_err().to_string();
+        assert!(e.contains("consumers[0].source"), "{e}");
+        assert!(
+            e.contains("`amqp` Cargo feature")
+                && e.contains("`cargo build --release --features amqp`, or `--features full`"),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 fn amqp_consumers_need_prefetch_and_a_dead_letter_exchange_of_their_own() {
     let amqp = |name: &str, dlx: &str, prefetch: u16| {

@@ -121,9 +121,9 @@ fn sink_of(o: &OutcomesConfig, instance: &str) -> Result<Arc<dyn Sink>, String> 
         OutcomeKind::Nats => Ok(Arc::new(nats::NatsSink::new(o, instance))),
         // Refused at load without their features (config::features).
         #[cfg(not(feature = "amqp"))]
-        OutcomeKind::Amqp => Err("built without the `amqp` feature".into()),
+        OutcomeKind::Amqp => Err(crate::domain::features::missing("amqp")),
         #[cfg(not(feature = "nats"))]
-        OutcomeKind::Nats => Err("built without the `nats` feature".into()),
+        OutcomeKind::Nats => Err(crate::domain::features::missing("nats")),
         OutcomeKind::Http => http::HttpSink::new(o)
             .map(|s| Arc::new(s) as Arc<dyn Sink>)
             .map_err(|e| e.to_string()),
