@@ -10,7 +10,7 @@
 //! another instance's round takes nothing until this one lets go (at shutdown) or stops
 //! renewing (a crash). A round takes up to `batch` unsent events in
 //! order, a claim's event only when its earlier ones were sent (order per claim); then, a
-//! [`CHUNK`] at a time, publishes them ([`amqp`]: persistent, publisher confirms awaited
+//! [`CHUNK`] at a time, publishes them (`amqp`, a Cargo feature: persistent, publisher confirms awaited
 //! together; [`http`]: Standard Webhooks, through the destination's breaker and pace) and marks
 //! the chunk's confirmed ones sent in one statement before the next chunk goes; at the end it
 //! gives the unconfirmed ones back with a backoff. A crash between a publish and its mark
