@@ -5,7 +5,7 @@
 #
 #   benches/ab.sh ROUNDS NAME=BENCH_BINARY [NAME=BENCH_BINARY ...]
 #
-# Each bench binary is a `cargo bench --bench throughput --no-run` build of the commit to
+# Each bench binary is a `cargo bench --features full --bench throughput --no-run` build of the commit to
 # compare (its path is printed by cargo: target/release/deps/throughput-<hash>). The designs,
 # latencies and sizes come from the environment as for the bench itself; the defaults here
 # are claimd-pg and claimd-sqlite at 0 ms and 50 ms, 20,000 posts, no database-only or

@@ -4,8 +4,8 @@
 //! Prints nanoseconds per call; set against a message's CPU in docs/performance.md.
 //!
 //! ```sh
-//! cargo bench --bench destination               # 1,000,000 calls per row
-//! BENCH_CALLS=5000000 cargo bench --bench destination
+//! cargo bench --features full --bench destination               # 1,000,000 calls per row
+//! BENCH_CALLS=5000000 cargo bench --features full --bench destination
 //! ```
 
 use claimd::engine::destination::{Destination, Verdict};

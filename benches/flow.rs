@@ -13,7 +13,7 @@
 //! Each row reports messages a second, the time from receipt to settle (p50 / p99) and the
 //! PostgreSQL transactions per message (`pg_stat_database.xact_commit`).
 //!
-//! `cargo bench --bench flow` (env: `BENCH_PG` admin URL; `BENCH_N` messages per row [3000];
+//! `cargo bench --features full --bench flow` (env: `BENCH_PG` admin URL; `BENCH_N` messages per row [3000];
 //! `BENCH_CONCURRENCY` clients at a time [32]).
 
 mod support;

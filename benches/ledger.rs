@@ -5,7 +5,7 @@
 //! agrees but the last 10 claims (missing at the provider) and 10 extra objects (orphans), so
 //! the run is a real match, not a short cut.
 //!
-//! `cargo bench --bench ledger` (env: `BENCH_PG` admin URL, default
+//! `cargo bench --features full --bench ledger` (env: `BENCH_PG` admin URL, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; `BENCH_LEDGER_N`, default 5000; the figures
 //! in docs/performance.md are at 100000).
 

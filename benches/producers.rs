@@ -14,7 +14,7 @@
 //! `processed_utc - received_utc` from the store), and PostgreSQL transactions per message
 //! (`pg_stat_database.xact_commit`, every client of the database).
 //!
-//! `cargo bench --bench producers` (env: `BENCH_PG` admin URL, default
+//! `cargo bench --features full --bench producers` (env: `BENCH_PG` admin URL, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; `BENCH_N` messages per row [5000];
 //! `BENCH_CONCURRENCY` producers at a time [32]; `BENCH_POOL` claimd's pool [16];
 //! `BENCH_ROWS` which rows, comma-separated [every row]).

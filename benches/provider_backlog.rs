@@ -5,7 +5,7 @@
 //! last 10 s, the process's RSS) and the total against the target: 100,000 / 500 = 200 s
 //! within 5 %, memory flat.
 //!
-//! `cargo bench --bench provider_backlog` (env: `BENCH_PG` admin URL, default
+//! `cargo bench --features full --bench provider_backlog` (env: `BENCH_PG` admin URL, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; `BENCH_BACKLOG`, default 100000;
 //! `BENCH_RATE`, default 500).
 

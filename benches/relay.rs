@@ -7,7 +7,7 @@
 //! filled and after the last event is marked, so the setup is not counted). PostgreSQL's and
 //! the broker's CPU are their own processes' and are not counted.
 //!
-//! `cargo bench --bench relay` (env: `BENCH_PG` admin URL, default
+//! `cargo bench --features full --bench relay` (env: `BENCH_PG` admin URL, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; `BENCH_AMQP`, default
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`; `BENCH_RELAY_N`; `BENCH_RELAY_RUNS`, default 3).
 

@@ -1,7 +1,7 @@
 //! Retention on a large table: prune 1,000,000 claims (PostgreSQL) in batches while new claims
 //! keep arriving, and show that claiming is not blocked and open claims are never deleted.
 //!
-//! `cargo bench --bench retention` (env: `BENCH_PG` admin URL, default
+//! `cargo bench --features full --bench retention` (env: `BENCH_PG` admin URL, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; `BENCH_ROWS`, default 1000000;
 //! `BENCH_BATCH`, default 5000).
 

@@ -2,7 +2,7 @@
 //! hidden among millions of settled ones, and the report queries (`counts`, `open_counts`) on
 //! the same table: time of each and its `EXPLAIN (ANALYZE, BUFFERS)` plan.
 //!
-//! `cargo bench --bench safety_net`. Environment (defaults in brackets): `BENCH_SIZES` table
+//! `cargo bench --features full --bench safety_net`. Environment (defaults in brackets): `BENCH_SIZES` table
 //! sizes to measure at, growing, comma-separated [1000000,10000000]; `BENCH_PG` admin URL
 //! [postgres://postgres@127.0.0.1:5432/postgres]; `BENCH_DB` database name
 //! [claimd_bench_safety_net]; `BENCH_KEEP=1` keeps the database for a later run (which then

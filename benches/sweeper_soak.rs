@@ -2,7 +2,7 @@
 //! Prints how often the sweeper fired and the largest gap between passes, so "no pass is
 //! skipped for good" (upstream tokio-cron-scheduler issue #113) is measured, not assumed.
 //!
-//! `SOAK_SECONDS=3600 SOAK_RATE=50 cargo bench --bench sweeper_soak` (defaults: 60 s, 50 msg/s,
+//! `SOAK_SECONDS=3600 SOAK_RATE=50 cargo bench --features full --bench sweeper_soak` (defaults: 60 s, 50 msg/s,
 //! SQLite in a temporary directory; `SOAK_STORE=postgres://...` for PostgreSQL).
 
 mod support;

@@ -5,10 +5,10 @@
 //! checks as a table and exits non-zero if an invariant fails.
 //!
 //! ```sh
-//! cargo build --release && cargo run --release --example chaos
-//! CHAOS_MESSAGES=100000 CHAOS_KILLS=60 CHAOS_SEED=7 CHAOS_REAL_DB_RESTART=1 cargo run --release --example chaos
-//! CHAOS_INTAKE=amqp CHAOS_BROKER_OUTAGE_S=10 CHAOS_SEED=7 cargo run --release --example chaos
-//! CHAOS_IGNORE_KEYS=1 CHAOS_AMBIGUOUS_RATE=0.1 cargo run --release --example chaos  # keys ignored, reconcile
+//! cargo build --release --features full && cargo run --release --features full --example chaos
+//! CHAOS_MESSAGES=100000 CHAOS_KILLS=60 CHAOS_SEED=7 CHAOS_REAL_DB_RESTART=1 cargo run --release --features full --example chaos
+//! CHAOS_INTAKE=amqp CHAOS_BROKER_OUTAGE_S=10 CHAOS_SEED=7 cargo run --release --features full --example chaos
+//! CHAOS_IGNORE_KEYS=1 CHAOS_AMBIGUOUS_RATE=0.1 cargo run --release --features full --example chaos  # keys ignored, reconcile
 //! ```
 //! `CHAOS_REAL_DB_RESTART=1` stops and starts the real PostgreSQL server (`pg_ctlcluster`, as
 //! root); without it the workers' connections are cut at a proxy instead. `CHAOS_INTAKE=amqp`
@@ -23,7 +23,7 @@
 //! `CHAOS_ORDERS=n` order ids to an `orders` consumer with order lines, schedules and cancels,
 //! `CHAOS_DB_EFFECT=n` messages to a database effect contended on one counter row, and
 //! `CHAOS_TERMINATE=1`, `pg_terminate_backend` of random backends every 0.5-2 s:
-//! `CHAOS_ORDERS=20000 CHAOS_DB_EFFECT=20000 CHAOS_TERMINATE=1 cargo run --release --example chaos`.
+//! `CHAOS_ORDERS=20000 CHAOS_DB_EFFECT=20000 CHAOS_TERMINATE=1 cargo run --release --features full --example chaos`.
 //! `CHAOS_ALERTS=1` evaluates the shipped paging rules against `/metrics` every second and
 //! fails the run on a page about stuck claims while none is stuck.
 //! Nothing else should be using the broker or the database server meanwhile.

@@ -12,8 +12,8 @@
 //! their key.
 //!
 //! ```sh
-//! cargo run --release --example hangups
-//! HANGUPS_POSTS=3000 HANGUPS_CLIENTS=32 HANGUPS_LATENCY_MS=20 HANGUPS_WAIT_S=8 HANGUPS_SEED=7 cargo run --release --example hangups
+//! cargo run --release --features full --example hangups
+//! HANGUPS_POSTS=3000 HANGUPS_CLIENTS=32 HANGUPS_LATENCY_MS=20 HANGUPS_WAIT_S=8 HANGUPS_SEED=7 cargo run --release --features full --example hangups
 //! ```
 //! PostgreSQL at `CLAIMD_TEST_PG` (default `postgres://postgres@127.0.0.1:5432/postgres`); the
 //! example makes and drops its own database. Prints the machine's load average before and after

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Usage (as root, with PostgreSQL 15 and RabbitMQ on this machine; nothing else using them):
-#   cargo build && pip install pika && bash scripts/amqp_outages.sh
+#   cargo build --features amqp && pip install pika && bash scripts/amqp_outages.sh
 # Issue 4 judged scenarios 1-3 by hand: 5,000 messages + 20% redelivered copies, two workers,
 # RabbitMQ restarted mid-run, then PostgreSQL stopped for 20 s.
 set -u

@@ -6,7 +6,7 @@
 #
 #   scripts/pg_private.sh
 #   BENCH_PG=postgres://postgres@127.0.0.1:5433/postgres BENCH_PG_STATEMENTS=1 \
-#     BENCH_DESIGNS=claimd-pg BENCH_LATENCIES=0 cargo bench --bench throughput
+#     BENCH_DESIGNS=claimd-pg BENCH_LATENCIES=0 cargo bench --features full --bench throughput
 set -euo pipefail
 dir="${PGPRIV:-/tmp/claimd-pg-private}"
 bin="/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -n | tail -n1)/bin"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plot throughput against provider latency from the CSV `cargo bench --bench throughput` writes.
+"""Plot throughput against provider latency from the CSV `cargo bench --features full --bench throughput` writes.
 
 Usage: python3 scripts/plot_throughput.py [target/bench/throughput.csv] [docs/throughput.png]
 """

@@ -14,18 +14,12 @@ fn version() -> String {
 
 fn main() {
     claimd::service::run::return_large_buffers_to_the_system();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(run());
-}
-
-async fn run() {
     let version: &'static str = Box::leak(version().into_boxed_str());
     let matches = claimd::cli::Cli::command().version(version).get_matches();
     let cli = claimd::cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    let out = claimd::cli::execute(cli).await;
+    // The runtime and every future run inside the library (`execute_blocking`): polled here,
+    // they would be compiled a second time into the binary.
+    let out = claimd::cli::execute_blocking(cli);
     let _ = std::io::stdout().write_all(out.stdout.as_bytes());
     let _ = std::io::stderr().write_all(out.stderr.as_bytes());
     std::process::exit(out.code);

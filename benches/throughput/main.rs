@@ -17,7 +17,7 @@
 //! against the same single-row INSERT + UPDATE sent with sqlx directly (the machine's ceiling),
 //! and the batched calls (`claim_many` + `settle_many`).
 //!
-//! `cargo bench --bench throughput`. Environment (defaults in brackets):
+//! `cargo bench --features full --bench throughput`. Environment (defaults in brackets):
 //! `BENCH_N` posts per run [100000], 10% of them duplicates of an earlier message;
 //! `BENCH_LATENCIES` provider latency in ms, comma-separated [0,10,50];
 //! `BENCH_CONCURRENCY` client connections [64]; `BENCH_POOL` database pool size [16];

@@ -528,6 +528,20 @@ pub async fn execute(cli: Cli) -> Output {
     out
 }
 
+/// [`execute`] on a multi-threaded runtime of its own, to the end: the `claimd` binary's whole
+/// run. A plain function, so the binary only calls it: a future the binary polled itself would
+/// be compiled again in the binary (about 80 s of CPU in a release build; docs/decisions.md,
+/// "The first build").
+pub fn execute_blocking(cli: Cli) -> Output {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(execute(cli)),
+        Err(e) => Output::fail(1, format_args!("cannot start the runtime: {e}")),
+    }
+}
+
 async fn execute_unescaped(cli: Cli) -> Output {
     if let Command::Sandbox { .. } = &cli.command {
         return sandbox(&cli).await;

@@ -46,6 +46,8 @@ pub(super) fn check(config: &Config) -> Result<(), (String, String)> {
 
 fn needs(setting: &str, feature: &str) -> String {
     format!(
-        "{setting} needs claimd built with the `{feature}` Cargo feature (this build has it off)"
+        "{setting} needs claimd built with the `{feature}` Cargo feature (this build has it off): \
+         `{}`, or `--features full` for every part",
+        crate::domain::features::build_with(feature)
     )
 }

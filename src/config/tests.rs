@@ -127,7 +127,12 @@ fn bad_values_name_key_and_problem_on_one_line() {
         ),
         (
             BASE.replace("source = \"http\"", "source = \"amqp\""),
-            "amqp_url",
+            // Without the feature, the source itself is refused first.
+            if cfg!(feature = "amqp") {
+                "amqp_url"
+            } else {
+                "--features amqp"
+            },
         ),
         (
             format!("{BASE}\n[retention]\nkeep_terminal_for = \"1h\""),
@@ -201,7 +206,27 @@ fn a_key_window_shorter_than_the_lease_is_refused() {
     assert!(e.contains("consumers[0].effect.max_key_length"), "{e}");
 }
 
+/// A RabbitMQ consumer loads in a build with `amqp`; a build without it (the default) refuses
+/// it, naming the key, the feature and the command that builds claimd with it.
 #[test]
+fn a_setting_whose_feature_the_build_left_out_is_refused_with_the_command_that_builds_it() {
+    let text = "[store]\nurl = \"sqlite://x.db\"\n[[consumers]]\nname = \"a\"\nsource = \"amqp\"\namqp_url = \"amqp://x\"\nqueue = \"q.a\"\ndead_letter_exchange = \"dlx.a\"\nprefetch = 8\n[consumers.effect]\nkind = \"http\"\nurl = \"http://127.0.0.1:8090/v1/a\"\n";
+    let loaded = load(text, &[]);
+    if cfg!(feature = "amqp") {
+        assert!(loaded.is_ok(), "{:?}", loaded.err());
+    } else {
+        let e = loaded.unwrap_err().to_string();
+        assert!(e.contains("consumers[0].source"), "{e}");
+        assert!(
+            e.contains("`amqp` Cargo feature")
+                && e.contains("`cargo build --release --features amqp`, or `--features full`"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+#[cfg(feature = "amqp")]
 fn amqp_consumers_need_prefetch_and_a_dead_letter_exchange_of_their_own() {
     let amqp = |name: &str, dlx: &str, prefetch: u16| {
         format!(
@@ -230,6 +255,7 @@ fn amqp_consumers_need_prefetch_and_a_dead_letter_exchange_of_their_own() {
 }
 
 #[test]
+#[cfg(all(feature = "amqp", feature = "smtp"))]
 fn the_compose_overrides_reach_the_rabbitmq_config() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/postgres-rabbitmq.toml");
     let text = std::fs::read_to_string(path).unwrap();
@@ -257,14 +283,19 @@ fn the_compose_overrides_reach_the_rabbitmq_config() {
 
 #[test]
 fn the_shipped_configs_load() {
-    for file in [
-        "config/default.toml",
-        "config/postgres.toml",
-        "config/postgres-rabbitmq.toml",
-    ] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-        let text = std::fs::read_to_string(&path).unwrap();
-        load(&text, &[]).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let read = |file: &str| {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()
+    };
+    for file in ["config/default.toml", "config/postgres.toml"] {
+        load(&read(file), &[]).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+    // RabbitMQ and email: a build without them refuses it, saying how to build with them.
+    let rabbitmq = load(&read("config/postgres-rabbitmq.toml"), &[]);
+    if cfg!(all(feature = "amqp", feature = "smtp")) {
+        rabbitmq.unwrap_or_else(|e| panic!("config/postgres-rabbitmq.toml: {e}"));
+    } else {
+        let e = rabbitmq.unwrap_err().to_string();
+        assert!(e.contains("cargo build --release --features"), "{e}");
     }
 }
 
@@ -304,6 +335,7 @@ fn a_section_left_out_has_the_same_defaults_as_one_given_empty() {
 }
 
 #[test]
+#[cfg(feature = "smtp")]
 fn a_value_that_selects_a_variant_is_refused_naming_the_allowed_ones() {
     let smtp = |tls: &str| {
         format!(
@@ -333,6 +365,7 @@ fn a_value_that_selects_a_variant_is_refused_naming_the_allowed_ones() {
 }
 
 #[test]
+#[cfg(feature = "amqp")]
 fn amqp_keys_belong_to_amqp_consumers() {
     let l = load(
         &BASE.replace(
@@ -747,6 +780,7 @@ fn the_cloudevents_tenant_attribute_is_a_cloudevents_name_on_an_http_consumer() 
 }
 
 #[test]
+#[cfg(feature = "otlp")]
 fn traces_are_off_by_default_and_their_settings_are_checked() {
     let off = load(BASE, &[]).unwrap().config;
     assert!(!off.traces.is_on());

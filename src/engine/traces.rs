@@ -149,9 +149,7 @@ impl Traces {
             })
         }
         #[cfg(not(feature = "otlp"))]
-        Err(TracesError(
-            "this build has no `otlp` Cargo feature".to_string(),
-        ))
+        Err(TracesError(crate::domain::features::missing("otlp")))
     }
 
     /// Whether spans are made at all.

@@ -4,7 +4,7 @@
 //! The long suites (provider faults and trouble, slow clients, the browser, the reliability
 //! harness) stay binaries of their own behind the `long-tests` feature (Cargo.toml; README).
 //!
-//! Run one module with `cargo test --test suite edge::` (a filter on the test path).
+//! Run one module with `cargo test --features full --test suite edge::` (a filter on the test path).
 
 #[path = "../common/mod.rs"]
 mod common;

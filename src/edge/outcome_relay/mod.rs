@@ -10,7 +10,7 @@
 //! another instance's round takes nothing until this one lets go (at shutdown) or stops
 //! renewing (a crash). A round takes up to `batch` unsent events in
 //! order, a claim's event only when its earlier ones were sent (order per claim); then, a
-//! [`CHUNK`] at a time, publishes them ([`amqp`]: persistent, publisher confirms awaited
+//! [`CHUNK`] at a time, publishes them (`amqp`, a Cargo feature: persistent, publisher confirms awaited
 //! together; [`http`]: Standard Webhooks, through the destination's breaker and pace) and marks
 //! the chunk's confirmed ones sent in one statement before the next chunk goes; at the end it
 //! gives the unconfirmed ones back with a backoff. A crash between a publish and its mark
@@ -121,9 +121,9 @@ fn sink_of(o: &OutcomesConfig, instance: &str) -> Result<Arc<dyn Sink>, String> 
         OutcomeKind::Nats => Ok(Arc::new(nats::NatsSink::new(o, instance))),
         // Refused at load without their features (config::features).
         #[cfg(not(feature = "amqp"))]
-        OutcomeKind::Amqp => Err("built without the `amqp` feature".into()),
+        OutcomeKind::Amqp => Err(crate::domain::features::missing("amqp")),
         #[cfg(not(feature = "nats"))]
-        OutcomeKind::Nats => Err("built without the `nats` feature".into()),
+        OutcomeKind::Nats => Err(crate::domain::features::missing("nats")),
         OutcomeKind::Http => http::HttpSink::new(o)
             .map(|s| Arc::new(s) as Arc<dyn Sink>)
             .map_err(|e| e.to_string()),

@@ -1,5 +1,5 @@
 //! Effects: the external call a claim stands for ([`http::HttpEffect`],
-//! [`smtp::SmtpEffect`]), and the pure classification of what the provider answered.
+//! `smtp::SmtpEffect` with the `smtp` Cargo feature), and the pure classification of what the provider answered.
 
 pub mod by_value;
 pub mod http;

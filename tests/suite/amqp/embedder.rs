@@ -80,7 +80,7 @@ edition = "2024"
 publish = false
 
 [dependencies]
-claimd-worker = {{ path = {unpacked:?} }}
+claimd-worker = {{ path = {unpacked:?}, features = ["amqp", "nats"] }}
 tokio = {{ version = "1", features = ["macros", "rt-multi-thread"] }}
 
 [workspace]
@@ -110,7 +110,7 @@ opt-level = 1
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: builds a program against the packaged crate (minutes): cargo test --test suite amqp::embedder -- --ignored"]
+#[ignore = "long: builds a program against the packaged crate (minutes): cargo test --features full --test suite amqp::embedder -- --ignored"]
 async fn an_embedder_without_a_patch_section_dead_letters_poison_from_both_brokers() {
     let Some(q) = TestQueues::new("embed").await else {
         return;

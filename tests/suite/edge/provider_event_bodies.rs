@@ -136,7 +136,7 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: cargo test --test suite -- --ignored"]
+#[ignore = "long: cargo test --features full --test suite -- --ignored"]
 async fn nine_hundred_held_event_bodies_stay_within_the_provider_event_budget() {
     const CONNECTIONS: usize = 900;
     const DECLARED: usize = 1_048_575;

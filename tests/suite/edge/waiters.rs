@@ -192,7 +192,7 @@ fn percentile(sorted: &[u128], p: f64) -> u128 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: cargo test --test suite -- --ignored"]
+#[ignore = "long: cargo test --features full --test suite -- --ignored"]
 async fn a_thousand_waiters_leave_the_probes_and_intake_answered() {
     const WAITERS: usize = 1000;
     let Some(store) = TestStore::pg().await else {

@@ -227,7 +227,7 @@ async fn a_relay_killed_again_and_again_loses_no_event() {
 }
 
 #[tokio::test]
-#[ignore = "long: cargo test --test suite -- --ignored"]
+#[ignore = "long: cargo test --features full --test suite -- --ignored"]
 async fn a_relay_killed_mid_batch_sends_at_most_one_chunk_twice() {
     use claimd::edge::outcome_relay::CHUNK;
     let Some(q) = TestQueues::new("outcomes-chunk").await else {

@@ -213,9 +213,9 @@ async fn signed_events_reach_a_receiver_that_was_down_and_failing_and_none_is_lo
 
 /// A measurement, not a check of speed: how fast a backlog drains to a receiver that takes
 /// 40 ms an answer (a cross-region round trip). Prints one line; docs/outcome-events.md has the
-/// figures. `cargo test --test suite backlog_drain -- --ignored --nocapture`
+/// figures. `cargo test --features full --test suite backlog_drain -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: a measurement; cargo test --test suite backlog_drain -- --ignored --nocapture"]
+#[ignore = "long: a measurement; cargo test --features full --test suite backlog_drain -- --ignored --nocapture"]
 async fn backlog_drain_to_a_slow_receiver() {
     const N: usize = 1000;
     let Some(ts) = TestStore::pg().await else {
