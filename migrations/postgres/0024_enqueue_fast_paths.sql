@@ -230,10 +230,10 @@ BEGIN
 END
 $fn$;
 
-DROP TRIGGER IF EXISTS claims_enqueued_bell ON claims;
 CREATE CONSTRAINT TRIGGER claims_enqueued_bell AFTER INSERT ON claims
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-    WHEN (NEW.lease_owner IS NULL AND NEW.order_key IS NULL AND NEW.attempt = 1)
+    WHEN (NEW.state = 'started' AND NEW.lease_owner IS NULL AND NEW.order_key IS NULL
+          AND NEW.attempt = 1)
     EXECUTE FUNCTION claimd.ring_enqueued();
 
 -- As in 0018: every function in schema claimd runs with the pinned path.

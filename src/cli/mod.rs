@@ -537,7 +537,13 @@ pub fn execute_blocking(cli: Cli) -> Output {
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime.block_on(execute(cli)),
+        Ok(runtime) => {
+            let out = runtime.block_on(execute(cli));
+            // Not the runtime's drop, which would wait without limit for blocking work still
+            // running (a DNS lookup of a provider's host): the answer is ready.
+            runtime.shutdown_background();
+            out
+        }
         Err(e) => Output::fail(1, format_args!("cannot start the runtime: {e}")),
     }
 }

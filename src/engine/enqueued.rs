@@ -7,7 +7,8 @@
 //! statement's `lease_owner IS NULL` and, on PostgreSQL, `SKIP LOCKED`; lines are taken under
 //! the consumer's line lock), and drives each like a fresh claim from intake, its "not called
 //! yet" marker cleared before the first call (in the take itself when the consumer settles a
-//! crash before the call by reconciling, as intake commits its claims).
+//! crash before the call by re-sending or reconciling, as intake commits its claims, and the
+//! claim is young enough for a takeover to do so: `policy::clear_marker_within`).
 //!
 //! Wake-ups: on PostgreSQL a notification on `claimd_enqueued` (payload: the consumer), sent
 //! as the producer's transaction commits by a deferred trigger on the claims the enqueue
@@ -43,6 +44,9 @@ pub const PG_POLL: Duration = Duration::from_secs(1);
 pub const SQLITE_POLL: Duration = Duration::from_millis(200);
 /// Most claims one statement takes.
 const BATCH: usize = 64;
+/// How far inside the bound on clearing the marker in the take a claim's age must be for the
+/// taker to count on it: the age it reads is rounded, and the statement tested the exact one.
+const MARKER_MARGIN: Duration = Duration::from_secs(1);
 /// After a take that found claims, the pickup looks again after these intervals (doubling)
 /// before it waits for a notification: 5 ms, 10 ms, … 640 ms.
 pub const TAIL: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(640));
@@ -123,9 +127,14 @@ async fn take_loop(
             // The local clock starts before the statement sets the lease (as intake's).
             let since = Instant::now();
             // The marker goes with the take when a crash before the call is settled by
-            // reconciling (as intake commits such claims without it): one write less a claim.
-            let called = consumer.claims_ahead();
-            let taken = take(&claimer, &consumer, wanted as u32, called).await;
+            // re-sending or reconciling, as intake commits such claims without it (one write
+            // less a claim), for claims young enough that a takeover would still do so.
+            let within = crate::engine::policy::clear_marker_within(
+                consumer.claims_ahead(),
+                consumer.config.redrive_within.0,
+                consumer.config.lease.0,
+            );
+            let taken = take(&claimer, &consumer, wanted as u32, within).await;
             let taken = match taken {
                 Ok(taken) => taken,
                 Err(e) => {
@@ -160,7 +169,11 @@ async fn take_loop(
                         }
                     };
                     let slot = Slot::held(permit, &consumer);
-                    let hold = Hold::enqueued(since, t.age, !called);
+                    // Cleared by the take only if young enough (the statement's own test, on
+                    // the database's clock); near the bound, cleared again before the call (a
+                    // no-op if the take did).
+                    let cleared = within.is_some_and(|w| t.age + MARKER_MARGIN <= w);
+                    let hold = Hold::enqueued(since, t.age, !cleared);
                     if let Some(ahead) = &t.went_ahead_of {
                         note_went_ahead(&claimer, &t.claim, ahead).await;
                     }
@@ -192,12 +205,12 @@ async fn take(
     claimer: &Claimer,
     consumer: &Consumer,
     limit: u32,
-    called: bool,
+    clear_marker_within: Option<Duration>,
 ) -> crate::store::StoreResult<Vec<crate::store::TakenClaim>> {
     let (store, owner, lease) = (claimer.store(), claimer.instance(), consumer.config.lease.0);
     if !consumer.takes_in_order() {
         return store
-            .take_enqueued(consumer.name(), limit, owner, lease, called)
+            .take_enqueued(consumer.name(), limit, owner, lease, clear_marker_within)
             .await;
     }
     let flow = &consumer.config.flow;
@@ -209,7 +222,14 @@ async fn take(
         fair: (flow.fairness == Fairness::Tenant).then(|| flow.tenant_weights.clone()),
     };
     store
-        .take_waiting(consumer.name(), limit, owner, lease, &order, called)
+        .take_waiting(
+            consumer.name(),
+            limit,
+            owner,
+            lease,
+            &order,
+            clear_marker_within,
+        )
         .await
 }
 

@@ -299,9 +299,45 @@ pub fn claims_ahead(on_unknown: OnUnknown, can_reconcile: bool) -> bool {
     }
 }
 
+/// How long after its receipt a waiting claim's take may also clear its "not called yet"
+/// marker (`None`: never; the taker clears it just before the call). Only for a consumer that
+/// claims ahead: a worker that dies between the take and the call leaves the claim to a
+/// takeover when its lease ends, which re-sends or reconciles it only while it is within
+/// `redrive_within` (an older claim without the marker is parked): so a claim older than
+/// `redrive_within - lease` keeps its marker through the take.
+pub fn clear_marker_within(
+    claims_ahead: bool,
+    redrive_within: Duration,
+    lease: Duration,
+) -> Option<Duration> {
+    if !claims_ahead {
+        return None;
+    }
+    redrive_within.checked_sub(lease)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_take_clears_the_marker_only_of_claims_a_takeover_would_still_resend() {
+        let (hour, minute) = (Duration::from_secs(3600), Duration::from_secs(60));
+        assert_eq!(
+            clear_marker_within(true, hour, minute),
+            Some(Duration::from_secs(3540))
+        );
+        assert_eq!(
+            clear_marker_within(false, hour, minute),
+            None,
+            "parks orphans"
+        );
+        assert_eq!(
+            clear_marker_within(true, minute, hour),
+            None,
+            "lease past the window"
+        );
+    }
 
     #[test]
     fn a_claim_never_called_is_performed_even_under_park_and_past_the_window() {

@@ -16,6 +16,20 @@ macro_rules! claim_cols {
     };
 }
 
+/// The `SET` items of a take of waiting claims that clear the "not called yet" marker of those
+/// for which `young` holds (received recently enough: [`crate::engine::policy::clear_marker_within`]),
+/// for every dialect's takes. Both read the row's old `handoff`.
+macro_rules! clear_marker {
+    ($($young:tt)*) => {
+        concat!(
+            "handoff = CASE WHEN handoff = 'not_called' AND ", $($young)*,
+            " THEN NULL ELSE handoff END, \
+             handoff_attempt = CASE WHEN handoff = 'not_called' AND ", $($young)*,
+            " THEN NULL ELSE handoff_attempt END"
+        )
+    };
+}
+
 /// The attempt a takeover sets, for every dialect's takes of stale claims: the next one, except
 /// for a claim an operator redrove and nobody took since (`operator_redrive` marked at its
 /// attempt, which the redrive already bumped): that attempt is the redrive's, so it keeps it,

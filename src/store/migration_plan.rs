@@ -194,7 +194,10 @@ pub fn classify(statement: &str) -> StatementLock {
     } else if starts(&["DROP", "TRIGGER"]) {
         r.table = name_after(&words, "ON");
         r.lock = LockLevel::AccessExclusive;
-    } else if starts(&["CREATE", "TRIGGER"]) || starts(&["CREATE", "OR", "REPLACE", "TRIGGER"]) {
+    } else if starts(&["CREATE", "TRIGGER"])
+        || starts(&["CREATE", "OR", "REPLACE", "TRIGGER"])
+        || starts(&["CREATE", "CONSTRAINT", "TRIGGER"])
+    {
         r.table = name_after(&words, "ON");
         r.lock = LockLevel::ShareRowExclusive;
     } else if starts(&["CREATE", "TABLE"]) {

@@ -60,6 +60,24 @@ pub struct VacuumHorizon {
 }
 
 impl VacuumHorizon {
+    /// One line for `claimd report` and the page: who holds vacuum back, and what to do when
+    /// it has for too long.
+    pub fn describe(&self) -> String {
+        match (&self.holder, self.oldest_transaction_s) {
+            (Some(holder), Some(s)) if self.held_back() => format!(
+                "vacuum HELD BACK for {s:.0} s by {holder}: end that transaction (docs/operations.md, \"Storage\")"
+            ),
+            (Some(holder), Some(s)) => {
+                format!("oldest open transaction: {s:.0} s ({holder}); vacuum is not held back")
+            }
+            (Some(holder), None) => format!(
+                "oldest snapshot {} transactions old, held by {holder}",
+                self.age_transactions
+            ),
+            _ => "no open transaction holds back vacuum".to_string(),
+        }
+    }
+
     /// Whether a transaction has held vacuum back for longer than [`HELD_BACK_AFTER_S`].
     pub fn held_back(&self) -> bool {
         self.oldest_transaction_s
@@ -101,20 +119,7 @@ impl StorageHealth {
                 )
             })
             .collect();
-        let h = &self.horizon;
-        out.push(match (&h.holder, h.oldest_transaction_s) {
-            (Some(holder), Some(s)) if h.held_back() => format!(
-                "vacuum HELD BACK for {s:.0} s by {holder}: end that transaction (docs/operations.md, \"Storage\")"
-            ),
-            (Some(holder), Some(s)) => {
-                format!("oldest open transaction: {s:.0} s ({holder}); vacuum is not held back")
-            }
-            (Some(holder), None) => format!(
-                "oldest snapshot {} transactions old, held by {holder}",
-                h.age_transactions
-            ),
-            _ => "no open transaction holds back vacuum".to_string(),
-        });
+        out.push(self.horizon.describe());
         out
     }
 }

@@ -496,7 +496,7 @@ async fn thousand_producers(store: TestStore) {
                     20,
                     "dead-worker",
                     Duration::from_millis(500),
-                    round % 2 == 1,
+                    (round % 2 == 1).then_some(Duration::from_secs(3600)),
                 )
                 .await
             {
@@ -718,4 +718,73 @@ async fn the_doorbell_rings_at_commit_unless_an_earlier_claim_waits_postgres() {
         rings(&mut bell, 500).await,
         "a redriven claim waiting for the sweeper silences no enqueue"
     );
+}
+
+/// A take clears the "not called yet" marker only of claims received recently enough that a
+/// takeover after its lease would still re-send or reconcile them; an older claim keeps it,
+/// so a worker dying before its call never leaves it to be parked.
+async fn the_take_clears_the_marker_only_of_young_claims(store: TestStore) {
+    let (running, _sandbox, _) = worker(&store, "").await;
+    running.shutdown(Duration::from_secs(5)).await;
+    let producer = Producer::open(&store).await;
+    for id in ["young", "old"] {
+        producer
+            .run(&Enqueue::new("payments", id, b"{}"), End::Commit)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let aged = match &producer {
+        Producer::Pg(p) => sqlx::query(
+            "UPDATE claims SET received_utc = received_utc - interval '2 hours' \
+             WHERE message_id = 'old'",
+        )
+        .execute(p)
+        .await
+        .unwrap()
+        .rows_affected(),
+        Producer::Lite(p) => sqlx::query(
+            "UPDATE claims SET received_utc = received_utc - 7200000 WHERE message_id = 'old'",
+        )
+        .execute(p)
+        .await
+        .unwrap()
+        .rows_affected(),
+    };
+    assert_eq!(aged, 1);
+    let s = claimd::store::open(&store.url(), 2).await.unwrap();
+    let taken = s
+        .take_enqueued(
+            "payments",
+            10,
+            "worker",
+            Duration::from_secs(60),
+            Some(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 2);
+    let marked = producer
+        .count("SELECT count(*) FROM claims WHERE handoff = 'not_called' AND message_id = 'old'")
+        .await;
+    let cleared = producer
+        .count("SELECT count(*) FROM claims WHERE handoff IS NULL AND message_id = 'young'")
+        .await;
+    assert_eq!(
+        (marked, cleared),
+        (1, 1),
+        "old keeps its marker, young loses it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_take_clears_the_marker_only_of_young_claims_sqlite() {
+    the_take_clears_the_marker_only_of_young_claims(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_take_clears_the_marker_only_of_young_claims_postgres() {
+    if let Some(store) = TestStore::pg().await {
+        the_take_clears_the_marker_only_of_young_claims(store).await;
+    }
 }

@@ -19,7 +19,7 @@ pub fn render_storage(storage: Option<&StorageHealth>) -> Markup {
     html! {
         section {
             h2 { "Storage" }
-            @let horizon = s.describe().pop().unwrap_or_default();
+            @let horizon = h.describe();
             @if h.held_back() {
                 p.bad { (horizon) }
             } @else {

@@ -38,6 +38,7 @@ pub(crate) mod drive;
 pub mod lookup;
 mod submit;
 
+pub(crate) use submit::check_payload;
 pub use submit::{Accepted, Delivery, SubmitError};
 
 /// Claims deliveries and drives their effects.

@@ -194,54 +194,14 @@ impl Claimer {
             m.refused(&d.consumer, "bad_payload");
             return Err(e.into());
         }
-        let idem_key = consumer
-            .template
-            .render(&consumer.config.name, &tenant, &message_id);
-        let incoming = crate::provider::effect::Incoming {
-            key: &idem_key,
-            message_id: &message_id,
-            tenant: &tenant,
-            consumer: &consumer.config.name,
-            payload: &d.payload,
-            content_type: &content_type,
-        };
-        match consumer.effect.check_message(&incoming) {
-            Ok(()) => {}
-            Err(Unusable::Payload(why)) => {
-                m.refused(&d.consumer, "bad_payload");
-                return Err(SubmitError::BadPayload(why));
-            }
-            Err(Unusable::UrlValue(e)) => {
-                m.refused(&d.consumer, "unsafe_url_value");
-                return Err(e.into());
-            }
-        }
-        let order_key = match &consumer.order_key {
-            Some(t) => match t.render(&d.payload, &tenant, &message_id) {
-                Ok(k) => Some(k),
-                Err(e) => {
-                    m.refused(&d.consumer, "bad_payload");
-                    return Err(SubmitError::BadPayload(e.to_string()));
+        let (idem_key, order_key) =
+            match check_payload(&consumer, &message_id, &tenant, &d.payload, &content_type) {
+                Ok(keys) => keys,
+                Err((e, reason)) => {
+                    m.refused(&d.consumer, reason);
+                    return Err(e);
                 }
-            },
-            None => None,
-        };
-        if let Some(rk) = &consumer.rate_key
-            && let Err(e) = rk.template.render(&d.payload, &tenant, &message_id)
-        {
-            m.refused(&d.consumer, "bad_payload");
-            return Err(SubmitError::BadPayload(e.to_string()));
-        }
-        let max = consumer.config.effect.max_key_length();
-        if idem_key.len() > max {
-            m.refused(&d.consumer, "key_too_long");
-            return Err(KeyTooLong {
-                len: idem_key.len(),
-                max,
-                template: consumer.config.key.clone(),
-            }
-            .into());
-        }
+            };
         // Backpressure: a place first, so the backlog waits in the client or the broker, never
         // in memory here. Claiming ahead (policy::claims_ahead): an intake place now, the call
         // slot after the claim commits, so claims for the next calls commit while the current
@@ -457,4 +417,56 @@ impl Claimer {
         }
         None
     }
+}
+
+/// The checks `consumer` makes of a message before claiming it, once its id, tenant and
+/// content type are valid: its effect's, its order and rate keys' (which must render from the
+/// payload), and the idempotency key's length. The idempotency key and the order key; or the
+/// refusal and its reason for `claimd_messages_refused_total`. Schedules check their messages
+/// with it at start.
+pub(crate) fn check_payload(
+    consumer: &Consumer,
+    message_id: &str,
+    tenant: &str,
+    payload: &[u8],
+    content_type: &str,
+) -> Result<(String, Option<String>), (SubmitError, &'static str)> {
+    let idem_key = consumer
+        .template
+        .render(&consumer.config.name, tenant, message_id);
+    let incoming = crate::provider::effect::Incoming {
+        key: &idem_key,
+        message_id,
+        tenant,
+        consumer: &consumer.config.name,
+        payload,
+        content_type,
+    };
+    match consumer.effect.check_message(&incoming) {
+        Ok(()) => {}
+        Err(Unusable::Payload(why)) => return Err((SubmitError::BadPayload(why), "bad_payload")),
+        Err(Unusable::UrlValue(e)) => return Err((e.into(), "unsafe_url_value")),
+    }
+    let order_key = match &consumer.order_key {
+        Some(t) => Some(
+            t.render(payload, tenant, message_id)
+                .map_err(|e| (SubmitError::BadPayload(e.to_string()), "bad_payload"))?,
+        ),
+        None => None,
+    };
+    if let Some(rk) = &consumer.rate_key {
+        rk.template
+            .render(payload, tenant, message_id)
+            .map_err(|e| (SubmitError::BadPayload(e.to_string()), "bad_payload"))?;
+    }
+    let max = consumer.config.effect.max_key_length();
+    if idem_key.len() > max {
+        let too_long = KeyTooLong {
+            len: idem_key.len(),
+            max,
+            template: consumer.config.key.clone(),
+        };
+        return Err((too_long.into(), "key_too_long"));
+    }
+    Ok((idem_key, order_key))
 }

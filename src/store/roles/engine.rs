@@ -160,16 +160,16 @@ pub trait EngineStore: Send + Sync {
     /// producer's committed [`crate::store::enqueue`]: `started`, attempt 1, no lease owner),
     /// oldest first: leases them to `owner` for `lease`, attempt unchanged, skipping rows
     /// another instance is taking. [`TakenClaim::age`] is the time since each was enqueued.
-    /// `called`: their "not called yet" markers go in the same write (the taker calls next,
-    /// and its consumer settles a crash before the call by reconciling); otherwise the taker
-    /// clears each with [`mark_called`](Self::mark_called) just before its call.
+    /// `clear_marker_within`: the "not called yet" markers of those received within it go in
+    /// the same write ([`crate::engine::policy::clear_marker_within`]; `None`: none); the taker
+    /// clears any other with [`mark_called`](Self::mark_called) just before its call.
     async fn take_enqueued(
         &self,
         consumer: &str,
         limit: u32,
         owner: &str,
         lease: Duration,
-        called: bool,
+        clear_marker_within: Option<Duration>,
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Takes up to `limit` waiting claims of `consumer` (`started`, attempt 1, no lease owner:
@@ -177,7 +177,7 @@ pub trait EngineStore: Send + Sync {
     /// only at the head of its line, and round-robin across tenants when `order.fair` is set.
     /// Leases them to `owner` for `lease`, attempt unchanged. Takes of one consumer's lines
     /// run one at a time across instances (PostgreSQL: a transaction-scoped advisory lock), so
-    /// two claims of one line are never taken together. `called` as for
+    /// two claims of one line are never taken together. `clear_marker_within` as for
     /// [`take_enqueued`](Self::take_enqueued).
     async fn take_waiting(
         &self,
@@ -186,7 +186,7 @@ pub trait EngineStore: Send + Sync {
         owner: &str,
         lease: Duration,
         order: &WaitingOrder,
-        called: bool,
+        clear_marker_within: Option<Duration>,
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// [`take_stale`](EngineStore::take_stale), round-robin across tenants by lease end

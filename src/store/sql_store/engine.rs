@@ -41,12 +41,29 @@ impl<D: Dialect> SqlStore<D> {
         owner: &str,
         lease: Duration,
     ) -> StoreResult<Vec<TakenClaim>> {
-        let args = [
+        self.take_leased_with(name, sql, consumer, limit, owner, lease, None)
+            .await
+    }
+
+    /// [`Self::take_leased`] with one more parameter, `$5`.
+    #[allow(clippy::too_many_arguments)]
+    async fn take_leased_with(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        consumer: &str,
+        limit: u32,
+        owner: &str,
+        lease: Duration,
+        fifth: Option<Arg<'_>>,
+    ) -> StoreResult<Vec<TakenClaim>> {
+        let mut args = vec![
             Arg::Text(consumer),
             Arg::I64(i64::from(limit)),
             Arg::Text(owner),
             Arg::I64(ms(lease)),
         ];
+        args.extend(fifth);
         let rows = self.fetch(name, sql, &args).await?;
         rows.iter().map(|r| taken_from_row(r, 0)).collect()
     }
@@ -323,22 +340,20 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         limit: u32,
         owner: &str,
         lease: Duration,
-        called: bool,
+        clear_marker_within: Option<Duration>,
     ) -> StoreResult<Vec<TakenClaim>> {
-        let args = [
-            Arg::Text(consumer),
-            Arg::I64(i64::from(limit)),
-            Arg::Text(owner),
-            Arg::I64(ms(lease)),
-            Arg::Bool(called),
-        ];
-        let rows = self
-            .fetch("take_enqueued", D::SQL.take_enqueued, &args)
+        let within = Arg::I64(clear_marker_within.map_or(-1, ms));
+        let taken = self
+            .take_leased_with(
+                "take_enqueued",
+                D::SQL.take_enqueued,
+                consumer,
+                limit,
+                owner,
+                lease,
+                Some(within),
+            )
             .await?;
-        let taken = rows
-            .iter()
-            .map(|r| taken_from_row(r, 0))
-            .collect::<StoreResult<Vec<_>>>()?;
         // The producer's transaction has no key: its row was written in clear. Sealed now,
         // when claimd takes it (docs/producers.md, "Encryption at rest").
         if crate::store::sealing::keyring().is_some() {
@@ -359,7 +374,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         owner: &str,
         lease: Duration,
         order: &WaitingOrder,
-        called: bool,
+        clear_marker_within: Option<Duration>,
     ) -> StoreResult<Vec<TakenClaim>> {
         let weights = order.weights_json();
         let mut args = vec![
@@ -370,14 +385,14 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             Arg::Bool(order.lines.unwrap_or(true)),
             Arg::Bool(order.lines.is_some()),
         ];
-        // `called` is the last parameter: $7 of take_ordered, $8 of take_fair.
+        // `clear_marker_within` is the last parameter: $7 of take_ordered, $8 of take_fair.
         let (name, sql) = if order.fair.is_some() {
             args.push(Arg::Text(&weights));
             ("take_fair", D::SQL.take_fair)
         } else {
             ("take_ordered", D::SQL.take_ordered)
         };
-        args.push(Arg::Bool(called));
+        args.push(Arg::I64(clear_marker_within.map_or(-1, ms)));
         let rows = if order.lines.is_some() {
             self.dialect.fetch_alone(consumer, name, sql, &args).await?
         } else {

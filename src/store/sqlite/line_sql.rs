@@ -49,10 +49,10 @@ macro_rules! sqlite_held_in_line {
 }
 
 /// What a take of waiting claims sets: the lease to the taker, attempt unchanged, and the
-/// "not called yet" marker cleared when the parameter `$called` is true (see the PostgreSQL
-/// statement).
+/// "not called yet" marker cleared on claims received within the parameter `$within`
+/// milliseconds (see the PostgreSQL statement).
 macro_rules! sqlite_take_waiting_set {
-    ($called:literal) => {
+    ($within:literal) => {
         concat!(
             "UPDATE claims SET lease_owner = ?3, lease_until = ",
             now_ms!(),
@@ -61,24 +61,16 @@ macro_rules! sqlite_take_waiting_set {
             ", updated_utc = ",
             now_ms!(),
             ", ",
-            sqlite_clear_marker!($called),
+            sqlite_clear_marker!($within),
             " "
         )
     };
 }
 
-/// The `SET` items that clear the "not called yet" marker when the parameter `$called` is true.
+/// `clear_marker!` on claims received within the parameter `$within` milliseconds.
 macro_rules! sqlite_clear_marker {
-    ($called:literal) => {
-        concat!(
-            "handoff = CASE WHEN ",
-            $called,
-            " AND handoff = 'not_called' THEN NULL ELSE handoff END, \
-             handoff_attempt = CASE WHEN ",
-            $called,
-            " AND handoff = 'not_called' THEN NULL \
-               ELSE handoff_attempt END"
-        )
+    ($within:literal) => {
+        clear_marker!("received_utc >= ", now_ms!(), " - ", $within)
     };
 }
 

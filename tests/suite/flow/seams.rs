@@ -240,7 +240,7 @@ async fn a_redriven_head_waits_for_the_claim_in_flight(store: TestStore) {
             "busy-worker",
             Duration::from_secs(60),
             &order,
-            false,
+            None,
         )
         .await
         .unwrap();

@@ -17,31 +17,27 @@ macro_rules! pg_behind_in_line {
     };
 }
 
-/// What a take of waiting claims sets: the lease to the taker, attempt unchanged; with the
-/// parameter `$called` true, the "not called yet" marker goes too (the taker calls next, and
-/// its consumer reconciles a crash before the call, as for the claims intake commits ahead).
+/// What a take of waiting claims sets: the lease to the taker, attempt unchanged, and the
+/// "not called yet" marker cleared on claims received within the parameter `$within`
+/// milliseconds (negative: none; [`crate::engine::policy::clear_marker_within`]).
 macro_rules! pg_take_waiting_set {
-    ($called:literal) => {
+    ($within:literal) => {
         concat!(
             "UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond', \
            started_utc = now(), updated_utc = now(), ",
-            pg_clear_marker!($called),
+            pg_clear_marker!($within),
             " "
         )
     };
 }
 
-/// The `SET` items that clear the "not called yet" marker when the parameter `$called` is true.
+/// `clear_marker!` on claims received within the parameter `$within` milliseconds.
 macro_rules! pg_clear_marker {
-    ($called:literal) => {
-        concat!(
-            "handoff = CASE WHEN ",
-            $called,
-            " AND handoff = 'not_called' THEN NULL ELSE handoff END, \
-             handoff_attempt = CASE WHEN ",
-            $called,
-            " AND handoff = 'not_called' THEN NULL \
-               ELSE handoff_attempt END"
+    ($within:literal) => {
+        clear_marker!(
+            "received_utc >= now() - ",
+            $within,
+            " * interval '1 millisecond'"
         )
     };
 }
