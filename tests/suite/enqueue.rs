@@ -497,6 +497,7 @@ async fn thousand_producers(store: TestStore) {
                     "dead-worker",
                     Duration::from_millis(500),
                     round % 2 == 1,
+                    0,
                 )
                 .await
             {

@@ -157,8 +157,9 @@ pub trait EngineStore: Send + Sync {
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Takes up to `limit` enqueued claims of `consumer` that no worker holds yet (a
-    /// producer's committed [`crate::store::enqueue`]: `started`, attempt 1, no lease owner),
-    /// oldest first: leases them to `owner` for `lease`, attempt unchanged, skipping rows
+    /// producer's committed [`crate::store::enqueue`]: `started`, attempt 1, no lease owner):
+    /// `aged` of them oldest first, the rest higher priority first, then oldest
+    /// ([`crate::domain::priority`]): leases them to `owner` for `lease`, attempt unchanged, skipping rows
     /// another instance is taking. [`TakenClaim::age`] is the time since each was enqueued.
     /// `called`: their "not called yet" markers go in the same write (the taker calls next,
     /// and its consumer settles a crash before the call by reconciling); otherwise the taker
@@ -170,6 +171,7 @@ pub trait EngineStore: Send + Sync {
         owner: &str,
         lease: Duration,
         called: bool,
+        aged: u32,
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Takes up to `limit` waiting claims of `consumer` (`started`, attempt 1, no lease owner:

@@ -7,7 +7,7 @@ use crate::store::args::{key_args, ms, restore_args, settle_args, settle_from_ar
 use crate::store::dialect::{Arg, Dialect, LoggedWrite, SqlRow, event_args};
 use crate::store::enqueue::Registration;
 use crate::store::outbox::emits;
-use crate::store::rows::taken_from_row;
+use crate::store::rows::{taken_from_row, taken_with_priority};
 use crate::store::{
     EngineStore, NewEvent, PruneResult, SettleItem, Settlement, StoreError, StoreResult,
     TakenClaim, WaitingOrder,
@@ -324,6 +324,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         owner: &str,
         lease: Duration,
         called: bool,
+        aged: u32,
     ) -> StoreResult<Vec<TakenClaim>> {
         let args = [
             Arg::Text(consumer),
@@ -331,13 +332,14 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             Arg::Text(owner),
             Arg::I64(ms(lease)),
             Arg::Bool(called),
+            Arg::I64(i64::from(aged.min(limit))),
         ];
         let rows = self
             .fetch("take_enqueued", D::SQL.take_enqueued, &args)
             .await?;
         let taken = rows
             .iter()
-            .map(|r| taken_from_row(r, 0))
+            .map(taken_with_priority)
             .collect::<StoreResult<Vec<_>>>()?;
         // The producer's transaction has no key: its row was written in clear. Sealed now,
         // when claimd takes it (docs/producers.md, "Encryption at rest").
@@ -370,7 +372,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             Arg::Bool(order.lines.unwrap_or(true)),
             Arg::Bool(order.lines.is_some()),
         ];
-        // `called` is the last parameter: $7 of take_ordered, $8 of take_fair.
+        // `called`: $7 of take_ordered (then the aged share, $8), $8 of take_fair.
         let (name, sql) = if order.fair.is_some() {
             args.push(Arg::Text(&weights));
             ("take_fair", D::SQL.take_fair)
@@ -378,6 +380,9 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             ("take_ordered", D::SQL.take_ordered)
         };
         args.push(Arg::Bool(called));
+        if order.fair.is_none() {
+            args.push(Arg::I64(i64::from(order.aged.min(limit))));
+        }
         let rows = if order.lines.is_some() {
             self.dialect.fetch_alone(consumer, name, sql, &args).await?
         } else {
@@ -385,7 +390,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         };
         rows.iter()
             .map(|r| {
-                let mut taken = taken_from_row(r, 0)?;
+                let mut taken = taken_with_priority(r)?;
                 taken.went_ahead_of = r.opt_text("went_ahead_of")?;
                 Ok(taken)
             })
