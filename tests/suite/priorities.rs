@@ -210,20 +210,11 @@ async fn highs_go_before_a_backlog(store: TestStore, lows: usize, highs: usize) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_low_then_twenty_high_the_high_go_first_postgres() {
-    let Some(store) = TestStore::pg().await else {
-        return;
-    };
-    highs_go_before_a_backlog(store, 1_000, 20).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_low_then_twenty_high_the_high_go_first_sqlite() {
     highs_go_before_a_backlog(TestStore::sqlite(), 1_000, 20).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: 10,100 claims through one worker"]
 async fn ten_thousand_low_then_a_hundred_high_the_high_go_first_postgres() {
     let Some(store) = TestStore::pg().await else {
         return;
@@ -347,4 +338,49 @@ async fn a_priority_out_of_range_is_refused_by_enqueue() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_message_priority_header_is_stored_and_checked() {
+    let store = TestStore::sqlite();
+    let toml = config(&store, 2, Duration::ZERO).await;
+    let running = start(&toml).await;
+    let base = format!("http://{}", running.http_addr);
+    let post = |id: &'static str, priority: &'static str| {
+        client()
+            .post(format!("{base}/v1/messages/payments"))
+            .header("Idempotency-Key", id)
+            .header("Message-Priority", priority)
+            .json(&serde_json::json!({ "amount_cents": 100 }))
+            .send()
+    };
+    for bad in ["101", "urgent", "-1000", "1.5"] {
+        let answer = post("refused", bad).await.unwrap();
+        assert_eq!(answer.status(), 400, "Message-Priority: {bad}");
+        let body = answer.text().await.unwrap();
+        assert!(
+            body.contains("the Message-Priority header: priority")
+                && body.contains("is not an integer from -100 to 100"),
+            "{body}"
+        );
+    }
+    let answer = post("urgent-payout", "90").await.unwrap();
+    assert_eq!(answer.status(), 202);
+    let producer = Producer::open(&store).await;
+    let Producer::Lite(pool) = &producer else {
+        unreachable!()
+    };
+    let stored: i64 =
+        sqlx::query_scalar("SELECT priority FROM claims WHERE message_id = 'urgent-payout'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, 90);
+    let refused: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM claims WHERE message_id = 'refused'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(refused, 0);
+    running.shutdown(Duration::from_secs(5)).await;
 }

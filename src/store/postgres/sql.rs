@@ -138,12 +138,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
      content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt, \
-     order_key, not_before, attempt, trace_parent) \
+     order_key, not_before, attempt, trace_parent, priority) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
              COALESCE($13::timestamptz, CASE WHEN $8::text IS NOT NULL \
                THEN now() + $9 * interval '1 millisecond' END), \
              NULLIF($10, ''), CASE WHEN $11 THEN 'not_called' END, \
-             CASE WHEN $11 THEN $14::int END, $12, $13, $14, $15) \
+             CASE WHEN $11 THEN $14::int END, $12, $13, $14, $15, $16) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
         claim_cols!()
     ),

@@ -108,9 +108,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
      content_type, lease_owner, claim_token, handoff, handoff_attempt, order_key, not_before, \
-     attempt, trace_parent, lease_until, received_utc, started_utc, updated_utc) VALUES (?1, \
-     ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULLIF(?10, ''), CASE WHEN ?11 THEN 'not_called' END, \
-     CASE WHEN ?11 THEN ?14 END, ?12, ?13, ?14, ?15, COALESCE(?13, CASE WHEN ?8 IS NOT NULL THEN ",
+     attempt, trace_parent, priority, lease_until, received_utc, started_utc, updated_utc) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULLIF(?10, ''), CASE WHEN ?11 THEN 'not_called' \
+     END, CASE WHEN ?11 THEN ?14 END, ?12, ?13, ?14, ?15, ?16, COALESCE(?13, CASE WHEN ?8 IS NOT NULL THEN ",
         now_ms!(),
         " + ?9 END), ",
         now_ms!(),
