@@ -17,6 +17,20 @@ CREATE INDEX IF NOT EXISTS claims_waiting_tenant_priority
 -- for 0024's function (positional or named) still resolves, to this one: 0024's function is
 -- dropped first, since an overload beside it would make a five-argument call ambiguous. The
 -- body is 0024's with the priority checked (CD012) and written.
+-- The privileges of the functions dropped are given to the new ones (a producer's role may have
+-- been granted EXECUTE with PUBLIC's revoked: docs/producers.md), kept meanwhile in
+-- transaction-local settings.
+DO $do$
+BEGIN
+    PERFORM pg_catalog.set_config('claimd.enqueue_bytes_acl', COALESCE((
+        SELECT p.proacl::text FROM pg_catalog.pg_proc p
+        WHERE p.oid = pg_catalog.to_regprocedure('claimd.enqueue_bytes(text, text, bytea, text, text)')), ''), true);
+    PERFORM pg_catalog.set_config('claimd.enqueue_acl', COALESCE((
+        SELECT p.proacl::text FROM pg_catalog.pg_proc p
+        WHERE p.oid = pg_catalog.to_regprocedure('claimd.enqueue(text, text, jsonb, text, text)')), ''), true);
+END
+$do$;
+
 DROP FUNCTION IF EXISTS claimd.enqueue_bytes(text, text, bytea, text, text);
 
 CREATE FUNCTION claimd.enqueue_bytes(
@@ -198,7 +212,34 @@ LANGUAGE sql AS $fn$
         pg_catalog.convert_to(payload::text, 'UTF8'), tenant, content_type, priority)
 $fn$;
 
--- As in 0018 (CREATE resets nothing, but the new functions need the pin): every function in schema claimd runs with the pinned path.
+-- The old functions' privileges on the new ones: with none recorded (the default: EXECUTE to
+-- PUBLIC), the new ones have the same default.
+DO $do$
+DECLARE
+    pair text[];
+    acl text;
+    grantee oid;
+BEGIN
+    FOREACH pair SLICE 1 IN ARRAY ARRAY[
+        ['claimd.enqueue_bytes_acl', 'claimd.enqueue_bytes(text, text, bytea, text, text, integer)'],
+        ['claimd.enqueue_acl', 'claimd.enqueue(text, text, jsonb, text, text, integer)']] LOOP
+        acl := pg_catalog.current_setting(pair[1], true);
+        CONTINUE WHEN acl IS NULL OR acl = '';
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', pair[2]);
+        FOR grantee IN SELECT a.grantee FROM pg_catalog.aclexplode(acl::pg_catalog.aclitem[]) a
+                       WHERE a.privilege_type = 'EXECUTE' LOOP
+            IF grantee = 0 THEN
+                EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', pair[2]);
+            ELSE
+                EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', pair[2],
+                    pg_catalog.pg_get_userbyid(grantee));
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$do$;
+
+-- As in 0018 (a created function has no pin yet): every function in schema claimd runs with the pinned path.
 DO $do$
 DECLARE
     f regprocedure;
