@@ -74,6 +74,7 @@ async fn main() {
                     order_key: None,
                     not_before: None,
                     trace_parent: None,
+                    priority: 0,
                 };
                 let t = Instant::now();
                 store.claim(&n).await.unwrap();

@@ -24,6 +24,7 @@ pub(crate) fn new_claim(i: usize) -> NewClaim {
         order_key: None,
         not_before: None,
         trace_parent: None,
+        priority: 0,
     }
 }
 

@@ -431,6 +431,9 @@ pub struct NewClaim {
     /// The W3C `traceparent` of the claim's intake span, when traces are on (`[traces]`): the
     /// claim's later steps, in any instance, join that trace.
     pub trace_parent: Option<String>,
+    /// Its priority, -100 to 100 ([`crate::domain::priority`]): among claims that wait in the
+    /// database (in a line, enqueued), higher ones are taken first.
+    pub priority: i16,
 }
 
 /// The lease owner of a scheduled claim until its time ([`NewClaim::not_before`]); no instance
@@ -653,6 +656,7 @@ mod tests {
             order_key: None,
             not_before: None,
             trace_parent: None,
+            priority: 0,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod json_body;
 pub mod operator_role;
 pub mod order_key;
 pub mod periodic;
+pub mod priority;
 pub mod redaction;
 pub mod schedule;
 pub mod sealed;

@@ -10,6 +10,13 @@
 //! crash before the call by re-sending or reconciling, as intake commits its claims, and the
 //! claim is young enough for a takeover to do so: `policy::clear_marker_within`).
 //!
+//! Priorities (docs/flow-control.md): each take fills its batch higher priority first, then
+//! oldest, except for its aged share ([`priority::aged_share`]): one claim in eight taken by
+//! this pickup is the oldest waiting, whatever its priority. The claims taken ahead of the
+//! free slots wait for one in the order they were taken (a semaphore: first come, first
+//! served); so do intake's, whose wait is short (one place per slot) and whose priority acts
+//! only if the sweeper takes them over.
+//!
 //! Wake-ups: on PostgreSQL a notification on `claimd_enqueued` (payload: the consumer), sent
 //! as the producer's transaction commits by a deferred trigger on the claims the enqueue
 //! inserts, through one listening connection, with a poll every [`PG_POLL`] in case a
@@ -24,6 +31,7 @@
 //! worker was woken for, and is taken by that worker's next look.
 
 use crate::config::{Fairness, OrderHold};
+use crate::domain::priority;
 use crate::engine::claimer::Claimer;
 use crate::engine::consumer::{Consumer, Hold, Slot};
 use crate::store::WaitingOrder;
@@ -98,6 +106,8 @@ async fn take_loop(
 ) {
     // The next interval of the busy tail; `None`: idle, waiting for a notification.
     let mut tail: Option<Duration> = None;
+    // Claims this pickup took so far: the aged share of each take follows from it.
+    let mut taken_so_far: u64 = 0;
     loop {
         while claimer.is_accepting() {
             let first = tokio::select! {
@@ -134,7 +144,8 @@ async fn take_loop(
                 consumer.config.redrive_within.0,
                 consumer.config.lease.0,
             );
-            let taken = take(&claimer, &consumer, wanted as u32, within).await;
+            let aged = priority::aged_share(taken_so_far, wanted as u32);
+            let taken = take(&claimer, &consumer, wanted as u32, within, aged).await;
             let taken = match taken {
                 Ok(taken) => taken,
                 Err(e) => {
@@ -143,6 +154,11 @@ async fn take_loop(
                 }
             };
             let all = taken.len() == wanted;
+            taken_so_far += taken.len() as u64;
+            // The statement returns its rows in no set order: the free slots go to the higher
+            // priorities, and the claims taken ahead wait for theirs in the same order.
+            let mut taken = taken;
+            taken.sort_by_key(|t| (std::cmp::Reverse(t.priority), t.claim.id));
             if !taken.is_empty() {
                 tail = Some(TAIL.0);
             }
@@ -199,18 +215,27 @@ async fn take_loop(
     }
 }
 
-/// Takes up to `limit` waiting claims of `consumer`: oldest first, or by its order keys'
-/// lines and fairly across tenants when it is so configured (docs/flow-control.md).
+/// Takes up to `limit` waiting claims of `consumer`: `aged` of them oldest first, the rest
+/// higher priority first, then oldest; by its order keys' lines and fairly across tenants
+/// when it is so configured (docs/flow-control.md).
 async fn take(
     claimer: &Claimer,
     consumer: &Consumer,
     limit: u32,
     clear_marker_within: Option<Duration>,
+    aged: u32,
 ) -> crate::store::StoreResult<Vec<crate::store::TakenClaim>> {
     let (store, owner, lease) = (claimer.store(), claimer.instance(), consumer.config.lease.0);
     if !consumer.takes_in_order() {
         return store
-            .take_enqueued(consumer.name(), limit, owner, lease, clear_marker_within)
+            .take_enqueued(
+                consumer.name(),
+                limit,
+                owner,
+                lease,
+                clear_marker_within,
+                aged,
+            )
             .await;
     }
     let flow = &consumer.config.flow;
@@ -220,6 +245,7 @@ async fn take(
             .is_some()
             .then_some(flow.order_hold == OrderHold::Hold),
         fair: (flow.fairness == Fairness::Tenant).then(|| flow.tenant_weights.clone()),
+        aged,
     };
     store
         .take_waiting(

@@ -275,6 +275,7 @@ async fn submit(
         content_type: b"application/json".to_vec(),
         not_before: None,
         trace_parent: None,
+        priority: 0,
     };
     match claimer.submit(delivery).await {
         Ok(Accepted::New(_)) => {

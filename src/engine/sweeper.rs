@@ -200,6 +200,7 @@ async fn sweep_consumer(
             let order = crate::store::WaitingOrder {
                 lines: consumer.order_key.is_some().then_some(hold),
                 fair: Some(cfg.flow.tenant_weights.clone()),
+                aged: 0,
             };
             let owner = claimer.instance();
             store

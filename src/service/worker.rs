@@ -181,6 +181,7 @@ impl Worker {
             content_type: b"application/json".to_vec(),
             not_before: None,
             trace_parent: None,
+            priority: 0,
         })
         .await
     }

@@ -27,7 +27,7 @@ pub(crate) fn key_args<'a>(
 }
 
 /// How many parameters `insert_claim` binds ([`insert_args`]).
-pub(crate) const INSERT_PARAMS: usize = 15;
+pub(crate) const INSERT_PARAMS: usize = 16;
 
 /// The arguments of the `insert_claim` statement.
 pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; INSERT_PARAMS] {
@@ -47,6 +47,7 @@ pub(crate) fn insert_args(new: &NewClaim) -> [Arg<'_>; INSERT_PARAMS] {
         Arg::OptTime(new.not_before),
         Arg::I32(new.first_attempt()),
         Arg::OptText(new.trace_parent.as_deref()),
+        Arg::I32(i32::from(new.priority)),
     ]
 }
 

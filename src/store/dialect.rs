@@ -209,18 +209,20 @@ pub struct Statements {
     /// returning them with payload and `age_ms` (time pending): consumer, limit, owner,
     /// lease ms.
     pub take_pending: &'static str,
-    /// Take enqueued claims no worker holds yet (`started`, attempt 1, no lease owner),
-    /// oldest first, leasing them to the taker (attempt and version unchanged), returning
-    /// them with payload and `age_ms` (time since enqueued): consumer, limit, owner, lease ms.
+    /// Take enqueued claims no worker holds yet (`started`, attempt 1, no lease owner): the
+    /// aged share oldest first, the rest higher priority first, then oldest, leasing them to
+    /// the taker (attempt and version unchanged), returning them with payload and `age_ms`
+    /// (time since enqueued): consumer, limit, owner, lease ms, called, aged share.
     pub take_enqueued: &'static str,
     /// [`take_enqueued`](Statements::take_enqueued) by order keys' lines: a claim with an
     /// order key only when no other unfinished claim of its consumer, tenant and key is
-    /// earlier or in flight (a `pending` or `needs_attention` one only when `hold`), oldest
-    /// first, also returning `went_ahead_of`: consumer, limit, owner, lease ms, hold, lines.
+    /// earlier or in flight (a `pending` or `needs_attention` one only when `hold`), the aged
+    /// share oldest first, the rest by priority, then oldest, also returning `went_ahead_of`:
+    /// consumer, limit, owner, lease ms, hold, lines, called, aged share.
     pub take_ordered: &'static str,
     /// [`take_ordered`](Statements::take_ordered) round-robin across tenants (a tenant's
-    /// n-th oldest waiting claim goes at turn n / weight): consumer, limit, owner, lease ms,
-    /// hold, lines, weights (a JSON object of tenant to weight).
+    /// n-th waiting claim by priority, then age, goes at turn n / weight): consumer, limit,
+    /// owner, lease ms, hold, lines, weights (a JSON object of tenant to weight), called.
     pub take_fair: &'static str,
     /// The earliest unfinished claim of a line that holds a claim (see `take_ordered`):
     /// consumer, tenant, order key, the claim's id.

@@ -263,6 +263,9 @@ pub struct TakenClaim {
     pub age: Duration,
     /// Who held the lease it was taken from (an instance name), when one was recorded.
     pub held_by: Option<String>,
+    /// Its priority ([`crate::domain::priority`]); the default for takes that do not read it
+    /// (the sweeper's).
+    pub priority: i16,
     /// The message id of a `pending` or `needs_attention` claim of its order key's line that
     /// it went ahead of (`order_hold = "skip"`); `None` for every other take.
     pub went_ahead_of: Option<String>,
@@ -276,8 +279,13 @@ pub struct WaitingOrder {
     /// `needs_attention` claim holds the claims behind it. `None`: order keys are ignored.
     pub lines: Option<bool>,
     /// `Some(weights)`: round-robin over the tenants with waiting claims, a tenant taking
-    /// its weight (default 1) per round. `None`: oldest first.
+    /// its weight (default 1) per round, each tenant's claims by priority, then oldest.
+    /// `None`: by priority, then oldest.
     pub fair: Option<std::collections::BTreeMap<String, u32>>,
+    /// How many of the take go oldest first whatever their priority (the aged share,
+    /// [`crate::domain::priority::aged_share`]); not under `fair`, whose turns bound a
+    /// tenant's wait instead.
+    pub aged: u32,
 }
 
 impl WaitingOrder {

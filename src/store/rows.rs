@@ -48,6 +48,14 @@ pub(crate) fn claim_from_row(row: &impl SqlRow) -> StoreResult<Claim> {
     })
 }
 
+/// A waiting claim a pickup took ([`taken_from_row`]), with the priority its take returns.
+pub(crate) fn taken_with_priority(row: &impl SqlRow) -> StoreResult<TakenClaim> {
+    let mut taken = taken_from_row(row, 0)?;
+    let priority = row.opt_i64("priority")?.unwrap_or(0);
+    taken.priority = i16::try_from(priority).unwrap_or(crate::domain::priority::DEFAULT);
+    Ok(taken)
+}
+
 /// A taken (or peeked) claim: the claim, how its previous attempt let go, and its age.
 pub(crate) fn taken_from_row(
     row: &impl SqlRow,
@@ -74,6 +82,7 @@ pub(crate) fn taken_from_row(
         handoff,
         age: Duration::from_millis(age_ms as u64),
         held_by,
+        priority: crate::domain::priority::DEFAULT,
         went_ahead_of: None,
     })
 }

@@ -217,6 +217,7 @@ pub fn orphan_claim(
         order_key: None,
         not_before: None,
         trace_parent: None,
+        priority: 0,
     }
 }
 

@@ -53,6 +53,7 @@ fn new_claim(consumer: &str, tenant: &str, id: &str, lease: Duration) -> NewClai
         order_key: None,
         not_before: None,
         trace_parent: None,
+        priority: 0,
     }
 }
 

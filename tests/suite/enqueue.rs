@@ -497,6 +497,7 @@ async fn thousand_producers(store: TestStore) {
                     "dead-worker",
                     Duration::from_millis(500),
                     (round % 2 == 1).then_some(Duration::from_secs(3600)),
+                    0,
                 )
                 .await
             {
@@ -760,6 +761,7 @@ async fn the_take_clears_the_marker_only_of_young_claims(store: TestStore) {
             "worker",
             Duration::from_secs(60),
             Some(Duration::from_secs(3600)),
+            0,
         )
         .await
         .unwrap();

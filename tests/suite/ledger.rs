@@ -97,6 +97,7 @@ async fn completed_claim_with(
         order_key: None,
         not_before: None,
         trace_parent: None,
+        priority: 0,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
         panic!("new claim {message_id}")

@@ -78,6 +78,7 @@ async fn claim_in(store: &Store, message_id: &str, payload: &Value, state: Claim
         order_key: None,
         not_before: None,
         trace_parent: None,
+        priority: 0,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
         panic!("new claim {message_id}")

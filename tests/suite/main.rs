@@ -51,6 +51,7 @@ mod operator_api;
 mod outcomes;
 mod page_actions;
 mod pooler;
+mod priorities;
 mod properties;
 mod provider_events;
 mod providers;

@@ -101,6 +101,7 @@ async fn claim_in(store: &Store, id: &str, payload: &Value, state: ClaimState) {
         order_key: None,
         not_before: None,
         trace_parent: None,
+        priority: 0,
     };
     let ClaimOutcome::Created(c) = store.claim(&new).await.unwrap() else {
         panic!("new claim {id}")

@@ -35,6 +35,7 @@ fn new_claim(id: &str, lease: Duration) -> NewClaim {
         order_key: None,
         not_before: None,
         trace_parent: None,
+        priority: 0,
     }
 }
 

@@ -286,7 +286,12 @@ pub async fn post_event(
         return refused;
     }
     let tenant_name = crate::edge::http::auth::tenant_header(&state, &consumer);
-    for name in [tenant_name, header::CONTENT_TYPE.as_str(), "Not-Before"] {
+    for name in [
+        tenant_name,
+        header::CONTENT_TYPE.as_str(),
+        "Not-Before",
+        super::http::PRIORITY,
+    ] {
         if let Some(refused) = repeated(&headers, name) {
             return refused;
         }
@@ -294,6 +299,10 @@ pub async fn post_event(
     let not_before = match not_before(&headers) {
         Ok(at) => at,
         Err(detail) => return problem(StatusCode::BAD_REQUEST, "bad Not-Before", &detail),
+    };
+    let priority = match super::http::priority(&headers) {
+        Ok(p) => p,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "bad Message-Priority", &detail),
     };
     let (body, share) = match read_body(&state, &consumer, &headers, body).await {
         Ok(b) => b,
@@ -345,6 +354,7 @@ pub async fn post_event(
         content_type: event.content_type,
         not_before,
         trace_parent: trace_parent(&headers),
+        priority,
     };
     submit_and_answer(&state, delivery, share, &headers).await
 }

@@ -188,6 +188,7 @@ pub async fn post_message(
         tenant_name,
         header::CONTENT_TYPE.as_str(),
         NOT_BEFORE,
+        PRIORITY,
     ] {
         if let Some(refused) = repeated(&headers, name) {
             return refused;
@@ -203,6 +204,10 @@ pub async fn post_message(
     let not_before = match not_before(&headers) {
         Ok(at) => at,
         Err(detail) => return problem(StatusCode::BAD_REQUEST, "bad Not-Before", &detail),
+    };
+    let priority = match priority(&headers) {
+        Ok(p) => p,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "bad Message-Priority", &detail),
     };
     // `share` (of the body budget) goes with the claim until its call starts: the body is in
     // memory till then, whether or not this client is still waiting.
@@ -223,6 +228,7 @@ pub async fn post_message(
         content_type,
         not_before,
         trace_parent: trace_parent(&headers),
+        priority,
     };
     submit_and_answer(&state, delivery, share, &headers).await
 }
@@ -262,6 +268,20 @@ pub(super) async fn submit_and_answer(
             answer_with(state, claim, StatusCode::OK, true, wait).await
         }
         Err(e) => submit_error(e),
+    }
+}
+
+/// The header giving a message's priority (docs/flow-control.md, "Priorities"). Not
+/// `Priority`: that one is HTTP's own (RFC 9218), which browsers and proxies send.
+pub(super) const PRIORITY: &str = "Message-Priority";
+
+/// The priority `Message-Priority` names (an integer from -100 to 100), the default without
+/// one; why not otherwise.
+pub(super) fn priority(headers: &HeaderMap) -> Result<i16, String> {
+    match headers.get(PRIORITY) {
+        None => Ok(crate::domain::priority::DEFAULT),
+        Some(v) => crate::domain::priority::parse(v.as_bytes())
+            .map_err(|e| format!("the {PRIORITY} header: {e}")),
     }
 }
 

@@ -48,6 +48,9 @@ pub enum DeadLetterReason {
     HeadersTooDeep,
     /// The `not-before` header is neither an RFC 3339 time nor a duration, or too far ahead.
     InvalidNotBefore,
+    /// The priority (AMQP `priority` property, NATS `Message-Priority` header) is not an
+    /// integer from -100 to 100.
+    InvalidPriority,
     /// Delivered more times than `max_deliver` without being acknowledged (NATS): claimd was
     /// stopped or killed while holding it each time, and it has no claim.
     DeliveryLimit,
@@ -70,6 +73,7 @@ impl DeadLetterReason {
             DeadLetterReason::KeyTooLong => "key_too_long",
             DeadLetterReason::HeadersTooDeep => "headers_too_deep",
             DeadLetterReason::InvalidNotBefore => "invalid_not_before",
+            DeadLetterReason::InvalidPriority => "invalid_priority",
             DeadLetterReason::DeliveryLimit => "delivery_limit",
             DeadLetterReason::UnreadableHeaders => "unreadable_headers",
         }
@@ -155,6 +159,9 @@ pub(crate) struct Received<'a> {
     pub content_type: Vec<u8>,
     /// The `not-before` header's bytes, if present.
     pub not_before: Result<Option<Vec<u8>>, String>,
+    /// The priority as text (the NATS header's bytes; the AMQP property in decimal), if
+    /// present.
+    pub priority: Result<Option<Vec<u8>>, String>,
     /// The producer's `traceparent` header's bytes, if present and readable (one that does
     /// not parse is ignored).
     pub trace_parent: Option<Vec<u8>>,
@@ -244,6 +251,18 @@ pub(crate) fn delivery_of(r: Received<'_>) -> Result<Delivery, Verdict> {
             ));
         }
     };
+    let priority = match r.priority {
+        Ok(None) => crate::domain::priority::DEFAULT,
+        Ok(Some(v)) => crate::domain::priority::parse(&v)
+            .map_err(|e| Verdict::dead(DeadLetterReason::InvalidPriority, e.to_string(), &shown))?,
+        Err(why) => {
+            return Err(Verdict::dead(
+                DeadLetterReason::InvalidPriority,
+                format!("the priority cannot be read: {why}"),
+                &shown,
+            ));
+        }
+    };
     Ok(Delivery {
         consumer: c.name.clone(),
         tenant,
@@ -252,6 +271,7 @@ pub(crate) fn delivery_of(r: Received<'_>) -> Result<Delivery, Verdict> {
         content_type: r.content_type,
         not_before,
         trace_parent: r.trace_parent.as_deref().and_then(TraceParent::parse),
+        priority,
     })
 }
 

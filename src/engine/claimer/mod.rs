@@ -208,6 +208,7 @@ mod tests {
             order_key: None,
             not_before: None,
             trace_parent: None,
+            priority: 0,
         };
         let ClaimOutcome::Created(claim) = claimer.store.claim(&new).await.unwrap() else {
             panic!("not created")

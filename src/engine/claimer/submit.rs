@@ -25,6 +25,9 @@ pub struct Delivery {
     /// The producer's W3C `traceparent` (HTTP, AMQP or NATS header), when it sent a valid one:
     /// with `[traces]` on, the message's trace continues the producer's.
     pub trace_parent: Option<crate::domain::trace_context::TraceParent>,
+    /// The message's priority, -100 to 100, checked by the way in (`Priority` header, AMQP
+    /// `priority` property): acts where the claim waits in the database (docs/flow-control.md).
+    pub priority: i16,
 }
 
 /// The claim was accepted: acknowledge.
@@ -235,6 +238,7 @@ impl Claimer {
             order_key,
             not_before: d.not_before,
             trace_parent,
+            priority: d.priority,
         };
         // From the claim statement on, the work must not be cancellable: the statement may
         // commit whatever happens to this caller, and a committed claim must be performed by

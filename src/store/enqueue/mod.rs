@@ -61,6 +61,9 @@ pub struct Enqueue<'a> {
     pub tenant: &'a str,
     /// The payload's content type.
     pub content_type: &'a str,
+    /// The claim's priority, from -100 to 100 (docs/flow-control.md, "Priorities"): a
+    /// consumer's pickup takes higher ones first.
+    pub priority: i16,
 }
 
 impl<'a> Enqueue<'a> {
@@ -72,7 +75,14 @@ impl<'a> Enqueue<'a> {
             payload,
             tenant: "",
             content_type: "application/json",
+            priority: crate::domain::priority::DEFAULT,
         }
+    }
+
+    /// With a priority from -100 to 100 (default 0); another is refused by [`enqueue`]
+    /// ([`EnqueueError::BadPriority`]).
+    pub fn priority(self, priority: i16) -> Self {
+        Enqueue { priority, ..self }
     }
 
     /// With a tenant (the consumer's key must mention `{tenant}`).
@@ -124,6 +134,9 @@ pub enum EnqueueError {
     /// A tenant for a consumer whose key does not mention `{tenant}`.
     #[error(transparent)]
     TenantNotKeyed(#[from] TenantNotKeyed),
+    /// The priority is not from -100 to 100.
+    #[error(transparent)]
+    BadPriority(#[from] crate::domain::priority::PriorityError),
     /// The content type cannot be stored and sent to the provider.
     #[error("{0}")]
     BadContentType(String),
@@ -210,6 +223,7 @@ fn check(e: &Enqueue<'_>, reg: &Registered) -> Result<Checked, EnqueueError> {
     }
     let message_id = validate_message_id(e.message_id.as_bytes())?;
     let tenant = validate_tenant(e.tenant.as_bytes())?;
+    crate::domain::priority::check(i64::from(e.priority))?;
     let template: KeyTemplate =
         reg.template
             .parse()
@@ -297,6 +311,7 @@ impl EnqueueConn for sqlx::PgConnection {
             .bind(e.payload)
             .bind(e.tenant)
             .bind(e.content_type)
+            .bind(i32::from(e.priority))
             .persistent(false)
             .fetch_one(&mut *self)
             .await;
@@ -330,6 +345,9 @@ fn refusal(err: sqlx::Error, e: &Enqueue<'_>, key: String) -> EnqueueError {
             key,
         },
         Some("CD010") => EnqueueError::Ordered(e.consumer.to_string()),
+        Some("CD012") => EnqueueError::BadPriority(crate::domain::priority::PriorityError(
+            e.priority.to_string(),
+        )),
         Some(code) if code.starts_with("CD") => EnqueueError::Refused {
             code: code.to_string(),
             message: db.message().to_string(),
@@ -380,6 +398,7 @@ impl EnqueueConn for sqlx::SqliteConnection {
             .bind(&print)
             .bind(e.payload)
             .bind(e.content_type)
+            .bind(e.priority)
             .fetch_optional(&mut *self)
             .await?;
         if let Some(row) = inserted {

@@ -19,15 +19,15 @@ use std::collections::HashMap;
 pub(super) const INSERT_CLAIMS: &str = concat!(
     "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
      content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt, \
-     order_key, not_before, attempt, trace_parent) \
+     order_key, not_before, attempt, trace_parent, priority) \
      SELECT c, t, m, k, f, p, ct, w, \
             COALESCE(nb, CASE WHEN w IS NOT NULL THEN now() + l * interval '1 millisecond' END), \
             NULLIF(tok, ''), CASE WHEN nc THEN 'not_called' END, CASE WHEN nc THEN a END, \
-            ok, nb, a, tp \
+            ok, nb, a, tp, pr \
      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], \
                  $7::text[], $8::text[], $9::bigint[], $10::text[], $11::bool[], $12::text[], \
-                 $13::timestamptz[], $14::int[], $15::text[]) \
-       AS u(c, t, m, k, f, p, ct, w, l, tok, nc, ok, nb, a, tp) \
+                 $13::timestamptz[], $14::int[], $15::text[], $16::int[]) \
+       AS u(c, t, m, k, f, p, ct, w, l, tok, nc, ok, nb, a, tp, pr) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
     claim_cols!()
 );
@@ -170,6 +170,11 @@ pub(super) async fn insert_batch(
             new.iter()
                 .map(|n| n.trace_parent.as_deref())
                 .collect::<Vec<Option<&str>>>(),
+        )
+        .bind(
+            new.iter()
+                .map(|n| i32::from(n.priority))
+                .collect::<Vec<i32>>(),
         );
     let rows = pool.all(query).await.map_err(err("insert_claims"))?;
     let mut created: HashMap<(String, String, String), Claim> = rows

@@ -138,12 +138,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
      content_type, lease_owner, lease_until, claim_token, handoff, handoff_attempt, \
-     order_key, not_before, attempt, trace_parent) \
+     order_key, not_before, attempt, trace_parent, priority) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
              COALESCE($13::timestamptz, CASE WHEN $8::text IS NOT NULL \
                THEN now() + $9 * interval '1 millisecond' END), \
              NULLIF($10, ''), CASE WHEN $11 THEN 'not_called' END, \
-             CASE WHEN $11 THEN $14::int END, $12, $13, $14, $15) \
+             CASE WHEN $11 THEN $14::int END, $12, $13, $14, $15, $16) \
      ON CONFLICT (consumer, tenant, message_id) DO NOTHING RETURNING ",
         claim_cols!()
     ),
@@ -316,42 +316,63 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(pending_utc, received_utc)) * 1000)::bigint \
        AS age_ms, NULL::text AS held_by"
     ),
-    // Enqueued claims (a producer's committed transaction) no worker took yet, oldest first;
+    // Enqueued claims (a producer's committed transaction) no worker took yet: `$6` of them
+    // oldest first (the aged share), the rest higher priority first, then oldest;
     // `attempt = 1` leaves out operator redrives, which the sweeper takes. The rows are
-    // chosen and locked by the inner SELECT (FOR UPDATE re-checks its predicate on the row's
-    // latest version, and the lock keeps it so until the UPDATE), so the UPDATE finds them
-    // by primary key alone: with the predicate repeated there, the planner walks the whole
-    // partial index (and its dead entries) once per statement: 0.7 s at 65,000 claims.
+    // chosen and locked by the inner SELECTs (FOR UPDATE re-checks their predicate on the
+    // row's latest version, and the lock keeps it so until the UPDATE), so the UPDATE finds
+    // them by primary key alone: with the predicate repeated there, the planner walks the
+    // whole partial index (and its dead entries) once per statement: 0.7 s at 65,000 claims.
+    // The second SELECT leaves out the first's rows, which its own lock does not skip.
     take_enqueued: concat!(
         "UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond', \
        started_utc = now(), updated_utc = now(), ",
         pg_clear_marker!("$5"),
         " WHERE id = ANY (ARRAY( \
-       SELECT id FROM claims \
-       WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
-       ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+       WITH aged AS MATERIALIZED ( \
+         SELECT id FROM claims \
+         WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
+         ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED) \
+       SELECT id FROM aged \
+       UNION ALL \
+       SELECT p.id FROM ( \
+         SELECT id FROM claims \
+         WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
+           AND id <> ALL (ARRAY(SELECT id FROM aged)) \
+         ORDER BY priority DESC, id LIMIT $2 - $6 FOR UPDATE SKIP LOCKED) p)) \
      RETURNING ",
         claim_cols!(),
         ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
-       NULL::text AS held_by"
+       NULL::text AS held_by, priority::bigint AS priority"
     ),
-    // As take_enqueued, the rows locked by the inner SELECT are updated by primary key.
+    // As take_enqueued (the aged share `$8`, then by priority), among the heads of their lines
+    // only: priority chooses between lines, never within one. The rows locked by the inner
+    // SELECTs are updated by primary key.
     take_ordered: concat!(
         pg_take_waiting_set!("$7"),
         "WHERE id = ANY (ARRAY( \
-       SELECT w.id FROM claims w \
-       WHERE w.consumer = $1 AND w.state = 'started' AND w.lease_owner IS NULL \
-         AND w.attempt = 1 AND NOT ",
+       WITH aged AS MATERIALIZED ( \
+         SELECT w.id FROM claims w \
+         WHERE w.consumer = $1 AND w.state = 'started' AND w.lease_owner IS NULL \
+           AND w.attempt = 1 AND NOT ",
         pg_behind_in_line!(),
-        " ORDER BY w.id LIMIT $2 FOR UPDATE OF w SKIP LOCKED))",
+        " ORDER BY w.id LIMIT $8 FOR UPDATE OF w SKIP LOCKED) \
+       SELECT id FROM aged \
+       UNION ALL \
+       SELECT p.id FROM ( \
+         SELECT w.id FROM claims w \
+         WHERE w.consumer = $1 AND w.state = 'started' AND w.lease_owner IS NULL \
+           AND w.attempt = 1 AND w.id <> ALL (ARRAY(SELECT id FROM aged)) AND NOT ",
+        pg_behind_in_line!(),
+        " ORDER BY w.priority DESC, w.id LIMIT $2 - $8 FOR UPDATE OF w SKIP LOCKED) p))",
         pg_take_waiting_returning!()
     ),
     // The tenants with waiting claims, walked in the partial index claims_waiting_tenant one
     // step each (a loose index scan: the cost grows with tenants, not with claims), then each
-    // tenant's oldest takeable claims (at most the limit), interleaved by turn; the chosen ids
-    // are computed once (an InitPlan) and locked by primary key. The tenant is matched as a
-    // range and the rows ordered by (tenant, id) so that only claims_waiting_tenant serves
-    // them: with `tenant = t` the planner may walk the primary key instead, filtering, which
+    // tenant's takeable claims (at most the limit), higher priority first, then oldest,
+    // interleaved by turn; the chosen ids are computed once (an InitPlan) and locked by
+    // primary key. The tenant is matched as a range and the rows ordered by (tenant,
+    // priority, id) so that only claims_waiting_tenant_priority serves them: with `tenant = t` the planner may walk the primary key instead, filtering, which
     // reads a whole backlog of one tenant to reach another's first claim.
     take_fair: concat!(
         pg_take_waiting_set!("$8"),
@@ -367,11 +388,11 @@ pub(super) const STATEMENTS: Statements = Statements {
            FROM tenants WHERE tenants.t IS NOT NULL) \
          SELECT x.id FROM tenants \
          CROSS JOIN LATERAL ( \
-           SELECT w.id, row_number() OVER (ORDER BY w.tenant, w.id) AS rn FROM claims w \
+           SELECT w.id, row_number() OVER (ORDER BY w.tenant, w.priority DESC, w.id) AS rn FROM claims w \
            WHERE w.consumer = $1 AND w.tenant >= tenants.t AND w.tenant <= tenants.t \
              AND w.state = 'started' AND w.lease_owner IS NULL AND w.attempt = 1 AND NOT ",
         pg_behind_in_line!(),
-        " ORDER BY w.tenant, w.id LIMIT $2) x \
+        " ORDER BY w.tenant, w.priority DESC, w.id LIMIT $2) x \
          LEFT JOIN jsonb_each_text($7::jsonb) AS wt(tenant, weight) ON wt.tenant = tenants.t \
          WHERE tenants.t IS NOT NULL \
          ORDER BY x.rn::float8 / COALESCE(wt.weight::float8, 1), x.id LIMIT $2)) \

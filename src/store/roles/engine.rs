@@ -157,8 +157,9 @@ pub trait EngineStore: Send + Sync {
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Takes up to `limit` enqueued claims of `consumer` that no worker holds yet (a
-    /// producer's committed [`crate::store::enqueue`]: `started`, attempt 1, no lease owner),
-    /// oldest first: leases them to `owner` for `lease`, attempt unchanged, skipping rows
+    /// producer's committed [`crate::store::enqueue`]: `started`, attempt 1, no lease owner):
+    /// `aged` of them oldest first, the rest higher priority first, then oldest
+    /// ([`crate::domain::priority`]): leases them to `owner` for `lease`, attempt unchanged, skipping rows
     /// another instance is taking. [`TakenClaim::age`] is the time since each was enqueued.
     /// `clear_marker_within`: the "not called yet" markers of those received within it go in
     /// the same write ([`crate::engine::policy::clear_marker_within`]; `None`: none); the taker
@@ -170,6 +171,7 @@ pub trait EngineStore: Send + Sync {
         owner: &str,
         lease: Duration,
         clear_marker_within: Option<Duration>,
+        aged: u32,
     ) -> StoreResult<Vec<TakenClaim>>;
 
     /// Takes up to `limit` waiting claims of `consumer` (`started`, attempt 1, no lease owner:

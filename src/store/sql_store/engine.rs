@@ -7,7 +7,7 @@ use crate::store::args::{key_args, ms, restore_args, settle_args, settle_from_ar
 use crate::store::dialect::{Arg, Dialect, LoggedWrite, SqlRow, event_args};
 use crate::store::enqueue::Registration;
 use crate::store::outbox::emits;
-use crate::store::rows::taken_from_row;
+use crate::store::rows::{taken_from_row, taken_with_priority};
 use crate::store::{
     EngineStore, NewEvent, PruneResult, SettleItem, Settlement, StoreError, StoreResult,
     TakenClaim, WaitingOrder,
@@ -41,29 +41,12 @@ impl<D: Dialect> SqlStore<D> {
         owner: &str,
         lease: Duration,
     ) -> StoreResult<Vec<TakenClaim>> {
-        self.take_leased_with(name, sql, consumer, limit, owner, lease, None)
-            .await
-    }
-
-    /// [`Self::take_leased`] with one more parameter, `$5`.
-    #[allow(clippy::too_many_arguments)]
-    async fn take_leased_with(
-        &self,
-        name: &'static str,
-        sql: &'static str,
-        consumer: &str,
-        limit: u32,
-        owner: &str,
-        lease: Duration,
-        fifth: Option<Arg<'_>>,
-    ) -> StoreResult<Vec<TakenClaim>> {
-        let mut args = vec![
+        let args = [
             Arg::Text(consumer),
             Arg::I64(i64::from(limit)),
             Arg::Text(owner),
             Arg::I64(ms(lease)),
         ];
-        args.extend(fifth);
         let rows = self.fetch(name, sql, &args).await?;
         rows.iter().map(|r| taken_from_row(r, 0)).collect()
     }
@@ -341,19 +324,23 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         owner: &str,
         lease: Duration,
         clear_marker_within: Option<Duration>,
+        aged: u32,
     ) -> StoreResult<Vec<TakenClaim>> {
-        let within = Arg::I64(clear_marker_within.map_or(-1, ms));
-        let taken = self
-            .take_leased_with(
-                "take_enqueued",
-                D::SQL.take_enqueued,
-                consumer,
-                limit,
-                owner,
-                lease,
-                Some(within),
-            )
+        let args = [
+            Arg::Text(consumer),
+            Arg::I64(i64::from(limit)),
+            Arg::Text(owner),
+            Arg::I64(ms(lease)),
+            Arg::I64(clear_marker_within.map_or(-1, ms)),
+            Arg::I64(i64::from(aged.min(limit))),
+        ];
+        let rows = self
+            .fetch("take_enqueued", D::SQL.take_enqueued, &args)
             .await?;
+        let taken = rows
+            .iter()
+            .map(taken_with_priority)
+            .collect::<StoreResult<Vec<_>>>()?;
         // The producer's transaction has no key: its row was written in clear. Sealed now,
         // when claimd takes it (docs/producers.md, "Encryption at rest").
         if crate::store::sealing::keyring().is_some() {
@@ -385,7 +372,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             Arg::Bool(order.lines.unwrap_or(true)),
             Arg::Bool(order.lines.is_some()),
         ];
-        // `clear_marker_within` is the last parameter: $7 of take_ordered, $8 of take_fair.
+        // `clear_marker_within`: $7 of take_ordered (then the aged share, $8), $8 of take_fair.
         let (name, sql) = if order.fair.is_some() {
             args.push(Arg::Text(&weights));
             ("take_fair", D::SQL.take_fair)
@@ -393,6 +380,9 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             ("take_ordered", D::SQL.take_ordered)
         };
         args.push(Arg::I64(clear_marker_within.map_or(-1, ms)));
+        if order.fair.is_none() {
+            args.push(Arg::I64(i64::from(order.aged.min(limit))));
+        }
         let rows = if order.lines.is_some() {
             self.dialect.fetch_alone(consumer, name, sql, &args).await?
         } else {
@@ -400,7 +390,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         };
         rows.iter()
             .map(|r| {
-                let mut taken = taken_from_row(r, 0)?;
+                let mut taken = taken_with_priority(r)?;
                 taken.went_ahead_of = r.opt_text("went_ahead_of")?;
                 Ok(taken)
             })

@@ -82,7 +82,7 @@ macro_rules! sqlite_take_waiting_returning {
             claim_cols!(),
             ", payload, (",
             now_ms!(),
-            " - received_utc) AS age_ms, NULL AS held_by, \
+            " - received_utc) AS age_ms, NULL AS held_by, priority, \
              (SELECT o.message_id FROM claims o WHERE claims.order_key IS NOT NULL \
                 AND o.consumer = claims.consumer AND o.tenant = claims.tenant \
                 AND o.order_key = claims.order_key AND o.id < claims.id \

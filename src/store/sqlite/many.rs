@@ -31,7 +31,7 @@ use std::sync::OnceLock;
 /// The sizes a batch is cut into, largest first (a batch of 100: 64, 32, 4).
 const CHUNKS: [usize; 7] = [64, 32, 16, 8, 4, 2, 1];
 
-// The largest statement (64 claims of 11 parameters) stays within SQLite's parameter limit.
+// The largest statement (64 claims of INSERT_PARAMS parameters) stays within SQLite's parameter limit.
 const _: () = assert!(CHUNKS[0] * INSERT_PARAMS <= 32_766);
 
 /// `items` cut into [`CHUNKS`]-sized runs, in order.

@@ -108,9 +108,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     insert_claim: concat!(
         "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, payload, \
      content_type, lease_owner, claim_token, handoff, handoff_attempt, order_key, not_before, \
-     attempt, trace_parent, lease_until, received_utc, started_utc, updated_utc) VALUES (?1, \
-     ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULLIF(?10, ''), CASE WHEN ?11 THEN 'not_called' END, \
-     CASE WHEN ?11 THEN ?14 END, ?12, ?13, ?14, ?15, COALESCE(?13, CASE WHEN ?8 IS NOT NULL THEN ",
+     attempt, trace_parent, priority, lease_until, received_utc, started_utc, updated_utc) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULLIF(?10, ''), CASE WHEN ?11 THEN 'not_called' \
+     END, CASE WHEN ?11 THEN ?14 END, ?12, ?13, ?14, ?15, ?16, COALESCE(?13, CASE WHEN ?8 IS NOT NULL THEN ",
         now_ms!(),
         " + ?9 END), ",
         now_ms!(),
@@ -266,7 +266,8 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         " - COALESCE(pending_utc, received_utc)) AS age_ms, NULL AS held_by"
     ),
-    // Enqueued claims no worker took yet, oldest first (see the PostgreSQL statement).
+    // Enqueued claims no worker took yet: `?6` oldest first, the rest by priority, then oldest
+    // (see the PostgreSQL statement).
     take_enqueued: concat!(
         "UPDATE claims SET lease_owner = ?3, lease_until = ",
         now_ms!(),
@@ -276,22 +277,28 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         ", ",
         sqlite_clear_marker!("?5"),
-        " WHERE id IN (SELECT id FROM claims WHERE consumer = ?1 AND state = 'started' \
-       AND lease_owner IS NULL AND attempt = 1 ORDER BY id LIMIT ?2) \
+        " WHERE id IN (WITH waiting AS (SELECT id, priority FROM claims WHERE consumer = ?1 \
+         AND state = 'started' AND lease_owner IS NULL AND attempt = 1), \
+       aged AS (SELECT id FROM waiting ORDER BY id LIMIT ?6) \
+       SELECT id FROM aged UNION ALL SELECT id FROM (SELECT id FROM waiting \
+         WHERE id NOT IN aged ORDER BY priority DESC, id LIMIT ?2 - ?6)) \
        AND state = 'started' AND lease_owner IS NULL AND attempt = 1 RETURNING ",
         claim_cols!(),
         ", payload, (",
         now_ms!(),
-        " - received_utc) AS age_ms, NULL AS held_by"
+        " - received_utc) AS age_ms, NULL AS held_by, priority"
     ),
-    // One writer at a time: the statement alone is atomic, no lock needed.
+    // One writer at a time: the statement alone is atomic, no lock needed. The aged share
+    // `?8`, then by priority, among the heads of their lines (see the PostgreSQL statement).
     take_ordered: concat!(
         sqlite_take_waiting_set!("?7"),
-        "WHERE id IN (SELECT w.id FROM claims w \
-       WHERE w.consumer = ?1 AND w.state = 'started' AND w.lease_owner IS NULL \
-         AND w.attempt = 1 AND NOT ",
+        "WHERE id IN (WITH heads AS (SELECT w.id, w.priority FROM claims w \
+         WHERE w.consumer = ?1 AND w.state = 'started' AND w.lease_owner IS NULL \
+           AND w.attempt = 1 AND NOT ",
         sqlite_behind_in_line!(),
-        " ORDER BY w.id LIMIT ?2)",
+        "), aged AS (SELECT id FROM heads ORDER BY id LIMIT ?8) \
+       SELECT id FROM aged UNION ALL SELECT id FROM (SELECT id FROM heads \
+         WHERE id NOT IN aged ORDER BY priority DESC, id LIMIT ?2 - ?8))",
         sqlite_take_waiting_returning!()
     ),
     // SQLite has no LATERAL: every waiting claim of the consumer is ranked within its tenant
@@ -299,7 +306,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     take_fair: concat!(
         sqlite_take_waiting_set!("?8"),
         "WHERE id IN (SELECT r.id FROM ( \
-         SELECT w.id, w.tenant, row_number() OVER (PARTITION BY w.tenant ORDER BY w.id) AS rn \
+         SELECT w.id, w.tenant, row_number() OVER (PARTITION BY w.tenant ORDER BY w.priority DESC, w.id) AS rn \
          FROM claims w \
          WHERE w.consumer = ?1 AND w.state = 'started' AND w.lease_owner IS NULL \
            AND w.attempt = 1 AND NOT ",

@@ -1,6 +1,6 @@
 //! Scheduled sends over RabbitMQ: the `not-before` header schedules a message (acknowledged at
 //! once, sent at its time); a malformed one is dead-lettered with the reason
-//! `invalid_not_before`, nothing claimed.
+//! `invalid_not_before`, nothing claimed. The `priority` property likewise (`invalid_priority`).
 
 use super::*;
 
@@ -65,6 +65,59 @@ async fn the_not_before_header_schedules_or_is_dead_lettered() {
     let reason = header(&dead[0].delivery.properties, "claimd-reason").unwrap();
     assert!(reason.contains("not-before"), "{reason}");
     assert!(st.get("payments", "", "never").await.unwrap().is_none());
+    running.shutdown(Duration::from_secs(5)).await;
+    q.delete().await;
+}
+
+/// The message's `priority` property: 0-100 is the claim's priority, above is dead-lettered
+/// with the reason `invalid_priority`, nothing claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_priority_property_is_stored_or_dead_lettered() {
+    let Some(q) = TestQueues::new("prio").await else {
+        return;
+    };
+    let store = TestStore::sqlite();
+    let (_sandbox, provider) = sandbox(SandboxOptions::default()).await;
+    let running = start(&config_toml(
+        &store.url(),
+        &q.consumer_toml("payments", "", &http_effect(&provider)),
+    ))
+    .await;
+    wait_connected(&running).await;
+    let props = |id: &str, priority: u8| {
+        BasicProperties::default()
+            .with_message_id(id.into())
+            .with_content_type("application/json".into())
+            .with_priority(priority)
+    };
+    q.publish(props("urgent", 90), br#"{"amount_cents":1}"#)
+        .await;
+    q.publish(props("too-high", 200), br#"{"amount_cents":2}"#)
+        .await;
+    let pool = sqlx::SqlitePool::connect(&store.url()).await.unwrap();
+    let stored = eventually(Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, i64>("SELECT priority FROM claims WHERE message_id = 'urgent'")
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+            == Some(90)
+    })
+    .await;
+    assert!(stored, "claimed with priority 90");
+    let mut dead = Vec::new();
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    while dead.is_empty() && tokio::time::Instant::now() < end {
+        dead.extend(q.take_dead().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(dead.len(), 1);
+    let reason = header(&dead[0].delivery.properties, "claimd-reason").unwrap();
+    assert!(
+        reason.contains("priority \"200\" is not an integer from -100 to 100"),
+        "{reason}"
+    );
+    let st = running.app().store.clone();
+    assert!(st.get("payments", "", "too-high").await.unwrap().is_none());
     running.shutdown(Duration::from_secs(5)).await;
     q.delete().await;
 }

@@ -232,6 +232,7 @@ async fn a_redriven_head_waits_for_the_claim_in_flight(store: TestStore) {
     let order = WaitingOrder {
         lines: Some(true),
         fair: None,
+        aged: 0,
     };
     let taken = s
         .take_waiting(

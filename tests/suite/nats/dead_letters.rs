@@ -105,6 +105,12 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_a_reason() {
             R::InvalidNotBefore,
             "not-before",
         ),
+        (
+            with(&[("Nats-Msg-Id", "urgent-1"), ("Message-Priority", "urgent")]),
+            r#"{"case":"priority"}"#.into(),
+            R::InvalidPriority,
+            "priority \"urgent\" is not an integer from -100 to 100",
+        ),
     ];
     for (h, body, _, _) in &cases {
         s.publish(h.clone(), body.as_bytes()).await;
@@ -177,6 +183,7 @@ fn claim_of(id: &str, body: &'static str) -> claimd::engine::claimer::Delivery {
         content_type: b"application/json".to_vec(),
         not_before: None,
         trace_parent: None,
+        priority: 0,
     }
 }
 

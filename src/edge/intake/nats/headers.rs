@@ -10,6 +10,8 @@ use async_nats::HeaderMap;
 
 /// The header asking for a scheduled send (docs/flow-control.md); matched in any case.
 pub const NOT_BEFORE_HEADER: &str = "Not-Before";
+/// The header giving a message's priority (docs/flow-control.md, "Priorities").
+pub const PRIORITY_HEADER: &str = "Message-Priority";
 /// The header a dead letter carries with a readable sentence saying why.
 pub const REASON_HEADER: &str = "Claimd-Reason";
 /// The header a dead letter carries with the reason class (`payload_mismatch`, ...).
@@ -97,6 +99,7 @@ pub(super) async fn judge(
         max_body_bytes: ctx.max_body_bytes,
         content_type,
         not_before: header_bytes(headers, NOT_BEFORE_HEADER),
+        priority: header_bytes(headers, PRIORITY_HEADER),
         trace_parent: header_bytes(headers, TRACEPARENT).ok().flatten(),
     };
     let shown_id = received.shown_id();

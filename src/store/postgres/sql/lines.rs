@@ -50,7 +50,7 @@ macro_rules! pg_take_waiting_returning {
             " RETURNING ",
             claim_cols!(),
             ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
-             NULL::text AS held_by, \
+             NULL::text AS held_by, priority::bigint AS priority, \
              (SELECT o.message_id FROM claims o WHERE claims.order_key IS NOT NULL \
                 AND o.consumer = claims.consumer AND o.tenant = claims.tenant \
                 AND o.order_key = claims.order_key AND o.id < claims.id \
