@@ -121,6 +121,15 @@ macro_rules! pg_settle_event {
     };
 }
 
+/// Retention's condition that a claim has no follow-up still open (docs/follow-ups.md): a
+/// parent stays while a child it created is not finished.
+macro_rules! open_child {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM claims k WHERE k.parent_id = claims.id \
+         AND k.state NOT IN ('completed', 'failed'))"
+    };
+}
+
 #[macro_use]
 mod lines;
 pub(super) mod accounts;
@@ -186,6 +195,17 @@ pub(super) const STATEMENTS: Statements = Statements {
         pg_settle_event!(),
         " SELECT id, attempt FROM s"
     ),
+    // Waiting like an enqueued claim (no lease owner, "not called yet", the sweeper's after
+    // 60 s if no pickup takes it), or parked with its reason.
+    insert_follow_up: "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, \
+       payload, content_type, lease_owner, lease_until, handoff, handoff_attempt, parent_id, \
+       state, last_error) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, \
+       CASE WHEN $9::text IS NULL THEN now() + interval '60 seconds' END, \
+       CASE WHEN $9::text IS NULL THEN 'not_called' END, \
+       CASE WHEN $9::text IS NULL THEN 1 END, $8, \
+       CASE WHEN $9::text IS NULL THEN 'started' ELSE 'needs_attention' END, $9) \
+     ON CONFLICT (consumer, tenant, message_id) DO NOTHING",
     insert_event: "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -273,6 +293,16 @@ pub(super) const STATEMENTS: Statements = Statements {
      WHERE state = 'needs_attention' AND consumer = $1 \
        AND substr(COALESCE(last_error, ''), 1, length($2::text)) = $2::text \
      ORDER BY received_utc DESC, id DESC LIMIT $3"
+    ),
+    claim_parent: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims WHERE id = (SELECT parent_id FROM claims WHERE id = $1)"
+    ),
+    claim_children: concat!(
+        "SELECT ",
+        claim_cols!(),
+        " FROM claims WHERE parent_id = $1 ORDER BY id"
     ),
     list_events: "\
     SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
@@ -559,18 +589,24 @@ pub(super) const STATEMENTS: Statements = Statements {
     // predicate stands on the DELETE too: under READ COMMITTED a row another transaction changed
     // meanwhile (an operator's redrive of an old `failed` claim) must be terminal when it is
     // deleted, not only when it was chosen (I7).
-    prune_batch: "\
-    WITH batch AS MATERIALIZED ( \
+    prune_batch: concat!(
+        "WITH batch AS MATERIALIZED ( \
       SELECT id AS batch_id FROM claims \
       WHERE state IN ('completed', 'failed') \
-        AND updated_utc < now() - $1 * interval '1 millisecond' \
-      ORDER BY updated_utc LIMIT $2 FOR UPDATE SKIP LOCKED) \
+        AND updated_utc < now() - $1 * interval '1 millisecond' AND ",
+        open_child!(),
+        " ORDER BY updated_utc LIMIT $2 FOR UPDATE SKIP LOCKED) \
     DELETE FROM claims USING batch WHERE id = batch_id \
       AND state IN ('completed', 'failed') \
-      AND updated_utc < now() - $1 * interval '1 millisecond'",
-    prune_count: "\
-    SELECT COUNT(*) AS n FROM claims \
-    WHERE state IN ('completed', 'failed') AND updated_utc < now() - $1 * interval '1 millisecond'",
+      AND updated_utc < now() - $1 * interval '1 millisecond' AND ",
+        open_child!()
+    ),
+    prune_count: concat!(
+        "SELECT COUNT(*) AS n FROM claims \
+    WHERE state IN ('completed', 'failed') AND updated_utc < now() - $1 * interval '1 millisecond' \
+      AND ",
+        open_child!()
+    ),
     prune_dead_letters: "\
     DELETE FROM dead_letters WHERE id IN ( \
       SELECT id FROM dead_letters WHERE at_utc < now() - $1 * interval '1 millisecond' \

@@ -1,0 +1,217 @@
+//! Follow-ups (`[[consumers.follow_ups]]`, docs/follow-ups.md): a charge's completion creates
+//! its receipt's claim in the settle's transaction, the receipt carries the charge's id from
+//! the provider's answer and is sent once; retention keeps a parent while its child is open.
+
+use crate::common;
+
+use claimd::domain::claim::{ClaimState, NewClaim, fingerprint};
+use claimd::provider::sandbox::Sandbox;
+use claimd::store::{ClaimOutcome, FollowUpClaim, NewEvent, Settlement, Store};
+use common::*;
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+
+/// A `charges` consumer whose completion sends a receipt through `receipts`.
+fn consumers(provider: &str, charge_extra: &str) -> String {
+    format!(
+        "{}{}\n[[consumers.follow_ups]]\nstep = \"receipt\"\non = \"completed\"\nconsumer = \"receipts\"\npayload = '{{\"charge\": \"{{{{answer:/id}}}}\", \"email\": \"{{{{payload:/email}}}}\"}}'\n",
+        consumer_toml("receipts", provider, ""),
+        consumer_toml("charges", provider, charge_extra),
+    )
+}
+
+/// The body the receipt of charge `i` must have been sent with, given the sandbox's id of
+/// the charge.
+fn receipt_body(charge_id: &str, i: usize) -> String {
+    serde_json::json!({"charge": charge_id, "email": format!("u{i}@example.com")}).to_string()
+}
+
+/// Every charge `c<i>` (`i < n`) was applied once, and its receipt once, with the charge's
+/// id in the body sent.
+fn assert_receipts(sb: &Sandbox, n: usize) {
+    let effects = sb.effects();
+    let receipts = effects.iter().filter(|e| e.path == "/v1/receipts").count();
+    assert_eq!(receipts, n, "one receipt per charge");
+    for i in 0..n {
+        let charge = effects
+            .iter()
+            .find(|e| e.key == format!("charges::c{i}"))
+            .unwrap_or_else(|| panic!("charge c{i} not applied"));
+        assert_eq!(charge.applied, 1, "charge c{i} applied once");
+        let receipt = effects
+            .iter()
+            .find(|e| e.key == format!("receipts::c{i}:receipt"))
+            .unwrap_or_else(|| panic!("no receipt for charge c{i}"));
+        assert_eq!(receipt.applied, 1, "receipt of c{i} sent once");
+        let id = charge.response["id"].as_str().unwrap();
+        let body = receipt_body(id, i);
+        assert_eq!(
+            receipt.body_sha256,
+            hex::encode(Sha256::digest(body.as_bytes())),
+            "receipt of c{i} carries charge id {id}"
+        );
+    }
+}
+
+async fn post_charge(base: &str, i: usize) {
+    let r = client()
+        .post(format!("{base}/v1/messages/charges"))
+        .header("Idempotency-Key", format!("c{i}"))
+        .header("Content-Type", "application/json")
+        .body(format!("{{\"email\":\"u{i}@example.com\",\"amount\":100}}"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+}
+
+async fn receipts_follow_charges(store: TestStore) {
+    let (sb, provider) = sandbox(Default::default()).await;
+    let running = start(&config_toml(&store.url(), &consumers(&provider, ""))).await;
+    let base = format!("http://{}", running.http_addr);
+    const N: usize = 20;
+    for i in 0..N {
+        post_charge(&base, i).await;
+    }
+    let s = running.app().store.clone();
+    let done = eventually(Duration::from_secs(30), || async {
+        claims_in(&s, "receipts", Some(ClaimState::Completed))
+            .await
+            .len()
+            == N
+    })
+    .await;
+    assert!(done, "every charge's receipt completed");
+    assert_receipts(&sb, N);
+    // The claim shows its chain both ways.
+    let charge = s.get("charges", "", "c0").await.unwrap().unwrap();
+    let receipt = s.get("receipts", "", "c0:receipt").await.unwrap().unwrap();
+    let family = s.family(receipt.id).await.unwrap();
+    assert_eq!(family.parent.as_ref().map(|p| p.id), Some(charge.id));
+    let family = s.family(charge.id).await.unwrap();
+    assert_eq!(
+        family.children.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![receipt.id]
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn receipts_follow_charges_on_sqlite() {
+    receipts_follow_charges(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn receipts_follow_charges_on_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        assert!(!require_pg(), "CLAIMD_TEST_PG is required");
+        return;
+    };
+    receipts_follow_charges(store).await;
+}
+
+fn parent(id: &str) -> NewClaim {
+    let mut c = orphan_claim("charges", "", id, id);
+    c.worker = "w1".into();
+    c.lease = Duration::from_secs(60);
+    c
+}
+
+fn child(id: &str) -> FollowUpClaim {
+    FollowUpClaim {
+        consumer: "receipts".into(),
+        tenant: String::new(),
+        message_id: format!("{id}:receipt"),
+        idem_key: format!("{id}:receipt"),
+        fingerprint: fingerprint(b"{}"),
+        payload: b"{}".to_vec(),
+        content_type: "application/json".into(),
+        parked: None,
+    }
+}
+
+fn ev() -> NewEvent<'static> {
+    NewEvent {
+        actor: "test",
+        action: "perform",
+        outcome: "applied",
+        provider_status: Some(200),
+        detail: None,
+    }
+}
+
+/// Retention deletes no parent whose child is open; once the child is finished, both go.
+/// A settle retried creates its child once.
+async fn retention_keeps_open_parents(store: TestStore) {
+    let s: Store = claimd::store::open(&store.url(), 4).await.unwrap();
+    s.migrate().await.unwrap();
+    let ClaimOutcome::Created(p) = s.claim(&parent("p1")).await.unwrap() else {
+        panic!("not created")
+    };
+    let done = Settlement {
+        state: Some(ClaimState::Completed),
+        provider_status: Some(200),
+        follow_ups: vec![child("p1")],
+        ..Default::default()
+    };
+    assert!(s.settle(p.id, p.attempt, &done, &ev()).await.unwrap());
+    // Retried (its reply lost): the fence refuses it, nothing more is created.
+    assert!(!s.settle(p.id, p.attempt, &done, &ev()).await.unwrap());
+    let kids = claims_in(&s, "receipts", None).await;
+    assert_eq!(kids.len(), 1);
+    let kid = &kids[0];
+    assert_eq!(kid.state, ClaimState::Started);
+    assert_eq!(kid.lease_owner, None, "waits for the receipts pickup");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let kept = s.prune(Duration::ZERO, 100, false).await.unwrap();
+    assert_eq!(kept.deleted, 0, "the parent of an open child stays");
+    assert!(s.get("charges", "", "p1").await.unwrap().is_some());
+    // The child finishes: both may go.
+    let taken = s
+        .take_enqueued("receipts", 10, "w1", Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    let finished = Settlement {
+        state: Some(ClaimState::Completed),
+        provider_status: Some(200),
+        ..Default::default()
+    };
+    assert!(s.settle(kid.id, 1, &finished, &ev()).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pruned = s.prune(Duration::ZERO, 100, false).await.unwrap();
+    assert_eq!(pruned.deleted, 2);
+}
+
+#[tokio::test]
+async fn retention_keeps_open_parents_on_sqlite() {
+    retention_keeps_open_parents(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn retention_keeps_open_parents_on_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        assert!(!require_pg(), "CLAIMD_TEST_PG is required");
+        return;
+    };
+    retention_keeps_open_parents(store).await;
+}
+
+#[test]
+fn a_follow_up_naming_a_missing_consumer_is_refused() {
+    let toml = config_toml(
+        "sqlite://x.db",
+        &consumers("http://127.0.0.1:1", "")
+            .replace("consumer = \"receipts\"", "consumer = \"mail\""),
+    );
+    let loaded =
+        claimd::config::Config::from_toml(&toml, std::path::Path::new("t.toml"), std::env::vars());
+    let err = match loaded {
+        Ok(_) => panic!("a follow-up naming a missing consumer was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("\"receipt\"") && err.contains("\"mail\"") && err.contains("not configured"),
+        "{err}"
+    );
+}
