@@ -145,6 +145,7 @@ fn ev() -> NewEvent<'static> {
 async fn retention_keeps_open_parents(store: TestStore) {
     let s: Store = claimd::store::open(&store.url(), 4).await.unwrap();
     s.migrate().await.unwrap();
+    s.set_outcome_destinations(vec![("receipts".into(), "hook".into())]);
     let ClaimOutcome::Created(p) = s.claim(&parent("p1")).await.unwrap() else {
         panic!("not created")
     };
@@ -178,6 +179,16 @@ async fn retention_keeps_open_parents(store: TestStore) {
         ..Default::default()
     };
     assert!(s.settle(kid.id, 1, &finished, &ev()).await.unwrap());
+    // The child's outcome event names its parent.
+    let events = s.due_outcomes("receipts", "hook", 10).await.unwrap();
+    let parent = events[0]
+        .parent
+        .clone()
+        .expect("the event carries its parent");
+    assert_eq!(
+        (parent.consumer.as_str(), parent.message_id.as_str()),
+        ("charges", "p1")
+    );
     tokio::time::sleep(Duration::from_millis(20)).await;
     let pruned = s.prune(Duration::ZERO, 100, false).await.unwrap();
     assert_eq!(pruned.deleted, 2);
@@ -214,4 +225,96 @@ fn a_follow_up_naming_a_missing_consumer_is_refused() {
         err.contains("\"receipt\"") && err.contains("\"mail\"") && err.contains("not configured"),
         "{err}"
     );
+}
+
+/// Open follow-ups whose parent is gone: retention deleted a parent with an open child.
+async fn orphaned_children(pg: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM claims k WHERE k.parent_id IS NOT NULL \
+         AND k.state NOT IN ('completed', 'failed') \
+         AND NOT EXISTS (SELECT 1 FROM claims p WHERE p.id = k.parent_id)",
+    )
+    .fetch_one(pg)
+    .await
+    .unwrap()
+}
+
+/// Claims not finished yet.
+async fn open_claims(pg: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM claims WHERE state NOT IN ('completed', 'failed')")
+        .fetch_one(pg)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: 1,000 charges and receipts through a worker killed with SIGKILL, retention every second"]
+async fn a_thousand_receipts_through_sigkills_and_retention() {
+    use sqlx::Connection;
+    let Some(store) = TestStore::pg().await else {
+        assert!(!require_pg(), "CLAIMD_TEST_PG is required");
+        return;
+    };
+    // Keys ignored: a receipt or charge sent twice is applied twice and seen.
+    let (sb, provider) = sandbox(claimd::provider::sandbox::SandboxOptions {
+        ignore_keys: true,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let toml = config_toml(&store.url(), &consumers(&provider, ""))
+        .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"))
+        .replace(
+            "keep_terminal_for = \"2h\"",
+            "keep_terminal_for = \"5s\"\nschedule = \"* * * * * *\"",
+        )
+        // Retention may not keep claims for less than the redelivery horizon.
+        .replace("redrive_within = \"1h\"", "redrive_within = \"4s\"");
+    let config = dir.path().join("claimd.toml");
+    std::fs::write(&config, toml).unwrap();
+    let log = dir.path().join("worker.log");
+    let mut worker = Worker::spawn(&config, port, &log).await;
+    assert!(worker.ready_within(Duration::from_secs(15)).await);
+    const N: usize = 1000;
+    let mut pg = sqlx::PgConnection::connect(&store.url()).await.unwrap();
+    let mut posted = 0;
+    let mut kills = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        // Post in rounds, killing the worker between rounds and once all are in.
+        let round = (posted + 150).min(N);
+        while posted < round {
+            post_charge(&worker.base, posted).await;
+            posted += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(300 + fastrand::u64(0..700))).await;
+        assert_eq!(
+            orphaned_children(&mut pg).await,
+            0,
+            "a parent of an open child was deleted"
+        );
+        let receipts = sb
+            .effects()
+            .iter()
+            .filter(|e| e.path == "/v1/receipts")
+            .count();
+        if posted == N && receipts == N && open_claims(&mut pg).await == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not finished: {receipts} receipts"
+        );
+        if kills < 12 {
+            worker.kill();
+            kills += 1;
+            worker = Worker::spawn(&config, port, &log).await;
+            assert!(worker.ready_within(Duration::from_secs(15)).await);
+        }
+    }
+    assert!(kills >= 6, "killed {kills} times");
+    eprintln!("{N} receipts, each once, through {kills} SIGKILLs");
+    assert_receipts(&sb, N);
+    worker.terminate();
 }

@@ -134,6 +134,7 @@ macro_rules! open_child {
 mod lines;
 pub(super) mod accounts;
 mod erasure;
+mod follow_ups;
 mod restore;
 mod schedules;
 pub(super) mod seal;
@@ -195,17 +196,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         pg_settle_event!(),
         " SELECT id, attempt FROM s"
     ),
-    // Waiting like an enqueued claim (no lease owner, "not called yet", the sweeper's after
-    // 60 s if no pickup takes it), or parked with its reason.
-    insert_follow_up: "INSERT INTO claims (consumer, tenant, message_id, idem_key, fingerprint, \
-       payload, content_type, lease_owner, lease_until, handoff, handoff_attempt, parent_id, \
-       state, last_error) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, \
-       CASE WHEN $9::text IS NULL THEN now() + interval '60 seconds' END, \
-       CASE WHEN $9::text IS NULL THEN 'not_called' END, \
-       CASE WHEN $9::text IS NULL THEN 1 END, $8, \
-       CASE WHEN $9::text IS NULL THEN 'started' ELSE 'needs_attention' END, $9) \
-     ON CONFLICT (consumer, tenant, message_id) DO NOTHING",
+    insert_follow_up: follow_ups::INSERT_FOLLOW_UP,
     insert_event: "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -294,16 +285,8 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND substr(COALESCE(last_error, ''), 1, length($2::text)) = $2::text \
      ORDER BY received_utc DESC, id DESC LIMIT $3"
     ),
-    claim_parent: concat!(
-        "SELECT ",
-        claim_cols!(),
-        " FROM claims WHERE id = (SELECT parent_id FROM claims WHERE id = $1)"
-    ),
-    claim_children: concat!(
-        "SELECT ",
-        claim_cols!(),
-        " FROM claims WHERE parent_id = $1 ORDER BY id"
-    ),
+    claim_parent: follow_ups::CLAIM_PARENT,
+    claim_children: follow_ups::CLAIM_CHILDREN,
     list_events: "\
     SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
     FROM claim_events WHERE claim_id = $1 ORDER BY id",
@@ -675,7 +658,11 @@ pub(super) const STATEMENTS: Statements = Statements {
     due_outcomes: concat!(
         "SELECT ",
         outcome_cols!(),
-        " FROM outcome_events e \
+        ", (SELECT p.consumer FROM claims c JOIN claims p ON p.id = c.parent_id \
+           WHERE c.id = e.claim_id) AS parent_consumer, \
+         (SELECT p.message_id FROM claims c JOIN claims p ON p.id = c.parent_id \
+           WHERE c.id = e.claim_id) AS parent_message_id \
+         FROM outcome_events e \
      WHERE e.consumer = $1 AND e.destination = $3 AND e.sent_utc IS NULL \
        AND (e.lease_until IS NULL OR e.lease_until < now()) \
        AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \

@@ -572,7 +572,11 @@ pub(super) const STATEMENTS: Statements = Statements {
     due_outcomes: concat!(
         "SELECT ",
         outcome_cols!(),
-        " FROM outcome_events e \
+        ", (SELECT p.consumer FROM claims c JOIN claims p ON p.id = c.parent_id \
+           WHERE c.id = e.claim_id) AS parent_consumer, \
+         (SELECT p.message_id FROM claims c JOIN claims p ON p.id = c.parent_id \
+           WHERE c.id = e.claim_id) AS parent_message_id \
+         FROM outcome_events e \
      WHERE e.consumer = ?1 AND e.destination = ?3 AND e.sent_utc IS NULL \
        AND (e.lease_until IS NULL OR e.lease_until < ",
         now_ms!(),
