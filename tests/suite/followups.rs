@@ -318,3 +318,35 @@ async fn a_thousand_receipts_through_sigkills_and_retention() {
     assert_receipts(&sb, N);
     worker.terminate();
 }
+
+/// A value the template points at is missing: the child is created parked, naming the step
+/// and the pointer, and nothing is sent for it.
+#[tokio::test]
+async fn a_missing_value_parks_the_child() {
+    let store = TestStore::sqlite();
+    let (sb, provider) = sandbox(Default::default()).await;
+    let toml = consumers(&provider, "").replace("{{answer:/id}}", "{{answer:/receipt_email}}");
+    let running = start(&config_toml(&store.url(), &toml)).await;
+    let base = format!("http://{}", running.http_addr);
+    post_charge(&base, 0).await;
+    let s = running.app().store.clone();
+    let parked = eventually(Duration::from_secs(10), || async {
+        claims_in(&s, "receipts", Some(ClaimState::NeedsAttention))
+            .await
+            .len()
+            == 1
+    })
+    .await;
+    assert!(parked, "the receipt is parked");
+    let kid = s.get("receipts", "", "c0:receipt").await.unwrap().unwrap();
+    let reason = kid.last_error.unwrap_or_default();
+    assert!(
+        reason.contains("\"receipt\"") && reason.contains("/receipt_email"),
+        "{reason}"
+    );
+    assert!(
+        sb.effects().iter().all(|e| e.path != "/v1/receipts"),
+        "nothing sent"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
