@@ -237,10 +237,16 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
                 Err(e) => return Output::store(app, &e),
             };
             let trace_id = claim.trace_id();
+            let family = match store.family(claim.id).await {
+                Ok(f) => f,
+                Err(e) => return Output::store(app, &e),
+            };
+            let (parent, children) = crate::ops::claim_family::family_links(&family);
             if format == Format::Json {
                 return Output::ok(to_json(&serde_json::json!({
                     "claim": claim, "payload": payload, "history": history,
-                    "waiting_behind": behind, "trace_id": trace_id
+                    "waiting_behind": behind, "trace_id": trace_id,
+                    "parent": parent, "children": children
                 })));
             }
             let mut s = String::new();
@@ -306,6 +312,12 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             }
             if let Some(id) = trace_id {
                 fields.push(("trace", id));
+            }
+            if let Some(p) = &parent {
+                fields.push(("parent", p.to_string()));
+            }
+            for c in &children {
+                fields.push(("child", c.to_string()));
             }
             if let Some(head) = &behind {
                 let why = format!(

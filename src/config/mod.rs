@@ -6,6 +6,7 @@
 
 mod encryption;
 mod features;
+mod follow_ups;
 mod layering;
 mod log;
 mod outcomes;
@@ -19,6 +20,7 @@ mod validate;
 pub use crate::provider::effect::settings::*;
 pub use crate::provider::provider_events::settings::ProviderEventsConfig;
 pub use encryption::EncryptionConfig;
+pub use follow_ups::{FollowUpConfig, FollowUpOn};
 pub use log::{LogConfig, LogFormat};
 pub use outcomes::{
     MAX_DESTINATIONS, OutcomeKind, OutcomesConfig, check_destinations, render_routing_key,

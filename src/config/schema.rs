@@ -414,6 +414,9 @@ pub struct ConsumerConfig {
     /// docs/operations.md): once an instance with a higher generation registers, the others
     /// take no claim of the consumer and stop. Default 0.
     pub generation: u32,
+    /// `[[consumers.follow_ups]]`: the claims this consumer's settles create for other
+    /// consumers (docs/follow-ups.md); empty: none.
+    pub follow_ups: Vec<super::FollowUpConfig>,
 }
 
 /// A consumer's flow control, read from its flat keys.
@@ -527,6 +530,8 @@ pub struct ConsumerEntry {
     sensitive_fields: Vec<String>,
     #[serde(default)]
     generation: u32,
+    #[serde(default)]
+    follow_ups: Vec<super::FollowUpConfig>,
 }
 
 impl TryFrom<ConsumerEntry> for ConsumerConfig {
@@ -654,6 +659,7 @@ impl TryFrom<ConsumerEntry> for ConsumerConfig {
             payload_retention: e.payload_retention,
             sensitive_fields: e.sensitive_fields,
             generation: e.generation,
+            follow_ups: e.follow_ups,
         })
     }
 }

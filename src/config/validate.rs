@@ -80,6 +80,8 @@ impl Config {
                 return Err((at("concurrency"), "must be at least 1".into()));
             }
             super::outcomes::check_destinations(&c.outcomes).map_err(|(k, why)| (at(&k), why))?;
+            super::follow_ups::check_follow_ups(c, &self.consumers)
+                .map_err(|(k, why)| (at(&k), why))?;
             if c.max_attempts == 0 {
                 return Err((at("max_attempts"), "must be at least 1".into()));
             }

@@ -6,6 +6,7 @@ pub mod constant_time;
 pub mod credential;
 pub mod duration;
 pub mod features;
+pub mod follow_up;
 pub mod generation;
 pub mod json_body;
 pub mod operator_role;

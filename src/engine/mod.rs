@@ -7,6 +7,7 @@ pub mod claimer;
 pub mod consumer;
 pub mod destination;
 pub mod enqueued;
+pub mod follow_ups;
 pub mod key_pace;
 pub mod metrics;
 pub mod periodic;

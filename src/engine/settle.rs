@@ -15,6 +15,7 @@ pub use vanished::Whereabouts;
 use crate::config::ValueOutcomes;
 use crate::domain::claim::{Claim, ClaimState, Handoff};
 use crate::engine::consumer::Slot;
+use crate::engine::follow_ups::FollowUpPlan;
 use crate::engine::metrics::Metrics;
 use crate::engine::traces::{Step as TraceStep, Traces};
 use crate::engine::waiters::SettleSignals;
@@ -97,6 +98,8 @@ pub struct Settler {
     signals: Arc<SettleSignals>,
     /// Where each committed change is traced.
     traces: Traces,
+    /// The claims a settle creates for other consumers (`[[consumers.follow_ups]]`).
+    follow_ups: Arc<FollowUpPlan>,
 }
 
 impl std::fmt::Debug for Settler {
@@ -116,7 +119,14 @@ impl Settler {
             metrics,
             signals: Arc::default(),
             traces: Traces::off(),
+            follow_ups: Arc::default(),
         }
+    }
+
+    /// The same settler, creating the follow-ups of `plan` as it settles.
+    pub fn with_follow_ups(mut self, plan: Arc<FollowUpPlan>) -> Self {
+        self.follow_ups = plan;
+        self
     }
 
     /// The same settler, tracing what it writes to `traces`.
@@ -334,12 +344,14 @@ impl Settler {
         outcome: &str,
     ) -> AttemptEnd {
         make_storable(&mut s);
+        s.follow_ups = self.follow_ups.children(claim, &s);
         let event = self.event_of(&s, action, outcome);
         slot.release_for_settle();
         let mut delay = Duration::from_millis(100);
         loop {
             match self.store.settle(claim.id, claim.attempt, &s, &event).await {
                 Ok(true) => {
+                    self.follow_ups.ring(&s);
                     if self.traces.is_on() {
                         self.trace_settle(claim, &s, action, outcome);
                     }
@@ -444,6 +456,7 @@ impl Settler {
         outcome: &str,
     ) -> Result<bool, crate::store::StoreError> {
         make_storable(&mut s);
+        s.follow_ups = self.follow_ups.children(claim, &s);
         let event = self.event_of(&s, action, outcome);
         let changed = self
             .store
@@ -458,6 +471,7 @@ impl Settler {
             ));
         }
         if changed {
+            self.follow_ups.ring(&s);
             self.signals.settled(claim.id);
             if self.traces.is_on() {
                 self.trace_settle(claim, &s, action, outcome);

@@ -4,6 +4,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod claim_family;
 pub mod claim_query;
 pub mod erasure;
 pub mod exposure;

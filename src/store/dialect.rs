@@ -144,6 +144,10 @@ pub struct Statements {
     pub settle_plain: &'static str,
     /// A history line: claim id, attempt, actor, action, outcome, provider status, detail.
     pub insert_event: &'static str,
+    /// A follow-up claim ([`FollowUpClaim`](super::FollowUpClaim)), `ON CONFLICT` of its key
+    /// `DO NOTHING`: consumer, tenant, message id, key, fingerprint, payload, content type,
+    /// parent id, reason it is parked (NULL: waiting for its pickup, as an enqueued claim).
+    pub insert_follow_up: &'static str,
     /// The history line of a fenced write that lost, its detail followed by the claim's state,
     /// version and attempt as they are now: the parameters of `insert_event`.
     pub insert_fenced_out_event: &'static str,
@@ -195,6 +199,11 @@ pub struct Statements {
     pub list_parked_by_reason: &'static str,
     /// A claim's history, oldest first: claim id.
     pub list_events: &'static str,
+    /// The claim whose settle created a claim (its `parent_id`), when it is still stored:
+    /// claim id.
+    pub claim_parent: &'static str,
+    /// The claims a claim's settles created, oldest first: claim id.
+    pub claim_children: &'static str,
     /// Take stale claims (attempt + 1, version + 1, new lease), returning them with payload, `age_ms`,
     /// `handoff`, `handoff_attempt`: consumer, limit, owner, lease ms, expired before, hold
     /// (`order_hold = "hold"`). Leaves out what belongs to a line: a scheduled claim with an
@@ -517,6 +526,25 @@ pub struct LoggedWrite<'a> {
     /// `None`: the statement writes no outcome event and takes no such parameter
     /// ([`Statements::settle_plain`]).
     pub outcomes: Option<&'a str>,
+    /// The follow-up claims written after the change, in its transaction, when it changed a
+    /// row ([`Statements::insert_follow_up`]); empty: none.
+    pub follow_ups: &'a [super::FollowUpClaim],
+}
+
+/// The arguments of [`Statements::insert_follow_up`] for `child` of claim `parent`: its
+/// payload and reason sealed as they are bound when encryption is on.
+pub(crate) fn follow_up_args(child: &super::FollowUpClaim, parent: i64) -> [Arg<'_>; 9] {
+    [
+        Arg::Text(&child.consumer),
+        Arg::Text(&child.tenant),
+        Arg::Text(&child.message_id),
+        Arg::Text(&child.idem_key),
+        Arg::Text(&child.fingerprint),
+        Arg::SealedBytes(&child.payload),
+        Arg::Text(&child.content_type),
+        Arg::I64(parent),
+        Arg::SealedText(child.parked.as_deref()),
+    ]
 }
 
 /// Runs named statements with [`Arg`]s.

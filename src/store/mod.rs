@@ -130,6 +130,42 @@ pub struct Settlement {
     pub lease_for: Option<Duration>,
     /// The provider's own id of the effect, kept on the claim (its events find it by this).
     pub provider_id: Option<String>,
+    /// The follow-up claims this settle creates, in its transaction, when it changes the
+    /// claim (docs/follow-ups.md); empty for consumers without `follow_ups`.
+    pub follow_ups: Vec<FollowUpClaim>,
+}
+
+/// A claim's follow-up chain ([`OperatorStore::family`]).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ClaimFamily {
+    /// The claim whose settle created this one, while it is stored.
+    pub parent: Option<Claim>,
+    /// The claims this one's settles created, oldest first.
+    pub children: Vec<Claim>,
+}
+
+/// A claim a settle creates for another consumer: waiting for that consumer's pickup, its
+/// parent the settled claim, `ON CONFLICT DO NOTHING` on its identity (a settle retried
+/// creates it once).
+#[derive(Debug, Clone, Default)]
+pub struct FollowUpClaim {
+    /// The consumer that performs it.
+    pub consumer: String,
+    /// The parent's tenant.
+    pub tenant: String,
+    /// `<parent message id>:<step>`.
+    pub message_id: String,
+    /// Rendered from the consumer's key template.
+    pub idem_key: String,
+    /// The fingerprint of the payload (`sealing::fingerprint`).
+    pub fingerprint: String,
+    /// The payload in clear: sealed as it is written when encryption at rest is on.
+    pub payload: Vec<u8>,
+    /// `application/json`.
+    pub content_type: String,
+    /// Why it is created parked (`needs_attention`) instead of waiting: a value its template
+    /// points at is missing. `None`: created waiting for its pickup.
+    pub parked: Option<String>,
 }
 
 /// One line of a claim's history: an attempt's outcome, a sweeper decision or an operator note.

@@ -123,6 +123,17 @@ pub struct OutcomeEvent {
     pub at_utc: DateTime<Utc>,
     /// Sends tried before this one.
     pub tries: i32,
+    /// The claim whose settle created this one (docs/follow-ups.md), while it is stored.
+    pub parent: Option<OutcomeParent>,
+}
+
+/// An outcome event's parent claim: what names it to the producer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OutcomeParent {
+    /// Its consumer.
+    pub consumer: String,
+    /// Its message id.
+    pub message_id: String,
 }
 
 /// The first event of each claim among `events` (sorted by `seq`): a claim's later event in the
@@ -190,6 +201,7 @@ mod tests {
             action: "perform".into(),
             at_utc: DateTime::<Utc>::UNIX_EPOCH,
             tries: 0,
+            parent: None,
         };
         let kept: Vec<i64> = first_per_claim(vec![ev(1, 7), ev(2, 8), ev(3, 7), ev(4, 9)])
             .iter()

@@ -30,6 +30,7 @@ mod evidence_send;
 mod examples_local;
 mod failover;
 mod flow;
+mod followups;
 mod generations;
 mod hangups;
 mod hostile_input;

@@ -206,10 +206,16 @@ pub async fn claim(
                 Ok(head) => head,
                 Err(e) => return store_down(e),
             };
+            let (parent, children) = match store.family(claim.id).await {
+                Ok(f) => crate::ops::claim_family::family_links(&f),
+                Err(e) => return store_down(e),
+            };
             let page = ClaimPage {
                 claim: &claim,
                 history: &history,
                 behind: behind.as_ref(),
+                parent: parent.as_ref(),
+                children: &children,
             };
             html_page(
                 StatusCode::OK,
@@ -243,6 +249,10 @@ pub struct ClaimPage<'a> {
     pub history: &'a [ClaimEvent],
     /// Whom it waits behind in its order key's line, when it waits in one.
     pub behind: Option<&'a crate::store::LineHead>,
+    /// The claim whose settle created it (docs/follow-ups.md), while stored.
+    pub parent: Option<&'a crate::ops::claim_family::ClaimLink>,
+    /// The claims its settles created.
+    pub children: &'a [crate::ops::claim_family::ClaimLink],
 }
 
 /// One claim's page.
@@ -320,6 +330,12 @@ pub fn render_claim(
     if let Some(h) = page.behind {
         let why = format!("{} ({}, attempt {})", h.message_id, h.state, h.attempt);
         facts.insert(9, ("waiting behind", why));
+    }
+    if let Some(p) = page.parent {
+        facts.push(("follow-up of", p.to_string()));
+    }
+    for child in page.children {
+        facts.push(("follow-up", child.to_string()));
     }
     let claim_ref = ClaimRef {
         consumer: &c.consumer,

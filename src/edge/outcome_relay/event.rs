@@ -56,6 +56,10 @@ pub struct Body<'a> {
     pub actor: &'a str,
     /// When the change committed (RFC 3339, UTC).
     pub occurred_at: String,
+    /// The claim whose settle created this one (a follow-up), while it is stored; left out
+    /// otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<&'a crate::store::outbox::OutcomeParent>,
 }
 
 /// Most bytes of the provider's answer an event carries.
@@ -90,6 +94,7 @@ pub fn body(e: &OutcomeEvent) -> Body<'_> {
         occurred_at: e
             .at_utc
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        parent: e.parent.as_ref(),
     }
 }
 
@@ -150,6 +155,7 @@ mod tests {
             action: "perform".into(),
             at_utc: chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
             tries: 0,
+            parent: None,
         }
     }
 

@@ -16,6 +16,7 @@ use crate::domain::claim::{
 };
 use crate::engine::consumer::Admission;
 pub use crate::engine::consumer::{Consumer, Hold, Slot};
+use crate::engine::follow_ups::FollowUpPlan;
 use crate::engine::metrics::Metrics;
 use crate::engine::policy::{self, Step};
 pub use crate::engine::settle::AttemptEnd;
@@ -80,7 +81,8 @@ impl Claimer {
         metrics.vanished.init(&names);
         Claimer {
             settler: Settler::new(store.clone(), instance.clone(), metrics.clone())
-                .with_traces(traces.clone()),
+                .with_traces(traces.clone())
+                .with_follow_ups(Arc::new(FollowUpPlan::new(&consumers))),
             store,
             consumers: consumers
                 .into_iter()

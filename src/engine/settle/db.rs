@@ -33,11 +33,12 @@ impl Settler {
         deadline: Instant,
         timeout: Duration,
     ) -> AttemptEnd {
-        let done = Settlement {
+        let mut done = Settlement {
             state: Some(ClaimState::Completed),
             provider_response: Some("applied in the settle's transaction".into()),
             ..Settlement::default()
         };
+        done.follow_ups = self.follow_ups.children(claim, &done);
         let event = crate::store::NewEvent {
             actor: &self.instance,
             action: "apply",
@@ -55,6 +56,7 @@ impl Settler {
                 .await
             {
                 Ok(true) => {
+                    self.follow_ups.ring(&done);
                     self.signals.settled(claim.id);
                     self.metrics
                         .settled(&claim.consumer, ClaimState::Completed.as_str());

@@ -21,7 +21,7 @@ use crate::domain::claim::{Claim, NewClaim};
 use crate::store::db_effect::{DatabaseEffect, DbEffectError, DbTx};
 use crate::store::dialect::{
     Arg, ClaimDb, Dialect, LoggedWrite, RetentionLock, Runner, SqlPool, SqlRow, Statements,
-    event_args,
+    event_args, follow_up_args,
 };
 use crate::store::outbox::OutcomeConsumers;
 use crate::store::pooler::Pooler;
@@ -199,11 +199,29 @@ impl Dialect for PgDialect {
     }
 
     async fn update_logged(&self, w: LoggedWrite<'_>) -> StoreResult<Option<PgRow>> {
-        logged_args(&w, |all| {
-            self.sql.optional(SqlPool::<Postgres>::query(w.sql, all))
+        if w.follow_ups.is_empty() {
+            return logged_args(&w, |all| {
+                self.sql.optional(SqlPool::<Postgres>::query(w.sql, all))
+            })
+            .await
+            .map_err(err(w.name));
+        }
+        // With follow-ups: the change and the claims it creates in one transaction.
+        let mut tx = self.sql.pool.begin().await.map_err(err("begin"))?;
+        let row = logged_args(&w, |all| {
+            self.sql
+                .in_tx(SqlPool::<Postgres>::query(w.sql, all))
+                .fetch_optional(&mut *tx)
         })
         .await
-        .map_err(err(w.name))
+        .map_err(err(w.name))?;
+        let Some(row) = row else {
+            tx.rollback().await.map_err(err("rollback"))?;
+            return Ok(None);
+        };
+        self.insert_follow_ups(&mut tx, &row, &w).await?;
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(Some(row))
     }
 
     async fn update_logged_after(
@@ -246,6 +264,9 @@ impl Dialect for PgDialect {
             })
             .await
             .map_err(err(w.name))?;
+            if let Some(row) = &row {
+                self.insert_follow_ups(&mut tx, row, &w).await?;
+            }
             Ok::<_, DbEffectError>(row.is_some())
         };
         let settled = tokio::time::timeout(timeout.saturating_mul(2), run)
@@ -349,6 +370,29 @@ impl Dialect for PgDialect {
 /// Binds a logged write's arguments as PostgreSQL's statement takes them and runs `run`:
 /// the event's columns after the claim's id and attempt (which the statement takes from the
 /// row it changed), then the consumers that get outcome events, when it writes them.
+impl PgDialect {
+    /// Writes the follow-up claims of the change `row` (its `id`) in the change's transaction.
+    async fn insert_follow_ups(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        row: &PgRow,
+        w: &LoggedWrite<'_>,
+    ) -> StoreResult<()> {
+        let parent = row.i64("id")?;
+        for child in w.follow_ups {
+            self.sql
+                .in_tx(SqlPool::<Postgres>::query(
+                    sql::STATEMENTS.insert_follow_up,
+                    &follow_up_args(child, parent),
+                ))
+                .execute(&mut *tx)
+                .await
+                .map_err(err("insert_follow_up"))?;
+        }
+        Ok(())
+    }
+}
+
 async fn logged_args<'a, F, Fut>(w: &LoggedWrite<'a>, run: F) -> Result<Option<PgRow>, sqlx::Error>
 where
     F: FnOnce(&[Arg<'a>]) -> Fut,

@@ -121,10 +121,20 @@ macro_rules! pg_settle_event {
     };
 }
 
+/// Retention's condition that a claim has no follow-up still open (docs/follow-ups.md): a
+/// parent stays while a child it created is not finished.
+macro_rules! open_child {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM claims k WHERE k.parent_id = claims.id \
+         AND k.state NOT IN ('completed', 'failed'))"
+    };
+}
+
 #[macro_use]
 mod lines;
 pub(super) mod accounts;
 mod erasure;
+mod follow_ups;
 mod restore;
 mod schedules;
 pub(super) mod seal;
@@ -186,6 +196,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         pg_settle_event!(),
         " SELECT id, attempt FROM s"
     ),
+    insert_follow_up: follow_ups::INSERT_FOLLOW_UP,
     insert_event: "\
     INSERT INTO claim_events (claim_id, attempt, actor, action, outcome, provider_status, detail) \
     VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -274,6 +285,8 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND substr(COALESCE(last_error, ''), 1, length($2::text)) = $2::text \
      ORDER BY received_utc DESC, id DESC LIMIT $3"
     ),
+    claim_parent: follow_ups::CLAIM_PARENT,
+    claim_children: follow_ups::CLAIM_CHILDREN,
     list_events: "\
     SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
     FROM claim_events WHERE claim_id = $1 ORDER BY id",
@@ -580,18 +593,24 @@ pub(super) const STATEMENTS: Statements = Statements {
     // predicate stands on the DELETE too: under READ COMMITTED a row another transaction changed
     // meanwhile (an operator's redrive of an old `failed` claim) must be terminal when it is
     // deleted, not only when it was chosen (I7).
-    prune_batch: "\
-    WITH batch AS MATERIALIZED ( \
+    prune_batch: concat!(
+        "WITH batch AS MATERIALIZED ( \
       SELECT id AS batch_id FROM claims \
       WHERE state IN ('completed', 'failed') \
-        AND updated_utc < now() - $1 * interval '1 millisecond' \
-      ORDER BY updated_utc LIMIT $2 FOR UPDATE SKIP LOCKED) \
+        AND updated_utc < now() - $1 * interval '1 millisecond' AND ",
+        open_child!(),
+        " ORDER BY updated_utc LIMIT $2 FOR UPDATE SKIP LOCKED) \
     DELETE FROM claims USING batch WHERE id = batch_id \
       AND state IN ('completed', 'failed') \
-      AND updated_utc < now() - $1 * interval '1 millisecond'",
-    prune_count: "\
-    SELECT COUNT(*) AS n FROM claims \
-    WHERE state IN ('completed', 'failed') AND updated_utc < now() - $1 * interval '1 millisecond'",
+      AND updated_utc < now() - $1 * interval '1 millisecond' AND ",
+        open_child!()
+    ),
+    prune_count: concat!(
+        "SELECT COUNT(*) AS n FROM claims \
+    WHERE state IN ('completed', 'failed') AND updated_utc < now() - $1 * interval '1 millisecond' \
+      AND ",
+        open_child!()
+    ),
     prune_dead_letters: "\
     DELETE FROM dead_letters WHERE id IN ( \
       SELECT id FROM dead_letters WHERE at_utc < now() - $1 * interval '1 millisecond' \
@@ -660,7 +679,11 @@ pub(super) const STATEMENTS: Statements = Statements {
     due_outcomes: concat!(
         "SELECT ",
         outcome_cols!(),
-        " FROM outcome_events e \
+        ", (SELECT p.consumer FROM claims c JOIN claims p ON p.id = c.parent_id \
+           WHERE c.id = e.claim_id) AS parent_consumer, \
+         (SELECT p.message_id FROM claims c JOIN claims p ON p.id = c.parent_id \
+           WHERE c.id = e.claim_id) AS parent_message_id \
+         FROM outcome_events e \
      WHERE e.consumer = $1 AND e.destination = $3 AND e.sent_utc IS NULL \
        AND (e.lease_until IS NULL OR e.lease_until < now()) \
        AND NOT EXISTS (SELECT 1 FROM outcome_events p WHERE p.claim_id = e.claim_id \

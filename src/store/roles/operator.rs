@@ -2,7 +2,7 @@
 //! claims a bulk action selects, a claim's history, and the guarded resolve and redrive.
 
 use crate::domain::claim::{Claim, ClaimState};
-use crate::store::{ClaimEvent, ClaimFilter, Seen, StoreResult};
+use crate::store::{ClaimEvent, ClaimFamily, ClaimFilter, Seen, StoreResult};
 use async_trait::async_trait;
 
 /// The operator's part of the store, used by `claimd claims ...`, `GET /v1/claims`, the
@@ -26,6 +26,10 @@ pub trait OperatorStore: Send + Sync {
 
     /// The claim's history, oldest first.
     async fn events(&self, id: i64) -> StoreResult<Vec<ClaimEvent>>;
+
+    /// The claim's follow-up chain (docs/follow-ups.md): the claim whose settle created it
+    /// and the claims its settles created.
+    async fn family(&self, id: i64) -> StoreResult<ClaimFamily>;
 
     /// Operator decision on a `needs_attention` or `failed` claim. Returns the claim after
     /// the change, or `None` when no such claim exists. Refuses other states, and with

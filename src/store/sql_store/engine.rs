@@ -67,6 +67,7 @@ impl<D: Dialect> SqlStore<D> {
                 &args,
                 event,
                 emits(ClaimState::Started, s.state),
+                &s.follow_ups,
             ))
             .await?;
         Ok(changed.is_some())
@@ -81,6 +82,7 @@ impl<D: Dialect> SqlStore<D> {
         args: &'a [Arg<'a>],
         event: &'a NewEvent<'a>,
         emits: bool,
+        follow_ups: &'a [crate::store::FollowUpClaim],
     ) -> LoggedWrite<'a> {
         let outcomes = self.outcomes().writes(emits);
         LoggedWrite {
@@ -93,6 +95,7 @@ impl<D: Dialect> SqlStore<D> {
             args,
             event,
             outcomes,
+            follow_ups,
         }
     }
 
@@ -128,6 +131,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             &args,
             event,
             emits(ClaimState::Started, s.state),
+            &s.follow_ups,
         );
         self.dialect
             .update_logged_after(effect, claim, write, timeout)
@@ -142,7 +146,9 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         s: &Settlement,
         event: &NewEvent<'_>,
     ) -> StoreResult<bool> {
-        if let Some(b) = &self.batch
+        // A settle with follow-ups writes them in its own transaction, never batched.
+        if s.follow_ups.is_empty()
+            && let Some(b) = &self.batch
             && let Some(answer) = b.settle(id, attempt, s, event).await
         {
             return answer;
@@ -152,6 +158,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
 
     async fn settle_many(&self, items: &[SettleItem<'_>]) -> StoreResult<Vec<bool>> {
         if (items.len() > 1 || D::BATCH_SINGLES)
+            && items.iter().all(|i| i.settlement.follow_ups.is_empty())
             && let Some(done) = self.dialect.settle_many(items, self.outcomes()).await
         {
             return done;
@@ -178,7 +185,13 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         let args = settle_from_args(id, attempt, Some(version), from, s);
         let changed = self
             .dialect
-            .update_logged(self.settle_write("settle_from", &args, event, emits(from, s.state)))
+            .update_logged(self.settle_write(
+                "settle_from",
+                &args,
+                event,
+                emits(from, s.state),
+                &s.follow_ups,
+            ))
             .await?;
         Ok(changed.is_some())
     }
@@ -240,6 +253,7 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
             args: &args,
             event,
             outcomes: Some(outcomes),
+            follow_ups: &s.follow_ups,
         };
         match self.dialect.update_logged(write).await? {
             Some(row) => Ok(Some(row.i64("id")?)),

@@ -27,6 +27,7 @@ impl<D: Dialect> SqlStore<D> {
             args: &args,
             event,
             outcomes: None,
+            follow_ups: &[],
         };
         match self.dialect.update_logged(write).await? {
             Some(row) => Ok(Some(claim_from_row(&row)?)),

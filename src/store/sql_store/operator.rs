@@ -67,6 +67,7 @@ impl<D: Dialect> SqlStore<D> {
             args: &args,
             event,
             outcomes: Some(self.outcomes().bound(true)),
+            follow_ups: &[],
         };
         match self.dialect.update_logged(write).await? {
             Some(row) => Ok(Some(Ok(claim_from_row(&row)?))),
@@ -77,6 +78,22 @@ impl<D: Dialect> SqlStore<D> {
 
 #[async_trait]
 impl<D: Dialect> OperatorStore for SqlStore<D> {
+    async fn family(&self, id: i64) -> StoreResult<crate::store::ClaimFamily> {
+        let parent = self
+            .fetch("claim_parent", D::SQL.claim_parent, &[Arg::I64(id)])
+            .await?;
+        let children = self
+            .fetch("claim_children", D::SQL.claim_children, &[Arg::I64(id)])
+            .await?;
+        Ok(crate::store::ClaimFamily {
+            parent: parent.first().map(claim_from_row).transpose()?,
+            children: children
+                .iter()
+                .map(claim_from_row)
+                .collect::<StoreResult<_>>()?,
+        })
+    }
+
     async fn list(&self, f: &ClaimFilter) -> StoreResult<Vec<Claim>> {
         let search = f.search.as_deref().filter(|q| !q.is_empty());
         // The top of the prefix range: nothing that starts with the text sorts after it.

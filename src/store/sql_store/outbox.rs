@@ -188,5 +188,16 @@ fn event_of<R: SqlRow>(r: &R) -> StoreResult<OutcomeEvent> {
         action: r.text("action")?,
         at_utc: r.time("at_utc")?,
         tries: r.i32("tries")?,
+        // Read by `due_outcomes` only; other statements leave it out.
+        parent: match (
+            r.opt_text("parent_consumer").ok().flatten(),
+            r.opt_text("parent_message_id").ok().flatten(),
+        ) {
+            (Some(consumer), Some(message_id)) => Some(crate::store::outbox::OutcomeParent {
+                consumer,
+                message_id,
+            }),
+            _ => None,
+        },
     })
 }

@@ -209,6 +209,15 @@ pub(super) async fn logged(
     if let Some(outcomes) = w.outcomes {
         insert_outcome(conn, id, w.event, outcomes).await?;
     }
+    for child in w.follow_ups {
+        SqlPool::<Sqlite>::query(
+            sql::STATEMENTS.insert_follow_up,
+            &crate::store::dialect::follow_up_args(child, id),
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(err("insert_follow_up"))?;
+    }
     Ok(Some(row))
 }
 

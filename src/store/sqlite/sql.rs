@@ -99,6 +99,7 @@ const SETTLE: &str = concat!(
 
 pub(super) mod accounts;
 mod erasure;
+mod follow_ups;
 mod restore;
 mod schedules;
 pub(super) mod seal;
@@ -142,6 +143,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     // Its outcome event is a statement of its own, run only when there is one to write: the
     // settle itself is already plain.
     settle_plain: SETTLE,
+    insert_follow_up: follow_ups::INSERT_FOLLOW_UP,
     insert_event: concat!(
         "INSERT INTO claim_events (claim_id, attempt, at_utc, actor, action, outcome, \
      provider_status, detail) VALUES (?1, ?2, ",
@@ -226,6 +228,8 @@ pub(super) const STATEMENTS: Statements = Statements {
        AND substr(COALESCE(last_error, ''), 1, length(?2)) = ?2 \
      ORDER BY received_utc DESC, id DESC LIMIT ?3"
     ),
+    claim_parent: follow_ups::CLAIM_PARENT,
+    claim_children: follow_ups::CLAIM_CHILDREN,
     list_events: "\
     SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
     FROM claim_events WHERE claim_id = ?1 ORDER BY id",
@@ -475,15 +479,18 @@ pub(super) const STATEMENTS: Statements = Statements {
         "DELETE FROM claims WHERE id IN (SELECT id FROM claims \
        WHERE state IN ('completed', 'failed') AND updated_utc < ",
         now_ms!(),
-        " - ?1 ORDER BY updated_utc LIMIT ?2) \
+        " - ?1 AND NOT EXISTS (SELECT 1 FROM claims k WHERE k.parent_id = claims.id \
+       AND k.state NOT IN ('completed', 'failed')) ORDER BY updated_utc LIMIT ?2) \
      AND state IN ('completed', 'failed') AND updated_utc < ",
         now_ms!(),
-        " - ?1"
+        " - ?1 AND NOT EXISTS (SELECT 1 FROM claims k WHERE k.parent_id = claims.id \
+       AND k.state NOT IN ('completed', 'failed'))"
     ),
     prune_count: concat!(
         "SELECT COUNT(*) AS n FROM claims WHERE state IN ('completed', 'failed') AND updated_utc < ",
         now_ms!(),
-        " - ?1"
+        " - ?1 AND NOT EXISTS (SELECT 1 FROM claims k WHERE k.parent_id = claims.id \
+       AND k.state NOT IN ('completed', 'failed'))"
     ),
     prune_dead_letters: concat!(
         "DELETE FROM dead_letters WHERE id IN (SELECT id FROM dead_letters WHERE at_utc < ",
@@ -572,7 +579,11 @@ pub(super) const STATEMENTS: Statements = Statements {
     due_outcomes: concat!(
         "SELECT ",
         outcome_cols!(),
-        " FROM outcome_events e \
+        ", (SELECT p.consumer FROM claims c JOIN claims p ON p.id = c.parent_id \
+           WHERE c.id = e.claim_id) AS parent_consumer, \
+         (SELECT p.message_id FROM claims c JOIN claims p ON p.id = c.parent_id \
+           WHERE c.id = e.claim_id) AS parent_message_id \
+         FROM outcome_events e \
      WHERE e.consumer = ?1 AND e.destination = ?3 AND e.sent_utc IS NULL \
        AND (e.lease_until IS NULL OR e.lease_until < ",
         now_ms!(),
