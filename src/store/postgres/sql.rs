@@ -138,6 +138,7 @@ mod follow_ups;
 mod restore;
 mod schedules;
 pub(super) mod seal;
+mod takes;
 
 pub(super) use erasure::ERASE_DUE_BATCH;
 
@@ -329,35 +330,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         ", payload, (EXTRACT(EPOCH FROM now() - COALESCE(pending_utc, received_utc)) * 1000)::bigint \
        AS age_ms, NULL::text AS held_by"
     ),
-    // Enqueued claims (a producer's committed transaction) no worker took yet: `$6` of them
-    // oldest first (the aged share), the rest higher priority first, then oldest;
-    // `attempt = 1` leaves out operator redrives, which the sweeper takes. The rows are
-    // chosen and locked by the inner SELECTs (FOR UPDATE re-checks their predicate on the
-    // row's latest version, and the lock keeps it so until the UPDATE), so the UPDATE finds
-    // them by primary key alone: with the predicate repeated there, the planner walks the
-    // whole partial index (and its dead entries) once per statement: 0.7 s at 65,000 claims.
-    // The second SELECT leaves out the first's rows, which its own lock does not skip.
-    take_enqueued: concat!(
-        "UPDATE claims SET lease_owner = $3, lease_until = now() + $4 * interval '1 millisecond', \
-       started_utc = now(), updated_utc = now(), ",
-        pg_clear_marker!("$5"),
-        " WHERE id = ANY (ARRAY( \
-       WITH aged AS MATERIALIZED ( \
-         SELECT id FROM claims \
-         WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
-         ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED) \
-       SELECT id FROM aged \
-       UNION ALL \
-       SELECT p.id FROM ( \
-         SELECT id FROM claims \
-         WHERE consumer = $1 AND state = 'started' AND lease_owner IS NULL AND attempt = 1 \
-           AND id <> ALL (ARRAY(SELECT id FROM aged)) \
-         ORDER BY priority DESC, id LIMIT $2 - $6 FOR UPDATE SKIP LOCKED) p)) \
-     RETURNING ",
-        claim_cols!(),
-        ", payload, (EXTRACT(EPOCH FROM now() - received_utc) * 1000)::bigint AS age_ms, \
-       NULL::text AS held_by, priority::bigint AS priority"
-    ),
+    take_enqueued: takes::TAKE_ENQUEUED,
     // As take_enqueued (the aged share `$8`, then by priority), among the heads of their lines
     // only: priority chooses between lines, never within one. The rows locked by the inner
     // SELECTs are updated by primary key.

@@ -103,6 +103,7 @@ mod follow_ups;
 mod restore;
 mod schedules;
 pub(super) mod seal;
+mod takes;
 
 /// The statements the one body runs, in this dialect, each under its name.
 pub(super) const STATEMENTS: Statements = Statements {
@@ -270,28 +271,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         now_ms!(),
         " - COALESCE(pending_utc, received_utc)) AS age_ms, NULL AS held_by"
     ),
-    // Enqueued claims no worker took yet: `?6` oldest first, the rest by priority, then oldest
-    // (see the PostgreSQL statement).
-    take_enqueued: concat!(
-        "UPDATE claims SET lease_owner = ?3, lease_until = ",
-        now_ms!(),
-        " + ?4, started_utc = ",
-        now_ms!(),
-        ", updated_utc = ",
-        now_ms!(),
-        ", ",
-        sqlite_clear_marker!("?5"),
-        " WHERE id IN (WITH waiting AS (SELECT id, priority FROM claims WHERE consumer = ?1 \
-         AND state = 'started' AND lease_owner IS NULL AND attempt = 1), \
-       aged AS (SELECT id FROM waiting ORDER BY id LIMIT ?6) \
-       SELECT id FROM aged UNION ALL SELECT id FROM (SELECT id FROM waiting \
-         WHERE id NOT IN aged ORDER BY priority DESC, id LIMIT ?2 - ?6)) \
-       AND state = 'started' AND lease_owner IS NULL AND attempt = 1 RETURNING ",
-        claim_cols!(),
-        ", payload, (",
-        now_ms!(),
-        " - received_utc) AS age_ms, NULL AS held_by, priority"
-    ),
+    take_enqueued: takes::TAKE_ENQUEUED,
     // One writer at a time: the statement alone is atomic, no lock needed. The aged share
     // `?8`, then by priority, among the heads of their lines (see the PostgreSQL statement).
     take_ordered: concat!(
