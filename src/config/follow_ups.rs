@@ -77,7 +77,7 @@ pub(super) fn check_follow_ups(
                 format!("{:?} is named twice for one state", f.step),
             ));
         }
-        if !consumers.iter().any(|o| o.name == f.consumer) {
+        let Some(child) = consumers.iter().find(|o| o.name == f.consumer) else {
             return Err((
                 at("consumer"),
                 format!(
@@ -85,10 +85,56 @@ pub(super) fn check_follow_ups(
                     f.step, f.consumer
                 ),
             ));
+        };
+        // The child is written as an enqueued claim: no order key line to wait in.
+        if child.flow.order_key.is_some() {
+            return Err((
+                at("consumer"),
+                format!(
+                    "step {:?}: consumer {:?} orders its claims by order_key, which a follow-up cannot carry",
+                    f.step, f.consumer
+                ),
+            ));
+        }
+        // The child has its parent's tenant: two tenants' children of one message id would
+        // share an idempotency key unless the child's key names the tenant.
+        if c.key.contains("{tenant}") && !child.key.contains("{tenant}") {
+            return Err((
+                at("consumer"),
+                format!(
+                    "step {:?}: consumer {:?}'s key {:?} lacks {{tenant}}, and this consumer's messages carry tenants",
+                    f.step, f.consumer, child.key
+                ),
+            ));
         }
         f.payload
             .parse::<PayloadTemplate>()
             .map_err(|e| (at("payload"), format!("step {:?}: {e}", f.step)))?;
+    }
+    refuse_cycle(c, consumers)
+}
+
+/// A chain of follow-ups that comes back to `c` would create claims without end.
+fn refuse_cycle(c: &ConsumerConfig, consumers: &[ConsumerConfig]) -> Result<(), (String, String)> {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut next: Vec<&str> = c.follow_ups.iter().map(|f| f.consumer.as_str()).collect();
+    while let Some(name) = next.pop() {
+        if name == c.name {
+            return Err((
+                "follow_ups".into(),
+                format!(
+                    "follow-ups lead from consumer {:?} back to it: a chain without end",
+                    c.name
+                ),
+            ));
+        }
+        if seen.contains(&name) {
+            continue;
+        }
+        seen.push(name);
+        if let Some(o) = consumers.iter().find(|o| o.name == name) {
+            next.extend(o.follow_ups.iter().map(|f| f.consumer.as_str()));
+        }
     }
     Ok(())
 }

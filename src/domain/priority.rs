@@ -26,7 +26,7 @@ pub fn check(value: i64) -> Result<i16, PriorityError> {
         .ok_or_else(|| PriorityError(value.to_string()))
 }
 
-/// Parses a priority given as text (the `Priority` header of HTTP and NATS): an optional sign
+/// Parses a priority given as text (the `Message-Priority` header of HTTP and NATS): an optional sign
 /// and decimal digits, no spaces around them beyond what a header's value trims.
 pub fn parse(text: &[u8]) -> Result<i16, PriorityError> {
     let shown = || PriorityError(String::from_utf8_lossy(text).chars().take(32).collect());

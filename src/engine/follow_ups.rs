@@ -64,6 +64,12 @@ impl FollowUpPlan {
         let (Some(state), Some(steps)) = (s.state, self.steps.get(&claim.consumer)) else {
             return Vec::new();
         };
+        // A pending claim settled pending again (a poll, a provider event saying "still
+        // processing") made its children when it became pending; and most settles match no
+        // step: nothing to parse.
+        if claim.state == state || !steps.iter().any(|step| step.on == state) {
+            return Vec::new();
+        }
         let payload = serde_json::from_slice(&claim.payload).ok();
         let answer = s
             .provider_response

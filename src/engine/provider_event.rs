@@ -338,13 +338,14 @@ async fn find_claim(
             limit: KEY_CANDIDATES,
             ..ClaimFilter::default()
         };
-        if let Some(claim) = store
+        if let Some(c) = store
             .list(&filter)
             .await?
             .into_iter()
             .find(|c| &c.idem_key == key)
         {
-            return Ok(Some(claim));
+            // A list leaves the payload out; the settle's follow-ups read it.
+            return store.get(consumer.name(), &c.tenant, &c.message_id).await;
         }
     }
     let Some(message_id) = &carried.message_id else {

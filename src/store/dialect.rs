@@ -221,17 +221,17 @@ pub struct Statements {
     /// Take enqueued claims no worker holds yet (`started`, attempt 1, no lease owner): the
     /// aged share oldest first, the rest higher priority first, then oldest, leasing them to
     /// the taker (attempt and version unchanged), returning them with payload and `age_ms`
-    /// (time since enqueued): consumer, limit, owner, lease ms, called, aged share.
+    /// (time since enqueued): consumer, limit, owner, lease ms, the window in ms within which the "not called yet" marker goes (negative: none), aged share.
     pub take_enqueued: &'static str,
     /// [`take_enqueued`](Statements::take_enqueued) by order keys' lines: a claim with an
     /// order key only when no other unfinished claim of its consumer, tenant and key is
     /// earlier or in flight (a `pending` or `needs_attention` one only when `hold`), the aged
     /// share oldest first, the rest by priority, then oldest, also returning `went_ahead_of`:
-    /// consumer, limit, owner, lease ms, hold, lines, called, aged share.
+    /// consumer, limit, owner, lease ms, hold, lines, the marker window, aged share.
     pub take_ordered: &'static str,
     /// [`take_ordered`](Statements::take_ordered) round-robin across tenants (a tenant's
     /// n-th waiting claim by priority, then age, goes at turn n / weight): consumer, limit,
-    /// owner, lease ms, hold, lines, weights (a JSON object of tenant to weight), called.
+    /// owner, lease ms, hold, lines, weights (a JSON object of tenant to weight), the marker window.
     pub take_fair: &'static str,
     /// The earliest unfinished claim of a line that holds a claim (see `take_ordered`):
     /// consumer, tenant, order key, the claim's id.

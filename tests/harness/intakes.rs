@@ -261,7 +261,14 @@ async fn post_cloudevents(
                         "{{\"specversion\":\"1.0\",\"id\":\"{id}\",\"source\":\"{CE_SOURCE}\",\"type\":\"order.paid\",\"data\":{data}}}"
                     )),
             };
-            match req.header("Tenant-Id", tenant).send().await {
+            // Priorities meet fairness and the pickup: a third each low, plain and high.
+            let priority = [-10, 0, 50][k % 3].to_string();
+            match req
+                .header("Tenant-Id", tenant)
+                .header("Message-Priority", priority)
+                .send()
+                .await
+            {
                 Ok(a) if matches!(a.status().as_u16(), 200 | 202) => break,
                 Ok(a) if a.status().as_u16() == 503 => {}
                 Ok(a) => panic!("CloudEvent {id}: {} {:?}", a.status(), a.text().await),
@@ -344,10 +351,13 @@ async fn enqueue_once(
     .bind(tenant)
     .execute(&mut conn)
     .await?;
-    sqlx::query("SELECT 1 FROM claimd.enqueue('events', $1, $2::jsonb, $3)")
+    // Priorities from the producer's side too: by the id's last digit, low, plain or high.
+    let priority = [-10, 0, 50][id.bytes().last().map_or(0, |b| b as usize % 3)];
+    sqlx::query("SELECT 1 FROM claimd.enqueue('events', $1, $2::jsonb, $3, priority => $4)")
         .bind(id)
         .bind(payload)
         .bind(tenant)
+        .bind(priority)
         .execute(&mut conn)
         .await?;
     match ending {

@@ -25,6 +25,7 @@ mod ledger;
 pub mod lookalike;
 pub mod orders;
 mod outcome;
+pub mod periodic;
 mod terminate;
 mod waits;
 
@@ -271,7 +272,12 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
             + &intakes
                 .as_ref()
                 .map(|i| i.consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port)))
-                .unwrap_or_default(),
+                .unwrap_or_default()
+            + &if s.intakes > 0 {
+                periodic::consumer_toml(&format!("http://127.0.0.1:{}", orders_gate.port))
+            } else {
+                String::new()
+            },
     )
     .unwrap();
     if s.db_effect > 0 {
@@ -612,6 +618,9 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         .unwrap();
         assert!(payloads > 0, "stored payloads to look at");
         assert_eq!(clear, 0, "payloads stored in clear, of {payloads}");
+    }
+    if s.intakes > 0 {
+        outcome.periodic = Some(periodic::check(&store, &sandbox).await);
     }
     if let Some(sent) = &intake_sends {
         let c = intakes::check(db_url, &store, &sandbox, sent).await;

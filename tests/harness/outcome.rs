@@ -66,6 +66,8 @@ pub struct Outcome {
     pub hook_events: Option<super::events::EventCheck>,
     /// NATS, CloudEvents and producers' enqueues (when the scenario sends them).
     pub intakes: Option<super::intakes::IntakeCheck>,
+    /// The schedule's ticks and their follow-up receipts (with the other intakes).
+    pub periodic: Option<super::periodic::PeriodicCheck>,
     /// Every event row was sent before the stream was read.
     pub events_all_relayed: bool,
     /// The order lines, schedules and cancels (when the scenario sends orders).
@@ -234,6 +236,9 @@ pub struct ErasureCheck {
 }
 
 pub fn assert_invariants(o: &Outcome, honours_keys: bool) {
+    if let Some(p) = &o.periodic {
+        super::periodic::assert_held(p);
+    }
     if let Some(e) = o.erasure {
         assert_eq!(e.erased_open, 0, "an open claim was erased: {o:?}");
         assert!(e.erased > 0, "payload retention erased nothing: {o:?}");

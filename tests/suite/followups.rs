@@ -350,3 +350,46 @@ async fn a_missing_value_parks_the_child() {
     );
     running.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The configuration refuses follow-ups that could not be performed once: into a consumer with
+/// order keys, into one keyed without the tenant the parent's messages carry, and a chain that
+/// comes back to its start.
+#[test]
+fn follow_ups_that_could_not_be_performed_once_are_refused() {
+    let p = "http://127.0.0.1:1";
+    let step = |from: &str, to: &str| {
+        format!(
+            "\n[[consumers.follow_ups]]\nstep = \"next\"\non = \"completed\"\nconsumer = \"{to}\"\npayload = '{{\"of\": \"{{{{message_id}}}}\"}}'\n# from {from}\n"
+        )
+    };
+    let refusal = |consumers: String| {
+        let toml = config_toml("sqlite://x.db", &consumers);
+        match claimd::config::Config::from_toml(
+            &toml,
+            std::path::Path::new("t.toml"),
+            std::env::vars(),
+        ) {
+            Ok(_) => panic!("accepted:\n{consumers}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let ordered = refusal(
+        consumer_toml("receipts", p, "order_key = \"{email}\"")
+            + &consumer_toml("charges", p, "")
+            + &step("charges", "receipts"),
+    );
+    assert!(ordered.contains("order_key"), "{ordered}");
+    let untenanted = refusal(
+        consumer_toml("receipts", p, "key = \"{consumer}:{message_id}\"")
+            + &consumer_toml("charges", p, "key = \"{tenant}:{message_id}\"")
+            + &step("charges", "receipts"),
+    );
+    assert!(untenanted.contains("lacks {tenant}"), "{untenanted}");
+    let cycle = refusal(
+        consumer_toml("receipts", p, "")
+            + &step("receipts", "charges")
+            + &consumer_toml("charges", p, "")
+            + &step("charges", "receipts"),
+    );
+    assert!(cycle.contains("back to it"), "{cycle}");
+}

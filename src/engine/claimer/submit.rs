@@ -25,7 +25,7 @@ pub struct Delivery {
     /// The producer's W3C `traceparent` (HTTP, AMQP or NATS header), when it sent a valid one:
     /// with `[traces]` on, the message's trace continues the producer's.
     pub trace_parent: Option<crate::domain::trace_context::TraceParent>,
-    /// The message's priority, -100 to 100, checked by the way in (`Priority` header, AMQP
+    /// The message's priority, -100 to 100, checked by the way in (`Message-Priority` header, AMQP
     /// `priority` property): acts where the claim waits in the database (docs/flow-control.md).
     pub priority: i16,
 }

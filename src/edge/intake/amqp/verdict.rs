@@ -163,8 +163,11 @@ pub(super) async fn judge(ctx: &Ctx, d: &AmqpDelivery) -> Verdict {
             .map(|s| s.as_str().as_bytes().to_vec())
             .unwrap_or_default(),
         not_before: header_bytes(props, NOT_BEFORE_HEADER),
-        // The message's own property (0-255): from 0 to 100 it is the claim's priority.
-        priority: Ok(props.priority().map(|p| p.to_string().into_bytes())),
+        // The message's own property (0-255), capped at claimd's highest (100): a RabbitMQ
+        // producer may use the whole range, and a message is never refused for it.
+        priority: Ok(props
+            .priority()
+            .map(|p| p.min(100).to_string().into_bytes())),
         trace_parent: header_bytes(props, TRACEPARENT).ok().flatten(),
     };
     let shown_id = received.shown_id();
