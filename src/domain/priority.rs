@@ -10,6 +10,9 @@ pub const MIN: i16 = -100;
 pub const MAX: i16 = 100;
 /// The priority of a message that names none.
 pub const DEFAULT: i16 = 0;
+/// The header that gives a message's priority on HTTP, CloudEvents and NATS. Not `Priority`:
+/// that one is HTTP's own (RFC 9218), which browsers and proxies send.
+pub const HEADER: &str = "Message-Priority";
 /// One claim in this many taken by a pickup is the oldest waiting, whatever its priority.
 pub const AGED_EVERY: u64 = 8;
 

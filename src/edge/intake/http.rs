@@ -271,9 +271,8 @@ pub(super) async fn submit_and_answer(
     }
 }
 
-/// The header giving a message's priority (docs/flow-control.md, "Priorities"). Not
-/// `Priority`: that one is HTTP's own (RFC 9218), which browsers and proxies send.
-pub(super) const PRIORITY: &str = "Message-Priority";
+/// The header giving a message's priority (docs/flow-control.md, "Priorities").
+pub(super) const PRIORITY: &str = crate::domain::priority::HEADER;
 
 /// The priority `Message-Priority` names (an integer from -100 to 100), the default without
 /// one; why not otherwise.

@@ -11,7 +11,7 @@ use async_nats::HeaderMap;
 /// The header asking for a scheduled send (docs/flow-control.md); matched in any case.
 pub const NOT_BEFORE_HEADER: &str = "Not-Before";
 /// The header giving a message's priority (docs/flow-control.md, "Priorities").
-pub const PRIORITY_HEADER: &str = "Message-Priority";
+pub const PRIORITY_HEADER: &str = crate::domain::priority::HEADER;
 /// The header a dead letter carries with a readable sentence saying why.
 pub const REASON_HEADER: &str = "Claimd-Reason";
 /// The header a dead letter carries with the reason class (`payload_mismatch`, ...).
