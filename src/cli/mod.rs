@@ -657,33 +657,7 @@ async fn execute_unescaped(cli: Cli) -> Output {
                 Ok(r) if r.skipped_locked => {
                     Output::ok("another instance is pruning; nothing done\n".into())
                 }
-                Ok(r) if dry_run => Output::ok(format!(
-                    "{}would delete {} terminal claims older than {}\n",
-                    if r.erased > 0 {
-                        format!(
-                            "would erase the payloads of {} finished claims (payload_retention)\n",
-                            r.erased
-                        )
-                    } else {
-                        String::new()
-                    },
-                    r.deleted,
-                    app.config.retention.keep_terminal_for
-                )),
-                Ok(r) => Output::ok(format!(
-                    "{}deleted {} terminal claims older than {} in {} batches\n",
-                    if r.erased > 0 {
-                        format!(
-                            "erased the payloads of {} finished claims (payload_retention)\n",
-                            r.erased
-                        )
-                    } else {
-                        String::new()
-                    },
-                    r.deleted,
-                    app.config.retention.keep_terminal_for,
-                    r.batches
-                )),
+                Ok(r) => Output::ok(reports::prune_summary(&r, &app.config.retention, dry_run)),
                 Err(e) => Output::fail(1, e),
             }
         }

@@ -314,3 +314,54 @@ fn read_from_line(from: &crate::store::read_replica::ReadFrom) -> String {
         .map(|n| format!("claimd: {n}\n"))
         .unwrap_or_default()
 }
+
+/// What `claimd prune` did (or, on a dry run, would do), a line per kind of record.
+pub(super) fn prune_summary(
+    r: &crate::store::PruneResult,
+    config: &crate::config::RetentionConfig,
+    dry_run: bool,
+) -> String {
+    let w = config.windows();
+    let (erase, archive, delete) = if dry_run {
+        ("would erase", "would archive", "would delete")
+    } else {
+        ("erased", "archived", "deleted")
+    };
+    let age = |d: std::time::Duration| crate::domain::duration::Dur(d).to_string();
+    let mut out = String::new();
+    if r.erased > 0 {
+        out += &format!(
+            "{erase} the payloads of {} finished claims (payload_retention)\n",
+            r.erased
+        );
+    }
+    if let Some(after) = w.archive_after {
+        out += &format!(
+            "{archive} {} finished claims older than {}\n",
+            r.archived,
+            age(after)
+        );
+    }
+    if r.archive_days_dropped > 0 {
+        out += &format!(
+            "dropped {} days of the archive, their retention over\n",
+            r.archive_days_dropped
+        );
+    }
+    out += &format!(
+        "{delete} {} completed claims older than {} and {} failed claims older than {}",
+        r.deleted_completed,
+        age(w.completed),
+        r.deleted_failed,
+        age(w.failed)
+    );
+    if !dry_run {
+        out += &format!(" in {} batches", r.batches);
+    }
+    out += &format!(
+        "\n{delete} {} dead-letter records older than {}\n",
+        r.dead_letters_deleted,
+        age(w.dead_letters)
+    );
+    out
+}

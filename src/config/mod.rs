@@ -11,6 +11,7 @@ mod layering;
 mod log;
 mod outcomes;
 mod provider_events;
+mod retention;
 mod schedules;
 mod schema;
 mod sources;
@@ -26,6 +27,7 @@ pub use outcomes::{
     MAX_DESTINATIONS, OutcomeKind, OutcomesConfig, check_destinations, render_routing_key,
 };
 pub use provider_events::MAX_EVENT_TOLERANCE;
+pub use retention::RetentionConfig;
 pub use schedules::{ScheduleConfig, parse_schedule_cron};
 pub use schema::*;
 pub use sources::{AmqpSourceConfig, NatsSourceConfig, Source, SourceConfig};

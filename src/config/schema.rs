@@ -1,6 +1,7 @@
 //! The configuration's shape: one struct per section, with the defaults `config/default.toml`
 //! documents. Unknown keys are refused (`deny_unknown_fields`).
 
+use super::retention::RetentionConfig;
 use super::sources::{AmqpSourceConfig, NatsSourceConfig, Source, SourceConfig, source_name};
 use crate::domain::duration::Dur;
 use crate::provider::effect::settings::EffectConfig;
@@ -199,28 +200,6 @@ impl Default for SweeperConfig {
         SweeperConfig {
             schedule: "*/10 * * * * *".into(),
             batch_size: 500,
-        }
-    }
-}
-
-/// `[retention]`. Every key may be left out.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetentionConfig {
-    /// Cron expression with seconds.
-    pub schedule: String,
-    /// How long terminal claims are kept.
-    pub keep_terminal_for: Dur,
-    /// Rows deleted per statement.
-    pub batch_size: u32,
-}
-
-impl Default for RetentionConfig {
-    fn default() -> Self {
-        RetentionConfig {
-            schedule: "0 0 3 * * *".into(),
-            keep_terminal_for: Dur(Duration::from_secs(14 * 86_400)),
-            batch_size: 5000,
         }
     }
 }

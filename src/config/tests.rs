@@ -139,6 +139,23 @@ fn bad_values_name_key_and_problem_on_one_line() {
             "redrive_within",
         ),
         (
+            format!("{BASE}\n[retention]\nkeep_failed_for = \"1h\""),
+            "retention.keep_failed_for",
+        ),
+        (
+            format!("{BASE}\n[retention]\nkeep_completed_for = \"0s\""),
+            "more than zero",
+        ),
+        (
+            format!("{BASE}\n[retention]\narchive_after = \"2d\""),
+            "PostgreSQL",
+        ),
+        (
+            BASE.replace("sqlite://x.db", "postgres://h/db")
+                + "\n[retention]\narchive_after = \"1h\"",
+            "left for the archive",
+        ),
+        (
             format!("{BASE}\n[sweeper]\nschedule = \"every minute\""),
             "sweeper.schedule",
         ),
@@ -846,4 +863,18 @@ fn pooler_defaults_to_none_takes_the_environment_and_needs_postgresql() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("store.pooler"), "{e}");
+}
+
+#[test]
+fn retention_windows_default_to_keep_terminal_for() {
+    let text = BASE.replace("sqlite://x.db", "postgres://h/db")
+        + "\n[retention]\nkeep_terminal_for = \"10d\"\nkeep_failed_for = \"400d\"\narchive_after = \"2d\"\n";
+    let l = load(&text, &[]).unwrap();
+    let w = l.config.retention.windows();
+    let day = Duration::from_secs(86_400);
+    assert_eq!(
+        (w.completed, w.failed, w.dead_letters),
+        (10 * day, 400 * day, 10 * day)
+    );
+    assert_eq!((w.records, w.archive_after), (10 * day, Some(2 * day)));
 }

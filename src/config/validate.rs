@@ -57,6 +57,8 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        let sqlite = self.store.url.starts_with("sqlite:");
+        self.retention.validate(&self.consumers, sqlite)?;
         let mut hosts: BTreeMap<String, Vec<(&str, KeyTemplate)>> = BTreeMap::new();
         // Database transactions SQL consumers may hold open at once, each on a store connection.
         let mut in_transactions: Vec<(&str, u32)> = Vec::new();
@@ -102,15 +104,6 @@ impl Config {
                         "{} must be longer than the effect timeout {}, or the sweeper takes over calls still in flight",
                         c.lease,
                         Dur(timeout)
-                    ),
-                ));
-            }
-            if self.retention.keep_terminal_for.0 < c.redrive_within.0 {
-                return Err((
-                    "retention.keep_terminal_for".into(),
-                    format!(
-                        "{} is shorter than consumers[{i}].redrive_within {}: a redelivered message could be claimed and performed again after its claim was pruned",
-                        self.retention.keep_terminal_for, c.redrive_within
                     ),
                 ));
             }

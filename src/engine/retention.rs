@@ -1,8 +1,9 @@
 //! Retention: erases the payloads of finished claims older than their consumer's
-//! `payload_retention`, then deletes terminal claims (`completed`, `failed`) older than
-//! `keep_terminal_for`, in bounded batches, one instance at a time (I7). `started`,
-//! `pending` and `needs_attention` claims are never erased nor deleted: the statements name
-//! only terminal states.
+//! `payload_retention`, moves finished claims older than `archive_after` to the archive
+//! (PostgreSQL) and drops the archive's days whose retention is over, then deletes terminal
+//! claims (`completed`, `failed`) older than their state's window, in bounded batches, one
+//! instance at a time (I7). `started`, `pending` and `needs_attention` claims are never
+//! erased, archived nor deleted: the statements name only terminal states.
 
 use crate::config::{ConsumerConfig, RetentionConfig};
 use crate::store::{PruneResult, Store, StoreResult};
@@ -33,15 +34,24 @@ pub async fn prune(
         erased += n;
     }
     let mut result = store
-        .prune(config.keep_terminal_for.0, config.batch_size, dry_run)
+        .prune(&config.windows(), config.batch_size, dry_run)
         .await?;
     result.erased = erased;
-    if !dry_run && (result.deleted > 0 || result.dead_letters_deleted > 0) {
+    if !dry_run
+        && (result.deleted > 0
+            || result.dead_letters_deleted > 0
+            || result.archived > 0
+            || result.archive_days_dropped > 0)
+    {
         info!(
             deleted = result.deleted,
+            deleted_completed = result.deleted_completed,
+            deleted_failed = result.deleted_failed,
+            archived = result.archived,
+            archive_days_dropped = result.archive_days_dropped,
             batches = result.batches,
             dead_letters_deleted = result.dead_letters_deleted,
-            "pruned terminal claims and old dead-letter records"
+            "retention: archived and pruned finished claims and old records"
         );
     }
     Ok(result)

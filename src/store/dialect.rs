@@ -276,9 +276,10 @@ pub struct Statements {
     pub insert_dead_letter: &'static str,
     /// Dead letters per consumer since a time (`consumer, n`): since.
     pub count_dead_letters: &'static str,
-    /// One batch of retention (re-checking the predicate on the delete): keep ms, batch.
+    /// One batch of retention of one terminal state (re-checking the predicate on the
+    /// delete): keep ms, batch, state.
     pub prune_batch: &'static str,
-    /// How many claims retention would delete (`n`): keep ms.
+    /// How many claims of one terminal state retention would delete (`n`): keep ms, state.
     pub prune_count: &'static str,
     /// One batch of dead-letter records: keep ms, batch.
     pub prune_dead_letters: &'static str,
@@ -437,6 +438,25 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// it. [`RetentionLock::release`] gives it back; dropping it releases it too (later),
     /// whatever happens to the pruning task.
     async fn retention_lock(&self) -> StoreResult<Option<Box<dyn RetentionLock>>>;
+
+    /// Moves one batch of finished claims last changed before `now - archive_after` out of
+    /// `claims`, into the archive when their state's window is not over yet (else they are
+    /// only deleted): `(archived, deleted)` by state, or `None` when the dialect keeps no
+    /// archive. On a dry run, counts without moving.
+    async fn archive_batch(
+        &self,
+        _windows: &super::RetentionWindows,
+        _batch: u32,
+        _dry_run: bool,
+    ) -> Option<StoreResult<super::ArchiveBatch>> {
+        None
+    }
+
+    /// Drops the archive's days whose retention is over (all their claims' windows ended):
+    /// how many, or `None` when the dialect keeps no archive.
+    async fn drop_archive_days(&self) -> Option<StoreResult<u64>> {
+        None
+    }
 
     /// Background tasks per kind of batched write (`batch`).
     const BATCH_WORKERS: usize;

@@ -498,11 +498,68 @@ impl CountsByConsumer {
     }
 }
 
+/// How long retention keeps each kind of finished record, and when finished claims move to
+/// the archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionWindows {
+    /// `completed` claims, from their last change.
+    pub completed: Duration,
+    /// `failed` claims, from their last change.
+    pub failed: Duration,
+    /// Dead-letter records.
+    pub dead_letters: Duration,
+    /// Sent outcome events and recorded provider events.
+    pub records: Duration,
+    /// PostgreSQL: finished claims last changed longer ago than this leave `claims` for the
+    /// archive (`claims_archive`, partitioned by the day their retention ends); `None`: they
+    /// stay in `claims` until they are deleted.
+    pub archive_after: Option<Duration>,
+}
+
+impl RetentionWindows {
+    /// The same window for everything, no archive.
+    pub fn uniform(keep: Duration) -> RetentionWindows {
+        RetentionWindows {
+            completed: keep,
+            failed: keep,
+            dead_letters: keep,
+            records: keep,
+            archive_after: None,
+        }
+    }
+}
+
+/// One batch of the archive's move ([`RetentionWindows::archive_after`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArchiveBatch {
+    /// Claims moved into the archive.
+    pub archived: u64,
+    /// `completed` claims only deleted: their window was over when they were moved.
+    pub deleted_completed: u64,
+    /// `failed` claims only deleted, likewise.
+    pub deleted_failed: u64,
+}
+
+impl ArchiveBatch {
+    /// Claims the batch took out of `claims`.
+    pub fn moved(&self) -> u64 {
+        self.archived + self.deleted_completed + self.deleted_failed
+    }
+}
+
 /// What retention did (or would do).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PruneResult {
-    /// Rows deleted (or eligible, on a dry run).
+    /// Claims deleted (or eligible, on a dry run): `deleted_completed + deleted_failed`.
     pub deleted: u64,
+    /// `completed` claims deleted (or eligible).
+    pub deleted_completed: u64,
+    /// `failed` claims deleted (or eligible).
+    pub deleted_failed: u64,
+    /// Finished claims moved to the archive (or eligible).
+    pub archived: u64,
+    /// Days of the archive dropped whole, their retention over.
+    pub archive_days_dropped: u64,
     /// Statements issued.
     pub batches: u32,
     /// Another instance held the retention lock; nothing was done.

@@ -361,6 +361,7 @@ pub mod hangup;
 pub mod localstripe;
 pub mod nats;
 pub mod pg_pair;
+pub mod pg_roles;
 pub mod pgbouncer;
 pub mod previous_build;
 pub mod provider;

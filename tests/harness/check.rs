@@ -420,16 +420,27 @@ async fn evidence_checks(
 
 /// Every history line of a payment that an event settled (its outcome is the event's type,
 /// `payment_intent.…`) and whose detail names a look-alike object: (tenant, message id,
-/// outcome, detail). One query, on either store.
+/// outcome, detail). One query, on either store; on PostgreSQL archived claims' too.
 async fn lookalike_settles(db_url: &str) -> Vec<(String, String, String, String)> {
     const SQL: &str = "SELECT c.tenant, c.message_id, e.outcome, e.detail \
         FROM claim_events e JOIN claims c ON c.id = e.claim_id \
         WHERE c.consumer = 'payments' AND e.action = 'event' \
         AND e.outcome LIKE 'payment_intent.%' AND e.detail LIKE '%object la%'";
+    const ARCHIVED: &str = "SELECT a.tenant, a.message_id, e->>'outcome', e->>'detail' \
+        FROM claims_archive a CROSS JOIN LATERAL jsonb_array_elements(a.history) e \
+        WHERE a.consumer = 'payments' AND e->>'action' = 'event' \
+        AND e->>'outcome' LIKE 'payment_intent.%' AND e->>'detail' LIKE '%object la%'";
     type Row = (String, String, String, Option<String>);
     let rows: Vec<Row> = if db_url.starts_with("postgres") {
         let pool = sqlx::PgPool::connect(db_url).await.unwrap();
-        sqlx::query_as(SQL).fetch_all(&pool).await.unwrap()
+        let mut rows: Vec<Row> = sqlx::query_as(SQL).fetch_all(&pool).await.unwrap();
+        rows.extend(
+            sqlx::query_as::<_, Row>(ARCHIVED)
+                .fetch_all(&pool)
+                .await
+                .unwrap(),
+        );
+        rows
     } else {
         let pool = sqlx::SqlitePool::connect(db_url).await.unwrap();
         sqlx::query_as(SQL).fetch_all(&pool).await.unwrap()

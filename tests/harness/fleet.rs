@@ -288,8 +288,10 @@ timeout = "1s"
         on_unknown = s.on_unknown,
         lease_ms = WORKER_LEASE_MS,
         outcomes = outcomes.unwrap_or(""),
+        // The combined run also keeps failed claims longer and archives finished ones
+        // (archive.rs ages them past `archive_after` before the checks).
         retention_schedule = if s.payload_retention.is_some() {
-            "schedule = \"* * * * * *\"\n"
+            "schedule = \"* * * * * *\"\nkeep_failed_for = \"3h\"\narchive_after = \"1h\"\n"
         } else {
             ""
         },

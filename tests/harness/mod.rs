@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 mod alerts;
+mod archive;
 mod broker;
 mod check;
 pub mod dbeffect;
@@ -559,6 +560,9 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         None => None,
     };
     let moments = timeline.lock().unwrap().clone();
+    if s.payload_retention.is_some() {
+        archive::archive_finished(db_url).await;
+    }
     let mut outcome = check(
         s,
         &store,
@@ -611,7 +615,9 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         let mut c = sqlx::PgConnection::connect(db_url).await.unwrap();
         let (payloads, clear): (i64, i64) = sqlx::query_as(
             "SELECT count(*), count(*) FILTER (WHERE position('$claimd$v1$'::bytea IN payload) <> 1)
-             FROM claims WHERE consumer IN ('payments', 'email') AND length(payload) > 0",
+             FROM (SELECT consumer, payload FROM claims UNION ALL
+                   SELECT consumer, payload FROM claims_archive) c
+             WHERE consumer IN ('payments', 'email') AND length(payload) > 0",
         )
         .fetch_one(&mut c)
         .await

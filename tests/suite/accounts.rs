@@ -11,6 +11,7 @@ use claimd::ops::accounts;
 use claimd::provider::sandbox::Sandbox;
 use claimd::service::run::Running;
 use claimd::store::audit::{AuditEntry, AuditFilter};
+use common::pg_roles::{TwoRoles, exec};
 use common::*;
 use serde_json::json;
 use sqlx::{Connection, Executor, PgConnection};
@@ -462,12 +463,6 @@ async fn record_one(store: &claimd::store::Store) {
     .unwrap();
 }
 
-async fn exec(c: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
-    c.execute(sqlx::AssertSqlSafe(sql.to_string()))
-        .await
-        .map(|_| ())
-}
-
 /// PostgreSQL, with the migration and runtime roles of docs/postgresql.md: the runtime role
 /// may insert and read audit rows, never update, delete or truncate them; and even a role
 /// granted those (or the owner) is refused by the table's triggers.
@@ -476,39 +471,19 @@ async fn audit_rows_cannot_be_changed_by_the_runtime_role_on_postgres() {
     let Some(t) = PgDb::create().await else {
         return;
     };
-    let db = t.url.rsplit('/').next().unwrap().to_string();
-    let (owner, app) = (format!("{db}_owner"), format!("{db}_app"));
-    let mut su = PgConnection::connect(&t.url).await.unwrap();
-    exec(
-        &mut su,
-        &format!(
-            "CREATE ROLE {owner} LOGIN; CREATE ROLE {app} LOGIN;
-             ALTER DATABASE {db} OWNER TO {owner};
-             ALTER SCHEMA public OWNER TO {owner};
-             GRANT USAGE ON SCHEMA public TO {app};
-             ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA public
-                 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {app};
-             ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA public
-                 GRANT USAGE, SELECT ON SEQUENCES TO {app};"
-        ),
-    )
-    .await
-    .unwrap();
-    let _roles = DropRoles {
-        db: db.clone(),
-        roles: vec![owner.clone(), app.clone()],
-    };
-    let as_role = |role: &str| t.url.replacen("postgres@", &format!("{role}@"), 1);
-    let owned = claimd::store::open(&as_role(&owner), 2).await.unwrap();
+    let roles = TwoRoles::create(&t).await;
+    let app = roles.app.clone();
+    let mut su = PgConnection::connect(&roles.admin_url).await.unwrap();
+    let owned = claimd::store::open(&roles.owner_url, 2).await.unwrap();
     owned.migrate().await.unwrap();
-    let runtime = claimd::store::open(&as_role(&app), 2).await.unwrap();
+    let runtime = claimd::store::open(&roles.app_url, 2).await.unwrap();
     record_one(&runtime).await;
     assert_eq!(
         audit_of(&runtime, "ann").await.len(),
         1,
         "INSERT and SELECT"
     );
-    let mut c = PgConnection::connect(&as_role(&app)).await.unwrap();
+    let mut c = PgConnection::connect(&roles.app_url).await.unwrap();
     for sql in [
         "UPDATE operator_audit SET result = 'done'",
         "DELETE FROM operator_audit",
@@ -529,7 +504,7 @@ async fn audit_rows_cannot_be_changed_by_the_runtime_role_on_postgres() {
     )
     .await
     .unwrap();
-    let mut owner_c = PgConnection::connect(&as_role(&owner)).await.unwrap();
+    let mut owner_c = PgConnection::connect(&roles.owner_url).await.unwrap();
     for conn in [&mut c, &mut owner_c] {
         for sql in [
             "UPDATE operator_audit SET result = 'done'",
@@ -544,38 +519,6 @@ async fn audit_rows_cannot_be_changed_by_the_runtime_role_on_postgres() {
         .expect_err("truncate");
     assert!(e.to_string().contains("append-only"), "{e}");
     assert_eq!(audit_of(&runtime, "ann").await.len(), 1);
-}
-
-/// Roles live in the cluster: the test database (owned by one of them) and the roles are
-/// dropped with the guard, also when the test fails.
-struct DropRoles {
-    db: String,
-    roles: Vec<String>,
-}
-
-impl Drop for DropRoles {
-    fn drop(&mut self) {
-        let (db, roles) = (self.db.clone(), self.roles.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                if let Ok(mut admin) = PgConnection::connect(&pg_admin_url()).await {
-                    let _ = exec(
-                        &mut admin,
-                        &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-                    )
-                    .await;
-                    for r in roles {
-                        let _ = exec(&mut admin, &format!("DROP ROLE IF EXISTS {r}")).await;
-                    }
-                }
-            });
-        })
-        .join();
-    }
 }
 
 /// `claimd operators ...` and `claimd audit` from the command line: a generated credential is

@@ -6,7 +6,7 @@ use crate::common;
 
 use claimd::domain::claim::{ClaimState, NewClaim, fingerprint};
 use claimd::provider::sandbox::Sandbox;
-use claimd::store::{ClaimOutcome, FollowUpClaim, NewEvent, Settlement, Store};
+use claimd::store::{ClaimOutcome, FollowUpClaim, NewEvent, RetentionWindows, Settlement, Store};
 use common::*;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -164,7 +164,10 @@ async fn retention_keeps_open_parents(store: TestStore) {
     assert_eq!(kid.state, ClaimState::Started);
     assert_eq!(kid.lease_owner, None, "waits for the receipts pickup");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let kept = s.prune(Duration::ZERO, 100, false).await.unwrap();
+    let kept = s
+        .prune(&RetentionWindows::uniform(Duration::ZERO), 100, false)
+        .await
+        .unwrap();
     assert_eq!(kept.deleted, 0, "the parent of an open child stays");
     assert!(s.get("charges", "", "p1").await.unwrap().is_some());
     // The child finishes: both may go.
@@ -190,7 +193,10 @@ async fn retention_keeps_open_parents(store: TestStore) {
         ("charges", "p1")
     );
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let pruned = s.prune(Duration::ZERO, 100, false).await.unwrap();
+    let pruned = s
+        .prune(&RetentionWindows::uniform(Duration::ZERO), 100, false)
+        .await
+        .unwrap();
     assert_eq!(pruned.deleted, 2);
 }
 

@@ -10,6 +10,7 @@ use crate::common;
 
 use claimd::domain::claim::ClaimState;
 use claimd::provider::sandbox::SandboxOptions;
+use claimd::store::RetentionWindows;
 use claimd::store::pooler::Pooler;
 use claimd::{Enqueue, enqueue};
 use common::pgbouncer::Bouncer;
@@ -171,16 +172,26 @@ async fn retention_prunes_one_instance_at_a_time_through_pgbouncer() {
     let keep = Duration::from_secs(86_400);
     // A prune in small batches holds the lock for a while; meanwhile the other instance skips.
     let pruner = a.clone();
-    let long = tokio::spawn(async move { pruner.prune(keep, 10, false).await });
+    let long = tokio::spawn(async move {
+        pruner
+            .prune(&RetentionWindows::uniform(keep), 10, false)
+            .await
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let skipped = b.prune(keep, 1000, false).await.unwrap();
+    let skipped = b
+        .prune(&RetentionWindows::uniform(keep), 1000, false)
+        .await
+        .unwrap();
     assert!(skipped.skipped_locked, "two instances pruned at once");
     // Cut off mid-prune (its task dropped): the lock goes with its transaction.
     long.abort();
     let _ = long.await;
     let mut done = None;
     for _ in 0..50 {
-        let r = b.prune(keep, 50_000, false).await.unwrap();
+        let r = b
+            .prune(&RetentionWindows::uniform(keep), 50_000, false)
+            .await
+            .unwrap();
         if !r.skipped_locked {
             done = Some(r);
             break;

@@ -3,6 +3,8 @@
 //! commit, a lost reply), `fences` (versions: what a reader saw, answers that lost),
 //! `retention`, `unread_pending` (pending claims of a consumer that no longer reads outcomes).
 
+#[path = "store/archive.rs"]
+mod archive;
 #[path = "store/batches.rs"]
 mod batches;
 #[path = "store/fences.rs"]

@@ -7,6 +7,7 @@
 #[macro_use]
 mod sql;
 mod applied;
+mod archive;
 mod failover;
 mod many;
 mod online_migrate;
@@ -345,6 +346,20 @@ impl Dialect for PgDialect {
             return Ok(None);
         }
         Ok(Some(Box::new(PgRetentionLock(conn))))
+    }
+
+    async fn archive_batch(
+        &self,
+        windows: &crate::store::RetentionWindows,
+        batch: u32,
+        dry_run: bool,
+    ) -> Option<StoreResult<crate::store::ArchiveBatch>> {
+        let after = windows.archive_after?;
+        Some(archive::batch(&self.sql, windows, after, batch, dry_run).await)
+    }
+
+    async fn drop_archive_days(&self) -> Option<StoreResult<u64>> {
+        Some(archive::drop_days(&self.sql).await)
     }
 
     async fn insert_many(

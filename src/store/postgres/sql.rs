@@ -135,6 +135,7 @@ mod lines;
 pub(super) mod accounts;
 mod erasure;
 mod follow_ups;
+mod reads;
 mod restore;
 mod schedules;
 pub(super) mod seal;
@@ -169,11 +170,7 @@ pub(super) const STATEMENTS: Statements = Statements {
      WHERE consumer = $1 AND tenant = $2 AND message_id = $3 RETURNING ",
         claim_cols!()
     ),
-    get_claim: concat!(
-        "SELECT ",
-        claim_cols!(),
-        ", payload FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3"
-    ),
+    get_claim: reads::GET_CLAIM,
     state_of: "SELECT state FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3",
     // Fenced settle and its history line in one statement (I2), returning the row it changed,
     // and its outcome event for the consumers bound as `$18`.
@@ -229,13 +226,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     unnote_resent: "\
     UPDATE claims SET resent_count = resent_count - 1 \
     WHERE id = $1 AND attempt = $2 AND state = 'started' AND resent_count > 0",
-    list_claims: concat!(
-        "SELECT ",
-        claim_cols!(),
-        " FROM claims WHERE ",
-        pg_list_where!(),
-        pg_list_order!()
-    ),
+    list_claims: reads::LIST_CLAIMS,
     // Stuck claims alone: the literal predicate lets the planner walk the partial index
     // `claims_started_received` backwards (0012), in every plan, generic or not; `$3` is
     // true and only keeps the parameters of `list_claims`.
@@ -288,9 +279,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     ),
     claim_parent: follow_ups::CLAIM_PARENT,
     claim_children: follow_ups::CLAIM_CHILDREN,
-    list_events: "\
-    SELECT attempt, at_utc, actor, action, outcome, provider_status, detail \
-    FROM claim_events WHERE claim_id = $1 ORDER BY id",
+    list_events: reads::LIST_EVENTS,
     // Takeover: bump the fencing token and renew the lease in the same statement. The batch is
     // chosen once, in a materialised CTE (a `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)`
     // subquery may be re-scanned by the plan and take more than `n`), and the predicate is
@@ -560,7 +549,8 @@ pub(super) const STATEMENTS: Statements = Statements {
     insert_dead_letter: "INSERT INTO dead_letters (consumer, reason, message_id) VALUES ($1, $2, $3)",
     count_dead_letters: "\
     SELECT consumer, COUNT(*) AS n FROM dead_letters WHERE at_utc >= $1 GROUP BY consumer",
-    // One batch of retention. The batch is chosen once, in a materialised CTE (a
+    // One batch of retention, of one state (`$3`; the literal list lets the plan use the partial
+    // index `claims_terminal_updated`). The batch is chosen once, in a materialised CTE (a
     // `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)` subquery may be re-scanned by the plan and
     // delete more than `n`), locking its rows and skipping those an operator holds. The
     // predicate stands on the DELETE too: under READ COMMITTED a row another transaction changed
@@ -569,19 +559,18 @@ pub(super) const STATEMENTS: Statements = Statements {
     prune_batch: concat!(
         "WITH batch AS MATERIALIZED ( \
       SELECT id AS batch_id FROM claims \
-      WHERE state IN ('completed', 'failed') \
+      WHERE state IN ('completed', 'failed') AND state = $3 \
         AND updated_utc < now() - $1 * interval '1 millisecond' AND ",
         open_child!(),
         " ORDER BY updated_utc LIMIT $2 FOR UPDATE SKIP LOCKED) \
     DELETE FROM claims USING batch WHERE id = batch_id \
-      AND state IN ('completed', 'failed') \
-      AND updated_utc < now() - $1 * interval '1 millisecond' AND ",
+      AND state = $3 AND updated_utc < now() - $1 * interval '1 millisecond' AND ",
         open_child!()
     ),
     prune_count: concat!(
         "SELECT COUNT(*) AS n FROM claims \
-    WHERE state IN ('completed', 'failed') AND updated_utc < now() - $1 * interval '1 millisecond' \
-      AND ",
+    WHERE state IN ('completed', 'failed') AND state = $2 \
+      AND updated_utc < now() - $1 * interval '1 millisecond' AND ",
         open_child!()
     ),
     prune_dead_letters: "\
@@ -625,11 +614,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     DELETE FROM provider_events WHERE id IN ( \
       SELECT id FROM provider_events \
       WHERE received_utc < now() - $1 * interval '1 millisecond' ORDER BY received_utc LIMIT $2)",
-    list_ledger_claims: "\
-    SELECT id, tenant, message_id, idem_key, state, received_utc, payload, provider_id FROM claims \
-    WHERE consumer = $1 AND received_utc >= $2 AND received_utc < $3 \
-      AND (idem_key COLLATE \"C\", id) > ($4 COLLATE \"C\", $5) \
-    ORDER BY consumer, idem_key COLLATE \"C\", id LIMIT $6",
+    list_ledger_claims: reads::LIST_LEDGER_CLAIMS,
     save_ledger_run: "\
     INSERT INTO ledger_runs (consumer, at_utc, summary) VALUES ($1, now(), $2) \
     ON CONFLICT (consumer) DO UPDATE SET at_utc = EXCLUDED.at_utc, summary = EXCLUDED.summary",

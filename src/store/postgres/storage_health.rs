@@ -9,15 +9,24 @@ use crate::store::storage_health::{StorageHealth, TableHealth, VacuumHorizon};
 use crate::store::{StoreError, StoreResult};
 use sqlx::{Postgres, Row};
 
-/// claimd's tables in the current schema: rows, dead rows, sizes, last vacuum.
+/// claimd's tables in the current schema: rows, dead rows, sizes, last vacuum; the archive's
+/// partitions (migration 0027) summed as one table, its least recently vacuumed day's age.
 const TABLES: &str = "\
-    SELECT relname::text, n_live_tup, n_dead_tup, pg_table_size(relid), pg_indexes_size(relid), \
-      EXTRACT(EPOCH FROM now() - GREATEST(last_vacuum, last_autovacuum))::float8 \
-    FROM pg_stat_user_tables \
-    WHERE schemaname = current_schema() \
-      AND relname IN ('claims', 'claim_events', 'outcome_events', 'dead_letters', \
-                      'provider_events', 'operator_audit', 'ledger_runs') \
-    ORDER BY pg_total_relation_size(relid) DESC";
+    SELECT * FROM ( \
+      SELECT relname::text, n_live_tup, n_dead_tup, pg_table_size(relid) AS t, \
+        pg_indexes_size(relid) AS i, \
+        EXTRACT(EPOCH FROM now() - GREATEST(last_vacuum, last_autovacuum))::float8 \
+      FROM pg_stat_user_tables \
+      WHERE schemaname = current_schema() \
+        AND relname IN ('claims', 'claim_events', 'outcome_events', 'dead_letters', \
+                        'provider_events', 'operator_audit', 'ledger_runs') \
+      UNION ALL \
+      SELECT 'claims_archive', SUM(s.n_live_tup)::bigint, SUM(s.n_dead_tup)::bigint, \
+        SUM(pg_table_size(s.relid))::bigint, SUM(pg_indexes_size(s.relid))::bigint, \
+        MAX(EXTRACT(EPOCH FROM now() - GREATEST(s.last_vacuum, s.last_autovacuum)))::float8 \
+      FROM pg_stat_user_tables s JOIN pg_inherits h ON h.inhrelid = s.relid \
+      WHERE h.inhparent = to_regclass('claims_archive') HAVING COUNT(*) > 0) tables \
+    ORDER BY t + i DESC";
 
 /// The oldest snapshot in this database that vacuum must respect: a session's (its snapshot,
 /// or its transaction id: an idle transaction that wrote holds no snapshot between statements

@@ -4,7 +4,8 @@
 use crate::domain::claim::ClaimState;
 use crate::store::enqueue::Registration;
 use crate::store::{
-    NewEvent, PruneResult, SettleItem, Settlement, StoreResult, TakenClaim, WaitingOrder,
+    NewEvent, PruneResult, RetentionWindows, SettleItem, Settlement, StoreResult, TakenClaim,
+    WaitingOrder,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -230,9 +231,17 @@ pub trait EngineStore: Send + Sync {
         detail: &str,
     ) -> StoreResult<()>;
 
-    /// Deletes terminal claims last changed before `now - keep`, `batch` rows per statement,
-    /// under a lock so one instance prunes at a time. `dry_run` only counts.
-    async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult>;
+    /// Retention of finished records, `batch` rows per statement, under a lock so one instance
+    /// prunes at a time: moves finished claims older than `windows.archive_after` to the
+    /// archive (PostgreSQL), drops the archive's days whose retention is over, deletes
+    /// terminal claims last changed before `now` minus their state's window, then old
+    /// dead-letter records, sent outcome events and provider events. `dry_run` only counts.
+    async fn prune(
+        &self,
+        windows: &RetentionWindows,
+        batch: u32,
+        dry_run: bool,
+    ) -> StoreResult<PruneResult>;
 
     /// Erases `consumer`'s finished (`completed`, `failed`) claims last changed more than
     /// `keep` ago and not erased yet — payload emptied, provider response and error cleared,

@@ -9,8 +9,8 @@ use crate::store::enqueue::Registration;
 use crate::store::outbox::emits;
 use crate::store::rows::{taken_from_row, taken_with_priority};
 use crate::store::{
-    EngineStore, NewEvent, PruneResult, SettleItem, Settlement, StoreError, StoreResult,
-    TakenClaim, WaitingOrder,
+    EngineStore, NewEvent, PruneResult, RetentionWindows, SettleItem, Settlement, StoreError,
+    StoreResult, TakenClaim, WaitingOrder,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -97,21 +97,6 @@ impl<D: Dialect> SqlStore<D> {
             outcomes,
             follow_ups,
         }
-    }
-
-    async fn scalar_count(
-        &self,
-        name: &'static str,
-        sql: &'static str,
-        keep: Duration,
-    ) -> StoreResult<u64> {
-        let rows = self.fetch(name, sql, &[Arg::I64(ms(keep))]).await?;
-        Ok(rows
-            .first()
-            .map(|r| r.i64("n"))
-            .transpose()?
-            .unwrap_or(0)
-            .max(0) as u64)
     }
 }
 
@@ -535,72 +520,12 @@ impl<D: Dialect> EngineStore for SqlStore<D> {
         Ok(n.unwrap_or(0).max(0) as u64)
     }
 
-    async fn prune(&self, keep: Duration, batch: u32, dry_run: bool) -> StoreResult<PruneResult> {
-        let sql = &D::SQL;
-        if dry_run {
-            return Ok(PruneResult {
-                deleted: self
-                    .scalar_count("prune_count", sql.prune_count, keep)
-                    .await?,
-                dead_letters_deleted: self
-                    .scalar_count(
-                        "prune_dead_letters_count",
-                        sql.prune_dead_letters_count,
-                        keep,
-                    )
-                    .await?,
-                ..Default::default()
-            });
-        }
-        let Some(lock) = self.dialect.retention_lock().await? else {
-            return Ok(PruneResult {
-                skipped_locked: true,
-                ..Default::default()
-            });
-        };
-        let args = [Arg::I64(ms(keep)), Arg::I64(i64::from(batch))];
-        let pruned = async {
-            let mut result = PruneResult::default();
-            // Each batch commits on its own so new claims are never blocked for long.
-            loop {
-                let n = self.execute("prune_batch", sql.prune_batch, &args).await?;
-                result.batches += 1;
-                result.deleted += n;
-                if n < u64::from(batch) {
-                    break;
-                }
-            }
-            loop {
-                let n = self
-                    .execute("prune_dead_letters", sql.prune_dead_letters, &args)
-                    .await?;
-                result.dead_letters_deleted += n;
-                if n < u64::from(batch) {
-                    break;
-                }
-            }
-            // Sent outcome events by the same window (unsent ones stay until they are sent).
-            loop {
-                let n = self
-                    .execute("prune_outcomes", sql.prune_outcomes, &args)
-                    .await?;
-                if n < u64::from(batch) {
-                    break;
-                }
-            }
-            // Provider events by the same window: a re-delivery older than it is refused as
-            // stale by its signature's timestamp long before.
-            loop {
-                let n = self
-                    .execute("prune_provider_events", sql.prune_provider_events, &args)
-                    .await?;
-                if n < u64::from(batch) {
-                    return Ok(result);
-                }
-            }
-        }
-        .await;
-        lock.release().await;
-        pruned
+    async fn prune(
+        &self,
+        windows: &RetentionWindows,
+        batch: u32,
+        dry_run: bool,
+    ) -> StoreResult<PruneResult> {
+        self.prune_windows(windows, batch, dry_run).await
     }
 }

@@ -22,6 +22,7 @@ mod lines;
 mod operator;
 mod outbox;
 mod reports;
+mod retention;
 mod schedules;
 mod seal;
 

@@ -453,21 +453,22 @@ pub(super) const STATEMENTS: Statements = Statements {
         ")"
     ),
     count_dead_letters: "SELECT consumer, COUNT(*) AS n FROM dead_letters WHERE at_utc >= ?1 GROUP BY consumer",
-    // One batch of retention; the predicate is repeated on the DELETE itself, as in the
+    // One batch of retention, of one state (`?3`); the predicate is repeated on the DELETE itself, as in the
     // PostgreSQL driver, so a row is deleted only if it is terminal when it is deleted (I7).
     prune_batch: concat!(
         "DELETE FROM claims WHERE id IN (SELECT id FROM claims \
-       WHERE state IN ('completed', 'failed') AND updated_utc < ",
+       WHERE state IN ('completed', 'failed') AND state = ?3 AND updated_utc < ",
         now_ms!(),
         " - ?1 AND NOT EXISTS (SELECT 1 FROM claims k WHERE k.parent_id = claims.id \
        AND k.state NOT IN ('completed', 'failed')) ORDER BY updated_utc LIMIT ?2) \
-     AND state IN ('completed', 'failed') AND updated_utc < ",
+     AND state = ?3 AND updated_utc < ",
         now_ms!(),
         " - ?1 AND NOT EXISTS (SELECT 1 FROM claims k WHERE k.parent_id = claims.id \
        AND k.state NOT IN ('completed', 'failed'))"
     ),
     prune_count: concat!(
-        "SELECT COUNT(*) AS n FROM claims WHERE state IN ('completed', 'failed') AND updated_utc < ",
+        "SELECT COUNT(*) AS n FROM claims WHERE state IN ('completed', 'failed') AND state = ?2 \
+       AND updated_utc < ",
         now_ms!(),
         " - ?1 AND NOT EXISTS (SELECT 1 FROM claims k WHERE k.parent_id = claims.id \
        AND k.state NOT IN ('completed', 'failed'))"

@@ -2,6 +2,7 @@
 //! re-driving, and a prune cut off mid-batch does not keep the lock.
 
 use super::*;
+use claimd::store::RetentionWindows;
 
 async fn age_everything(store: &TestStore, s: &Store) {
     // Make every row look two days old.
@@ -55,7 +56,14 @@ async fn retention(store: TestStore) {
         }
     }
     age_everything(&store, &s).await;
-    let dry = s.prune(Duration::from_secs(86_400), 3, true).await.unwrap();
+    let dry = s
+        .prune(
+            &RetentionWindows::uniform(Duration::from_secs(86_400)),
+            3,
+            true,
+        )
+        .await
+        .unwrap();
     assert_eq!(dry.deleted, 20);
     assert_eq!(
         s.list(&Default::default()).await.unwrap().len(),
@@ -63,7 +71,11 @@ async fn retention(store: TestStore) {
         "limit 0 lists nothing"
     );
     let r = s
-        .prune(Duration::from_secs(86_400), 3, false)
+        .prune(
+            &RetentionWindows::uniform(Duration::from_secs(86_400)),
+            3,
+            false,
+        )
         .await
         .unwrap();
     assert_eq!(r.deleted, 20);
@@ -86,10 +98,14 @@ async fn retention(store: TestStore) {
     );
     // Nothing newer than the window is touched.
     assert_eq!(
-        s.prune(Duration::from_secs(3 * 86_400), 100, false)
-            .await
-            .unwrap()
-            .deleted,
+        s.prune(
+            &RetentionWindows::uniform(Duration::from_secs(3 * 86_400)),
+            100,
+            false
+        )
+        .await
+        .unwrap()
+        .deleted,
         0
     );
 }
@@ -155,7 +171,11 @@ async fn retention_never_deletes_a_claim_an_operator_is_redriving_postgres() {
     let pruner = s.clone();
     let prune = tokio::spawn(async move {
         pruner
-            .prune(Duration::from_secs(14 * 86_400), 100, false)
+            .prune(
+                &RetentionWindows::uniform(Duration::from_secs(14 * 86_400)),
+                100,
+                false,
+            )
             .await
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -194,7 +214,11 @@ async fn a_cut_off_prune_does_not_keep_the_retention_lock_postgres() {
     .unwrap();
     let cut = tokio::time::timeout(
         Duration::from_millis(150),
-        a.prune(Duration::from_secs(86_400), 10, false),
+        a.prune(
+            &RetentionWindows::uniform(Duration::from_secs(86_400)),
+            10,
+            false,
+        ),
     )
     .await;
     assert!(
@@ -207,7 +231,11 @@ async fn a_cut_off_prune_does_not_keep_the_retention_lock_postgres() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         let r = b
-            .prune(Duration::from_secs(86_400), 50_000, false)
+            .prune(
+                &RetentionWindows::uniform(Duration::from_secs(86_400)),
+                50_000,
+                false,
+            )
             .await
             .unwrap();
         if !r.skipped_locked {
@@ -220,8 +248,82 @@ async fn a_cut_off_prune_does_not_keep_the_retention_lock_postgres() {
     assert!(r.deleted > 0);
     // And the first instance can prune again too.
     let again = a
-        .prune(Duration::from_secs(86_400), 50_000, false)
+        .prune(
+            &RetentionWindows::uniform(Duration::from_secs(86_400)),
+            50_000,
+            false,
+        )
         .await
         .unwrap();
     assert!(!again.skipped_locked);
+}
+
+/// `[retention] keep_completed_for` / `keep_failed_for`: each terminal state goes by its own
+/// window; a dry run counts each.
+async fn windows_per_state(store: TestStore) {
+    let s = open(&store).await;
+    for i in 0..6 {
+        let ClaimOutcome::Created(c) = s
+            .claim(&new_claim(&format!("w{i}"), Duration::from_secs(60)))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        let set = Settlement {
+            state: Some(if i % 2 == 0 {
+                ClaimState::Completed
+            } else {
+                ClaimState::Failed
+            }),
+            ..Default::default()
+        };
+        assert!(s.settle(c.id, 1, &set, &ev()).await.unwrap());
+    }
+    age_everything(&store, &s).await;
+    let day = Duration::from_secs(86_400);
+    let w = RetentionWindows {
+        completed: day,
+        failed: 3 * day,
+        ..RetentionWindows::uniform(day)
+    };
+    let dry = s.prune(&w, 100, true).await.unwrap();
+    assert_eq!(
+        (dry.deleted_completed, dry.deleted_failed),
+        (3, 0),
+        "{dry:?}"
+    );
+    let r = s.prune(&w, 100, false).await.unwrap();
+    assert_eq!(
+        (r.deleted_completed, r.deleted_failed, r.deleted),
+        (3, 0, 3),
+        "{r:?}"
+    );
+    let left = s
+        .list(&claimd::store::ClaimFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 3);
+    assert!(left.iter().all(|c| c.state == ClaimState::Failed));
+    let r = s
+        .prune(&RetentionWindows { failed: day, ..w }, 100, false)
+        .await
+        .unwrap();
+    assert_eq!((r.deleted_completed, r.deleted_failed), (0, 3), "{r:?}");
+}
+
+#[tokio::test]
+async fn each_terminal_state_keeps_its_own_window_sqlite() {
+    windows_per_state(TestStore::sqlite()).await;
+}
+
+#[tokio::test]
+async fn each_terminal_state_keeps_its_own_window_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    windows_per_state(store).await;
 }
