@@ -93,6 +93,11 @@ const COUNT: &str = concat!(
 /// Drops the days whose retention is over.
 const DROP_DAYS: &str = "SELECT claimd.drop_claims_archive_days() AS dropped";
 
+/// Whether the archive has a partition (a catalog read any role may make): a store that never
+/// archived does not call the function, nor need the grant to run it.
+const HAS_DAYS: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits \
+    WHERE inhparent = pg_catalog.to_regclass('claims_archive')) AS any";
+
 /// SQLSTATE of an insert no partition takes.
 const NO_PARTITION: &str = "23514";
 
@@ -158,6 +163,17 @@ pub(super) async fn batch(
 
 /// Drops the archive's days whose retention is over; how many.
 pub(super) async fn drop_days(pool: &SqlPool<Postgres>) -> StoreResult<u64> {
+    let any = pool
+        .all(sqlx::query(HAS_DAYS))
+        .await
+        .map_err(err("archive_has_days"))?
+        .first()
+        .map(|r| r.try_get::<bool, _>("any"))
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    if any != Some(true) {
+        return Ok(0);
+    }
     let rows = pool
         .all(sqlx::query(DROP_DAYS))
         .await
