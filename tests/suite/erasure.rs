@@ -471,6 +471,10 @@ async fn payload_retention(ts: TestStore) {
         out.contains("erased the payloads of 1 finished claims"),
         "{out}"
     );
+    assert!(
+        out.contains("deleted 0 completed claims older than 2h and 0 failed claims older than 2h"),
+        "each terminal state's window: {out}"
+    );
     let (bytes, answer, _, erased) = row(&ts, "old-1").await;
     assert!(bytes.is_empty() && answer.is_none() && erased);
     for id in ["open-1", "parked-1"] {
