@@ -5,8 +5,8 @@
 //! - `delete`: the finished claims deleted from `claims` in batches (no archive);
 //! - `archive move`: the finished claims moved to the archive (`archive_after`, windows of 45
 //!   days), in batches;
-//! - `archive day over`: the archive holds as many claims whose retention ended yesterday, and
-//!   retention drops that day.
+//! - `archive month over`: the archive holds as many claims whose retention ended last month,
+//!   and retention drops that month.
 //!
 //! Printed per variant: the time, the claims made meanwhile and their latency, and the sizes
 //! and dead rows of `claims` and of the archive after (before any vacuum). Open claims are
@@ -55,7 +55,7 @@ const SIZE: &str = "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0)::floa
 enum Variant {
     Delete,
     ArchiveMove,
-    ArchiveDayOver,
+    ArchiveMonthOver,
 }
 
 impl Variant {
@@ -63,7 +63,7 @@ impl Variant {
         match self {
             Variant::Delete => "delete",
             Variant::ArchiveMove => "archive move",
-            Variant::ArchiveDayOver => "archive day over",
+            Variant::ArchiveMonthOver => "archive month over",
         }
     }
 
@@ -83,13 +83,13 @@ async fn main() {
     let rows: i64 = env_or("BENCH_ROWS", 1_000_000);
     let batch: u32 = env_or("BENCH_BATCH", 5000);
     println!(
-        "| variant | rows | load s | claims moved or deleted | archive days dropped | retention s | claims during it | claim p50 / p99 / max ms | `claims` after MB (dead rows) | archive after MB |"
+        "| variant | rows | load s | claims moved or deleted | archive months dropped | retention s | claims during it | claim p50 / p99 / max ms | `claims` after MB (dead rows) | archive after MB |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for v in [
         Variant::Delete,
         Variant::ArchiveMove,
-        Variant::ArchiveDayOver,
+        Variant::ArchiveMonthOver,
     ] {
         run(v, rows, batch).await;
     }
@@ -102,12 +102,14 @@ async fn run(v: Variant, rows: i64, batch: u32) {
     let pool = store.pool();
     let t = Instant::now();
     sqlx::query(FILL).bind(rows).execute(pool).await.unwrap();
-    if v == Variant::ArchiveDayOver {
-        // The same claims, archived with a retention that ended yesterday; `claims` keeps
+    if v == Variant::ArchiveMonthOver {
+        // The same claims, archived with a retention that ended last month; `claims` keeps
         // only the open ones.
         for sql in [
-            "SELECT claimd.claims_archive_days(ARRAY[(now() AT TIME ZONE 'UTC')::date - 1])",
-            "INSERT INTO claims_archive SELECT now() - interval '1 day', now(), '[]', c.* \
+            "SELECT claimd.claims_archive_months(ARRAY[(now() AT TIME ZONE 'UTC')::date - 31])",
+            "INSERT INTO claims_archive \
+               SELECT date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' \
+                 - interval '15 days', now(), '[]', c.* \
                FROM claims c WHERE state IN ('completed', 'failed')",
             "DELETE FROM claims WHERE state IN ('completed', 'failed')",
             "VACUUM ANALYZE claims",
@@ -146,7 +148,7 @@ async fn run(v: Variant, rows: i64, batch: u32) {
         "| {} | {rows} | {load_s:.1} | {} | {} | {prune_s:.2} | {} | {:.2} / {:.2} / {:.2} | {claims_mb:.1} ({claims_dead}) | {archive_mb:.1} |",
         v.name(),
         r.archived + r.deleted,
-        r.archive_days_dropped,
+        r.archive_months_dropped,
         lat.len(),
         q(0.5),
         q(0.99),

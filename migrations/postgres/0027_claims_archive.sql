@@ -3,9 +3,10 @@
 -- A finished claim older than archive_after leaves `claims` (whose unique index is what stops a
 -- second payment, so it stays as small as the redelivery horizon) for `claims_archive`, with
 -- its history (`claim_events` rows, as JSON) and the moment its retention ends (`retain_until`:
--- its last change plus the window of its state). The archive is partitioned by the UTC day of
--- `retain_until`, so retention drops a whole day's partition once the day is over instead of
--- deleting rows one by one: no dead rows, no vacuum debt.
+-- its last change plus the window of its state). The archive is partitioned by the UTC month of
+-- `retain_until`, so retention drops a whole month's partition once the month is over instead
+-- of deleting rows one by one: no dead rows, no vacuum debt. Months, not days: a read of the
+-- archive locks every partition and its indexes, so ten years of windows stay 120 partitions.
 --
 -- The columns after the first three are `claims`' own, in the same order: the move is
 -- `INSERT INTO claims_archive SELECT retain_until, now(), history, claims.*`. A migration that
@@ -17,12 +18,18 @@ CREATE TABLE IF NOT EXISTS claims_archive (
     LIKE claims
 ) PARTITION BY RANGE (retain_until);
 
--- What reads archived claims: `claims show` and the API by message, the history by claim id,
--- listings newest first (the page, `claims list`, erasure by tenant), the ledger
+-- What reads archived claims (operators' reads only; the paths that claim and settle never
+-- do): `claims show` and the API by message, the history by claim id, listings newest first
+-- (all, by consumer, by tenant: the page, `claims list`, erasure by tenant), the ledger
 -- reconciliation in key order, and payload retention (claims not erased yet).
-CREATE INDEX IF NOT EXISTS claims_archive_message ON claims_archive (consumer, tenant, message_id);
+CREATE INDEX IF NOT EXISTS claims_archive_message
+    ON claims_archive (consumer, tenant, message_id, id);
 CREATE INDEX IF NOT EXISTS claims_archive_id ON claims_archive (id);
 CREATE INDEX IF NOT EXISTS claims_archive_received ON claims_archive (received_utc, id);
+CREATE INDEX IF NOT EXISTS claims_archive_consumer_received
+    ON claims_archive (consumer, received_utc, id);
+CREATE INDEX IF NOT EXISTS claims_archive_tenant_received
+    ON claims_archive (tenant, received_utc, id);
 CREATE INDEX IF NOT EXISTS claims_archive_ledger
     ON claims_archive (consumer, idem_key COLLATE "C", id);
 CREATE INDEX IF NOT EXISTS claims_archive_unerased
@@ -30,16 +37,19 @@ CREATE INDEX IF NOT EXISTS claims_archive_unerased
 
 -- The partitions, created and dropped by the runtime role through these two functions only: it
 -- has no CREATE anywhere (docs/postgresql.md), and these run as the archive's owner. Neither
--- takes a name: the first creates the partitions of the days it is given (at most 400, within
--- ten years of today), the second drops the partitions whose day is over, whose rows' retention
--- has therefore ended; a caller can do nothing with them that retention would not.
-CREATE OR REPLACE FUNCTION claimd.claims_archive_days(days date[]) RETURNS integer
+-- takes a name: the first creates the partitions of the months of the days it is given (at most
+-- 400 at once, within a hundred years of today), the second drops the partitions whose month is
+-- over, whose rows' retention has therefore ended; a caller can do nothing with them that
+-- retention would not. Each waits at most 500 ms for the archive's lock (a long read of it holds
+-- that lock): retention tries again at its next run rather than queue every reader behind it.
+CREATE OR REPLACE FUNCTION claimd.claims_archive_months(days date[]) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $fn$
 DECLARE
     schema_name text;
-    d date;
+    m date;
+    part text;
     made integer := 0;
-    today date := (pg_catalog.now() AT TIME ZONE 'UTC')::date;
+    this_month date := pg_catalog.date_trunc('month', pg_catalog.now() AT TIME ZONE 'UTC')::date;
 BEGIN
     IF pg_catalog.cardinality(days) > 400 THEN
         RAISE EXCEPTION 'at most 400 days at once, not %', pg_catalog.cardinality(days)
@@ -48,17 +58,19 @@ BEGIN
     SELECT n.nspname INTO schema_name FROM pg_catalog.pg_class c
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE c.oid = 'claims_archive'::regclass;
-    FOR d IN SELECT DISTINCT x FROM pg_catalog.unnest(days) AS x WHERE x IS NOT NULL LOOP
-        IF d < today - 3660 OR d > today + 3660 THEN
-            RAISE EXCEPTION 'day % is more than ten years from today', d USING ERRCODE = 'CD013';
+    FOR m IN SELECT DISTINCT pg_catalog.date_trunc('month', x)::date
+             FROM pg_catalog.unnest(days) AS x WHERE x IS NOT NULL LOOP
+        IF m < this_month - 36525 OR m > this_month + 36525 THEN
+            RAISE EXCEPTION 'month % is more than a hundred years from today', m
+                USING ERRCODE = 'CD013';
         END IF;
-        IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name,
-                'claims_archive_p' || pg_catalog.to_char(d, 'YYYYMMDD'))) IS NULL THEN
+        part := 'claims_archive_p' || pg_catalog.to_char(m, 'YYYYMM');
+        IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, part)) IS NULL THEN
             EXECUTE pg_catalog.format(
                 'CREATE TABLE %I.%I PARTITION OF %I.claims_archive FOR VALUES FROM (%L) TO (%L)',
-                schema_name, 'claims_archive_p' || pg_catalog.to_char(d, 'YYYYMMDD'), schema_name,
-                pg_catalog.to_char(d, 'YYYY-MM-DD') || ' 00:00:00+00',
-                pg_catalog.to_char(d + 1, 'YYYY-MM-DD') || ' 00:00:00+00');
+                schema_name, part, schema_name,
+                pg_catalog.to_char(m, 'YYYY-MM-DD') || ' 00:00:00+00',
+                pg_catalog.to_char((m + interval '1 month')::date, 'YYYY-MM-DD') || ' 00:00:00+00');
             made := made + 1;
         END IF;
     END LOOP;
@@ -66,12 +78,12 @@ BEGIN
 END
 $fn$;
 
-CREATE OR REPLACE FUNCTION claimd.drop_claims_archive_days() RETURNS integer
+CREATE OR REPLACE FUNCTION claimd.drop_claims_archive_months() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $fn$
 DECLARE
     part record;
     dropped integer := 0;
-    today date := (pg_catalog.now() AT TIME ZONE 'UTC')::date;
+    this_month date := pg_catalog.date_trunc('month', pg_catalog.now() AT TIME ZONE 'UTC')::date;
 BEGIN
     FOR part IN
         SELECT n.nspname AS schema_name, c.relname AS name
@@ -79,8 +91,9 @@ BEGIN
         JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
         WHERE i.inhparent = 'claims_archive'::regclass
-          AND c.relname ~ '^claims_archive_p[0-9]{8}$'
-          AND pg_catalog.to_date(pg_catalog.substr(c.relname, 17), 'YYYYMMDD') < today
+          AND c.relname ~ '^claims_archive_p[0-9]{6}$'
+          AND pg_catalog.to_date(pg_catalog.substr(c.relname, 17) || '01', 'YYYYMMDD')
+              < this_month
     LOOP
         EXECUTE pg_catalog.format('DROP TABLE %I.%I', part.schema_name, part.name);
         dropped := dropped + 1;
@@ -93,18 +106,20 @@ $fn$;
 DO $do$
 BEGIN
     EXECUTE pg_catalog.format(
-        'ALTER FUNCTION claimd.claims_archive_days(date[]) SET search_path = pg_catalog, %I, pg_temp',
+        'ALTER FUNCTION claimd.claims_archive_months(date[]) SET search_path = pg_catalog, %I, pg_temp',
         pg_catalog.current_schema());
     EXECUTE pg_catalog.format(
-        'ALTER FUNCTION claimd.drop_claims_archive_days() SET search_path = pg_catalog, %I, pg_temp',
+        'ALTER FUNCTION claimd.drop_claims_archive_months() SET search_path = pg_catalog, %I, pg_temp',
         pg_catalog.current_schema());
 END
 $do$;
+ALTER FUNCTION claimd.claims_archive_months(date[]) SET lock_timeout = '500ms';
+ALTER FUNCTION claimd.drop_claims_archive_months() SET lock_timeout = '500ms';
 
 -- Only the roles that may delete claims (the runtime role) may run them, through the schema
 -- they are in; producers may not.
-REVOKE ALL ON FUNCTION claimd.claims_archive_days(date[]) FROM PUBLIC;
-REVOKE ALL ON FUNCTION claimd.drop_claims_archive_days() FROM PUBLIC;
+REVOKE ALL ON FUNCTION claimd.claims_archive_months(date[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION claimd.drop_claims_archive_months() FROM PUBLIC;
 DO $do$
 DECLARE
     grantee_name text;
@@ -119,8 +134,8 @@ BEGIN
           AND a.privilege_type = 'DELETE'
     LOOP
         EXECUTE format('GRANT USAGE ON SCHEMA claimd TO %I', grantee_name);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION claimd.claims_archive_days(date[]), '
-            'claimd.drop_claims_archive_days() TO %I', grantee_name);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION claimd.claims_archive_months(date[]), '
+            'claimd.drop_claims_archive_months() TO %I', grantee_name);
     END LOOP;
 END
 $do$;

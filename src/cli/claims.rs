@@ -205,7 +205,7 @@ pub(super) async fn claims(app: &App, command: ClaimsCommand) -> Output {
             format,
             reveal,
         } => {
-            let mut claim = match store.get(&consumer, &tenant, &message_id).await {
+            let mut claim = match store.find(&consumer, &tenant, &message_id).await {
                 Ok(Some(c)) => c,
                 Ok(None) => {
                     return Output::fail(

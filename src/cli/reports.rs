@@ -342,10 +342,13 @@ pub(super) fn prune_summary(
             age(after)
         );
     }
-    if r.archive_days_dropped > 0 {
+    if let Some(e) = &r.archive_error {
+        out += &format!("the archive's part did not finish (tried again at the next run): {e}\n");
+    }
+    if r.archive_months_dropped > 0 {
         out += &format!(
-            "dropped {} days of the archive, their retention over\n",
-            r.archive_days_dropped
+            "dropped {} months of the archive, their retention over\n",
+            r.archive_months_dropped
         );
     }
     out += &format!(

@@ -7,6 +7,10 @@ use crate::store::RetentionWindows;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// The longest window the archive keeps a claim for (its partitions are made within a hundred
+/// years of today).
+const MAX_ARCHIVED: Duration = Duration::from_secs(36_500 * 86_400);
+
 /// `[retention]`. Every key may be left out.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -23,7 +27,7 @@ pub struct RetentionConfig {
     /// How long dead-letter records are kept (default: `keep_terminal_for`).
     pub keep_dead_letters_for: Option<Dur>,
     /// PostgreSQL: finished claims last changed longer ago than this leave `claims` for the
-    /// archive, whose days are dropped whole once their claims' windows end. Not set: they
+    /// archive, whose months are dropped whole once their claims' windows end. Not set: they
     /// stay in `claims` until deleted.
     pub archive_after: Option<Dur>,
     /// Rows deleted or moved per statement.
@@ -69,6 +73,33 @@ impl RetentionConfig {
                 "retention.archive_after".into(),
                 "the archive is PostgreSQL's (a partitioned table): leave it out with SQLite, whose retention deletes rows".into(),
             ));
+        }
+        if let Some(after) = self.archive_after {
+            let w = self.windows();
+            for (key, keep) in [
+                ("keep_completed_for", w.completed),
+                ("keep_failed_for", w.failed),
+            ] {
+                if after.0 >= keep {
+                    return Err((
+                        "retention.archive_after".into(),
+                        format!(
+                            "{after} is not shorter than the window of {key} ({}): a claim would be deleted before it could be archived",
+                            Dur(keep)
+                        ),
+                    ));
+                }
+                if keep > MAX_ARCHIVED {
+                    return Err((
+                        format!("retention.{key}"),
+                        format!(
+                            "{} is longer than the archive keeps claims ({}): its partitions are made within a hundred years",
+                            Dur(keep),
+                            Dur(MAX_ARCHIVED)
+                        ),
+                    ));
+                }
+            }
         }
         for (key, d) in [
             ("keep_terminal_for", Some(self.keep_terminal_for)),

@@ -156,6 +156,11 @@ fn bad_values_name_key_and_problem_on_one_line() {
             "left for the archive",
         ),
         (
+            BASE.replace("sqlite://x.db", "postgres://h/db")
+                + "\n[retention]\narchive_after = \"14d\"",
+            "not shorter than the window of keep_completed_for",
+        ),
+        (
             format!("{BASE}\n[sweeper]\nschedule = \"every minute\""),
             "sweeper.schedule",
         ),

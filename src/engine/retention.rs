@@ -1,6 +1,6 @@
 //! Retention: erases the payloads of finished claims older than their consumer's
 //! `payload_retention`, moves finished claims older than `archive_after` to the archive
-//! (PostgreSQL) and drops the archive's days whose retention is over, then deletes terminal
+//! (PostgreSQL) and drops the archive's months whose retention is over, then deletes terminal
 //! claims (`completed`, `failed`) older than their state's window, in bounded batches, one
 //! instance at a time (I7). `started`, `pending` and `needs_attention` claims are never
 //! erased, archived nor deleted: the statements name only terminal states.
@@ -41,14 +41,14 @@ pub async fn prune(
         && (result.deleted > 0
             || result.dead_letters_deleted > 0
             || result.archived > 0
-            || result.archive_days_dropped > 0)
+            || result.archive_months_dropped > 0)
     {
         info!(
             deleted = result.deleted,
             deleted_completed = result.deleted_completed,
             deleted_failed = result.deleted_failed,
             archived = result.archived,
-            archive_days_dropped = result.archive_days_dropped,
+            archive_months_dropped = result.archive_months_dropped,
             batches = result.batches,
             dead_letters_deleted = result.dead_letters_deleted,
             "retention: archived and pruned finished claims and old records"

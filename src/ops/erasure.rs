@@ -158,7 +158,7 @@ pub async fn erase(
                 Some(erased) => line(&erased, Verdict::Erased, None),
                 // It changed since it was read: say what it is now.
                 None => match store
-                    .get(&claim.consumer, &claim.tenant, &claim.message_id)
+                    .find(&claim.consumer, &claim.tenant, &claim.message_id)
                     .await?
                 {
                     Some(now) if now.erased_utc.is_some() => {
@@ -182,7 +182,7 @@ async fn selected(store: &dyn ClaimStore, selection: &Selection) -> StoreResult<
             tenant,
             message_id,
         } => Ok(store
-            .get(consumer, tenant, message_id)
+            .find(consumer, tenant, message_id)
             .await?
             .into_iter()
             .collect()),

@@ -315,7 +315,7 @@ pub async fn audit(
                 }
                 let claim = if needs_payload {
                     match store
-                        .get(&claim.consumer, &claim.tenant, &claim.message_id)
+                        .find(&claim.consumer, &claim.tenant, &claim.message_id)
                         .await
                     {
                         Ok(Some(full)) => full,

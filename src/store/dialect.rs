@@ -131,6 +131,8 @@ pub struct Statements {
     pub count_repeat: &'static str,
     /// One claim with its payload: consumer, tenant, message id.
     pub get_claim: &'static str,
+    /// [`get_claim`](Self::get_claim), else the newest archived copy (PostgreSQL's archive).
+    pub find_claim: &'static str,
     /// The state of one claim: consumer, tenant, message id.
     pub state_of: &'static str,
     /// Fenced settle, bumping the version, returning `id, attempt` of the row it changed: id,
@@ -452,9 +454,9 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         None
     }
 
-    /// Drops the archive's days whose retention is over (all their claims' windows ended):
+    /// Drops the archive's months whose retention is over (all their claims' windows ended):
     /// how many, or `None` when the dialect keeps no archive.
-    async fn drop_archive_days(&self) -> Option<StoreResult<u64>> {
+    async fn drop_archive_months(&self) -> Option<StoreResult<u64>> {
         None
     }
 

@@ -511,7 +511,7 @@ pub struct RetentionWindows {
     /// Sent outcome events and recorded provider events.
     pub records: Duration,
     /// PostgreSQL: finished claims last changed longer ago than this leave `claims` for the
-    /// archive (`claims_archive`, partitioned by the day their retention ends); `None`: they
+    /// archive (`claims_archive`, partitioned by the month their retention ends); `None`: they
     /// stay in `claims` until they are deleted.
     pub archive_after: Option<Duration>,
 }
@@ -558,8 +558,11 @@ pub struct PruneResult {
     pub deleted_failed: u64,
     /// Finished claims moved to the archive (or eligible).
     pub archived: u64,
-    /// Days of the archive dropped whole, their retention over.
-    pub archive_days_dropped: u64,
+    /// Why the archive's part of the run did not finish (tried again at the next run; the
+    /// rest of retention ran).
+    pub archive_error: Option<String>,
+    /// Months of the archive dropped whole, their retention over.
+    pub archive_months_dropped: u64,
     /// Statements issued.
     pub batches: u32,
     /// Another instance held the retention lock; nothing was done.

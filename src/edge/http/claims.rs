@@ -118,7 +118,7 @@ pub async fn claim_with_history(
     exposure: Exposure,
 ) -> StoreResult<Option<(Claim, Vec<ClaimEvent>)>> {
     let [consumer, tenant, message_id] = key;
-    let Some(mut claim) = store.get(consumer, tenant, message_id).await? else {
+    let Some(mut claim) = store.find(consumer, tenant, message_id).await? else {
         return Ok(None);
     };
     let mut history = store.events(claim.id).await?;

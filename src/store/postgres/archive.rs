@@ -1,9 +1,9 @@
 //! The archive of finished claims (`[retention] archive_after`, migration 0027): a batch of
 //! finished claims older than `archive_after` leaves `claims` in one statement and lands in
-//! `claims_archive` with its history, partitioned by the UTC day its retention ends; a claim
-//! whose window is already over is only deleted. Retention then drops whole days
-//! ([`drop_days`]) instead of deleting rows. The partitions a batch needs are created first,
-//! through `claimd.claims_archive_days` (the runtime role has no `CREATE`).
+//! `claims_archive` with its history, partitioned by the UTC month its retention ends; a claim
+//! whose window is already over is only deleted. Retention then drops whole months
+//! ([`drop_months`]) instead of deleting rows. The partitions a batch needs are created first,
+//! through `claimd.claims_archive_months` (the runtime role has no `CREATE`).
 
 use crate::store::args::ms;
 use crate::store::dialect::SqlPool;
@@ -35,7 +35,7 @@ macro_rules! retain_until {
 }
 
 /// The UTC days the next batch's claims will be kept until (`$4`: how many claims to look at),
-/// for the partitions to exist before the move.
+/// for the partitions of their months to exist before the move.
 const DAYS: &str = concat!(
     "SELECT DISTINCT pg_catalog.to_char((",
     retain_until!("b"),
@@ -47,8 +47,8 @@ const DAYS: &str = concat!(
     " > now()"
 );
 
-/// Creates the partitions of the given days (`$1`, `YYYY-MM-DD` texts).
-const MAKE_DAYS: &str = "SELECT claimd.claims_archive_days($1::text[]::date[]) AS made";
+/// Creates the partitions of the months of the given days (`$1`, `YYYY-MM-DD` texts).
+const MAKE_MONTHS: &str = "SELECT claimd.claims_archive_months($1::text[]::date[]) AS made";
 
 /// One batch: chosen once and locked (skipping rows an operator holds), deleted with the
 /// predicate checked again (I7: a row changed meanwhile must still be finished and old), and
@@ -90,8 +90,8 @@ const COUNT: &str = concat!(
     archivable!()
 );
 
-/// Drops the days whose retention is over.
-const DROP_DAYS: &str = "SELECT claimd.drop_claims_archive_days() AS dropped";
+/// Drops the months whose retention is over.
+const DROP_MONTHS: &str = "SELECT claimd.drop_claims_archive_months() AS dropped";
 
 /// Whether the archive has a partition (a catalog read any role may make): a store that never
 /// archived does not call the function, nor need the grant to run it.
@@ -137,9 +137,10 @@ pub(super) async fn batch(
             .map(|r| r.try_get("day"))
             .collect::<Result<_, _>>()
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        if !days.is_empty() {
-            let q = sqlx::query(MAKE_DAYS).bind(&days);
-            pool.all(q).await.map_err(err("claims_archive_days"))?;
+        // The function takes at most 400 days a call.
+        for some in days.chunks(400) {
+            let q = sqlx::query(MAKE_MONTHS).bind(some);
+            pool.all(q).await.map_err(err("claims_archive_months"))?;
         }
         let q = sqlx::query(MOVE)
             .bind(after)
@@ -161,8 +162,8 @@ pub(super) async fn batch(
     }
 }
 
-/// Drops the archive's days whose retention is over; how many.
-pub(super) async fn drop_days(pool: &SqlPool<Postgres>) -> StoreResult<u64> {
+/// Drops the archive's months whose retention is over; how many.
+pub(super) async fn drop_months(pool: &SqlPool<Postgres>) -> StoreResult<u64> {
     let any = pool
         .all(sqlx::query(HAS_DAYS))
         .await
@@ -175,9 +176,9 @@ pub(super) async fn drop_days(pool: &SqlPool<Postgres>) -> StoreResult<u64> {
         return Ok(0);
     }
     let rows = pool
-        .all(sqlx::query(DROP_DAYS))
+        .all(sqlx::query(DROP_MONTHS))
         .await
-        .map_err(err("drop_claims_archive_days"))?;
+        .map_err(err("drop_claims_archive_months"))?;
     let n: Option<i32> = rows
         .first()
         .map(|r| r.try_get("dropped"))

@@ -358,8 +358,8 @@ impl Dialect for PgDialect {
         Some(archive::batch(&self.sql, windows, after, batch, dry_run).await)
     }
 
-    async fn drop_archive_days(&self) -> Option<StoreResult<u64>> {
-        Some(archive::drop_days(&self.sql).await)
+    async fn drop_archive_months(&self) -> Option<StoreResult<u64>> {
+        Some(archive::drop_months(&self.sql).await)
     }
 
     async fn insert_many(

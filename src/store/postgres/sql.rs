@@ -170,7 +170,12 @@ pub(super) const STATEMENTS: Statements = Statements {
      WHERE consumer = $1 AND tenant = $2 AND message_id = $3 RETURNING ",
         claim_cols!()
     ),
-    get_claim: reads::GET_CLAIM,
+    get_claim: concat!(
+        "SELECT ",
+        claim_cols!(),
+        ", payload FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3"
+    ),
+    find_claim: reads::FIND_CLAIM,
     state_of: "SELECT state FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3",
     // Fenced settle and its history line in one statement (I2), returning the row it changed,
     // and its outcome event for the consumers bound as `$18`.

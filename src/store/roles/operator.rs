@@ -82,4 +82,14 @@ pub trait OperatorStore: Send + Sync {
     /// Returns the claim after the change; `None` when nothing changed (no such claim, an open
     /// one, or one erased already).
     async fn erase(&self, id: i64, actor: &str, note: &str) -> StoreResult<Option<Claim>>;
+
+    /// One claim by its identity, else (PostgreSQL) its newest archived copy: what an
+    /// operator's look at a message reads. The paths that claim and settle read
+    /// [`get`](crate::store::IntakeStore::get), which never looks in the archive.
+    async fn find(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+    ) -> StoreResult<Option<Claim>>;
 }

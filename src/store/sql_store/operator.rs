@@ -273,4 +273,15 @@ impl<D: Dialect> OperatorStore for SqlStore<D> {
         };
         self.erase_one(id, &event).await
     }
+
+    async fn find(
+        &self,
+        consumer: &str,
+        tenant: &str,
+        message_id: &str,
+    ) -> StoreResult<Option<Claim>> {
+        let args = crate::store::args::key_args(consumer, tenant, message_id);
+        let rows = self.fetch("find_claim", D::SQL.find_claim, &args).await?;
+        rows.first().map(claim_from_row).transpose()
+    }
 }

@@ -1,4 +1,4 @@
-//! Retention over a dialect: the archive's move and its dropped days (PostgreSQL), then the
+//! Retention over a dialect: the archive's move and its dropped months (PostgreSQL), then the
 //! deletion of terminal claims by their state's window, of old dead-letter records, sent
 //! outcome events and provider events, each in bounded batches committed one by one, under
 //! the lock that lets one instance prune at a time.
@@ -8,6 +8,7 @@ use crate::store::args::ms;
 use crate::store::dialect::{Arg, Dialect, SqlRow};
 use crate::store::{ArchiveBatch, PruneResult, RetentionWindows, StoreResult};
 use std::time::Duration;
+use tracing::warn;
 
 /// The terminal states, each with its window.
 fn terminal(w: &RetentionWindows) -> [(&'static str, Duration); 2] {
@@ -42,17 +43,29 @@ impl<D: Dialect> SqlStore<D> {
         let mut r = PruneResult::default();
         if let Some(moved) = self.dialect.archive_batch(w, batch, true).await {
             add_moved(&mut r, moved?);
+            // `archive_after` is shorter than every window (checked at load): the claims old
+            // enough to be deleted are the archive's to move or delete, counted above.
+            return self.count_records(w, r).await;
         }
         for (state, keep) in terminal(w) {
             let args = [Arg::I64(ms(keep)), Arg::Text(state)];
             let n = self.count("prune_count", sql.prune_count, &args).await?;
             add_deleted(&mut r, state, n);
         }
+        self.count_records(w, r).await
+    }
+
+    /// The dead-letter records a run would delete, added to `r`.
+    async fn count_records(
+        &self,
+        w: &RetentionWindows,
+        mut r: PruneResult,
+    ) -> StoreResult<PruneResult> {
         let args = [Arg::I64(ms(w.dead_letters))];
         r.dead_letters_deleted = self
             .count(
                 "prune_dead_letters_count",
-                sql.prune_dead_letters_count,
+                D::SQL.prune_dead_letters_count,
                 &args,
             )
             .await?;
@@ -64,17 +77,31 @@ impl<D: Dialect> SqlStore<D> {
         let size = i64::from(batch);
         let full = |n: u64| n >= u64::from(batch);
         let mut r = PruneResult::default();
-        // Each batch commits on its own so new claims are never blocked for long.
+        // Each batch commits on its own so new claims are never blocked for long. The archive
+        // failing (its lock not had within its timeout, the database away) leaves the rest of
+        // retention to run; it is tried again at the next run.
         while let Some(moved) = self.dialect.archive_batch(w, batch, false).await {
-            let moved = moved?;
+            let moved = match moved {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(error = %e, "the archive's move failed; retention goes on without it");
+                    r.archive_error = Some(e.to_string());
+                    break;
+                }
+            };
             r.batches += 1;
             add_moved(&mut r, moved);
             if !full(moved.moved()) {
                 break;
             }
         }
-        if let Some(dropped) = self.dialect.drop_archive_days().await {
-            r.archive_days_dropped = dropped?;
+        match self.dialect.drop_archive_months().await {
+            Some(Ok(dropped)) => r.archive_months_dropped = dropped,
+            Some(Err(e)) => {
+                warn!(error = %e, "dropping the archive's past months failed; tried again next run");
+                r.archive_error.get_or_insert(e.to_string());
+            }
+            None => {}
         }
         for (state, keep) in terminal(w) {
             let args = [Arg::I64(ms(keep)), Arg::I64(size), Arg::Text(state)];

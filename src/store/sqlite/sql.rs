@@ -139,6 +139,12 @@ pub(super) const STATEMENTS: Statements = Statements {
         claim_cols!(),
         ", payload FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3"
     ),
+    // SQLite keeps no archive.
+    find_claim: concat!(
+        "SELECT ",
+        claim_cols!(),
+        ", payload FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3"
+    ),
     state_of: "SELECT state FROM claims WHERE consumer = ?1 AND tenant = ?2 AND message_id = ?3",
     settle: SETTLE,
     // Its outcome event is a statement of its own, run only when there is one to write: the

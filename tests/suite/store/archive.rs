@@ -1,7 +1,7 @@
 //! The archive of finished claims on PostgreSQL (`[retention] archive_after`, migration 0027),
 //! run as the runtime role of docs/postgresql.md (no `CREATE` anywhere): finished claims past
 //! `archive_after` leave `claims` with their history; reads, listings and erasure still find
-//! them; a day of the archive is dropped whole once its claims' retention is over; open claims
+//! them; a month of the archive is dropped whole once its claims' retention is over; open claims
 //! never move; producers cannot call the partition functions.
 
 use super::*;
@@ -20,7 +20,7 @@ async fn count(c: &mut PgConnection, sql: &str) -> i64 {
 }
 
 #[tokio::test]
-async fn finished_claims_move_to_the_archive_and_leave_a_day_at_a_time_postgres() {
+async fn finished_claims_move_to_the_archive_and_leave_a_month_at_a_time_postgres() {
     let Some(t) = PgDb::create().await else {
         return;
     };
@@ -90,15 +90,17 @@ async fn finished_claims_move_to_the_archive_and_leave_a_day_at_a_time_postgres(
         6
     );
     let parts = "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = 'claims_archive'::regclass";
-    let days = count(&mut su, parts).await;
+    let months = count(&mut su, parts).await;
     assert!(
-        (2..=4).contains(&days),
-        "a partition per day of retain_until: {days}"
+        (1..=2).contains(&months),
+        "a partition per month of retain_until: {months}"
     );
 
-    // Read as before: by message, with the history, in listings (open states only list open).
+    // An operator reads it as before: by message, with the history, in listings (open states
+    // only list open); the paths that claim and settle (`get`) do not look in the archive.
+    assert!(s.get("payments", "", "a0").await.unwrap().is_none());
     let c = s
-        .get("payments", "", "a0")
+        .find("payments", "", "a0")
         .await
         .unwrap()
         .expect("archived a0");
@@ -131,7 +133,7 @@ async fn finished_claims_move_to_the_archive_and_leave_a_day_at_a_time_postgres(
         .unwrap()
         .expect("erased");
     assert!(erased.erased_utc.is_some());
-    let again = s.get("payments", "", "a0").await.unwrap().unwrap();
+    let again = s.find("payments", "", "a0").await.unwrap().unwrap();
     assert!(again.erased_utc.is_some());
     assert_eq!(
         s.events(c.id)
@@ -146,17 +148,19 @@ async fn finished_claims_move_to_the_archive_and_leave_a_day_at_a_time_postgres(
         "once"
     );
 
-    // The failed claims' retention ended three days ago: their day is dropped whole.
+    // The failed claims' retention ended last month: their month is dropped whole.
     exec(
         &mut su,
-        "SELECT claimd.claims_archive_days(ARRAY[current_date - 3]);
-         UPDATE claims_archive SET retain_until = now() - interval '3 days'
+        "SELECT claimd.claims_archive_months(ARRAY[current_date - 31]);
+         UPDATE claims_archive
+         SET retain_until = date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+           - interval '15 days'
          WHERE state = 'failed'",
     )
     .await
     .unwrap();
     let r = s.prune(&w, 100, false).await.unwrap();
-    assert!(r.archive_days_dropped >= 1, "{r:?}");
+    assert!(r.archive_months_dropped >= 1, "{r:?}");
     assert_eq!(
         count(
             &mut su,
@@ -179,8 +183,8 @@ async fn finished_claims_move_to_the_archive_and_leave_a_day_at_a_time_postgres(
         .expect_err("no CREATE");
     assert!(e.to_string().contains("permission denied"), "{e}");
     for f in [
-        "claimd.claims_archive_days(date[])",
-        "claimd.drop_claims_archive_days()",
+        "claimd.claims_archive_months(date[])",
+        "claimd.drop_claims_archive_months()",
     ] {
         let can = |who: &str| {
             format!("SELECT has_function_privilege('{who}', '{f}', 'EXECUTE')::int::bigint")
@@ -194,11 +198,11 @@ async fn finished_claims_move_to_the_archive_and_leave_a_day_at_a_time_postgres(
     }
     let e = exec(
         &mut app,
-        "SELECT claimd.claims_archive_days(ARRAY[current_date + 4000])",
+        "SELECT claimd.claims_archive_months(ARRAY[current_date + 40000])",
     )
     .await
-    .expect_err("ten years at most");
-    assert!(e.to_string().contains("ten years"), "{e}");
+    .expect_err("a hundred years at most");
+    assert!(e.to_string().contains("hundred years"), "{e}");
 }
 
 /// Every column of `claims` is in `claims_archive`, in the same order after its own three:

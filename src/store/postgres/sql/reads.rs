@@ -2,15 +2,18 @@
 //! `claims` first, then `claims_archive`, with the same columns.
 
 /// The claim, else its archived copy (migration 0027): the newest, should the message have
-/// been claimed again after its first claim left for the archive.
-pub(super) const GET_CLAIM: &str = concat!(
-    "(SELECT ",
+/// been claimed again after its first claim left for the archive. Operators' reads only: the
+/// paths that claim, answer producers or match provider events read `claims` alone.
+pub(super) const FIND_CLAIM: &str = concat!(
+    "SELECT ",
+    claim_cols!(),
+    ", payload FROM ((SELECT 0 AS archived, ",
     claim_cols!(),
     ", payload FROM claims WHERE consumer = $1 AND tenant = $2 AND message_id = $3) \
- UNION ALL (SELECT ",
+ UNION ALL (SELECT 1, ",
     claim_cols!(),
     ", payload FROM claims_archive WHERE consumer = $1 AND tenant = $2 AND message_id = $3 \
- ORDER BY id DESC LIMIT 1) LIMIT 1"
+ ORDER BY id DESC LIMIT 1)) found ORDER BY archived LIMIT 1"
 );
 
 /// Claims and archived claims (0027), newest first. The archive's branch is cut off before
