@@ -139,8 +139,8 @@ impl Dialect for PgDialect {
     const SEAL_SQL: crate::store::sealing::SealStatements = sql::seal::SEAL_STATEMENTS;
     /// One task writes claims, settles and markers together: with more, each wrote its own
     /// smaller batches, in more transactions, for no more throughput on two cores (0.14
-    /// transactions per message at 0 ms with one, 0.23 with two, 0.31 with four;
-    /// docs/performance.md).
+    /// transactions per message at 0 ms with one, 0.23 with two, 0.31 with four, one instance
+    /// of the throughput bench).
     const BATCH_WORKERS: usize = 1;
     /// A millisecond for more calls before a small batch under load: fewer, larger commits,
     /// most of all with several instances on one database.
