@@ -5,7 +5,11 @@
 //! still gets its own answer only after the commit carrying its row (I1), and each settle stays
 //! fenced on its own `attempt` (I2). With one call waiting, a dialect that does not ask for
 //! [`Dialect::BATCH_SINGLES`] uses the one-row path of the common body, so an idle worker adds
-//! no delay.
+//! no delay. Where the dialect has [`Dialect::JOINT_WRITES`] (PostgreSQL), claims, settles and
+//! "not called yet" markers wait in one queue, and a batch holding claims and settles writes
+//! both in one statement ([`Dialect::insert_settle_many`]), one commit for both kinds; if that
+//! write fails, each kind is written again by itself, so a claim the database refuses fails
+//! only its own caller.
 
 use super::dialect::Dialect;
 use super::{ClaimOutcome, NewEvent, SettleItem, Settlement, StoreResult};
@@ -43,11 +47,11 @@ pub(crate) trait OneByOne<D: Dialect>: Clone + Send + Sync + 'static {
 /// Most rows in one batched write.
 pub(crate) const MAX_BATCH: usize = 256;
 
-/// Where `claim` and `settle` calls wait to be written together.
+/// Where `claim` and `settle` calls wait to be written together: one queue ("lane") per kind,
+/// or one for every kind when the dialect writes claims and settles in one statement
+/// ([`Dialect::insert_settle_many`]), so that one commit serves both.
 pub(crate) struct Batcher {
-    claims: mpsc::Sender<PendingClaim>,
-    settles: mpsc::Sender<PendingSettle>,
-    marks: mpsc::Sender<PendingMark>,
+    lanes: Vec<mpsc::Sender<Pending>>,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -56,29 +60,48 @@ impl std::fmt::Debug for Batcher {
     }
 }
 
-impl Batcher {
-    /// Starts [`Dialect::BATCH_WORKERS`] tasks for claims and as many for settles, writing
-    /// through `plain` (a store without a batcher). Must be called inside a Tokio runtime. The
-    /// tasks end when the last [`Batcher`] handle is dropped.
-    pub(crate) fn start<D: Dialect, S: OneByOne<D>>(plain: S) -> Arc<Batcher> {
-        let (claims, claims_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
-        let (settles, settles_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
-        let (marks, marks_rx) = mpsc::channel(MAX_BATCH * D::BATCH_WORKERS);
-        let (claims_rx, settles_rx, marks_rx) = (
-            Arc::new(Mutex::new(claims_rx)),
-            Arc::new(Mutex::new(settles_rx)),
-            Arc::new(Mutex::new(marks_rx)),
-        );
-        for _ in 0..D::BATCH_WORKERS {
-            tokio::spawn(claim_worker(plain.clone(), claims_rx.clone()));
-            tokio::spawn(settle_worker(plain.clone(), settles_rx.clone()));
-            tokio::spawn(mark_worker(plain.clone(), marks_rx.clone()));
+/// A call waiting in a lane.
+enum Pending {
+    Claim(PendingClaim),
+    Settle(PendingSettle),
+    Mark(PendingMark),
+}
+
+impl Pending {
+    /// Its lane among three (one per kind).
+    fn kind(&self) -> usize {
+        match self {
+            Pending::Claim(_) => 0,
+            Pending::Settle(_) => 1,
+            Pending::Mark(_) => 2,
         }
-        Arc::new(Batcher {
-            claims,
-            settles,
-            marks,
-        })
+    }
+}
+
+impl Batcher {
+    /// Starts [`Dialect::BATCH_WORKERS`] tasks per lane, writing through `plain` (a store
+    /// without a batcher). Must be called inside a Tokio runtime. The tasks end when the last
+    /// [`Batcher`] handle is dropped.
+    pub(crate) fn start<D: Dialect, S: OneByOne<D>>(plain: S) -> Arc<Batcher> {
+        let lanes = if D::JOINT_WRITES { 1 } else { 3 };
+        let workers = D::BATCH_WORKERS;
+        let lanes = (0..lanes)
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(MAX_BATCH * workers);
+                let rx = Arc::new(Mutex::new(rx));
+                for _ in 0..workers {
+                    tokio::spawn(worker(plain.clone(), rx.clone()));
+                }
+                tx
+            })
+            .collect();
+        Arc::new(Batcher { lanes })
+    }
+
+    /// Queues `p` in its lane; `false` when the batcher is gone.
+    async fn send(&self, p: Pending) -> bool {
+        let lane = &self.lanes[p.kind() % self.lanes.len()];
+        lane.send(p).await.is_ok()
     }
 
     /// Claims `new` with whatever else is waiting; `None` when the batcher is gone (the
@@ -89,7 +112,9 @@ impl Batcher {
             new: new.clone(),
             done,
         };
-        self.claims.send(p).await.ok()?;
+        if !self.send(Pending::Claim(p)).await {
+            return None;
+        }
         answer.await.ok()
     }
 
@@ -102,10 +127,10 @@ impl Batcher {
         event: &NewEvent<'_>,
     ) -> Option<StoreResult<bool>> {
         let (done, answer) = oneshot::channel();
-        self.settles
-            .send(PendingSettle::new(id, attempt, s, event, done))
-            .await
-            .ok()?;
+        let p = PendingSettle::new(id, attempt, s, event, done);
+        if !self.send(Pending::Settle(p)).await {
+            return None;
+        }
         answer.await.ok()
     }
 
@@ -113,10 +138,12 @@ impl Batcher {
     /// the batcher is gone.
     pub(crate) async fn mark_called(&self, id: i64, attempt: i32) -> Option<StoreResult<bool>> {
         let (done, answer) = oneshot::channel();
-        self.marks
-            .send(PendingMark { id, attempt, done })
+        if !self
+            .send(Pending::Mark(PendingMark { id, attempt, done }))
             .await
-            .ok()?;
+        {
+            return None;
+        }
         answer.await.ok()
     }
 }
@@ -187,17 +214,32 @@ impl PendingSettle {
 }
 
 /// Waits for one call, then takes every other call already waiting (up to [`MAX_BATCH`]).
-async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>) -> Option<Vec<T>> {
+/// Under load (`busy`: the worker's last batch had more than one call) a batch still smaller
+/// than [`LINGER_BELOW`] waits [`Dialect::BATCH_LINGER`] for more first: an idle worker's call
+/// is written at once.
+async fn next_batch<D: Dialect, T>(rx: &Mutex<mpsc::Receiver<T>>, busy: bool) -> Option<Vec<T>> {
     let mut rx = rx.lock().await;
     let first = rx.recv().await?;
     let mut batch = vec![first];
+    drain(&mut rx, &mut batch);
+    if busy && !D::BATCH_LINGER.is_zero() && batch.len() < LINGER_BELOW {
+        tokio::time::sleep(D::BATCH_LINGER).await;
+        drain(&mut rx, &mut batch);
+    }
+    Some(batch)
+}
+
+/// A batch at least this large is written without lingering.
+const LINGER_BELOW: usize = 32;
+
+/// Takes the calls already waiting in `rx` into `batch`, up to [`MAX_BATCH`].
+fn drain<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>) {
     while batch.len() < MAX_BATCH {
         match rx.try_recv() {
             Ok(p) => batch.push(p),
             Err(_) => break,
         }
     }
-    Some(batch)
 }
 
 /// The first call for each id in `batch`, taken out of it: one write names an id once, so a
@@ -211,97 +253,147 @@ fn next_round<T>(batch: &mut Vec<T>, id: impl Fn(&T) -> i64) -> Vec<T> {
     round
 }
 
-async fn claim_worker<D: Dialect, S: OneByOne<D>>(
-    store: S,
-    rx: Arc<Mutex<mpsc::Receiver<PendingClaim>>>,
-) {
-    while let Some(mut batch) = next_batch(&rx).await {
-        if batch.len() == 1 && !D::BATCH_SINGLES {
-            let p = batch.pop().expect("one");
-            let _ = p.done.send(store.claim_one(&p.new).await);
-            continue;
-        }
-        let news: Vec<&NewClaim> = batch.iter().map(|p| &p.new).collect();
-        match store.dialect().insert_many(&news).await {
-            Some(Ok(outcomes)) => {
-                for (p, o) in batch.into_iter().zip(outcomes) {
-                    match o {
-                        Some(o) => {
-                            let _ = p.done.send(Ok(o));
-                        }
-                        // Left to the one-row path (a repeat the dialect does not count in
-                        // the batch), without holding up the others.
-                        None => {
-                            let s = store.clone();
-                            tokio::spawn(async move {
-                                let _ = p.done.send(s.claim_one(&p.new).await);
-                            });
-                        }
-                    }
-                }
+/// Takes batches from one lane and writes them: claims and settles together in one statement
+/// when the dialect can and both are waiting, else each kind by itself (at once, side by side).
+async fn worker<D: Dialect, S: OneByOne<D>>(store: S, rx: Arc<Mutex<mpsc::Receiver<Pending>>>) {
+    let mut busy = false;
+    while let Some(batch) = next_batch::<D, _>(&rx, busy).await {
+        busy = batch.len() > 1;
+        let (mut claims, mut settles, mut marks) = (Vec::new(), Vec::new(), Vec::new());
+        for p in batch {
+            match p {
+                Pending::Claim(c) => claims.push(c),
+                Pending::Settle(s) => settles.push(s),
+                Pending::Mark(m) => marks.push(m),
             }
-            // The write failed (or the dialect has none). It may still have committed (the
-            // connection was cut after the commit): one by one, each with its own token, so a
-            // row the batch did insert is recognised as its caller's new claim, not taken for
-            // a duplicate.
-            Some(Err(_)) | None => {
-                for p in batch {
-                    let _ = p.done.send(store.claim_one(&p.new).await);
-                }
+        }
+        if D::JOINT_WRITES && !claims.is_empty() && !settles.is_empty() {
+            let round = next_round(&mut settles, |p| p.id);
+            // Handed back when the joint write failed as a whole (nothing committed): each
+            // kind is then written by itself, so one kind's failure fails no caller of the
+            // other.
+            let (c, r) = write_joint(&store, claims, round).await;
+            claims = c;
+            settles.splice(0..0, r);
+        }
+        tokio::join!(
+            write_claims(&store, claims),
+            write_settles(&store, settles),
+            write_marks(&store, marks),
+        );
+    }
+}
+
+/// Writes `claims` and `settles` (distinct ids) in one statement and answers their callers;
+/// hands both back unanswered when the dialect has no such statement or it failed.
+async fn write_joint<D: Dialect, S: OneByOne<D>>(
+    store: &S,
+    claims: Vec<PendingClaim>,
+    settles: Vec<PendingSettle>,
+) -> (Vec<PendingClaim>, Vec<PendingSettle>) {
+    let news: Vec<&NewClaim> = claims.iter().map(|p| &p.new).collect();
+    let items: Vec<SettleItem<'_>> = settles.iter().map(PendingSettle::item).collect();
+    let Some(Ok((claimed, settled))) = store
+        .dialect()
+        .insert_settle_many(&news, &items, store.outcomes())
+        .await
+    else {
+        return (claims, settles);
+    };
+    drop(items);
+    for (p, d) in settles.into_iter().zip(settled) {
+        let _ = p.done.send(Ok(d));
+    }
+    answer_claims(store, claims, claimed);
+    (Vec::new(), Vec::new())
+}
+
+/// Answers each claim of a committed batch with its outcome; one the batch left undecided
+/// goes the one-row path (a repeat the dialect did not count in the batch), without holding
+/// up the others.
+fn answer_claims<D: Dialect, S: OneByOne<D>>(
+    store: &S,
+    claims: Vec<PendingClaim>,
+    outcomes: Vec<Option<ClaimOutcome>>,
+) {
+    for (p, o) in claims.into_iter().zip(outcomes) {
+        match o {
+            Some(o) => {
+                let _ = p.done.send(Ok(o));
+            }
+            None => {
+                let s = store.clone();
+                tokio::spawn(async move {
+                    let _ = p.done.send(s.claim_one(&p.new).await);
+                });
             }
         }
     }
 }
 
-async fn settle_worker<D: Dialect, S: OneByOne<D>>(
-    store: S,
-    rx: Arc<Mutex<mpsc::Receiver<PendingSettle>>>,
-) {
-    while let Some(mut batch) = next_batch(&rx).await {
-        while !batch.is_empty() {
-            let round = next_round(&mut batch, |p| p.id);
-            if round.len() > 1 || D::BATCH_SINGLES {
-                let items: Vec<SettleItem<'_>> = round.iter().map(PendingSettle::item).collect();
-                if let Some(Ok(done)) = store.dialect().settle_many(&items, store.outcomes()).await
-                {
-                    for (p, d) in round.into_iter().zip(done) {
-                        let _ = p.done.send(Ok(d));
-                    }
-                    continue;
-                }
-            }
-            // One call, or the batch failed as a whole (nothing committed): one by one.
-            for p in round {
-                let r = store
-                    .settle_one(p.id, p.attempt, &p.settlement, &p.event())
-                    .await;
-                let _ = p.done.send(r);
+async fn write_claims<D: Dialect, S: OneByOne<D>>(store: &S, mut batch: Vec<PendingClaim>) {
+    if batch.is_empty() {
+        return;
+    }
+    if batch.len() == 1 && !D::BATCH_SINGLES {
+        let p = batch.pop().expect("one");
+        let _ = p.done.send(store.claim_one(&p.new).await);
+        return;
+    }
+    let news: Vec<&NewClaim> = batch.iter().map(|p| &p.new).collect();
+    match store.dialect().insert_many(&news).await {
+        Some(Ok(outcomes)) => answer_claims(store, batch, outcomes),
+        // The write failed (or the dialect has none). It may still have committed (the
+        // connection was cut after the commit): one by one, each with its own token, so a
+        // row the batch did insert is recognised as its caller's new claim, not taken for
+        // a duplicate.
+        Some(Err(_)) | None => {
+            for p in batch {
+                let _ = p.done.send(store.claim_one(&p.new).await);
             }
         }
     }
 }
 
-async fn mark_worker<D: Dialect, S: OneByOne<D>>(
-    store: S,
-    rx: Arc<Mutex<mpsc::Receiver<PendingMark>>>,
-) {
-    while let Some(mut batch) = next_batch(&rx).await {
-        while !batch.is_empty() {
-            let round = next_round(&mut batch, |p| p.id);
-            if round.len() > 1 || D::BATCH_SINGLES {
-                let marks: Vec<(i64, i32)> = round.iter().map(|p| (p.id, p.attempt)).collect();
-                if let Some(Ok(done)) = store.dialect().mark_called_many(&marks).await {
-                    for (p, d) in round.into_iter().zip(done) {
-                        let _ = p.done.send(Ok(d));
-                    }
-                    continue;
+async fn write_settles<D: Dialect, S: OneByOne<D>>(store: &S, mut batch: Vec<PendingSettle>) {
+    while !batch.is_empty() {
+        let round = next_round(&mut batch, |p| p.id);
+        if round.len() > 1 || D::BATCH_SINGLES {
+            let items: Vec<SettleItem<'_>> = round.iter().map(PendingSettle::item).collect();
+            if let Some(Ok(done)) = store.dialect().settle_many(&items, store.outcomes()).await {
+                drop(items);
+                for (p, d) in round.into_iter().zip(done) {
+                    let _ = p.done.send(Ok(d));
                 }
+                continue;
             }
-            // One call, or the batch failed as a whole (nothing committed; the update is the
-            // same again if it did): one by one.
-            for p in round {
-                let _ = p.done.send(store.mark_called_one(p.id, p.attempt).await);
+        }
+        // One call, or the batch failed as a whole (nothing committed): one by one.
+        for p in round {
+            let r = store
+                .settle_one(p.id, p.attempt, &p.settlement, &p.event())
+                .await;
+            let _ = p.done.send(r);
+        }
+    }
+}
+
+async fn write_marks<D: Dialect, S: OneByOne<D>>(store: &S, mut batch: Vec<PendingMark>) {
+    while !batch.is_empty() {
+        let round = next_round(&mut batch, |p| p.id);
+        if round.len() > 1 || D::BATCH_SINGLES {
+            let marks: Vec<(i64, i32)> = round.iter().map(|p| (p.id, p.attempt)).collect();
+            if let Some(Ok(done)) = store.dialect().mark_called_many(&marks).await {
+                for (p, d) in round.into_iter().zip(done) {
+                    let _ = p.done.send(Ok(d));
+                }
+                continue;
             }
+        }
+        // One call, or the batch failed as a whole (nothing committed; the update is the
+        // same again if it did): one by one.
+        for p in round {
+            let _ = p.done.send(store.mark_called_one(p.id, p.attempt).await);
         }
     }
 }

@@ -460,7 +460,8 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         None
     }
 
-    /// Background tasks per kind of batched write (`batch`).
+    /// Background tasks per queue of batched writes (`batch`: one queue per kind, or one for
+    /// all with [`JOINT_WRITES`](Dialect::JOINT_WRITES)).
     const BATCH_WORKERS: usize;
 
     /// Whether a batch of one call also goes through [`insert_many`](Dialect::insert_many)
@@ -486,6 +487,27 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         _items: &[SettleItem<'_>],
         _outcomes: &super::outbox::OutcomeConsumers,
     ) -> Option<StoreResult<Vec<bool>>> {
+        None
+    }
+
+    /// How long a worker of the group commit waits for more calls before writing a small batch
+    /// while under load (its last batch had more than one call); zero: never.
+    const BATCH_LINGER: std::time::Duration = std::time::Duration::ZERO;
+
+    /// Whether claims and settles wait in one queue of the group commit, so that a batch of
+    /// both is written by [`insert_settle_many`](Dialect::insert_settle_many) under one
+    /// commit.
+    const JOINT_WRITES: bool = false;
+
+    /// Claims many (as [`insert_many`](Dialect::insert_many)) and settles many (distinct
+    /// ids, as [`settle_many`](Dialect::settle_many)) in one commit, when the dialect can: a
+    /// failure fails both, and the caller then writes each kind by itself.
+    async fn insert_settle_many(
+        &self,
+        _new: &[&NewClaim],
+        _items: &[SettleItem<'_>],
+        _outcomes: &super::outbox::OutcomeConsumers,
+    ) -> Option<StoreResult<ClaimsAndSettles>> {
         None
     }
 
@@ -524,6 +546,10 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         Ok((None, None))
     }
 }
+
+/// What [`Dialect::insert_settle_many`] answers: per claim its outcome (`None`: left to the
+/// one-row path), per settle whether it still held the claim.
+pub type ClaimsAndSettles = (Vec<Option<ClaimOutcome>>, Vec<bool>);
 
 /// The lock that lets one instance prune at a time ([`Dialect::retention_lock`]).
 #[async_trait]

@@ -355,3 +355,187 @@ async fn not_called_markers_are_cleared_together_and_fenced_postgres() {
     };
     concurrent_marks(store).await;
 }
+
+/// Claims, repeats of finished claims and settles from many callers at once (on PostgreSQL
+/// written together, one statement and one commit for both kinds): each caller its own
+/// answer, each repeat counted once, each settle fenced on its own attempt and writing its
+/// history line and its outcome events with it.
+async fn claims_and_settles_together(store: TestStore) {
+    let s = open(&store).await;
+    s.set_outcome_destinations(vec![
+        ("payments".into(), "hooks".into()),
+        ("payments".into(), "bus".into()),
+    ]);
+    let lease = Duration::from_secs(60);
+    let done = Settlement {
+        state: Some(ClaimState::Completed),
+        provider_status: Some(200),
+        ..Default::default()
+    };
+    // Finished claims, delivered again below.
+    for i in 0..10 {
+        let ClaimOutcome::Created(c) = s
+            .claim(&new_claim(&format!("old{i}"), lease))
+            .await
+            .unwrap()
+        else {
+            panic!("old{i} is new")
+        };
+        assert!(s.settle(c.id, c.attempt, &done, &ev()).await.unwrap());
+    }
+    let mut open_claims = Vec::new();
+    for i in 0..20 {
+        let ClaimOutcome::Created(c) = s
+            .claim(&new_claim(&format!("open{i}"), lease))
+            .await
+            .unwrap()
+        else {
+            panic!("open{i} is new")
+        };
+        open_claims.push(c);
+    }
+    // open7 was taken over by a sweeper: its worker's settle changes nothing.
+    take_over(&s, "open7").await;
+    let settles: Vec<_> = open_claims
+        .iter()
+        .map(|c| {
+            let (s, id, attempt, done) = (s.clone(), c.id, c.attempt, done.clone());
+            tokio::spawn(async move { s.settle(id, attempt, &done, &ev()).await.unwrap() })
+        })
+        .collect();
+    let mut calls: Vec<(NewClaim, &str)> = (0..20)
+        .map(|i| (new_claim(&format!("new{i}"), lease), "created"))
+        .collect();
+    calls.extend((0..10).map(|i| (new_claim(&format!("old{i}"), lease), "duplicate")));
+    let mut other = new_claim("old3", lease);
+    other.fingerprint = fingerprint(b"another payload");
+    other.payload = b"another payload".to_vec().into();
+    calls.push((other, "mismatch"));
+    let claims: Vec<_> = calls
+        .iter()
+        .map(|(n, _)| {
+            let (s, n) = (s.clone(), n.clone());
+            tokio::spawn(async move { s.claim(&n).await.unwrap() })
+        })
+        .collect();
+    for (c, t) in open_claims.iter().zip(settles) {
+        assert_eq!(
+            t.await.unwrap(),
+            c.message_id != "open7",
+            "{}",
+            c.message_id
+        );
+    }
+    let mut old3 = Vec::new();
+    for ((n, want), t) in calls.iter().zip(claims) {
+        let got = kind(&t.await.unwrap());
+        if n.message_id == "old3" {
+            old3.push(got);
+        } else {
+            assert_eq!(got, *want, "{}", n.message_id);
+        }
+    }
+    old3.sort();
+    assert_eq!(old3, ["duplicate", "mismatch"]);
+    for i in 0..10 {
+        let id = format!("old{i}");
+        let c = s.get("payments", "", &id).await.unwrap().unwrap();
+        let want = if i == 3 { (1, 1) } else { (1, 0) };
+        assert_eq!((c.duplicate_count, c.mismatch_count), want, "{id}");
+    }
+    for c in &open_claims {
+        let now = s.get("payments", "", &c.message_id).await.unwrap().unwrap();
+        if c.message_id == "open7" {
+            assert_eq!((now.state, now.attempt), (ClaimState::Started, 2));
+        } else {
+            assert_eq!(now.state, ClaimState::Completed, "{}", c.message_id);
+            assert_eq!(s.events(c.id).await.unwrap().len(), 1, "{}", c.message_id);
+        }
+    }
+    // Each completed claim's outcome event, once per destination: the 10 old and 19 open.
+    for destination in ["hooks", "bus"] {
+        assert!(
+            s.hold_outcome_relay("payments", destination, "relay", lease)
+                .await
+                .unwrap()
+        );
+        let due = s.due_outcomes("payments", destination, 1000).await.unwrap();
+        assert_eq!(due.len(), 29, "{destination}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_and_settles_written_together_answer_each_caller_sqlite() {
+    claims_and_settles_together(TestStore::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_and_settles_written_together_answer_each_caller_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    claims_and_settles_together(store).await;
+}
+
+/// A claim PostgreSQL refuses (a NUL in its key) fails its own caller only: the claims and
+/// settles that waited in the same batch are written again by themselves, each answered as
+/// if alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_claim_fails_no_other_caller_of_its_batch_postgres() {
+    let Some(store) = TestStore::pg().await else {
+        return;
+    };
+    let s = open(&store).await;
+    let lease = Duration::from_secs(60);
+    let done = Settlement {
+        state: Some(ClaimState::Completed),
+        provider_status: Some(200),
+        ..Default::default()
+    };
+    let mut open_claims = Vec::new();
+    for i in 0..10 {
+        let ClaimOutcome::Created(c) = s
+            .claim(&new_claim(&format!("open{i}"), lease))
+            .await
+            .unwrap()
+        else {
+            panic!("open{i} is new")
+        };
+        open_claims.push(c);
+    }
+    for round in 0..5 {
+        let settles: Vec<_> = open_claims
+            .iter()
+            .filter(|c| c.message_id.ends_with(&round.to_string()) || round == 4)
+            .map(|c| {
+                let (s, id, attempt, done) = (s.clone(), c.id, c.attempt, done.clone());
+                tokio::spawn(async move { s.settle(id, attempt, &done, &ev()).await.unwrap() })
+            })
+            .collect();
+        let bad = new_claim(&format!("bad\0{round}"), lease);
+        let bad = {
+            let s = s.clone();
+            tokio::spawn(async move { s.claim(&bad).await })
+        };
+        let good: Vec<_> = (0..5)
+            .map(|i| {
+                let (s, n) = (s.clone(), new_claim(&format!("good{round}-{i}"), lease));
+                tokio::spawn(async move { s.claim(&n).await.unwrap() })
+            })
+            .collect();
+        assert!(bad.await.unwrap().is_err(), "round {round}");
+        for t in good {
+            assert_eq!(kind(&t.await.unwrap()), "created", "round {round}");
+        }
+        for t in settles {
+            // Round 4 settles them all again: those settled before are no longer started.
+            let settled = t.await.unwrap();
+            assert!(settled || round == 4, "round {round}");
+        }
+    }
+    for c in &open_claims {
+        let now = s.get("payments", "", &c.message_id).await.unwrap().unwrap();
+        assert_eq!(now.state, ClaimState::Completed, "{}", c.message_id);
+        assert_eq!(s.events(c.id).await.unwrap().len(), 1, "{}", c.message_id);
+    }
+}
