@@ -60,6 +60,15 @@ async fn an_open_transaction_is_shown_holding_back_vacuum_until_it_ends() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // A younger transaction shares its horizon (every snapshot taken meanwhile does, claimd's
+    // own too): the older one is still the one named.
+    let mut younger = sqlx::PgConnection::connect(&store.url()).await.unwrap();
+    sqlx::raw_sql(
+        "SET application_name = 'younger'; BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;",
+    )
+    .execute(&mut younger)
+    .await
+    .unwrap();
     let m = metrics().await;
     let held = sample(&m, "claimd_store_oldest_transaction_seconds").unwrap();
     assert!(held >= 2.0, "held back for {held} s\n{m}");

@@ -31,7 +31,9 @@ const TABLES: &str = "\
 /// The oldest snapshot in this database that vacuum must respect: a session's (its snapshot,
 /// or its transaction id: an idle transaction that wrote holds no snapshot between statements
 /// but still holds vacuum back), a replication slot's or a prepared transaction's, with its
-/// age and who holds it.
+/// age and who holds it. Every snapshot taken while an old transaction runs has that
+/// transaction's id as its horizon: of the sessions with the oldest horizon, the one whose
+/// transaction began first is the holder (not one of claimd's own short ones).
 const HORIZON: &str = "\
     SELECT age, seconds, holder FROM ( \
       SELECT age(COALESCE(backend_xmin, backend_xid))::bigint AS age, \
@@ -48,7 +50,7 @@ const HORIZON: &str = "\
       SELECT age(transaction)::bigint, EXTRACT(EPOCH FROM now() - prepared)::float8, \
         format('prepared transaction %s', gid) \
       FROM pg_prepared_xacts WHERE database = current_database() \
-    ) h ORDER BY age DESC NULLS LAST LIMIT 1";
+    ) h ORDER BY age DESC NULLS LAST, seconds DESC NULLS LAST LIMIT 1";
 
 /// One reading.
 pub(super) async fn read(pool: &SqlPool<Postgres>) -> StoreResult<StorageHealth> {
