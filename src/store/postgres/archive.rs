@@ -102,7 +102,7 @@ const HAS_DAYS: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits \
 const NO_PARTITION: &str = "23514";
 
 /// Moves one batch (or counts everything, on a dry run). A batch whose rows changed between
-/// the look at their days and the move (a day without its partition) is tried once more.
+/// the look at their days and the move (a month without its partition) is tried up to twice more.
 pub(super) async fn batch(
     pool: &SqlPool<Postgres>,
     w: &RetentionWindows,
