@@ -347,13 +347,14 @@ pub(super) const STATEMENTS: Statements = Statements {
         " ORDER BY w.priority DESC, w.id LIMIT $2 - $8 FOR UPDATE OF w SKIP LOCKED) p))",
         pg_take_waiting_returning!()
     ),
-    // The tenants with waiting claims, walked in the partial index claims_waiting_tenant one
-    // step each (a loose index scan: the cost grows with tenants, not with claims), then each
-    // tenant's takeable claims (at most the limit), higher priority first, then oldest,
-    // interleaved by turn; the chosen ids are computed once (an InitPlan) and locked by
-    // primary key. The tenant is matched as a range and the rows ordered by (tenant,
-    // priority, id) so that only claims_waiting_tenant_priority serves them: with `tenant = t` the planner may walk the primary key instead, filtering, which
-    // reads a whole backlog of one tenant to reach another's first claim.
+    // The tenants with waiting claims, walked in the partial index
+    // claims_waiting_tenant_priority one step each (a loose index scan: the cost grows with
+    // tenants, not with claims), then each tenant's takeable claims (at most the limit),
+    // higher priority first, then oldest, interleaved by turn; the chosen ids are computed
+    // once (an InitPlan) and locked by primary key. The tenant is matched as a range and the
+    // rows ordered by (tenant, priority, id) so that only claims_waiting_tenant_priority
+    // serves them: with `tenant = t` the planner may walk the primary key instead, filtering,
+    // which reads a whole backlog of one tenant to reach another's first claim.
     take_fair: concat!(
         pg_take_waiting_set!("$8"),
         "WHERE id = ANY (ARRAY( \
@@ -501,7 +502,7 @@ pub(super) const STATEMENTS: Statements = Statements {
         outbox_insert!("COALESCE($12, last_error)", "$8", "$9", "r", "$13"),
         " SELECT * FROM r"
     ),
-    // Open work, over all time: small sets served by the partial index `claims_open_work`
+    // Open work, over all time: small sets served by the partial index `claims_open_lease`
     // (its predicate is this one). For pending claims the age is the time since they became
     // pending. A started claim waits for its time (held by 'schedule' until its lease, which
     // ends at not_before), in its line (no holder, no expired lease; or held by its line
@@ -604,8 +605,9 @@ pub(super) const STATEMENTS: Statements = Statements {
     find_by_provider_id: concat!(
         "SELECT ",
         claim_cols!(),
-        ", payload FROM claims WHERE consumer = $1 AND provider_id = $2 \
-     ORDER BY id DESC LIMIT 1"
+        // Compared in the "C" collation, the index's (equality is byte equality either way).
+        ", payload FROM claims WHERE consumer = $1 AND provider_id IS NOT NULL \
+       AND provider_id COLLATE \"C\" = $2 ORDER BY id DESC LIMIT 1"
     ),
     provider_event_seen: "\
     SELECT COUNT(*) AS n FROM provider_events WHERE consumer = $1 AND event_id = $2",
