@@ -12,12 +12,16 @@
 //! Per row: messages/s from the first send to the last settled claim, the producer's latency
 //! (p50/p99 ms: the POST's answer, or the commit), claim settled after received (p50/p99 ms,
 //! `processed_utc - received_utc` from the store), and PostgreSQL transactions per message
-//! (`pg_stat_database.xact_commit`, every client of the database).
+//! (`pg_stat_database.xact_commit`, every client of the database), and PostgreSQL's CPU per
+//! message (its postmaster and every backend, from `/proc`: the server must run on this
+//! machine).
 //!
 //! `cargo bench --features full --bench producers` (env: `BENCH_PG` admin URL, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; `BENCH_N` messages per row [5000];
 //! `BENCH_CONCURRENCY` producers at a time [32]; `BENCH_POOL` claimd's pool [16];
-//! `BENCH_ROWS` which rows, comma-separated [every row]).
+//! `BENCH_ROWS` which rows, comma-separated [every row]; `BENCH_EXTRA_SQL` statements run on
+//! each row's database after claimd migrated it: a schema variant to measure against, such as
+//! indexes a migration dropped).
 
 mod support;
 
@@ -175,8 +179,17 @@ async fn run_row(row: Row, n: usize, concurrency: usize, pool_size: u32) -> Stri
         running.http_addr,
         row.consumer()
     );
+    let extra = env_or("BENCH_EXTRA_SQL", String::new());
+    if !extra.is_empty() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(extra))
+            .execute(&producers)
+            .await
+            .expect("BENCH_EXTRA_SQL");
+    }
     let http = reqwest::Client::new();
+    let postmaster = support::proc_cpu::postmaster(&db.url).await;
     let before = xacts(&mut producers.acquire().await.unwrap()).await;
+    let cpu_before = support::proc_cpu::postgres_cpu(postmaster);
     let started = Instant::now();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -297,6 +310,7 @@ async fn run_row(row: Row, n: usize, concurrency: usize, pool_size: u32) -> Stri
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let after = xacts(&mut admin).await;
+    let pg_cpu_ms = (support::proc_cpu::postgres_cpu(postmaster) - cpu_before) * 1000.0 / n as f64;
     let pair = |v: &[f64]| {
         if v.is_empty() {
             "-".to_string()
@@ -305,7 +319,7 @@ async fn run_row(row: Row, n: usize, concurrency: usize, pool_size: u32) -> Stri
         }
     };
     let line = format!(
-        "| {} | {n} | {:.0} | {:.1} / {:.1} | {} | {} | {:.1} / {:.1} | {:.2} | {:.2} |",
+        "| {} | {n} | {:.0} | {:.1} / {:.1} | {} | {} | {:.1} / {:.1} | {:.2} | {pg_cpu_ms:.2} | {:.2} |",
         row.name(),
         n as f64 / wall,
         percentile(&produced, 0.5),
@@ -438,9 +452,9 @@ async fn main() {
         "PostgreSQL; {n} messages per row, {concurrency} producers at a time; claimd's pool {pool}; provider on loopback, no added latency\n"
     );
     println!(
-        "| how it arrives → effect | messages | msgs/s | producer p50 / p99 ms | taken p50 / p99 ms | taken after commit p50 / p99 ms | settled p50 / p99 ms | PG xacts/msg | load1 |"
+        "| how it arrives → effect | messages | msgs/s | producer p50 / p99 ms | taken p50 / p99 ms | taken after commit p50 / p99 ms | settled p50 / p99 ms | PG xacts/msg | PG CPU ms/msg | load1 |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (i, row) in rows.into_iter().enumerate() {
         if !wanted.is_empty() && !wanted.iter().any(|w| w == &i.to_string()) {
             continue;

@@ -199,6 +199,28 @@ status_url = "{provider}/v1/effects/{{key}}"
         None => println!("\nClaimdVacuumHeldBack did not fire"),
     }
     sizes(&db.url).await;
+    // What an operator's `claimd reindex` (as the owner) does to them afterwards.
+    let store = claimd::store::open(&db.url, 2).await.unwrap();
+    let started = Instant::now();
+    let done = store
+        .rebuild_indexes(&Default::default(), false)
+        .await
+        .unwrap()
+        .unwrap();
+    let chosen: Vec<_> = done
+        .indexes
+        .iter()
+        .filter(|i| i.bytes_after.is_some())
+        .collect();
+    let mib = |b: i64| b as f64 / 1_048_576.0;
+    println!(
+        "\n`claimd reindex`: {} index(es) rebuilt in {:.1} s, {:.1} MiB -> {:.1} MiB",
+        chosen.len(),
+        started.elapsed().as_secs_f64(),
+        mib(chosen.iter().map(|i| i.reading.bytes).sum()),
+        mib(chosen.iter().filter_map(|i| i.bytes_after).sum())
+    );
+    sizes(&db.url).await;
     drop(running);
     db.drop_now().await;
 }
@@ -265,6 +287,8 @@ async fn sizes(url: &str) {
         "\n| table | live rows | live rows MiB | heap MiB | indexes MiB | (heap + indexes) / live |"
     );
     println!("|---|---|---|---|---|---|");
+    let (mut all_rows, mut all_live, mut all_bytes) = (0i64, 0i64, 0i64);
+    let mib = |b: i64| b as f64 / 1_048_576.0;
     for table in ["claims", "claim_events", "outcome_events", "claims_archive"] {
         let parts: Vec<String> = sqlx::query_scalar(
             "SELECT c.oid::regclass::text FROM pg_class c WHERE c.oid = to_regclass($1) \
@@ -291,7 +315,6 @@ async fn sizes(url: &str) {
             heap += r.get::<i64, _>("table_len");
             index += r.get::<i64, _>("idx");
         }
-        let mib = |b: i64| b as f64 / 1_048_576.0;
         println!(
             "| {table} | {rows} | {:.1} | {:.1} | {:.1} | {:.1}× |",
             mib(live),
@@ -299,5 +322,12 @@ async fn sizes(url: &str) {
             mib(index),
             (heap + index) as f64 / live.max(1) as f64
         );
+        (all_rows, all_live, all_bytes) =
+            (all_rows + rows, all_live + live, all_bytes + heap + index);
     }
+    println!(
+        "| all four | {all_rows} | {:.1} | | | {:.1}× |",
+        mib(all_live),
+        all_bytes as f64 / all_live.max(1) as f64
+    );
 }

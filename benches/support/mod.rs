@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fill;
+pub mod proc_cpu;
 
 /// `name` parsed from the environment, else `default`.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

@@ -14,6 +14,7 @@ mod keys;
 mod masked_log;
 mod migrate_plan;
 mod operators;
+mod reindex;
 mod reports;
 mod schedules;
 mod store_failure;
@@ -187,6 +188,25 @@ pub enum Command {
         /// Only count what would be deleted.
         #[arg(long)]
         dry_run: bool,
+    },
+    /// Rebuild the indexes of claimd's tables that outgrew their rows (PostgreSQL, as the
+    /// tables' owner): `REINDEX INDEX CONCURRENTLY`, one at a time, intake going on.
+    Reindex {
+        /// Only list each index, its size against a fresh build's, and what would be done.
+        #[arg(long)]
+        dry_run: bool,
+        /// Rebuild an index at least this many times the size a fresh build would take.
+        #[arg(long, default_value_t = 2.0, value_parser = times_fresh)]
+        over: f64,
+        /// Leave an index smaller than this many MiB.
+        #[arg(long, default_value_t = 8)]
+        min_mib: u32,
+        /// Rebuild every index of at least --min-mib, whatever its estimate.
+        #[arg(long)]
+        all: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
     },
     /// Run the provider simulator alone. With --config, the file's `[sandbox]` section sets
     /// each option that is not given here (`enabled` is not needed).
@@ -390,6 +410,17 @@ pub(super) fn probability(s: &str) -> Result<f64, String> {
         Ok(p)
     } else {
         Err(format!("{p} is not a probability between 0 and 1"))
+    }
+}
+
+fn times_fresh(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (1.0..=1000.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err(format!(
+            "{x}: an index is at least 1 times its fresh size (1 to 1000)"
+        ))
     }
 }
 
@@ -660,6 +691,20 @@ async fn execute_unescaped(cli: Cli) -> Output {
                 Ok(r) => Output::ok(reports::prune_summary(&r, &app.config.retention, dry_run)),
                 Err(e) => Output::fail(1, e),
             }
+        }
+        Command::Reindex {
+            dry_run,
+            over,
+            min_mib,
+            all,
+            format,
+        } => {
+            let choice = crate::store::index_rebuild::RebuildChoice {
+                over,
+                min_bytes: i64::from(min_mib) << 20,
+                all,
+            };
+            reindex::reindex_cmd(&app, choice, dry_run, format).await
         }
         Command::Sandbox { .. } => unreachable!("handled above"),
     };

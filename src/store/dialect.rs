@@ -394,6 +394,16 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Rebuilds bloated indexes ([`crate::store::index_rebuild`]); `None` (the default) for a
+    /// database whose indexes need no rebuild.
+    async fn rebuild_indexes(
+        &self,
+        _choice: &crate::store::index_rebuild::RebuildChoice,
+        _dry_run: bool,
+    ) -> StoreResult<Option<crate::store::index_rebuild::Reindexed>> {
+        Ok(None)
+    }
+
     /// Runs statements: the shared [`SqlPool`] over the dialect's database.
     fn runner(&self) -> &Self::Runner;
 

@@ -84,6 +84,13 @@ pub enum StoreError {
          wanted, submit it as a new message (a new message id) with the full payload"
     )]
     Erased(String),
+    /// The role claimd connected as does not own the tables it was asked to change
+    /// (`claimd reindex`): the owner, the role that runs `claimd migrate`, must.
+    #[error(
+        "{0}: only the owner of claimd's tables may do this; run it as the role that runs \
+         `claimd migrate` (CLAIMD__STORE__URL with the owner's credentials)"
+    )]
+    NotOwner(String),
 }
 
 impl StoreError {

@@ -35,6 +35,7 @@ pub mod embedded_migrations;
 pub mod enqueue;
 mod error;
 pub mod hosts;
+pub mod index_rebuild;
 pub mod migration_plan;
 pub mod online_steps;
 pub mod outbox;
@@ -622,6 +623,15 @@ pub trait ClaimStore:
 
     /// How the store's tables are doing ([`storage_health`]); `None` for SQLite.
     async fn storage_health(&self) -> StoreResult<Option<storage_health::StorageHealth>>;
+
+    /// Rebuilds the bloated indexes of claimd's churned tables as `choice` says, changing
+    /// nothing when `dry_run` ([`index_rebuild`]); `None` for SQLite, whose file `VACUUM`
+    /// compacts.
+    async fn rebuild_indexes(
+        &self,
+        choice: &index_rebuild::RebuildChoice,
+        dry_run: bool,
+    ) -> StoreResult<Option<index_rebuild::Reindexed>>;
 }
 
 /// A shared store handle.

@@ -59,6 +59,7 @@ mod providers;
 mod read_replica;
 mod readiness;
 mod reconcile_by_value;
+mod reindex;
 mod replication;
 mod report_waits;
 mod sandbox;

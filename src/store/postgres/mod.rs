@@ -9,6 +9,7 @@ mod sql;
 mod applied;
 mod archive;
 mod failover;
+mod index_rebuild;
 mod many;
 mod online_migrate;
 pub(crate) use online_migrate::applied_versions;
@@ -195,6 +196,16 @@ impl Dialect for PgDialect {
         &self,
     ) -> StoreResult<Option<crate::store::storage_health::StorageHealth>> {
         storage_health::read(&self.sql).await.map(Some)
+    }
+
+    async fn rebuild_indexes(
+        &self,
+        choice: &crate::store::index_rebuild::RebuildChoice,
+        dry_run: bool,
+    ) -> StoreResult<Option<crate::store::index_rebuild::Reindexed>> {
+        index_rebuild::run(&self.sql, choice, dry_run)
+            .await
+            .map(Some)
     }
 
     /// PostgreSQL's statements write their history line themselves (a data-modifying CTE):

@@ -183,4 +183,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     ) -> StoreResult<Option<crate::store::storage_health::StorageHealth>> {
         self.dialect.storage_health().await
     }
+
+    async fn rebuild_indexes(
+        &self,
+        choice: &crate::store::index_rebuild::RebuildChoice,
+        dry_run: bool,
+    ) -> StoreResult<Option<crate::store::index_rebuild::Reindexed>> {
+        self.dialect.rebuild_indexes(choice, dry_run).await
+    }
 }
