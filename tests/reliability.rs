@@ -40,6 +40,7 @@ fn base(name: &str, seed: u64) -> Scenario {
         intakes: 0,
         second_destination: false,
         payload_retention: None,
+        reindex: false,
     }
 }
 
@@ -59,6 +60,7 @@ fn every_feature(name: &str, seed: u64) -> Scenario {
         intakes: 150,
         second_destination: true,
         payload_retention: Some(Duration::from_secs(2)),
+        reindex: true,
         ..base(name, seed)
     }
 }

@@ -27,6 +27,7 @@ pub mod lookalike;
 pub mod orders;
 mod outcome;
 pub mod periodic;
+mod reindex;
 mod terminate;
 mod waits;
 
@@ -155,6 +156,9 @@ pub struct Scenario {
     /// finished claims are erased while their messages are still redelivered, which must
     /// stay duplicates (and changed payloads mismatches); `None`: no erasure.
     pub payload_retention: Option<Duration>,
+    /// An operator runs `claimd reindex --all` every 2–5 s while the ledger is sent, and once
+    /// more after the run (`reindex.rs`).
+    pub reindex: bool,
 }
 
 /// `None` (skip, reason printed) when the scenario needs RabbitMQ and none answers outside CI.
@@ -413,6 +417,9 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
     let terminator = s
         .terminate_backends
         .then(|| terminate::start(db_url.to_string(), s.seed, done.clone(), timeline.clone()));
+    let reindexer = s
+        .reindex
+        .then(|| reindex::start(db_url.to_string(), s.seed, done.clone(), timeline.clone()));
     let first_ids: HashSet<(&str, String)> = first
         .iter()
         .filter_map(|x| match x {
@@ -474,6 +481,9 @@ pub async fn run(s: &Scenario, db_url: &str) -> Option<Outcome> {
         Some(t) => t.await.unwrap(),
         None => (0, 0),
     };
+    if let Some(t) = reindexer {
+        reindex::finish(db_url, t.await.unwrap()).await;
+    }
     let mut fleet = chaos.await.unwrap();
     // Every worker up for the final sweeps.
     for i in 0..s.workers {
