@@ -1,8 +1,8 @@
 -- Fewer indexes on claims: every settle and take writes a new entry into each index whose
 -- predicate the row matches (none of those updates is HOT: `state`, `lease_until` and
 -- `updated_utc` are indexed), and the indexes grow with that churn (docs/operations.md,
--- "Indexes that outgrew their rows"). Six indexes become two; every statement keeps an index
--- path (docs/decisions.md, "Fewer indexes on claims"). Both new indexes are built
+-- "Indexes that outgrew their rows"). Five indexes become two and one more goes: every
+-- statement keeps an index path (docs/decisions.md, "Fewer indexes on claims"). Both new indexes are built
 -- concurrently ahead of this migration, as every index; the drops wait for the lock on
 -- claims a moment, as 0006's did.
 
@@ -25,5 +25,6 @@ DROP INDEX IF EXISTS claims_attention;
 DROP INDEX IF EXISTS claims_consumer_state_received;
 -- The fair pickup walks claims_waiting_tenant_priority (0025) for its tenants too.
 DROP INDEX IF EXISTS claims_waiting_tenant;
--- Provider ids are found through claims_search_provider_id (0009) with the consumer filtered.
-DROP INDEX IF EXISTS claims_provider_id;
+-- claims_provider_id stays: this release finds provider ids through claims_search_provider_id
+-- (0009), but the release before it, which may run beside this one in a rolling upgrade, reads
+-- them through claims_provider_id alone. A later contract migration drops it.

@@ -82,9 +82,10 @@ fn table(done: &Reindexed, dry_run: bool) -> Table {
 
 fn summary(done: &Reindexed, dry_run: bool) -> String {
     let mut s = String::new();
-    for name in &done.leftovers_dropped {
+    for name in &done.leftovers {
+        let did = if dry_run { "would drop" } else { "dropped" };
         s.push_str(&format!(
-            "dropped {name}: an invalid copy a cut rebuild had left\n"
+            "{did} {name}: an invalid copy a cut rebuild had left\n"
         ));
     }
     s.push_str(&table(done, dry_run).text());

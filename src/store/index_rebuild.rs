@@ -136,8 +136,9 @@ pub struct IndexOutcome {
 pub struct Reindexed {
     /// Each index looked at, biggest first.
     pub indexes: Vec<IndexOutcome>,
-    /// The invalid copies an earlier, cut rebuild had left, dropped first.
-    pub leftovers_dropped: Vec<String>,
+    /// The invalid copies a cut rebuild had left (`<index>_ccnew`): dropped first, and again
+    /// after a rebuild of this run failed; in a dry run, those that would be.
+    pub leftovers: Vec<String>,
 }
 
 #[cfg(test)]

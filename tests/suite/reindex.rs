@@ -100,6 +100,10 @@ async fn bloated_indexes_are_rebuilt_by_the_owner_only_and_a_cut_rebuild_is_clea
     let (code, out, err) = cli_with_env(&["reindex", "--dry-run", "--min-mib", "0"], &app);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("claims_received"), "{out}");
+    assert!(
+        out.contains("would drop public.claims_received_ccnew"),
+        "{out}"
+    );
     assert!(out.contains("would rebuild"), "{out}");
     assert!(out.contains("nothing was changed"), "{out}");
     let (code, _, err) = cli_with_env(&["reindex", "--min-mib", "0"], &app);
@@ -125,6 +129,8 @@ async fn bloated_indexes_are_rebuilt_by_the_owner_only_and_a_cut_rebuild_is_clea
         n
     });
     let owner = [("CLAIMD__STORE__URL", roles.owner_url.as_str())];
+    let oid = "SELECT 'claims_pkey'::regclass::oid::bigint";
+    let pkey_before = scalar(&mut su, oid).await;
     let (code, out, err) = cli_with_env(&["reindex", "--min-mib", "0"], &owner);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(code, 0, "{out}\n{err}");
@@ -137,12 +143,24 @@ async fn bloated_indexes_are_rebuilt_by_the_owner_only_and_a_cut_rebuild_is_clea
         writes.await.unwrap() > 0,
         "writes went on during the rebuild"
     );
+    // A concurrent rebuild builds a new index and swaps it in (a new oid); a plain REINDEX,
+    // which would stop the writes, keeps the oid.
+    assert_ne!(
+        scalar(&mut su, oid).await,
+        pkey_before,
+        "rebuilt concurrently"
+    );
     assert_eq!(scalar(&mut su, invalid).await, 0, "{out}");
     let rebuilt = scalar(&mut su, "SELECT pg_indexes_size('claims')").await;
     assert!(
         rebuilt * 3 < bloated,
         "indexes {bloated} bytes before, {rebuilt} after\n{out}"
     );
+
+    // The runtime role is refused the rebuild itself too (no leftover to drop this time).
+    let (code, _, err) = cli_with_env(&["reindex", "--all", "--min-mib", "0"], &app);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("only the owner of claimd's tables"), "{err}");
 
     // Nothing left beyond twice a fresh build: the estimate is not below what a build takes.
     exec(&mut su, "ANALYZE claims").await.unwrap();

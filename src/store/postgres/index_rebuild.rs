@@ -52,33 +52,16 @@ const LEFTOVERS: &str = "\
 /// PostgreSQL's `insufficient_privilege`.
 const NOT_OWNER: &str = "42501";
 
-/// What `claimd reindex` found and did: each index, and the invalid copies dropped first.
+/// What `claimd reindex` found and did: each index, and the invalid copies dropped.
 pub(super) async fn run(
     pool: &SqlPool<Postgres>,
     choice: &RebuildChoice,
     dry_run: bool,
 ) -> StoreResult<Reindexed> {
     let tables: Vec<String> = TABLES.iter().map(|t| t.to_string()).collect();
-    let mut dropped = Vec::new();
-    if !dry_run {
-        let leftovers: Vec<String> = sqlx::query_scalar(LEFTOVERS)
-            .bind(&tables)
-            .fetch_all(&pool.pool)
-            .await
-            .map_err(|e| StoreError::from_sqlx("reindex_leftovers", e))?;
-        for qualified in leftovers {
-            raw(
-                pool,
-                &format!("DROP INDEX CONCURRENTLY IF EXISTS {qualified}"),
-            )
-            .await
-            .map_err(|e| refused("drop_invalid_index", e))?;
-            dropped.push(qualified);
-        }
-    }
-    let rows = sqlx::query(INDEXES)
-        .bind(&tables)
-        .fetch_all(&pool.pool)
+    let mut leftovers = drop_leftovers(pool, &tables, dry_run).await?;
+    let rows = pool
+        .all(sqlx::query(INDEXES).bind(&tables))
         .await
         .map_err(|e| StoreError::from_sqlx("reindex_indexes", e))?;
     let mut out = Vec::with_capacity(rows.len());
@@ -105,18 +88,25 @@ pub(super) async fn run(
             match raw(pool, &format!("REINDEX INDEX CONCURRENTLY {qualified}")).await {
                 Ok(()) => {
                     outcome.seconds = Some(started.elapsed().as_secs_f64());
-                    outcome.bytes_after =
-                        sqlx::query_scalar("SELECT pg_relation_size(to_regclass($1))::bigint")
-                            .bind(&qualified)
-                            .fetch_one(&pool.pool)
-                            .await
-                            .ok();
+                    outcome.bytes_after = pool
+                        .optional(
+                            sqlx::query("SELECT pg_relation_size(to_regclass($1))::bigint")
+                                .bind(&qualified),
+                        )
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|r| r.try_get(0).ok());
                 }
                 // Not the owner: no other index will fare better.
                 Err(e) if is_not_owner(&e) => return Err(refused("reindex", e)),
                 Err(e) => {
                     tracing::warn!(index = %qualified, error = %e, "could not rebuild an index");
                     outcome.error = Some(crate::store::driver_words(&e));
+                    // Its invalid copy would otherwise take every write until the next run.
+                    if let Ok(more) = drop_leftovers(pool, &tables, false).await {
+                        leftovers.extend(more);
+                    }
                 }
             }
         }
@@ -124,8 +114,34 @@ pub(super) async fn run(
     }
     Ok(Reindexed {
         indexes: out,
-        leftovers_dropped: dropped,
+        leftovers,
     })
+}
+
+/// Drops (or, in a dry run, lists) the invalid copies cut rebuilds left on `tables`.
+async fn drop_leftovers(
+    pool: &SqlPool<Postgres>,
+    tables: &[String],
+    dry_run: bool,
+) -> StoreResult<Vec<String>> {
+    let found: Vec<String> = pool
+        .all(sqlx::query(LEFTOVERS).bind(tables))
+        .await
+        .map_err(|e| StoreError::from_sqlx("reindex_leftovers", e))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !dry_run {
+        for qualified in &found {
+            raw(
+                pool,
+                &format!("DROP INDEX CONCURRENTLY IF EXISTS {qualified}"),
+            )
+            .await
+            .map_err(|e| refused("drop_invalid_index", e))?;
+        }
+    }
+    Ok(found)
 }
 
 /// Runs one statement outside a transaction (`CONCURRENTLY` refuses to run in one).
