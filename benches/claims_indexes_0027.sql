@@ -4,7 +4,6 @@
 CREATE INDEX claims_started_lease ON claims (consumer, lease_until) WHERE state = 'started';
 CREATE INDEX claims_consumer_state_received ON claims (consumer, state, received_utc);
 CREATE INDEX claims_attention ON claims (consumer, received_utc) WHERE state = 'needs_attention';
-CREATE INDEX claims_provider_id ON claims (consumer, provider_id) WHERE provider_id IS NOT NULL;
 CREATE INDEX claims_pending_poll ON claims (consumer, lease_until) WHERE state = 'pending';
 CREATE INDEX claims_open_work ON claims (consumer, state)
     INCLUDE (lease_until, received_utc, pending_utc)
