@@ -123,6 +123,8 @@ async fn main() {
         // CHAOS_HOOKS=1: outcome events also to a webhook down for the first half.
         second_destination: env_or("CHAOS_HOOKS", 0u8) == 1,
         payload_retention: None,
+        // CHAOS_REINDEX=1: an operator runs `claimd reindex --all` every 2-5 s.
+        reindex: env_or("CHAOS_REINDEX", 0u8) == 1,
     };
     eprintln!("{scenario:?}");
     let db = common::PgDb::create()

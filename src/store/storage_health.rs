@@ -18,6 +18,13 @@ pub const BLOATED_MIN_DEAD: i64 = 100_000;
 /// every take walks past.
 pub const HELD_BACK_AFTER_S: f64 = 300.0;
 
+/// Index bytes at and above which indexes this many times what a fresh build would take are
+/// worth a rebuild ([`TableHealth::indexes_outgrown`]), as `claimd reindex` decides by default.
+pub const OUTGROWN_MIN_BYTES: i64 = 8 << 20;
+
+/// Index size over a fresh build's at which the indexes are called outgrown.
+pub const OUTGROWN_RATIO: f64 = 2.0;
+
 /// One table of claimd's.
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
 pub struct TableHealth {
@@ -31,6 +38,10 @@ pub struct TableHealth {
     pub table_bytes: i64,
     /// Its indexes' bytes.
     pub index_bytes: i64,
+    /// What a fresh build of its indexes would take, estimated from their entries and the
+    /// width of their columns (`claimd reindex`'s estimate); `None`: not known (a table
+    /// never vacuumed or analysed, or one `claimd reindex` does not rebuild).
+    pub index_fresh_bytes: Option<i64>,
     /// Seconds since it was last vacuumed (by autovacuum or by hand); `None`: never.
     pub vacuumed_s_ago: Option<f64>,
 }
@@ -44,6 +55,19 @@ impl TableHealth {
     /// Whether dead rows outnumber what vacuum normally leaves.
     pub fn bloated(&self) -> bool {
         self.dead_rows >= BLOATED_MIN_DEAD && self.dead_ratio() > BLOATED_RATIO
+    }
+
+    /// Its indexes against what a fresh build would take; `None` when that is unknown.
+    pub fn index_ratio(&self) -> Option<f64> {
+        self.index_fresh_bytes
+            .map(|f| self.index_bytes as f64 / f.max(1) as f64)
+    }
+
+    /// Whether its indexes grew to [`OUTGROWN_RATIO`] times what they need (and at least
+    /// [`OUTGROWN_MIN_BYTES`]): vacuum never shrinks them; `claimd reindex` does.
+    pub fn indexes_outgrown(&self) -> bool {
+        self.index_bytes >= OUTGROWN_MIN_BYTES
+            && self.index_ratio().is_some_and(|r| r >= OUTGROWN_RATIO)
     }
 }
 
@@ -106,7 +130,7 @@ impl StorageHealth {
             .iter()
             .map(|t| {
                 format!(
-                    "{}: {} live rows, {} dead ({:.0}%), table {:.1} MiB, indexes {:.1} MiB{}",
+                    "{}: {} live rows, {} dead ({:.0}%), table {:.1} MiB, indexes {:.1} MiB{}{}",
                     t.table,
                     t.live_rows,
                     t.dead_rows,
@@ -117,6 +141,13 @@ impl StorageHealth {
                         "  BLOATED: see docs/operations.md, \"Storage\""
                     } else {
                         ""
+                    },
+                    match t.index_ratio() {
+                        Some(r) if t.indexes_outgrown() => format!(
+                            "  INDEXES {r:.1}x a fresh build: run `claimd reindex` as the owner \
+                             (docs/operations.md, \"Indexes that outgrew their rows\")"
+                        ),
+                        _ => String::new(),
                     }
                 )
             })
@@ -138,6 +169,7 @@ mod tests {
             dead_rows: dead,
             table_bytes: 10 * 1_048_576,
             index_bytes: 5 * 1_048_576,
+            index_fresh_bytes: Some(4 * 1_048_576),
             vacuumed_s_ago: None,
         };
         assert!(!t(50_000, 10_000).bloated(), "few dead rows: a small table");
@@ -159,6 +191,33 @@ mod tests {
                 .starts_with("vacuum HELD BACK for 700 s by pid 42 (psql, idle in transaction)"),
             "{lines:?}"
         );
+        assert!(!lines[0].contains("INDEXES"), "{lines:?}");
+        let outgrown = TableHealth {
+            index_bytes: 90 * 1_048_576,
+            index_fresh_bytes: Some(10 * 1_048_576),
+            ..t(10, 1_000)
+        };
+        assert!(outgrown.indexes_outgrown());
+        let line = &StorageHealth {
+            tables: vec![outgrown.clone()],
+            ..Default::default()
+        }
+        .describe()[0];
+        assert!(
+            line.contains("INDEXES 9.0x a fresh build: run `claimd reindex`"),
+            "{line}"
+        );
+        let small = TableHealth {
+            index_bytes: 4 * 1_048_576,
+            index_fresh_bytes: Some(1_048_576 / 4),
+            ..outgrown.clone()
+        };
+        assert!(!small.indexes_outgrown(), "small indexes are left alone");
+        let unknown = TableHealth {
+            index_fresh_bytes: None,
+            ..outgrown
+        };
+        assert!(!unknown.indexes_outgrown());
         let quiet = StorageHealth::default().describe();
         assert_eq!(quiet, vec!["no open transaction holds back vacuum"]);
     }

@@ -95,8 +95,15 @@ async fn bloated_indexes_are_rebuilt_by_the_owner_only_and_a_cut_rebuild_is_clea
                    AND indexrelid::regclass::text LIKE 'claims_received_ccnew%'";
     assert_eq!(scalar(&mut su, invalid).await, 1);
 
-    // The runtime role may look, not rebuild.
+    // The runtime role may look, not rebuild; the report says what to do.
     let app = [("CLAIMD__STORE__URL", roles.app_url.as_str())];
+    let (code, out, err) = cli_with_env(&["report"], &app);
+    assert_eq!(code, 0, "{err}");
+    let line = out.lines().find(|l| l.trim_start().starts_with("claims:"));
+    assert!(
+        line.is_some_and(|l| l.contains("INDEXES") && l.contains("run `claimd reindex`")),
+        "{out}"
+    );
     let (code, out, err) = cli_with_env(&["reindex", "--dry-run", "--min-mib", "0"], &app);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("claims_received"), "{out}");
@@ -150,6 +157,8 @@ async fn bloated_indexes_are_rebuilt_by_the_owner_only_and_a_cut_rebuild_is_clea
         pkey_before,
         "rebuilt concurrently"
     );
+    let (_, report, _) = cli_with_env(&["report"], &app);
+    assert!(!report.contains("INDEXES"), "{report}");
     assert_eq!(scalar(&mut su, invalid).await, 0, "{out}");
     let rebuilt = scalar(&mut su, "SELECT pg_indexes_size('claims')").await;
     assert!(

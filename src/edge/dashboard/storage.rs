@@ -42,7 +42,13 @@ pub fn render_storage(storage: Option<&StorageHealth>) -> Markup {
                                 td { (t.dead_rows) " (" (format!("{:.0}", t.dead_ratio() * 100.0)) "%)" }
                             }
                             td { (mib(t.table_bytes)) }
-                            td { (mib(t.index_bytes)) }
+                            @match t.index_ratio() {
+                                Some(r) if t.indexes_outgrown() => {
+                                    td.bad { (mib(t.index_bytes)) " (" (format!("{r:.1}"))
+                                        "x a fresh build: run claimd reindex, see docs/operations.md)" }
+                                },
+                                _ => { td { (mib(t.index_bytes)) } },
+                            }
                             td { @match t.vacuumed_s_ago {
                                 Some(ago) => { (super::text::human_secs(ago)) " ago" },
                                 None => "never",
@@ -61,14 +67,15 @@ mod tests {
     use crate::store::storage_health::{TableHealth, VacuumHorizon};
 
     #[test]
-    fn a_held_back_vacuum_and_a_bloated_table_are_marked() {
+    fn a_held_back_vacuum_a_bloated_table_and_outgrown_indexes_are_marked() {
         let s = StorageHealth {
             tables: vec![TableHealth {
                 table: "claims".into(),
                 live_rows: 1_000,
                 dead_rows: 200_000,
                 table_bytes: 10 * 1_048_576,
-                index_bytes: 1_048_576,
+                index_bytes: 30 * 1_048_576,
+                index_fresh_bytes: Some(3 * 1_048_576),
                 vacuumed_s_ago: None,
             }],
             horizon: VacuumHorizon {
@@ -83,6 +90,10 @@ mod tests {
         assert!(page.contains("pid 42"), "{page}");
         assert!(page.contains("bloated"), "{page}");
         assert!(page.contains("10.0 MiB"), "{page}");
+        assert!(
+            page.contains("30.0 MiB (10.0x a fresh build: run claimd reindex"),
+            "{page}"
+        );
         assert!(render_storage(None).into_string().is_empty());
     }
 }

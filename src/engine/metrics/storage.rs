@@ -21,6 +21,7 @@ pub struct StorageMetrics {
     dead_rows: Family<TableLabel, Gauge>,
     table_bytes: Family<TableLabel, Gauge>,
     index_bytes: Family<TableLabel, Gauge>,
+    index_fresh_bytes: Family<TableLabel, Gauge>,
     oldest_transaction: Gauge<f64, AtomicU64>,
     horizon_age: Gauge,
 }
@@ -48,6 +49,11 @@ impl StorageMetrics {
                 "store_index_bytes",
                 "Bytes of the table's indexes on disk",
                 &self.index_bytes,
+            ),
+            (
+                "store_index_fresh_bytes",
+                "Bytes a fresh build of the table's indexes would take (estimated; absent when unknown): store_index_bytes at twice this or more, run claimd reindex",
+                &self.index_fresh_bytes,
             ),
         ];
         for (name, help, family) in tables {
@@ -78,6 +84,9 @@ impl StorageMetrics {
             self.dead_rows.get_or_create(&label).set(t.dead_rows);
             self.table_bytes.get_or_create(&label).set(t.table_bytes);
             self.index_bytes.get_or_create(&label).set(t.index_bytes);
+            if let Some(fresh) = t.index_fresh_bytes {
+                self.index_fresh_bytes.get_or_create(&label).set(fresh);
+            }
         }
         self.oldest_transaction
             .set(health.horizon.oldest_transaction_s.unwrap_or(0.0).max(0.0));

@@ -66,14 +66,7 @@ pub(super) async fn run(
         .map_err(|e| StoreError::from_sqlx("reindex_indexes", e))?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
-        let reading = IndexReading {
-            table: r.get(0),
-            index: r.get(1),
-            bytes: r.get(3),
-            entries: r.get(4),
-            key_width: r.get(5),
-        };
-        let qualified: String = r.get(2);
+        let (reading, qualified) = read_index(&r);
         let verdict = verdict(&reading, choice);
         let mut outcome = IndexOutcome {
             bloat: reading.bloat(),
@@ -142,6 +135,38 @@ async fn drop_leftovers(
         }
     }
     Ok(found)
+}
+
+/// What a fresh build of each table's indexes would take ([`IndexReading::fresh_bytes`],
+/// summed); `None` for a table one of whose indexes has no estimate.
+pub(super) async fn fresh_bytes_by_table(
+    pool: &SqlPool<Postgres>,
+) -> StoreResult<std::collections::HashMap<String, Option<i64>>> {
+    let tables: Vec<String> = TABLES.iter().map(|t| t.to_string()).collect();
+    let rows = pool
+        .all(sqlx::query(INDEXES).bind(&tables))
+        .await
+        .map_err(|e| StoreError::from_sqlx("reindex_indexes", e))?;
+    let mut out: std::collections::HashMap<String, Option<i64>> = Default::default();
+    for r in rows {
+        let (reading, _) = read_index(&r);
+        let fresh = reading.fresh_bytes();
+        let sum = out.entry(reading.table).or_insert(Some(0));
+        *sum = sum.zip(fresh).map(|(a, b)| a + b);
+    }
+    Ok(out)
+}
+
+/// One row of [`INDEXES`]: the reading and the index's qualified, quoted name.
+fn read_index(r: &sqlx::postgres::PgRow) -> (IndexReading, String) {
+    let reading = IndexReading {
+        table: r.get(0),
+        index: r.get(1),
+        bytes: r.get(3),
+        entries: r.get(4),
+        key_width: r.get(5),
+    };
+    (reading, r.get(2))
 }
 
 /// Runs one statement outside a transaction (`CONCURRENTLY` refuses to run in one).

@@ -67,11 +67,21 @@ pub(super) async fn read(pool: &SqlPool<Postgres>) -> StoreResult<StorageHealth>
                 dead_rows: r.try_get(2)?,
                 table_bytes: r.try_get(3)?,
                 index_bytes: r.try_get(4)?,
+                index_fresh_bytes: None,
                 vacuumed_s_ago: r.try_get(5)?,
             })
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()
         .map_err(|e| StoreError::from_sqlx("storage_tables", e))?;
+    let mut tables = tables;
+    match super::index_rebuild::fresh_bytes_by_table(pool).await {
+        Ok(fresh) => {
+            for t in &mut tables {
+                t.index_fresh_bytes = fresh.get(&t.table).copied().flatten();
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "the indexes' fresh sizes cannot be read"),
+    }
     let horizon = match pool.optional(sqlx::query(HORIZON)).await {
         Ok(Some(r)) => VacuumHorizon {
             age_transactions: r.try_get::<Option<i64>, _>(0).ok().flatten().unwrap_or(0),
