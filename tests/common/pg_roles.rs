@@ -28,6 +28,18 @@ pub async fn exec(c: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
 }
 
 impl TwoRoles {
+    /// [`TwoRoles::create`], then every migration applied as the owner (`claimd migrate`).
+    pub async fn migrated(t: &PgDb) -> TwoRoles {
+        let roles = TwoRoles::create(t).await;
+        claimd::store::open(&roles.owner_url, 2)
+            .await
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap();
+        roles
+    }
+
     /// Creates the roles on `t`'s database.
     pub async fn create(t: &PgDb) -> TwoRoles {
         let db = t.url.rsplit('/').next().unwrap().to_string();

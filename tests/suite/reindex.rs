@@ -30,13 +30,7 @@ async fn bloated_indexes_are_rebuilt_by_the_owner_only_and_a_cut_rebuild_is_clea
     let Some(t) = PgDb::create().await else {
         return;
     };
-    let roles = TwoRoles::create(&t).await;
-    claimd::store::open(&roles.owner_url, 2)
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
+    let roles = TwoRoles::migrated(&t).await;
     let mut su = PgConnection::connect(&roles.admin_url).await.unwrap();
     // Churn: every row written three times more, then nine in ten deleted, then vacuumed.
     exec(&mut su, FILL).await.unwrap();

@@ -24,13 +24,7 @@ async fn finished_claims_move_to_the_archive_and_leave_a_month_at_a_time_postgre
     let Some(t) = PgDb::create().await else {
         return;
     };
-    let roles = TwoRoles::create(&t).await;
-    claimd::store::open(&roles.owner_url, 2)
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
+    let roles = TwoRoles::migrated(&t).await;
     let s = claimd::store::open(&roles.app_url, 4).await.unwrap();
     let states = [
         ClaimState::Completed,
