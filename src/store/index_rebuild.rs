@@ -76,8 +76,8 @@ pub struct RebuildChoice {
 impl Default for RebuildChoice {
     fn default() -> Self {
         RebuildChoice {
-            over: 2.0,
-            min_bytes: 8 << 20,
+            over: super::storage_health::OUTGROWN_RATIO,
+            min_bytes: super::storage_health::OUTGROWN_MIN_BYTES,
             all: false,
         }
     }

@@ -18,11 +18,12 @@ pub const BLOATED_MIN_DEAD: i64 = 100_000;
 /// every take walks past.
 pub const HELD_BACK_AFTER_S: f64 = 300.0;
 
-/// Index bytes at and above which indexes this many times what a fresh build would take are
-/// worth a rebuild ([`TableHealth::indexes_outgrown`]), as `claimd reindex` decides by default.
+/// Index bytes below which indexes are never called outgrown ([`TableHealth::indexes_outgrown`];
+/// `claimd reindex --min-mib`'s default): a small index costs nothing to keep.
 pub const OUTGROWN_MIN_BYTES: i64 = 8 << 20;
 
-/// Index size over a fresh build's at which the indexes are called outgrown.
+/// Index size over a fresh build's at which indexes are called outgrown (`claimd reindex
+/// --over`'s default).
 pub const OUTGROWN_RATIO: f64 = 2.0;
 
 /// One table of claimd's.

@@ -58,7 +58,7 @@ pub(super) async fn read(pool: &SqlPool<Postgres>) -> StoreResult<StorageHealth>
         .all(sqlx::query(TABLES))
         .await
         .map_err(|e| StoreError::from_sqlx("storage_tables", e))?;
-    let tables = rows
+    let mut tables = rows
         .iter()
         .map(|r| {
             Ok(TableHealth {
@@ -73,7 +73,6 @@ pub(super) async fn read(pool: &SqlPool<Postgres>) -> StoreResult<StorageHealth>
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()
         .map_err(|e| StoreError::from_sqlx("storage_tables", e))?;
-    let mut tables = tables;
     match super::index_rebuild::fresh_bytes_by_table(pool).await {
         Ok(fresh) => {
             for t in &mut tables {
