@@ -58,12 +58,7 @@ pub(super) async fn finish(db_url: &str, during: (usize, usize)) {
         "SELECT indexrelid::regclass::text FROM pg_index \
          WHERE NOT indisvalid AND indrelid::regclass::text = ANY($1)",
     )
-    .bind([
-        "claims",
-        "claim_events",
-        "outcome_events",
-        "provider_events",
-    ])
+    .bind(claimd::store::index_rebuild::TABLES)
     .fetch_all(&mut c)
     .await
     .unwrap();

@@ -58,10 +58,9 @@ pub(super) async fn run(
     choice: &RebuildChoice,
     dry_run: bool,
 ) -> StoreResult<Reindexed> {
-    let tables: Vec<String> = TABLES.iter().map(|t| t.to_string()).collect();
-    let mut leftovers = drop_leftovers(pool, &tables, dry_run).await?;
+    let mut leftovers = drop_leftovers(pool, dry_run).await?;
     let rows = pool
-        .all(sqlx::query(INDEXES).bind(&tables))
+        .all(sqlx::query(INDEXES).bind(TABLES))
         .await
         .map_err(|e| StoreError::from_sqlx("reindex_indexes", e))?;
     let mut out = Vec::with_capacity(rows.len());
@@ -97,7 +96,7 @@ pub(super) async fn run(
                     tracing::warn!(index = %qualified, error = %e, "could not rebuild an index");
                     outcome.error = Some(crate::store::driver_words(&e));
                     // Its invalid copy would otherwise take every write until the next run.
-                    if let Ok(more) = drop_leftovers(pool, &tables, false).await {
+                    if let Ok(more) = drop_leftovers(pool, false).await {
                         leftovers.extend(more);
                     }
                 }
@@ -111,14 +110,10 @@ pub(super) async fn run(
     })
 }
 
-/// Drops (or, in a dry run, lists) the invalid copies cut rebuilds left on `tables`.
-async fn drop_leftovers(
-    pool: &SqlPool<Postgres>,
-    tables: &[String],
-    dry_run: bool,
-) -> StoreResult<Vec<String>> {
+/// Drops (or, in a dry run, lists) the invalid copies cut rebuilds left on [`TABLES`].
+async fn drop_leftovers(pool: &SqlPool<Postgres>, dry_run: bool) -> StoreResult<Vec<String>> {
     let found: Vec<String> = pool
-        .all(sqlx::query(LEFTOVERS).bind(tables))
+        .all(sqlx::query(LEFTOVERS).bind(TABLES))
         .await
         .map_err(|e| StoreError::from_sqlx("reindex_leftovers", e))?
         .iter()
@@ -142,9 +137,8 @@ async fn drop_leftovers(
 pub(super) async fn fresh_bytes_by_table(
     pool: &SqlPool<Postgres>,
 ) -> StoreResult<std::collections::HashMap<String, Option<i64>>> {
-    let tables: Vec<String> = TABLES.iter().map(|t| t.to_string()).collect();
     let rows = pool
-        .all(sqlx::query(INDEXES).bind(&tables))
+        .all(sqlx::query(INDEXES).bind(TABLES))
         .await
         .map_err(|e| StoreError::from_sqlx("reindex_indexes", e))?;
     let mut out: std::collections::HashMap<String, Option<i64>> = Default::default();
