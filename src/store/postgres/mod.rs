@@ -50,6 +50,19 @@ pub type PgStore = SqlStore<PgDialect>;
 pub struct PgDialect {
     sql: SqlPool<Postgres>,
     primary: std::sync::Arc<failover::Primary>,
+    /// Turns for database effects' transactions: one fewer than the pool's connections, so
+    /// effects never hold them all and a hand-back, a settle or a claim always finds one.
+    effect_turns: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+/// How long a database effect's transaction waits for a turn before it is reported as
+/// waiting for a connection (as long as the pool's own wait).
+const EFFECT_TURN_WAIT: Duration = Duration::from_secs(5);
+
+/// [`PgDialect::effect_turns`] for a pool of `max_connections`.
+fn effect_turns(max_connections: u32) -> std::sync::Arc<tokio::sync::Semaphore> {
+    let turns = max_connections.saturating_sub(1).max(1) as usize;
+    std::sync::Arc::new(tokio::sync::Semaphore::new(turns))
 }
 
 impl SqlStore<PgDialect> {
@@ -84,6 +97,7 @@ impl SqlStore<PgDialect> {
         Ok(SqlStore::batched(PgDialect {
             sql: SqlPool { pool, pooler },
             primary,
+            effect_turns: effect_turns(max_connections),
         }))
     }
 
@@ -255,6 +269,15 @@ impl Dialect for PgDialect {
         // at once. The whole run is cut here too, at twice the timeout: later than the server
         // would cut a single statement, because a run dropped mid-statement leaves the server
         // running it, locks held, until its own cut.
+        // A turn first: a transaction that waits for one has not begun, and the waiting
+        // ends as the pool's own would, as a wait for a connection (I13: not an attempt).
+        let _turn = tokio::time::timeout(EFFECT_TURN_WAIT, self.effect_turns.acquire())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or(DbEffectError::Store(StoreError::Unavailable(
+                sqlx::Error::PoolTimedOut,
+            )))?;
         let begin = format!(
             "{}{}",
             sql::BEGIN_WITH_TIMEOUT_MS,
@@ -447,4 +470,18 @@ where
         all.push(Arg::Text(outcomes));
     }
     run(&all).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::effect_turns;
+
+    #[test]
+    fn effects_leave_one_connection_of_the_pool_to_claimd() {
+        assert_eq!(effect_turns(16).available_permits(), 15);
+        assert_eq!(effect_turns(3).available_permits(), 2);
+        // A pool of one still runs effects, one at a time.
+        assert_eq!(effect_turns(1).available_permits(), 1);
+        assert_eq!(effect_turns(0).available_permits(), 1);
+    }
 }

@@ -51,6 +51,7 @@ impl SqlStore<PgDialect> {
         Ok(SqlStore::batched(PgDialect {
             sql: SqlPool { pool, pooler },
             primary: server,
+            effect_turns: super::effect_turns(max_connections),
         })
         .unbatched())
     }

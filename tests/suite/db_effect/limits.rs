@@ -341,7 +341,8 @@ fn a_pool_smaller_than_a_sql_consumers_concurrency_is_warned_about() {
 /// A pool far smaller than a SQL consumer's concurrency (the start-up warning ignored):
 /// transactions queue for connections past the pool's 5 s wait. A transaction that never got
 /// a connection never began: it waits and is taken again, never spending an attempt, so every
-/// claim completes, once, and none is parked.
+/// claim completes, once, and none is parked. (Effects leave one connection free, so each
+/// wait's hand-back is written; without that, busy runs parked some.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_too_small_slows_a_sql_consumer_but_parks_nothing_postgres() {
     let Some(store) = TestStore::pg().await else {
@@ -398,6 +399,16 @@ async fn a_pool_too_small_slows_a_sql_consumer_but_parks_nothing_postgres() {
         .fetch_one(pool)
         .await
         .unwrap();
+    // What happened to any claim that did not complete: its history, one line per event.
+    let histories: Vec<String> = sqlx::query_scalar(
+        "SELECT c.id || ' ' || c.state || ': ' || string_agg(e.attempt || ' ' || e.actor || ' ' \
+         || e.action || ' ' || e.outcome || ' ' || COALESCE(e.detail, ''), ' | ' ORDER BY e.id) \
+         FROM claims c JOIN claim_events e ON e.claim_id = c.id \
+         WHERE c.state <> 'completed' GROUP BY c.id, c.state",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
     println!(
         "{N} claims, pool of 3, concurrency 16: {states:?} after {:.1} s, highest attempt {max_attempt}",
         started.elapsed().as_secs_f64()
@@ -406,7 +417,7 @@ async fn a_pool_too_small_slows_a_sql_consumer_but_parks_nothing_postgres() {
     assert_eq!(
         states,
         [("completed".to_string(), N as i64)],
-        "all completed, none parked"
+        "all completed, none parked: {histories:#?}"
     );
     assert_eq!(db.count("SELECT count(*) FROM invoices").await, N as i64);
     running.shutdown(Duration::from_secs(5)).await;
