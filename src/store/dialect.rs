@@ -446,6 +446,18 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         self.runner().fetch(name, sql, args).await
     }
 
+    /// Runs a read that counts over many claims (the report's counts, open work): as
+    /// [`Runner::fetch`], and on PostgreSQL without JIT compilation, which costs more than it
+    /// saves on such a count.
+    async fn fetch_count(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<Vec<Self::Row>> {
+        self.runner().fetch(name, sql, args).await
+    }
+
     /// Takes the lock that lets one instance prune at a time, or `None` when another holds
     /// it. [`RetentionLock::release`] gives it back; dropping it releases it too (later),
     /// whatever happens to the pruning task.

@@ -334,6 +334,31 @@ impl Dialect for PgDialect {
         }))
     }
 
+    async fn fetch_count(
+        &self,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<Vec<PgRow>> {
+        // A count over a million open claims passes jit_above_cost: compiling its plan took
+        // longer than running it, on every report, page and scrape. SET LOCAL: through a
+        // pooler the setting ends with the transaction.
+        let mut tx = self
+            .sql
+            .pool
+            .begin_with(sql::BEGIN_WITHOUT_JIT)
+            .await
+            .map_err(err("begin"))?;
+        let rows = self
+            .sql
+            .in_tx(SqlPool::<Postgres>::query(sql, args))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err(name))?;
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(rows)
+    }
+
     async fn fetch_alone(
         &self,
         consumer: &str,

@@ -22,6 +22,11 @@ pub(super) const PRUNE_UNLOCK: &str = "ROLLBACK";
 /// following: the limit of each of its statements, set in the same round trip.
 pub(super) const BEGIN_WITH_TIMEOUT_MS: &str = "BEGIN; SET LOCAL statement_timeout = ";
 
+/// A transaction for a count over many rows: JIT compiling off ([`Dialect::fetch_count`]).
+///
+/// [`Dialect::fetch_count`]: crate::store::dialect::Dialect::fetch_count
+pub(super) const BEGIN_WITHOUT_JIT: &str = "BEGIN; SET LOCAL jit = off";
+
 /// The filters `list_claims` and `search_claims` share (see `Statements::list_claims`).
 macro_rules! pg_list_where {
     () => {

@@ -17,7 +17,8 @@ impl<D: Dialect> ReportStore for SqlStore<D> {
         let since = since.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
         let mut by = CountsByConsumer::default();
         let rows = self
-            .fetch("count_window", D::SQL.count_window, &[Arg::Time(since)])
+            .dialect
+            .fetch_count("count_window", D::SQL.count_window, &[Arg::Time(since)])
             .await?;
         for r in &rows {
             let consumer = r.text("consumer")?;
@@ -56,7 +57,10 @@ impl<D: Dialect> ReportStore for SqlStore<D> {
 
     async fn open_counts(&self) -> StoreResult<Vec<ConsumerCounts>> {
         let mut by = CountsByConsumer::default();
-        let rows = self.fetch("count_open", D::SQL.count_open, &[]).await?;
+        let rows = self
+            .dialect
+            .fetch_count("count_open", D::SQL.count_open, &[])
+            .await?;
         for r in &rows {
             let state = r.text("state")?;
             let n = r.i64("n")?;
