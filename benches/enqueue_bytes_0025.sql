@@ -1,7 +1,8 @@
 -- `claimd.enqueue_bytes` as migration 0025 made it (before 0029 put the helpers' fast paths in
 -- it), for measuring enqueue against it:
 --   BENCH_EXTRA_SQL="$(cat benches/enqueue_bytes_0025.sql)" cargo bench --features full --bench producers
--- (run on each bench database after claimd migrated it; docs/performance.md).
+-- (run on each bench database after claimd migrated it; docs/performance.md). Back to
+-- 0029's: psql -d DB -f migrations/postgres/0029_enqueue_inline_checks.sql
 CREATE OR REPLACE FUNCTION claimd.enqueue_bytes(
     consumer text, message_id text, payload bytea,
     tenant text DEFAULT '', content_type text DEFAULT 'application/json',
@@ -169,5 +170,10 @@ BEGIN
 END
 $fn$;
 
-ALTER FUNCTION claimd.enqueue_bytes(text, text, bytea, text, text, integer)
-    SET search_path = pg_catalog, public, pg_temp;
+DO $do$
+BEGIN
+    EXECUTE pg_catalog.format(
+        'ALTER FUNCTION claimd.enqueue_bytes(text, text, bytea, text, text, integer) '
+        'SET search_path = pg_catalog, %I, pg_temp', pg_catalog.current_schema());
+END
+$do$;

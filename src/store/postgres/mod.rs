@@ -312,9 +312,19 @@ impl Dialect for PgDialect {
             }
             Ok::<_, DbEffectError>(row.is_some())
         };
-        let settled = tokio::time::timeout(timeout.saturating_mul(2), run)
-            .await
-            .map_err(|_| DbEffectError::TimedOut(timeout))??;
+        let settled = match tokio::time::timeout(timeout.saturating_mul(2), run).await {
+            Ok(Ok(settled)) => settled,
+            failed => {
+                // The turn is kept until the connection is back in the pool: a dropped
+                // transaction would roll back after the turn was given up. The server has cut
+                // a statement still running within `timeout`.
+                let _ = tokio::time::timeout(timeout, tx.rollback()).await;
+                return match failed {
+                    Ok(result) => result,
+                    Err(_) => Err(DbEffectError::TimedOut(timeout)),
+                };
+            }
+        };
         if !settled {
             tx.rollback().await.map_err(err("rollback"))?;
             return Ok(false);
