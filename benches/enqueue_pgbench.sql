@@ -3,7 +3,7 @@
 -- `payments` started once, so it is registered; a table
 -- `bench_orders (id text PRIMARY KEY, amount_cents bigint)` created):
 --   pgbench -n -M prepared -c 8 -j 2 -T 12 -f benches/enqueue_pgbench.sql DB
--- and against the function before 0029: psql -d DB -f benches/enqueue_bytes_0025.sql (back:
+-- and against the function before 0029: sh benches/enqueue_bytes_0025.sh | psql -d DB (back:
 -- psql -d DB -f migrations/postgres/0029_enqueue_inline_checks.sql). TRUNCATE bench_orders
 -- between runs: ids are random, and a repeated one stops its client.
 \set r random(1, 9000000000000000000)

@@ -353,20 +353,13 @@ impl Dialect for PgDialect {
         // A count over a million open claims passes jit_above_cost: compiling its plan took
         // longer than running it, on every report, page and scrape. SET LOCAL: through a
         // pooler the setting ends with the transaction.
-        let mut tx = self
+        let tx = self
             .sql
             .pool
             .begin_with(sql::BEGIN_WITHOUT_JIT)
             .await
             .map_err(err("begin"))?;
-        let rows = self
-            .sql
-            .in_tx(SqlPool::<Postgres>::query(sql, args))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err(name))?;
-        tx.commit().await.map_err(err("commit"))?;
-        Ok(rows)
+        self.fetch_and_commit(tx, name, sql, args).await
     }
 
     async fn fetch_alone(
@@ -382,14 +375,7 @@ impl Dialect for PgDialect {
             .execute(&mut *tx)
             .await
             .map_err(err("line_lock"))?;
-        let rows = self
-            .sql
-            .in_tx(SqlPool::<Postgres>::query(sql, args))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err(name))?;
-        tx.commit().await.map_err(err("commit"))?;
-        Ok(rows)
+        self.fetch_and_commit(tx, name, sql, args).await
     }
 
     /// A transaction-scoped advisory lock in a transaction held open for the whole prune,
@@ -472,6 +458,24 @@ impl Dialect for PgDialect {
 /// the event's columns after the claim's id and attempt (which the statement takes from the
 /// row it changed), then the consumers that get outcome events, when it writes them.
 impl PgDialect {
+    /// Runs `sql` (named `name`) in `tx`, then commits it.
+    async fn fetch_and_commit(
+        &self,
+        mut tx: sqlx::Transaction<'static, Postgres>,
+        name: &'static str,
+        sql: &'static str,
+        args: &[Arg<'_>],
+    ) -> StoreResult<Vec<PgRow>> {
+        let rows = self
+            .sql
+            .in_tx(SqlPool::<Postgres>::query(sql, args))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err(name))?;
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(rows)
+    }
+
     /// Writes the follow-up claims of the change `row` (its `id`) in the change's transaction.
     async fn insert_follow_ups(
         &self,
