@@ -94,11 +94,11 @@ impl SqlStore<PgDialect> {
         let pool =
             failover::with_hooks(options, &primary).connect_lazy_with(primary.current_options());
         failover::watch(pool.clone(), &primary);
-        Ok(SqlStore::batched(PgDialect {
-            sql: SqlPool { pool, pooler },
+        Ok(SqlStore::batched(PgDialect::new(
+            SqlPool { pool, pooler },
             primary,
-            effect_turns: effect_turns(max_connections),
-        }))
+            max_connections,
+        )))
     }
 
     /// The pool, for tests and benchmarks that need raw SQL.
@@ -265,19 +265,19 @@ impl Dialect for PgDialect {
         w: LoggedWrite<'_>,
         timeout: Duration,
     ) -> Result<bool, DbEffectError> {
-        // The server cuts each statement past the timeout itself (57014) and frees its locks
-        // at once. The whole run is cut here too, at twice the timeout: later than the server
-        // would cut a single statement, because a run dropped mid-statement leaves the server
-        // running it, locks held, until its own cut.
         // A turn first: a transaction that waits for one has not begun, and the waiting
         // ends as the pool's own would, as a wait for a connection (I13: not an attempt).
         let _turn = tokio::time::timeout(EFFECT_TURN_WAIT, self.effect_turns.acquire())
             .await
             .ok()
             .and_then(Result::ok)
-            .ok_or(DbEffectError::Store(StoreError::Unavailable(
-                sqlx::Error::PoolTimedOut,
-            )))?;
+            .ok_or_else(|| {
+                DbEffectError::Store(StoreError::Unavailable(sqlx::Error::PoolTimedOut))
+            })?;
+        // The server cuts each statement past the timeout itself (57014) and frees its locks
+        // at once. The whole run is cut here too, at twice the timeout: later than the server
+        // would cut a single statement, because a run dropped mid-statement leaves the server
+        // running it, locks held, until its own cut.
         let begin = format!(
             "{}{}",
             sql::BEGIN_WITH_TIMEOUT_MS,
@@ -458,6 +458,19 @@ impl Dialect for PgDialect {
 /// the event's columns after the claim's id and attempt (which the statement takes from the
 /// row it changed), then the consumers that get outcome events, when it writes them.
 impl PgDialect {
+    /// The dialect over `sql`, a pool of `max_connections` to `primary`.
+    fn new(
+        sql: SqlPool<Postgres>,
+        primary: std::sync::Arc<failover::Primary>,
+        max_connections: u32,
+    ) -> Self {
+        PgDialect {
+            sql,
+            primary,
+            effect_turns: effect_turns(max_connections),
+        }
+    }
+
     /// Runs `sql` (named `name`) in `tx`, then commits it.
     async fn fetch_and_commit(
         &self,

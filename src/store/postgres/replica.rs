@@ -48,11 +48,11 @@ impl SqlStore<PgDialect> {
             .max_lifetime(None)
             .acquire_timeout(Duration::from_secs(2))
             .connect_lazy_with(options);
-        Ok(SqlStore::batched(PgDialect {
-            sql: SqlPool { pool, pooler },
-            primary: server,
-            effect_turns: super::effect_turns(max_connections),
-        })
+        Ok(SqlStore::batched(PgDialect::new(
+            SqlPool { pool, pooler },
+            server,
+            max_connections,
+        ))
         .unbatched())
     }
 
