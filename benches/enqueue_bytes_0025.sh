@@ -8,13 +8,5 @@ set -eu
 migration="$(dirname "$0")/../migrations/postgres/0025_priorities.sql"
 sed -n '/^CREATE FUNCTION claimd.enqueue_bytes(/,/^\$fn\$;$/p' "$migration" |
     sed '1s/^CREATE FUNCTION/CREATE OR REPLACE FUNCTION/'
-# CREATE OR REPLACE resets the search_path pin: set again as the migrations set it.
-cat <<'EOF'
-DO $do$
-BEGIN
-    EXECUTE pg_catalog.format(
-        'ALTER FUNCTION claimd.enqueue_bytes(text, text, bytea, text, text, integer) '
-        'SET search_path = pg_catalog, %I, pg_temp', pg_catalog.current_schema());
-END
-$do$;
-EOF
+# CREATE OR REPLACE resets the search_path pin: set again as migration 0029 sets it.
+sed -n '/^DO \$do\$$/,/^\$do\$;$/p' "$(dirname "$0")/../migrations/postgres/0029_enqueue_inline_checks.sql"
