@@ -200,18 +200,25 @@ async fn take_loop(
                 break;
             }
         }
-        let wait = match tail {
-            Some(t) => {
-                tail = (t < TAIL.1).then_some(t * 2);
-                t
-            }
-            None => poll,
-        };
+        let wait = next_wait(&mut tail, poll);
         tokio::select! {
             _ = wake.notified() => {}
             _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+/// How long the pickup waits before its next look: the busy tail's next interval, never
+/// longer than the poll (on SQLite, where no bell rings, the poll bounds every wait), or the
+/// poll once the tail is over.
+fn next_wait(tail: &mut Option<Duration>, poll: Duration) -> Duration {
+    match *tail {
+        Some(t) => {
+            *tail = (t < TAIL.1).then_some(t * 2);
+            t.min(poll)
+        }
+        None => poll,
     }
 }
 
@@ -352,5 +359,32 @@ async fn listen(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a take that found claims the pickup looks again at 5, 10, … 640 ms, then waits
+    /// for the poll; no wait is longer than the poll, which bounds an enqueued claim's wait
+    /// where no bell rings (SQLite, a pooler in transaction mode).
+    #[test]
+    fn the_busy_tail_doubles_and_never_outwaits_the_poll() {
+        let ms = Duration::from_millis;
+        let waits = |poll| {
+            let mut tail = Some(TAIL.0);
+            (0..10)
+                .map(|_| next_wait(&mut tail, poll))
+                .collect::<Vec<_>>()
+        };
+        let pg: Vec<_> = [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]
+            .map(ms)
+            .to_vec();
+        assert_eq!(waits(PG_POLL), pg);
+        let sqlite: Vec<_> = [5, 10, 20, 40, 80, 160, 200, 200, 200, 200]
+            .map(ms)
+            .to_vec();
+        assert_eq!(waits(SQLITE_POLL), sqlite);
     }
 }
