@@ -650,13 +650,13 @@ async fn key_turn(
 
 /// Wakes the consumer's pickup when dropped: an ordered claim's attempt ended (settled, handed
 /// back or lost), so the claims behind it in its line may be takeable now.
-struct LineWake<'a>(&'a Consumer);
+pub(super) struct LineWake<'a>(&'a Consumer);
 
 impl<'a> LineWake<'a> {
     /// The wake for `claim`'s line: none for a claim without an order key. Not
     /// `bool::then_some`, which builds its value either way and so, dropping it at once,
     /// woke the pickup at every attempt's start: a take statement per attempt for nothing.
-    fn of(consumer: &'a Consumer, claim: &Claim) -> Option<Self> {
+    pub(super) fn of(consumer: &'a Consumer, claim: &Claim) -> Option<Self> {
         if claim.order_key.is_some() {
             Some(LineWake(consumer))
         } else {
@@ -668,64 +668,5 @@ impl<'a> LineWake<'a> {
 impl Drop for LineWake<'_> {
     fn drop(&mut self) {
         self.0.wake_pickup();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::claim::NewClaim;
-    use crate::store::ClaimOutcome;
-
-    /// Only an ordered claim's attempt wakes the pickup when it ends: a plain consumer's
-    /// pickup, woken at every attempt, ran a take statement (and held the consumer's free
-    /// intake places) once per message for nothing.
-    #[tokio::test]
-    async fn only_an_ordered_claims_attempt_wakes_the_pickup() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("wake.db").display());
-        let text = include_str!("../../../config/default.toml");
-        let env = [("CLAIMD__STORE__URL".to_string(), url)];
-        let config = crate::config::Config::from_toml(text, "default.toml".as_ref(), env)
-            .unwrap()
-            .config;
-        let app = crate::service::app::App::open(config, true).await.unwrap();
-        let consumer = app.claimer.consumer("payments").unwrap().clone();
-        let new = NewClaim {
-            consumer: "payments".into(),
-            tenant: String::new(),
-            message_id: "m-1".into(),
-            idem_key: "payments:m-1".into(),
-            fingerprint: crate::domain::claim::fingerprint(b"{}"),
-            payload: bytes::Bytes::from_static(b"{}"),
-            content_type: "application/json".into(),
-            worker: "w".into(),
-            lease: Duration::from_secs(60),
-            claim_token: super::super::new_claim_token(),
-            mark_not_called: false,
-            order_key: None,
-            not_before: None,
-            trace_parent: None,
-            priority: 0,
-        };
-        let ClaimOutcome::Created(claim) = app.claimer.store.claim(&new).await.unwrap() else {
-            panic!("not created")
-        };
-        let bell = consumer.pickup_bell();
-        let rang = || tokio::time::timeout(Duration::from_millis(50), bell.notified());
-
-        drop(LineWake::of(&consumer, &claim));
-        assert!(
-            rang().await.is_err(),
-            "a plain claim's attempt woke the pickup"
-        );
-
-        let mut ordered = claim.clone();
-        ordered.order_key = Some("order-1".into());
-        drop(LineWake::of(&consumer, &ordered));
-        assert!(
-            rang().await.is_ok(),
-            "an ordered claim's attempt did not wake the pickup"
-        );
     }
 }

@@ -185,8 +185,59 @@ mod tests {
     /// bounds, loose enough for a debug build, catch such a change coming back.
     #[tokio::test]
     async fn a_claim_in_a_call_keeps_little_memory() {
+        let (_dir, claimer, consumer, new) = payments().await;
+        let ClaimOutcome::Created(claim) = claimer.store.claim(&new).await.unwrap() else {
+            panic!("not created")
+        };
+        let attempt = claimer.drive(&consumer, &claim, Hold::fresh(), None, Slot::none());
+        let attempt_size = std::mem::size_of_val(&attempt);
+        drop(attempt);
+        let (answer, _answered) = oneshot::channel();
+        let admission = Admission::Slot(consumer.slot().await);
+        let task = claimer
+            .clone()
+            .claim_and_perform(consumer.clone(), new, admission, answer, ());
+        let task_size = std::mem::size_of_val(&task);
+        drop(task);
+        assert!(
+            attempt_size <= 1024,
+            "an attempt's future is {attempt_size} bytes"
+        );
+        assert!(task_size <= 1024, "a claim's task is {task_size} bytes");
+    }
+
+    /// Only an ordered claim's attempt wakes the pickup when it ends: a plain consumer's
+    /// pickup, woken at every attempt, ran a take statement (and held the consumer's free
+    /// intake places) once per message for nothing.
+    #[tokio::test]
+    async fn only_an_ordered_claims_attempt_wakes_the_pickup() {
+        let (_dir, claimer, consumer, new) = payments().await;
+        let ClaimOutcome::Created(claim) = claimer.store.claim(&new).await.unwrap() else {
+            panic!("not created")
+        };
+        let bell = consumer.pickup_bell();
+        let rang = || tokio::time::timeout(Duration::from_millis(50), bell.notified());
+
+        drop(drive::LineWake::of(&consumer, &claim));
+        assert!(
+            rang().await.is_err(),
+            "a plain claim's attempt woke the pickup"
+        );
+
+        let mut ordered = claim.clone();
+        ordered.order_key = Some("order-1".into());
+        drop(drive::LineWake::of(&consumer, &ordered));
+        assert!(
+            rang().await.is_ok(),
+            "an ordered claim's attempt did not wake the pickup"
+        );
+    }
+
+    /// The default configuration's `payments` consumer on a fresh SQLite store, its claimer,
+    /// and a new claim of it (message `m-1`, no order key); the folder holds the database.
+    async fn payments() -> (tempfile::TempDir, Arc<Claimer>, Arc<Consumer>, NewClaim) {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("sizes.db").display());
+        let url = format!("sqlite://{}", dir.path().join("claims.db").display());
         let text = include_str!("../../../config/default.toml");
         let env = [("CLAIMD__STORE__URL".to_string(), url)];
         let config = crate::config::Config::from_toml(text, "default.toml".as_ref(), env)
@@ -212,23 +263,6 @@ mod tests {
             trace_parent: None,
             priority: 0,
         };
-        let ClaimOutcome::Created(claim) = claimer.store.claim(&new).await.unwrap() else {
-            panic!("not created")
-        };
-        let attempt = claimer.drive(&consumer, &claim, Hold::fresh(), None, Slot::none());
-        let attempt_size = std::mem::size_of_val(&attempt);
-        drop(attempt);
-        let (answer, _answered) = oneshot::channel();
-        let admission = Admission::Slot(consumer.slot().await);
-        let task = claimer
-            .clone()
-            .claim_and_perform(consumer.clone(), new, admission, answer, ());
-        let task_size = std::mem::size_of_val(&task);
-        drop(task);
-        assert!(
-            attempt_size <= 1024,
-            "an attempt's future is {attempt_size} bytes"
-        );
-        assert!(task_size <= 1024, "a claim's task is {task_size} bytes");
+        (dir, claimer, consumer, new)
     }
 }
