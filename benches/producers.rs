@@ -89,48 +89,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-fn config(url: &str, provider: &str, pool: u32, sql: bool) -> String {
-    let mut toml = format!(
-        r#"
-[store]
-url = "{url}"
-max_connections = {pool}
-[http]
-listen = "127.0.0.1:0"
-intake_wait = "5s"
-[sweeper]
-schedule = "*/10 * * * * *"
-[[consumers]]
-name = "payments"
-source = "http"
-concurrency = 64
-lease = "60s"
-key = "{{message_id}}"
-[consumers.effect]
-kind = "http"
-url = "{provider}/v1/payments"
-timeout = "10s"
-status_url = "{provider}/v1/effects/{{key}}"
-"#
-    );
-    if sql {
-        toml.push_str(
-            r#"
-[[consumers]]
-name = "ledger"
-source = "http"
-concurrency = 64
-lease = "60s"
-key = "{message_id}"
-[consumers.effect]
-kind = "sql"
-statement = "INSERT INTO bench_ledger (order_id, amount_cents) VALUES (:order_id, :amount_cents)"
-"#,
-        );
-    }
-    toml
-}
-
 async fn xacts(conn: &mut sqlx::PgConnection) -> i64 {
     sqlx::query_scalar(
         "SELECT xact_commit::bigint FROM pg_stat_database WHERE datname = current_database()",
@@ -167,7 +125,7 @@ async fn run_row(row: Row, n: usize, concurrency: usize, pool_size: u32) -> Stri
     ] {
         sqlx::query(ddl).execute(&producers).await.unwrap();
     }
-    let toml = config(&db.url, &provider, pool_size, row.sql);
+    let toml = support::payments_toml(&db.url, &provider, pool_size, row.sql);
     let cfg = Config::from_toml(&toml, Path::new("bench.toml"), std::env::vars())
         .expect("config")
         .config;

@@ -64,3 +64,48 @@ impl BenchDb {
         .await;
     }
 }
+
+/// A worker's configuration with consumer `payments` fed by HTTP intake and calling
+/// `{provider}/v1/payments` (concurrency 64); with `sql`, consumer `ledger` too, whose effect
+/// writes a row of `bench_ledger`.
+pub fn payments_toml(url: &str, provider: &str, pool: u32, sql: bool) -> String {
+    let mut toml = format!(
+        r#"
+[store]
+url = "{url}"
+max_connections = {pool}
+[http]
+listen = "127.0.0.1:0"
+intake_wait = "5s"
+[sweeper]
+schedule = "*/10 * * * * *"
+[[consumers]]
+name = "payments"
+source = "http"
+concurrency = 64
+lease = "60s"
+key = "{{message_id}}"
+[consumers.effect]
+kind = "http"
+url = "{provider}/v1/payments"
+timeout = "10s"
+status_url = "{provider}/v1/effects/{{key}}"
+"#
+    );
+    if sql {
+        toml.push_str(
+            r#"
+[[consumers]]
+name = "ledger"
+source = "http"
+concurrency = 64
+lease = "60s"
+key = "{message_id}"
+[consumers.effect]
+kind = "sql"
+statement = "INSERT INTO bench_ledger (order_id, amount_cents) VALUES (:order_id, :amount_cents)"
+"#,
+        );
+    }
+    toml
+}
