@@ -661,10 +661,14 @@ pub(super) const STATEMENTS: Statements = Statements {
                        AND p.destination = e.destination) \
      ORDER BY e.id LIMIT $2"
     ),
+    // `sent_utc + interval '0 seconds'`: the same test as `sent_utc IS NULL` in a form no
+    // index of unsent events can serve, so the events are found by primary key whatever the
+    // statistics say. Written plainly, statistics from before a backlog had the planner read
+    // every unsent event once per batch (121 ms for 100 of 200,000; 400 buffers by key).
     mark_outcomes_sent: "\
     UPDATE outcome_events SET sent_utc = now(), lease_owner = NULL, lease_until = NULL \
     WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb)) \
-      AND sent_utc IS NULL",
+      AND (sent_utc + interval '0 seconds') IS NULL",
     oldest_unsent_outcome: concat!(
         "SELECT ",
         outcome_cols!(),
@@ -679,11 +683,12 @@ pub(super) const STATEMENTS: Statements = Statements {
     UPDATE outcome_events SET lease_until = NULL \
     WHERE consumer = $1 AND destination = $2 AND sent_utc IS NULL AND tries > 0 \
       AND lease_until > now()",
+    // By primary key whatever the statistics say, as `mark_outcomes_sent`.
     retry_outcomes: "\
     UPDATE outcome_events SET lease_owner = NULL, \
       lease_until = now() + $2 * interval '1 millisecond', tries = tries + 1, last_error = $3 \
     WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb)) \
-      AND sent_utc IS NULL",
+      AND (sent_utc + interval '0 seconds') IS NULL",
     count_outcomes: "\
     SELECT consumer, destination, COUNT(*) AS n, \
       (EXTRACT(EPOCH FROM now() - MIN(at_utc)) * 1000)::bigint AS oldest_ms \
