@@ -359,7 +359,10 @@ pub(super) const STATEMENTS: Statements = Statements {
     // once (an InitPlan) and locked by primary key. The tenant is matched as a range and the
     // rows ordered by (tenant, priority, id) so that only claims_waiting_tenant_priority
     // serves them: with `tenant = t` the planner may walk the primary key instead, filtering,
-    // which reads a whole backlog of one tenant to reach another's first claim.
+    // which reads a whole backlog of one tenant to reach another's first claim. The lock's
+    // fence is written `c.state || ''` (the same test) so that no partial index of waiting
+    // claims can serve it: the chosen ids are locked by primary key whatever the statistics
+    // say (as the batched settles, `many.rs`).
     take_fair: concat!(
         pg_take_waiting_set!("$8"),
         "WHERE id = ANY (ARRAY( \
@@ -382,7 +385,7 @@ pub(super) const STATEMENTS: Statements = Statements {
          LEFT JOIN jsonb_each_text($7::jsonb) AS wt(tenant, weight) ON wt.tenant = tenants.t \
          WHERE tenants.t IS NOT NULL \
          ORDER BY x.rn::float8 / COALESCE(wt.weight::float8, 1), x.id LIMIT $2)) \
-       AND c.state = 'started' AND c.lease_owner IS NULL FOR UPDATE SKIP LOCKED))",
+       AND c.state || '' = 'started' AND c.lease_owner IS NULL FOR UPDATE SKIP LOCKED))",
         pg_take_waiting_returning!()
     ),
     // take_stale, with the batch chosen round-robin across tenants: every stale claim of the
