@@ -87,18 +87,6 @@ macro_rules! settle_many_columns {
     };
 }
 
-/// The fence of a batched write joined on the claims' ids (I2: the claim is still `started`),
-/// in a form no index of open claims can serve, so the planner finds each row by its primary
-/// key whatever its statistics say. With `c.state = 'started'` and statistics from before a
-/// backlog of waiting claims, it walked a partial index of every started claim and hashed
-/// them all, once per batch: 160 ms for a settle of 20 claims with 200,000 waiting, against
-/// 80 buffers by primary key (docs/performance.md, "A backlog of enqueued claims").
-macro_rules! pg_still_started {
-    () => {
-        "c.state || '' = 'started'"
-    };
-}
-
 /// The fenced update of a batch of settles (the CTE `s`'s body, up to its `RETURNING` list,
 /// which goes on): each row `WHERE id = u.id AND attempt = u.attempt AND state = 'started'`
 /// (I2), as in the one-row settle, and its version bumped; a claim that completes drops its
@@ -527,8 +515,8 @@ fn sealed_text(plain: Option<&str>) -> Option<String> {
 mod tests {
     use super::*;
 
-    /// Every batched write joined on ids keeps its fence out of the planner's index choice,
-    /// so it never reads the claims through an index of every started claim.
+    /// Every write that names its claims by id keeps its fence out of the planner's index
+    /// choice, so it never reads the claims through an index of every started claim.
     #[test]
     fn batched_writes_fence_on_state_in_a_form_no_index_serves() {
         let joint = joint_sql(SETTLE_MANY);
@@ -541,6 +529,16 @@ mod tests {
             assert!(sql.contains(pg_still_started!()), "{sql}");
             assert!(!sql.contains("c.state = 'started'"), "{sql}");
         }
+        // The fair take walks its tenants through the waiting claims' index on purpose; only
+        // the lock of the ids it chose is fenced so.
+        let fair = super::super::sql::STATEMENTS.take_fair;
+        assert!(
+            fair.contains(concat!(
+                pg_still_started!(),
+                " AND c.lease_owner IS NULL FOR UPDATE"
+            )),
+            "{fair}"
+        );
     }
 
     #[test]

@@ -80,6 +80,18 @@ macro_rules! outbox_insert {
     };
 }
 
+/// The fence of a write that names its claims by id, batched or chosen (I2: the claim is still
+/// `started`), in a form no index of open claims can serve, so the planner finds each row by
+/// its primary key whatever its statistics say. With `c.state = 'started'` and statistics from before a
+/// backlog of waiting claims, it walked a partial index of every started claim and hashed
+/// them all, once per batch: 160 ms for a settle of 20 claims with 200,000 waiting, against
+/// 80 buffers by primary key (docs/performance.md, "A backlog of enqueued claims").
+macro_rules! pg_still_started {
+    () => {
+        "c.state || '' = 'started'"
+    };
+}
+
 /// The fenced update of a settle (I2), up to its `RETURNING`: from `started` for the worker
 /// holding the attempt, from `pending` (or another state) for a poll or a provider event that
 /// read the claim at that attempt and version (`$12`; NULL for the worker, whose attempt is its
@@ -360,9 +372,8 @@ pub(super) const STATEMENTS: Statements = Statements {
     // rows ordered by (tenant, priority, id) so that only claims_waiting_tenant_priority
     // serves them: with `tenant = t` the planner may walk the primary key instead, filtering,
     // which reads a whole backlog of one tenant to reach another's first claim. The lock's
-    // fence is written `c.state || ''` (the same test) so that no partial index of waiting
-    // claims can serve it: the chosen ids are locked by primary key whatever the statistics
-    // say (as the batched settles, `many.rs`).
+    // fence is `pg_still_started!`: the chosen ids are locked by primary key whatever the
+    // statistics say.
     take_fair: concat!(
         pg_take_waiting_set!("$8"),
         "WHERE id = ANY (ARRAY( \
@@ -385,7 +396,9 @@ pub(super) const STATEMENTS: Statements = Statements {
          LEFT JOIN jsonb_each_text($7::jsonb) AS wt(tenant, weight) ON wt.tenant = tenants.t \
          WHERE tenants.t IS NOT NULL \
          ORDER BY x.rn::float8 / COALESCE(wt.weight::float8, 1), x.id LIMIT $2)) \
-       AND c.state || '' = 'started' AND c.lease_owner IS NULL FOR UPDATE SKIP LOCKED))",
+       AND ",
+        pg_still_started!(),
+        " AND c.lease_owner IS NULL FOR UPDATE SKIP LOCKED))",
         pg_take_waiting_returning!()
     ),
     // take_stale, with the batch chosen round-robin across tenants: every stale claim of the
